@@ -1,0 +1,193 @@
+"""Every environment variable lockstep reads, and the one place that reads them.
+
+Launchers describe the process topology through environment variables: torchrun / the elastic
+agent (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ...), SLURM (``SLURM_PROCID``, ...) and the MPI
+implementations (``OMPI_COMM_WORLD_*``, ``PMI_*``). :func:`read_cluster_environment` turns whichever
+is present into one :class:`ClusterEnvironment`; nothing else in lockstep looks at these variables.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+# lockstep's own variables.
+LOCKSTEP_DEBUG = "LOCKSTEP_DEBUG"
+"""``1`` turns on debug mode: collectives check shapes across ranks first."""
+LOCKSTEP_LAUNCH_CONFIG = "LOCKSTEP_LAUNCH_CONFIG"
+"""JSON of the resolved launch settings, written by ``lockstep launch`` for its workers."""
+LOCKSTEP_DISABLE_PROGRESS = "LOCKSTEP_DISABLE_PROGRESS_BARS"
+
+# torchrun / torch elastic.
+RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE = "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"
+MASTER_ADDR, MASTER_PORT = "MASTER_ADDR", "MASTER_PORT"
+GROUP_RANK = "GROUP_RANK"
+RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
+
+# SLURM.
+SLURM_PROCID, SLURM_LOCALID, SLURM_NTASKS = "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS"
+SLURM_NODEID, SLURM_NODELIST = "SLURM_NODEID", "SLURM_JOB_NODELIST"
+SLURM_NTASKS_PER_NODE = "SLURM_NTASKS_PER_NODE"
+
+# Open MPI, then MPICH / Intel MPI (PMI).
+OMPI_RANK, OMPI_SIZE = "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"
+OMPI_LOCAL_RANK, OMPI_LOCAL_SIZE = "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"
+PMI_RANK, PMI_SIZE = "PMI_RANK", "PMI_SIZE"
+MPI_LOCALRANKID, MPI_LOCALNRANKS = "MPI_LOCALRANKID", "MPI_LOCALNRANKS"
+
+DEFAULT_MASTER_ADDR = "127.0.0.1"
+DEFAULT_MASTER_PORT = 29500
+
+
+@dataclass(frozen=True)
+class ClusterEnvironment:
+    """Who this process is, as the launcher that started it described it.
+
+    Attributes:
+        source: which launcher the values came from: ``torchrun``, ``slurm``, ``mpi`` or ``single``.
+        rank: global rank of this process.
+        local_rank: rank of this process on its machine.
+        world_size: number of processes in the job.
+        local_world_size: number of processes on this machine.
+        master_addr: address of the rendezvous host (rank 0).
+        master_port: port of the rendezvous store.
+        restart_count: how many times the elastic agent restarted the workers (0 on the first try).
+    """
+
+    source: str
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    local_world_size: int = 1
+    master_addr: str = DEFAULT_MASTER_ADDR
+    master_port: int = DEFAULT_MASTER_PORT
+    restart_count: int = 0
+
+    @property
+    def uses_env_rendezvous(self) -> bool:
+        """True when torchrun already published ``MASTER_ADDR``/``RANK``... for ``env://``."""
+        return self.source == "torchrun"
+
+
+def _int(env: Mapping[str, str], name: str, default: int | None = None) -> int:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        if default is None:
+            raise ValueError(f"Environment variable {name} is required here but is not set.")
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(
+            f"Environment variable {name}={raw!r} is invalid: it must be an integer. "
+            "Check the launcher that started this process."
+        ) from None
+
+
+def first_slurm_host(nodelist: str) -> str:
+    """The first host of a SLURM node list such as ``gpu[03-05,07],cpu1`` (here ``gpu03``)."""
+    match = re.match(r"([^,\[]+)(\[([^\]]+)\])?", nodelist.strip())
+    if not match:
+        raise ValueError(f"{SLURM_NODELIST}={nodelist!r} is not a SLURM node list.")
+    prefix, _, ranges = match.groups()
+    if not ranges:
+        return prefix
+    first = ranges.split(",")[0].split("-")[0]
+    return f"{prefix}{first}"
+
+
+def _from_torchrun(env: Mapping[str, str]) -> ClusterEnvironment:
+    world_size = _int(env, WORLD_SIZE)
+    return ClusterEnvironment(
+        source="torchrun",
+        rank=_int(env, RANK),
+        local_rank=_int(env, LOCAL_RANK, 0),
+        world_size=world_size,
+        local_world_size=_int(env, LOCAL_WORLD_SIZE, world_size),
+        master_addr=env.get(MASTER_ADDR, DEFAULT_MASTER_ADDR),
+        master_port=_int(env, MASTER_PORT, DEFAULT_MASTER_PORT),
+        restart_count=_int(env, RESTART_COUNT, 0),
+    )
+
+
+def _from_slurm(env: Mapping[str, str]) -> ClusterEnvironment:
+    world_size = _int(env, SLURM_NTASKS)
+    per_node_raw = env.get(SLURM_NTASKS_PER_NODE, "")
+    per_node = int(per_node_raw.split("(")[0]) if per_node_raw.split("(")[0].isdigit() else world_size
+    nodelist = env.get(SLURM_NODELIST)
+    return ClusterEnvironment(
+        source="slurm",
+        rank=_int(env, SLURM_PROCID),
+        local_rank=_int(env, SLURM_LOCALID, 0),
+        world_size=world_size,
+        local_world_size=per_node,
+        master_addr=env.get(MASTER_ADDR) or (first_slurm_host(nodelist) if nodelist else DEFAULT_MASTER_ADDR),
+        master_port=_int(env, MASTER_PORT, DEFAULT_MASTER_PORT),
+    )
+
+
+def _from_mpi(env: Mapping[str, str]) -> ClusterEnvironment:
+    if OMPI_RANK in env:
+        rank, world_size = _int(env, OMPI_RANK), _int(env, OMPI_SIZE)
+        local_rank, local_size = _int(env, OMPI_LOCAL_RANK, 0), _int(env, OMPI_LOCAL_SIZE, world_size)
+    else:
+        rank, world_size = _int(env, PMI_RANK), _int(env, PMI_SIZE)
+        local_rank, local_size = _int(env, MPI_LOCALRANKID, 0), _int(env, MPI_LOCALNRANKS, world_size)
+    return ClusterEnvironment(
+        source="mpi",
+        rank=rank,
+        local_rank=local_rank,
+        world_size=world_size,
+        local_world_size=local_size,
+        master_addr=env.get(MASTER_ADDR, DEFAULT_MASTER_ADDR),
+        master_port=_int(env, MASTER_PORT, DEFAULT_MASTER_PORT),
+    )
+
+
+def read_cluster_environment(env: Mapping[str, str] | None = None) -> ClusterEnvironment:
+    """Detect the launcher from the environment and return the topology it describes.
+
+    torchrun wins over SLURM (``srun torchrun ...`` sets both), SLURM over MPI.
+
+    Args:
+        env: the environment to read; ``os.environ`` when omitted.
+
+    Example:
+        >>> read_cluster_environment({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1"}).rank
+        1
+    """
+    env = os.environ if env is None else env
+    if RANK in env and WORLD_SIZE in env:
+        cluster = _from_torchrun(env)
+    elif SLURM_PROCID in env and SLURM_NTASKS in env:
+        cluster = _from_slurm(env)
+    elif OMPI_RANK in env or PMI_RANK in env:
+        cluster = _from_mpi(env)
+    else:
+        return ClusterEnvironment(source="single")
+    if not 0 <= cluster.rank < cluster.world_size:
+        raise ValueError(
+            f"The {cluster.source} environment says rank {cluster.rank} of world size {cluster.world_size}, "
+            "which is impossible. Check how the processes were launched."
+        )
+    return cluster
+
+
+def debug_requested(env: Mapping[str, str] | None = None) -> bool:
+    """Whether ``LOCKSTEP_DEBUG`` asks for debug mode."""
+    env = os.environ if env is None else env
+    return env.get(LOCKSTEP_DEBUG, "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def launch_config_json(env: Mapping[str, str] | None = None) -> str | None:
+    """The serialized launch settings handed down by ``lockstep launch``, if any."""
+    env = os.environ if env is None else env
+    return env.get(LOCKSTEP_LAUNCH_CONFIG) or None
+
+
+def progress_bars_disabled(env: Mapping[str, str] | None = None) -> bool:
+    """Whether progress bars are switched off for batch jobs."""
+    env = os.environ if env is None else env
+    return env.get(LOCKSTEP_DISABLE_PROGRESS, "").strip().lower() in {"1", "true", "yes", "on"}

@@ -1,0 +1,131 @@
+"""Walking nested batches: dicts, lists, tuples, namedtuples and mapping types such as BatchEncoding."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+
+def is_namedtuple(data: Any) -> bool:
+    return isinstance(data, tuple) and hasattr(data, "_fields")
+
+
+def honor_type(original: Any, items: Any) -> Any:
+    """Build a sequence of the same type as ``original`` (namedtuples included) from ``items``."""
+    if is_namedtuple(original):
+        return type(original)(*list(items))
+    return type(original)(items)
+
+
+def recursively_apply(
+    func: Callable[..., Any],
+    data: Any,
+    *args: Any,
+    test_type: Callable[[Any], bool] = lambda t: isinstance(t, torch.Tensor),
+    error_on_other_type: bool = False,
+    **kwargs: Any,
+) -> Any:
+    """Apply ``func`` to every leaf of ``data`` that passes ``test_type``, keeping the structure.
+
+    Leaves of other types are returned unchanged, or raise a TypeError with ``error_on_other_type``.
+    """
+    if isinstance(data, (tuple, list)):
+        return honor_type(
+            data,
+            (
+                recursively_apply(func, o, *args, test_type=test_type, error_on_other_type=error_on_other_type, **kwargs)
+                for o in data
+            ),
+        )
+    if isinstance(data, Mapping):
+        items = {
+            k: recursively_apply(func, v, *args, test_type=test_type, error_on_other_type=error_on_other_type, **kwargs)
+            for k, v in data.items()
+        }
+        try:
+            return type(data)(items)
+        except TypeError:  # mapping types without a dict constructor
+            return items
+    if test_type(data):
+        return func(data, *args, **kwargs)
+    if error_on_other_type:
+        raise TypeError(
+            f"Unsupported type {type(data).__name__} passed to {getattr(func, '__name__', func)}: only nested "
+            "lists, tuples and dicts of tensors are supported."
+        )
+    return data
+
+
+def leaves(data: Any) -> list[torch.Tensor]:
+    """Every tensor in ``data``, depth first."""
+    found: list[torch.Tensor] = []
+    recursively_apply(lambda t: found.append(t), data)
+    return found
+
+
+def send_to_device(data: Any, device: torch.device | str, *, non_blocking: bool = False) -> Any:
+    """Move every tensor (and every object with a ``.to`` method such as BatchEncoding) to ``device``."""
+    if isinstance(data, torch.Tensor):
+        return data.to(device, non_blocking=non_blocking)
+    if isinstance(data, (tuple, list)):
+        return honor_type(data, (send_to_device(o, device, non_blocking=non_blocking) for o in data))
+    if isinstance(data, Mapping):
+        moved = {k: send_to_device(v, device, non_blocking=non_blocking) for k, v in data.items()}
+        try:
+            return type(data)(moved)
+        except TypeError:
+            return moved
+    if hasattr(data, "to") and callable(data.to) and not isinstance(data, torch.nn.Module):
+        try:
+            return data.to(device, non_blocking=non_blocking)
+        except TypeError:
+            return data.to(device)
+    return data
+
+
+def find_batch_size(data: Any) -> int | None:
+    """The size of the first dimension of the first tensor in ``data`` (None when there is no tensor)."""
+    for tensor in leaves(data):
+        return int(tensor.shape[0]) if tensor.dim() > 0 else 1
+    return None
+
+
+def slice_batch(data: Any, index: slice) -> Any:
+    """Slice every tensor (and every list) in a batch along its first dimension."""
+    if isinstance(data, torch.Tensor):
+        return data[index]
+    if isinstance(data, (tuple, list)) and not is_namedtuple(data) and not any(
+        isinstance(o, (torch.Tensor, Mapping, list, tuple)) for o in data
+    ):
+        return type(data)(data[index])  # a list of samples (e.g. strings)
+    if isinstance(data, (tuple, list)):
+        return honor_type(data, (slice_batch(o, index) for o in data))
+    if isinstance(data, Mapping):
+        sliced = {k: slice_batch(v, index) for k, v in data.items()}
+        try:
+            return type(data)(sliced)
+        except TypeError:
+            return sliced
+    return data
+
+
+def concatenate_batches(batches: list[Any]) -> Any:
+    """Concatenate batches of the same structure along the first dimension."""
+    first = batches[0]
+    if isinstance(first, torch.Tensor):
+        return torch.cat(batches, dim=0)
+    if isinstance(first, (tuple, list)) and not is_namedtuple(first) and not any(
+        isinstance(o, (torch.Tensor, Mapping, list, tuple)) for o in first
+    ):
+        return type(first)(item for batch in batches for item in batch)
+    if isinstance(first, (tuple, list)):
+        return honor_type(first, (concatenate_batches([b[i] for b in batches]) for i in range(len(first))))
+    if isinstance(first, Mapping):
+        merged = {k: concatenate_batches([b[k] for b in batches]) for k in first}
+        try:
+            return type(first)(merged)
+        except TypeError:
+            return merged
+    raise TypeError(f"Cannot concatenate batches of type {type(first).__name__}.")

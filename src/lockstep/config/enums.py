@@ -1,0 +1,101 @@
+"""String enums for settings. They compare equal to their values and serialize as plain strings."""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class _StrEnum(str, Enum):
+    def __str__(self) -> str:
+        return self.value
+
+    @classmethod
+    def parse(cls, value: object, *, argument: str) -> _StrEnum:
+        """Turn a user value into a member, or raise a ValueError that lists the choices."""
+        if isinstance(value, cls):
+            return value
+        text = str(value).strip()
+        for member in cls:
+            if text.lower() == member.value.lower() or text.upper() == member.name:
+                return member
+        choices = ", ".join(repr(m.value) for m in cls)
+        raise ValueError(f"{argument}={value!r} is invalid: it must be one of {choices}.")
+
+
+class DistributedType(_StrEnum):
+    """How the processes of a run share the work.
+
+    ``NO`` is a single process; ``MULTI_CPU`` and ``MULTI_GPU`` are data parallel (DDP) on CPUs or GPUs;
+    ``FSDP`` and ``DEEPSPEED`` shard the model.
+    """
+
+    NO = "NO"
+    MULTI_CPU = "MULTI_CPU"
+    MULTI_GPU = "MULTI_GPU"
+    MULTI_XPU = "MULTI_XPU"
+    MULTI_MPS = "MULTI_MPS"
+    FSDP = "FSDP"
+    DEEPSPEED = "DEEPSPEED"
+    XLA = "XLA"
+    MEGATRON_LM = "MEGATRON_LM"
+
+
+class PrecisionType(_StrEnum):
+    """The ``mixed_precision`` choices."""
+
+    NO = "no"
+    FP16 = "fp16"
+    BF16 = "bf16"
+    FP8 = "fp8"
+
+
+class DynamoBackend(_StrEnum):
+    """``torch.compile`` backends selectable through ``dynamo_backend``."""
+
+    NO = "no"
+    EAGER = "eager"
+    AOT_EAGER = "aot_eager"
+    INDUCTOR = "inductor"
+    AOT_TS_NVFUSER = "aot_ts_nvfuser"
+    NVPRIMS_NVFUSER = "nvprims_nvfuser"
+    CUDAGRAPHS = "cudagraphs"
+    OFI = "ofi"
+    FX2TRT = "fx2trt"
+    ONNXRT = "onnxrt"
+    TENSORRT = "tensorrt"
+    AOT_TORCHXLA_TRACE_ONCE = "aot_torchxla_trace_once"
+    TORCHXLA_TRACE_ONCE = "torchxla_trace_once"
+    IPEX = "ipex"
+    TVM = "tvm"
+
+
+class RNGType(_StrEnum):
+    """Random number generators that prepared dataloaders synchronize from rank 0."""
+
+    TORCH = "torch"
+    CUDA = "cuda"
+    MPS = "mps"
+    XLA = "xla"
+    XPU = "xpu"
+    GENERATOR = "generator"
+
+
+class DDPCommunicationHookType(_StrEnum):
+    """Gradient communication hooks for DDP (see ``torch.distributed.algorithms.ddp_comm_hooks``)."""
+
+    NO = "no"
+    FP16 = "fp16"
+    BF16 = "bf16"
+    POWER_SGD = "power_sgd"
+    BATCHED_POWER_SGD = "batched_power_sgd"
+
+
+class LoggerType(_StrEnum):
+    """Experiment trackers (see the tracking issue)."""
+
+    ALL = "all"
+    JSONL = "jsonl"
+    CSV = "csv"
+    TENSORBOARD = "tensorboard"
+    WANDB = "wandb"
+    MLFLOW = "mlflow"
