@@ -3,8 +3,8 @@ import os
 # One thread per process: two ranks on two cores with default threading run 10-50x slower.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import pytest
+import torch
 
 torch.set_num_threads(1)
 

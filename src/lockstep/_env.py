@@ -8,10 +8,12 @@ is present into one :class:`ClusterEnvironment`; nothing else in lockstep looks 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 # lockstep's own variables.
 LOCKSTEP_DEBUG = "LOCKSTEP_DEBUG"
@@ -19,6 +21,8 @@ LOCKSTEP_DEBUG = "LOCKSTEP_DEBUG"
 LOCKSTEP_LAUNCH_CONFIG = "LOCKSTEP_LAUNCH_CONFIG"
 """JSON of the resolved launch settings, written by ``lockstep launch`` for its workers."""
 LOCKSTEP_DISABLE_PROGRESS = "LOCKSTEP_DISABLE_PROGRESS_BARS"
+LOCKSTEP_LOG_LEVEL = "LOCKSTEP_LOG_LEVEL"
+"""Default level of loggers made by ``lockstep.logging.get_logger``."""
 
 # torchrun / torch elastic.
 RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE = "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"
@@ -181,13 +185,30 @@ def debug_requested(env: Mapping[str, str] | None = None) -> bool:
     return env.get(LOCKSTEP_DEBUG, "").strip().lower() in {"1", "true", "yes", "on"}
 
 
-def launch_config_json(env: Mapping[str, str] | None = None) -> str | None:
-    """The serialized launch settings handed down by ``lockstep launch``, if any."""
+def launch_settings(env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The resolved launch settings handed down by ``lockstep launch`` (empty when not launched by it)."""
     env = os.environ if env is None else env
-    return env.get(LOCKSTEP_LAUNCH_CONFIG) or None
+    raw = env.get(LOCKSTEP_LAUNCH_CONFIG)
+    if not raw:
+        return {}
+    try:
+        settings = json.loads(raw)
+    except json.JSONDecodeError as error:
+        raise ValueError(
+            f"{LOCKSTEP_LAUNCH_CONFIG} holds invalid JSON ({error}); it is written by lockstep launch."
+        ) from None
+    if not isinstance(settings, dict):
+        raise ValueError(f"{LOCKSTEP_LAUNCH_CONFIG} must hold a JSON object, got {type(settings).__name__}.")
+    return settings
 
 
 def progress_bars_disabled(env: Mapping[str, str] | None = None) -> bool:
     """Whether progress bars are switched off for batch jobs."""
     env = os.environ if env is None else env
     return env.get(LOCKSTEP_DISABLE_PROGRESS, "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def log_level(env: Mapping[str, str] | None = None) -> str | None:
+    """The log level asked for with ``LOCKSTEP_LOG_LEVEL``, if any."""
+    env = os.environ if env is None else env
+    return env.get(LOCKSTEP_LOG_LEVEL) or None

@@ -35,13 +35,17 @@ def recursively_apply(
         return honor_type(
             data,
             (
-                recursively_apply(func, o, *args, test_type=test_type, error_on_other_type=error_on_other_type, **kwargs)
+                recursively_apply(
+                    func, o, *args, test_type=test_type, error_on_other_type=error_on_other_type, **kwargs
+                )
                 for o in data
             ),
         )
     if isinstance(data, Mapping):
         items = {
-            k: recursively_apply(func, v, *args, test_type=test_type, error_on_other_type=error_on_other_type, **kwargs)
+            k: recursively_apply(
+                func, v, *args, test_type=test_type, error_on_other_type=error_on_other_type, **kwargs
+            )
             for k, v in data.items()
         }
         try:
@@ -96,8 +100,10 @@ def slice_batch(data: Any, index: slice) -> Any:
     """Slice every tensor (and every list) in a batch along its first dimension."""
     if isinstance(data, torch.Tensor):
         return data[index]
-    if isinstance(data, (tuple, list)) and not is_namedtuple(data) and not any(
-        isinstance(o, (torch.Tensor, Mapping, list, tuple)) for o in data
+    if (
+        isinstance(data, (tuple, list))
+        and not is_namedtuple(data)
+        and not any(isinstance(o, (torch.Tensor, Mapping, list, tuple)) for o in data)
     ):
         return type(data)(data[index])  # a list of samples (e.g. strings)
     if isinstance(data, (tuple, list)):
@@ -116,8 +122,10 @@ def concatenate_batches(batches: list[Any]) -> Any:
     first = batches[0]
     if isinstance(first, torch.Tensor):
         return torch.cat(batches, dim=0)
-    if isinstance(first, (tuple, list)) and not is_namedtuple(first) and not any(
-        isinstance(o, (torch.Tensor, Mapping, list, tuple)) for o in first
+    if (
+        isinstance(first, (tuple, list))
+        and not is_namedtuple(first)
+        and not any(isinstance(o, (torch.Tensor, Mapping, list, tuple)) for o in first)
     ):
         return type(first)(item for batch in batches for item in batch)
     if isinstance(first, (tuple, list)):

@@ -53,10 +53,16 @@ def init_default_group(
     timeout = timeout or DEFAULT_TIMEOUT
     if init_method is not None:
         dist.init_process_group(
-            backend, init_method=init_method, rank=cluster.rank, world_size=cluster.world_size, timeout=timeout
+            backend,
+            init_method=init_method,
+            rank=cluster.rank,
+            world_size=cluster.world_size,
+            timeout=timeout,
         )
     else:
-        url = "env://" if cluster.uses_env_rendezvous else f"tcp://{cluster.master_addr}:{cluster.master_port}"
+        url = (
+            "env://" if cluster.uses_env_rendezvous else f"tcp://{cluster.master_addr}:{cluster.master_port}"
+        )
         store, rank, world_size = next(
             dist.rendezvous(url, rank=cluster.rank, world_size=cluster.world_size, timeout=timeout)
         )

@@ -68,7 +68,9 @@ def synchronize_rng_state(rng_type: RNGType | str, generator: torch.Generator | 
     _set_rng_state(rng_type, buffer.cpu(), generator)
 
 
-def synchronize_rng_states(rng_types: Iterable[RNGType | str], generator: torch.Generator | None = None) -> None:
+def synchronize_rng_states(
+    rng_types: Iterable[RNGType | str], generator: torch.Generator | None = None
+) -> None:
     """Copy rank 0's state of each listed generator to every rank."""
     for rng_type in rng_types:
         synchronize_rng_state(rng_type, generator)

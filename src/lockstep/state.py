@@ -59,7 +59,9 @@ class _ProcessContext:
             backend = backend or _default_backend(device)
             if device.type == "cuda":
                 torch.cuda.set_device(device)
-            _process_group.init_default_group(cluster, backend=backend, timeout=timeout, init_method=init_method)
+            _process_group.init_default_group(
+                cluster, backend=backend, timeout=timeout, init_method=init_method
+            )
             cluster = _cluster_from_group(cluster)
         return cls(
             cluster=cluster,
@@ -143,7 +145,7 @@ class PartialState:
         """Forget the shared state (for tests). Optionally tear the process group down too."""
         if destroy_process_group:
             _process_group.shutdown()
-        cls._context = None
+        PartialState._context = None
 
     @property
     def _ctx(self) -> _ProcessContext:
@@ -280,7 +282,9 @@ class PartialState:
             ...     return "only rank 0"
         """
         if process_index is None:
-            raise ValueError("on_process() needs process_index=, the global rank that should run the function.")
+            raise ValueError(
+                "on_process() needs process_index=, the global rank that should run the function."
+            )
         if function is None:
             return functools.partial(self.on_process, process_index=process_index)
         return _run_if(function, lambda: self.process_index == process_index)
@@ -326,7 +330,10 @@ def split_for_process(inputs: Any, num_processes: int, index: int, *, apply_padd
                 "split_between_processes() needs every value of a dict to have the same length, got "
                 f"lengths { {k: len(v) for k, v in inputs.items()} }."
             )
-        return {k: split_for_process(v, num_processes, index, apply_padding=apply_padding) for k, v in inputs.items()}
+        return {
+            k: split_for_process(v, num_processes, index, apply_padding=apply_padding)
+            for k, v in inputs.items()
+        }
     if not hasattr(inputs, "__len__") or not hasattr(inputs, "__getitem__"):
         raise TypeError(
             f"split_between_processes() cannot split a {type(inputs).__name__}; pass a list, tuple, dict or tensor."
@@ -349,6 +356,39 @@ def _pad_with_last(share: Any, target: int, *, last: Any) -> Any:
     if isinstance(share, torch.Tensor):
         return torch.cat([share, *([last] * missing)])
     return share + type(share)(list(last) * missing)
+
+
+class AcceleratorState(PartialState):
+    """The process state plus the training settings an :class:`~lockstep.Accelerator` chose.
+
+    Args:
+        mixed_precision: ``"no"``, ``"fp16"`` or ``"bf16"``; recorded by the first Accelerator.
+        cpu: run on the CPU even when an accelerator is present.
+        **kwargs: process-group arguments, as for :class:`PartialState`.
+    """
+
+    _settings: ClassVar[dict[str, Any]] = {}
+
+    def __init__(self, mixed_precision: str | None = None, cpu: bool = False, **kwargs: Any) -> None:
+        super().__init__(cpu, **kwargs)
+        if mixed_precision is not None:
+            AcceleratorState._settings["mixed_precision"] = str(mixed_precision)
+
+    @classmethod
+    def _reset_state(cls, destroy_process_group: bool = False) -> None:
+        cls._settings.clear()
+        super()._reset_state(destroy_process_group)
+
+    @property
+    def mixed_precision(self) -> str:
+        return AcceleratorState._settings.get("mixed_precision", "no")
+
+    @property
+    def distributed_type(self) -> DistributedType:
+        return AcceleratorState._settings.get("distributed_type", super().distributed_type)
+
+    def _record(self, **settings: Any) -> None:
+        AcceleratorState._settings.update(settings)
 
 
 class GradientState:

@@ -27,7 +27,9 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _worker(rank: int, world_size: int, port: int, fn: Callable[..., Any], args: tuple, env: dict, queue: Any) -> None:
+def _worker(
+    rank: int, world_size: int, port: int, fn: Callable[..., Any], args: tuple, env: dict, queue: Any
+) -> None:
     os.environ.update(
         {
             "RANK": str(rank),

@@ -26,7 +26,11 @@ class KwargsHandler:
     def to_kwargs(self) -> dict[str, Any]:
         """The fields whose value differs from the class default."""
         default = self.__class__()
-        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) != getattr(default, f.name)}
+        return {
+            f.name: getattr(self, f.name)
+            for f in fields(self)
+            if getattr(self, f.name) != getattr(default, f.name)
+        }
 
 
 @dataclass(kw_only=True)
@@ -124,7 +128,9 @@ class InitProcessGroupKwargs(KwargsHandler):
                 "or a number of seconds."
             )
         if self.timeout is not None and self.timeout.total_seconds() <= 0:
-            raise ValueError(f"InitProcessGroupKwargs(timeout={self.timeout}) is invalid: it must be positive.")
+            raise ValueError(
+                f"InitProcessGroupKwargs(timeout={self.timeout}) is invalid: it must be positive."
+            )
 
 
 @dataclass(kw_only=True)

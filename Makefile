@@ -1,0 +1,16 @@
+# The two commands of the README's quick start.
+.PHONY: demo test lint setup
+
+setup:
+	bash dev/setup.sh
+
+# A real 2-process training run on CPU: fine-tune MiniLM on movie-review sentiment.
+demo: setup
+	OMP_NUM_THREADS=1 .venv/bin/python -m torch.distributed.run --nproc_per_node 2 examples/sentiment_loop.py
+
+lint: setup
+	.venv/bin/ruff check src tests examples bench
+	.venv/bin/ruff format --check src tests examples bench
+
+test: lint
+	.venv/bin/python -m pytest -q

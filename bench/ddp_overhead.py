@@ -1,0 +1,72 @@
+"""lockstep's overhead over a hand-written torch.distributed DDP loop, and its import cost.
+
+Runs two CPU processes under torchrun. In each process the same model and data are trained alternately
+by a hand-written DDP loop and by a lockstep loop (blocks of steps, interleaved, so both see the same
+machine load), then prints the median step-time ratio. Targets: step ratio <= 1.02, import <= +0.1 s.
+
+    .venv/bin/python bench/ddp_overhead.py [--blocks 6 --steps 40]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def import_times(repeats: int) -> tuple[float, float]:
+    torch_times, lockstep_times = [], []
+    for _ in range(repeats):
+        for module, sink in (("torch", torch_times), ("lockstep", lockstep_times)):
+            started = time.perf_counter()
+            subprocess.run([sys.executable, "-c", f"import {module}"], check=True)
+            sink.append(time.perf_counter() - started)
+    return statistics.median(torch_times), statistics.median(lockstep_times)
+
+
+def launch_workers(args: argparse.Namespace) -> dict:
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        "29531",
+        str(Path(__file__).with_name("_ddp_overhead_worker.py")),
+        "--blocks",
+        str(args.blocks),
+        "--steps",
+        str(args.steps),
+    ]
+    output = subprocess.run(command, env=env, check=True, capture_output=True, text=True).stdout
+    return json.loads(output.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--blocks", type=int, default=6)
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--import-repeats", type=int, default=7)
+    args = parser.parse_args()
+    result = launch_workers(args)
+    torch_import, lockstep_import = import_times(args.import_repeats)
+    ratio = result["lockstep_ms"] / result["torch_ms"]
+    print(
+        f"step time, 2 CPU processes: hand-written DDP {result['torch_ms']:.2f} ms, "
+        f"lockstep {result['lockstep_ms']:.2f} ms, ratio {ratio:.3f} (target <= 1.02)"
+    )
+    print(
+        f"import: torch {torch_import:.2f} s, lockstep {lockstep_import:.2f} s, "
+        f"extra {lockstep_import - torch_import:+.2f} s (target <= 0.10 s)"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,192 @@
+"""Turning ``Accelerator(...)`` arguments into validated settings, in one place.
+
+Precedence: an explicit constructor argument > the launcher's serialized settings
+(``LOCKSTEP_LAUNCH_CONFIG``) > the default.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from lockstep import _env
+from lockstep.config.dataloader import DataLoaderConfiguration
+from lockstep.config.enums import PrecisionType, RNGType
+from lockstep.config.kwargs import (
+    AutocastKwargs,
+    DistributedDataParallelKwargs,
+    GradScalerKwargs,
+    InitProcessGroupKwargs,
+    KwargsHandler,
+)
+from lockstep.config.plugins import GradientAccumulationPlugin, TorchDynamoPlugin
+from lockstep.config.project import ProjectConfiguration
+from lockstep.precision import parse_mixed_precision
+
+_NOT_YET_BUILT = {
+    "fsdp_plugin": "fully sharded training (FSDP2)",
+    "deepspeed_plugin": "the DeepSpeed backend",
+    "deepspeed_plugins": "the DeepSpeed backend",
+    "torch_tp_plugin": "tensor parallelism",
+    "megatron_lm_plugin": "the Megatron-LM backend",
+    "parallelism_config": "multi-dimensional parallelism (ParallelismConfig)",
+    "log_with": "experiment trackers",
+}
+
+
+@dataclass
+class KwargsHandlers:
+    """The user's ``kwargs_handlers``, sorted by kind (at most one of each)."""
+
+    ddp: DistributedDataParallelKwargs | None = None
+    scaler: GradScalerKwargs | None = None
+    init: InitProcessGroupKwargs | None = None
+    autocast: AutocastKwargs | None = None
+
+
+_HANDLER_SLOTS = {
+    DistributedDataParallelKwargs: "ddp",
+    GradScalerKwargs: "scaler",
+    InitProcessGroupKwargs: "init",
+    AutocastKwargs: "autocast",
+}
+
+
+def sort_kwargs_handlers(handlers: Iterable[Any] | None) -> KwargsHandlers:
+    """Check each handler's kind and that none is given twice."""
+    result = KwargsHandlers()
+    for index, handler in enumerate(handlers or []):
+        if not isinstance(handler, KwargsHandler):
+            raise TypeError(
+                f"kwargs_handlers[{index}] is a {type(handler).__name__}; each handler must be one of "
+                f"{', '.join(c.__name__ for c in _HANDLER_SLOTS)}."
+            )
+        slot = _HANDLER_SLOTS.get(type(handler))
+        if slot is None:
+            raise TypeError(
+                f"kwargs_handlers[{index}]: {type(handler).__name__} is not supported by the Accelerator."
+            )
+        if getattr(result, slot) is not None:
+            raise ValueError(f"kwargs_handlers holds more than one {type(handler).__name__}; pass it once.")
+        setattr(result, slot, handler)
+    return result
+
+
+def reject_unbuilt_features(**arguments: Any) -> None:
+    """Raise for arguments whose feature does not exist yet, rather than ignoring them silently."""
+    for name, value in arguments.items():
+        if value is not None and value is not False:
+            raise NotImplementedError(
+                f"Accelerator({name}=...) is not supported yet: {_NOT_YET_BUILT[name]} is not part of this "
+                f"version of lockstep. Remove {name} to train with DDP (or a single process)."
+            )
+
+
+@dataclass
+class AcceleratorSettings:
+    """Every resolved constructor setting of the Accelerator."""
+
+    mixed_precision: PrecisionType
+    gradient_accumulation_plugin: GradientAccumulationPlugin
+    dataloader_config: DataLoaderConfiguration
+    project_config: ProjectConfiguration
+    dynamo_plugin: TorchDynamoPlugin | None
+    rng_types: list[RNGType]
+    handlers: KwargsHandlers = field(default_factory=KwargsHandlers)
+
+
+def resolve_mixed_precision(explicit: str | None, launch: dict[str, Any]) -> PrecisionType:
+    value = explicit if explicit is not None else launch.get("mixed_precision", "no")
+    return parse_mixed_precision(value)
+
+
+def resolve_accumulation(
+    steps: int | None, plugin: GradientAccumulationPlugin | None, launch: dict[str, Any]
+) -> GradientAccumulationPlugin:
+    if plugin is not None:
+        if steps not in (None, 1):
+            raise ValueError(
+                f"Accelerator(gradient_accumulation_steps={steps}) conflicts with gradient_accumulation_plugin: "
+                "set num_steps in the plugin and leave gradient_accumulation_steps out."
+            )
+        if not isinstance(plugin, GradientAccumulationPlugin):
+            raise TypeError(
+                f"gradient_accumulation_plugin must be a GradientAccumulationPlugin, got {plugin!r}."
+            )
+        if plugin.num_steps is None:
+            plugin.num_steps = 1
+        return plugin
+    if steps is None:
+        steps = launch.get("gradient_accumulation_steps", 1)
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(
+            f"Accelerator(gradient_accumulation_steps={steps!r}) is invalid: it must be an integer >= 1. "
+            "Pass 1 to disable accumulation."
+        )
+    return GradientAccumulationPlugin(num_steps=steps)
+
+
+def resolve_dynamo(
+    backend: str | None, plugin: TorchDynamoPlugin | None, launch: dict[str, Any]
+) -> TorchDynamoPlugin | None:
+    if backend is not None and plugin is not None:
+        raise ValueError("Pass either dynamo_backend or dynamo_plugin to the Accelerator, not both.")
+    if plugin is not None:
+        return plugin if plugin.enabled else None
+    if backend is None:
+        backend = launch.get("dynamo_backend")
+    if backend is None:
+        return None
+    resolved = TorchDynamoPlugin(backend=backend)
+    return resolved if resolved.enabled else None
+
+
+def resolve_rng_types(
+    rng_types: Iterable[str] | None, dataloader_config: DataLoaderConfiguration
+) -> list[RNGType]:
+    if rng_types is None:
+        return [] if dataloader_config.use_seedable_sampler else [RNGType.GENERATOR]
+    return [RNGType.parse(r, argument="rng_types") for r in rng_types]
+
+
+def resolve_project(
+    project_dir: str | None, project_config: ProjectConfiguration | None
+) -> ProjectConfiguration:
+    config = project_config if project_config is not None else ProjectConfiguration()
+    if project_dir is not None:
+        config.set_directories(str(project_dir))
+    return config
+
+
+def resolve_settings(
+    *,
+    mixed_precision: str | None,
+    gradient_accumulation_steps: int | None,
+    gradient_accumulation_plugin: GradientAccumulationPlugin | None,
+    dataloader_config: DataLoaderConfiguration | None,
+    project_dir: str | None,
+    project_config: ProjectConfiguration | None,
+    dynamo_backend: str | None,
+    dynamo_plugin: TorchDynamoPlugin | None,
+    rng_types: Iterable[str] | None,
+    kwargs_handlers: Iterable[Any] | None,
+) -> AcceleratorSettings:
+    """Validate and resolve the Accelerator's arguments against the launcher's settings."""
+    launch = _env.launch_settings()
+    dataloader_config = dataloader_config if dataloader_config is not None else DataLoaderConfiguration()
+    if not isinstance(dataloader_config, DataLoaderConfiguration):
+        raise TypeError(
+            f"dataloader_config must be a DataLoaderConfiguration, got {type(dataloader_config).__name__}."
+        )
+    return AcceleratorSettings(
+        mixed_precision=resolve_mixed_precision(mixed_precision, launch),
+        gradient_accumulation_plugin=resolve_accumulation(
+            gradient_accumulation_steps, gradient_accumulation_plugin, launch
+        ),
+        dataloader_config=dataloader_config,
+        project_config=resolve_project(project_dir, project_config),
+        dynamo_plugin=resolve_dynamo(dynamo_backend, dynamo_plugin, launch),
+        rng_types=resolve_rng_types(rng_types, dataloader_config),
+        handlers=sort_kwargs_handlers(kwargs_handlers),
+    )

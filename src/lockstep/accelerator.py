@@ -1,0 +1,627 @@
+"""The Accelerator: the facade a training script talks to.
+
+Every method here is a few lines that delegate: topology to :mod:`lockstep.state`, model wrapping to a
+backend chosen by :mod:`lockstep.backends.registry`, precision to :mod:`lockstep.precision`, data to
+:mod:`lockstep.data`, communication to :mod:`lockstep.collectives`.
+
+Example:
+    >>> from lockstep import Accelerator
+    >>> accelerator = Accelerator()
+    >>> model, optimizer, train_dl = accelerator.prepare(model, optimizer, train_dl)  # doctest: +SKIP
+    >>> for batch in train_dl:  # doctest: +SKIP
+    ...     loss = model(**batch).loss
+    ...     accelerator.backward(loss)
+    ...     optimizer.step()
+    ...     optimizer.zero_grad()
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, TypeVar
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+
+from lockstep import _accelerator_setup as setup
+from lockstep import _process_group, collectives
+from lockstep.backends.registry import select_backend
+from lockstep.config.dataloader import DataLoaderConfiguration
+from lockstep.config.enums import DistributedType, PrecisionType
+from lockstep.config.kwargs import AutocastKwargs
+from lockstep.config.plugins import GradientAccumulationPlugin, TorchDynamoPlugin
+from lockstep.config.project import ProjectConfiguration
+from lockstep.data import prepare_data_loader
+from lockstep.data import skip_first_batches as _skip_first_batches
+from lockstep.memory import release_memory
+from lockstep.optimizer import AcceleratedOptimizer
+from lockstep.precision import Precision, remove_forward_wrapper
+from lockstep.scheduler import AcceleratedScheduler
+from lockstep.state import AcceleratorState, GradientState
+
+F = TypeVar("F", bound=Callable[..., Any])
+_LRScheduler = torch.optim.lr_scheduler.LRScheduler
+
+
+class Accelerator:
+    """Runs one ordinary training loop on one CPU, one GPU, many processes or many machines.
+
+    Args:
+        device_placement: move prepared models and batches to ``self.device``.
+        mixed_precision: ``"no"``, ``"fp16"`` or ``"bf16"`` (default: the launcher's setting, else "no").
+        gradient_accumulation_steps: micro-batches per optimizer step, used with ``accumulate()``.
+        cpu: train on the CPU even when an accelerator is present.
+        dataloader_config: how prepared dataloaders split data (``DataLoaderConfiguration``).
+        rng_types: generators synchronised from rank 0 at each epoch start (default ``["generator"]``).
+        project_dir: the run's folder; shorthand for ``project_config.project_dir``.
+        project_config: a ``ProjectConfiguration``.
+        gradient_accumulation_plugin: finer accumulation settings (instead of the steps argument).
+        step_scheduler_with_optimizer: prepared schedulers follow the optimizer (see ``lockstep.scheduler``).
+        kwargs_handlers: ``DistributedDataParallelKwargs``, ``GradScalerKwargs``, ``InitProcessGroupKwargs``,
+            ``AutocastKwargs``.
+        dynamo_backend: a ``torch.compile`` backend name; the model is compiled before the DDP wrap.
+        dynamo_plugin: full ``torch.compile`` settings (``TorchDynamoPlugin``).
+        debug: check tensor shapes across ranks before each collective (also ``LOCKSTEP_DEBUG=1``).
+        fsdp_plugin, deepspeed_plugin, deepspeed_plugins, torch_tp_plugin, megatron_lm_plugin,
+            parallelism_config, log_with: features not built yet; passing them raises NotImplementedError.
+    """
+
+    def __init__(
+        self,
+        device_placement: bool = True,
+        mixed_precision: str | PrecisionType | None = None,
+        gradient_accumulation_steps: int | None = None,
+        cpu: bool = False,
+        dataloader_config: DataLoaderConfiguration | None = None,
+        deepspeed_plugin: Any = None,
+        fsdp_plugin: Any = None,
+        torch_tp_plugin: Any = None,
+        megatron_lm_plugin: Any = None,
+        rng_types: Sequence[str] | None = None,
+        log_with: Any = None,
+        project_dir: str | None = None,
+        project_config: ProjectConfiguration | None = None,
+        gradient_accumulation_plugin: GradientAccumulationPlugin | None = None,
+        step_scheduler_with_optimizer: bool = True,
+        kwargs_handlers: Sequence[Any] | None = None,
+        dynamo_backend: str | None = None,
+        dynamo_plugin: TorchDynamoPlugin | None = None,
+        deepspeed_plugins: Any = None,
+        parallelism_config: Any = None,
+        debug: bool | None = None,
+    ) -> None:
+        setup.reject_unbuilt_features(
+            fsdp_plugin=fsdp_plugin,
+            deepspeed_plugin=deepspeed_plugin,
+            deepspeed_plugins=deepspeed_plugins,
+            torch_tp_plugin=torch_tp_plugin,
+            megatron_lm_plugin=megatron_lm_plugin,
+            parallelism_config=parallelism_config,
+            log_with=log_with,
+        )
+        self.settings = setup.resolve_settings(
+            mixed_precision=mixed_precision,
+            gradient_accumulation_steps=gradient_accumulation_steps,
+            gradient_accumulation_plugin=gradient_accumulation_plugin,
+            dataloader_config=dataloader_config,
+            project_dir=project_dir,
+            project_config=project_config,
+            dynamo_backend=dynamo_backend,
+            dynamo_plugin=dynamo_plugin,
+            rng_types=rng_types,
+            kwargs_handlers=kwargs_handlers,
+        )
+        self.state = self._build_state(cpu=cpu, debug=debug)
+        self.device_placement = device_placement
+        self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
+        self.gradient_state = GradientState(
+            gradient_accumulation_plugin=self.settings.gradient_accumulation_plugin
+        )
+        self.precision = Precision(
+            self.settings.mixed_precision,
+            self.device,
+            autocast_kwargs=self.settings.handlers.autocast,
+            scaler_kwargs=self.settings.handlers.scaler,
+        )
+        self.backend = select_backend(
+            self.state, ddp_kwargs=self.settings.handlers.ddp, dynamo_plugin=self.settings.dynamo_plugin
+        )
+        self.state._record(distributed_type=self.backend.distributed_type)
+        self.step = 0
+        self.flag_tensor: torch.Tensor | None = None
+        self._models: list[nn.Module] = []
+        self._optimizers: list[AcceleratedOptimizer] = []
+        self._schedulers: list[AcceleratedScheduler] = []
+        self._dataloaders: list[DataLoader] = []
+
+    def _build_state(self, *, cpu: bool, debug: bool | None) -> AcceleratorState:
+        init = self.settings.handlers.init
+        kwargs: dict[str, Any] = {"debug": debug}
+        if init is not None:
+            kwargs.update(backend=init.backend, timeout=init.timeout, init_method=init.init_method)
+        return AcceleratorState(mixed_precision=self.settings.mixed_precision.value, cpu=cpu, **kwargs)
+
+    # -- who am I ---------------------------------------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        return self.state.device
+
+    @property
+    def distributed_type(self) -> DistributedType:
+        return self.backend.distributed_type
+
+    @property
+    def num_processes(self) -> int:
+        return self.state.num_processes
+
+    @property
+    def process_index(self) -> int:
+        return self.state.process_index
+
+    @property
+    def local_process_index(self) -> int:
+        return self.state.local_process_index
+
+    @property
+    def is_main_process(self) -> bool:
+        return self.state.is_main_process
+
+    @property
+    def is_local_main_process(self) -> bool:
+        return self.state.is_local_main_process
+
+    @property
+    def is_last_process(self) -> bool:
+        return self.state.is_last_process
+
+    @property
+    def use_distributed(self) -> bool:
+        return self.state.use_distributed
+
+    @property
+    def mixed_precision(self) -> str:
+        return self.settings.mixed_precision.value
+
+    @property
+    def native_amp(self) -> bool:
+        return self.precision.enabled
+
+    @property
+    def scaler(self) -> torch.amp.GradScaler | None:
+        return self.precision.scaler
+
+    @property
+    def project_configuration(self) -> ProjectConfiguration:
+        return self.settings.project_config
+
+    @property
+    def project_dir(self) -> str | None:
+        return self.settings.project_config.project_dir
+
+    @property
+    def logging_dir(self) -> str | None:
+        return self.settings.project_config.logging_dir
+
+    @property
+    def save_iteration(self) -> int:
+        return self.settings.project_config.iteration
+
+    @property
+    def split_batches(self) -> bool:
+        return self.settings.dataloader_config.split_batches
+
+    @property
+    def dispatch_batches(self) -> bool | None:
+        return self.settings.dataloader_config.dispatch_batches
+
+    @property
+    def even_batches(self) -> bool:
+        return self.settings.dataloader_config.even_batches
+
+    @property
+    def use_seedable_sampler(self) -> bool:
+        return self.settings.dataloader_config.use_seedable_sampler
+
+    @property
+    def non_blocking(self) -> bool:
+        return self.settings.dataloader_config.non_blocking
+
+    @property
+    def rng_types(self) -> list[str]:
+        return [r.value for r in self.settings.rng_types]
+
+    # -- gradient accumulation state --------------------------------------------------------------
+    @property
+    def gradient_accumulation_steps(self) -> int:
+        return self.gradient_state.num_steps
+
+    @gradient_accumulation_steps.setter
+    def gradient_accumulation_steps(self, steps: int) -> None:
+        setup.resolve_accumulation(steps, None, {})
+        self.gradient_state.plugin_kwargs["num_steps"] = steps
+
+    @property
+    def sync_gradients(self) -> bool:
+        return self.gradient_state.sync_gradients
+
+    @sync_gradients.setter
+    def sync_gradients(self, sync_gradients: bool) -> None:
+        self.gradient_state._set_sync_gradients(sync_gradients)
+
+    @property
+    def optimizer_step_was_skipped(self) -> bool:
+        """Whether any prepared optimizer skipped its last step (fp16 overflow)."""
+        return any(optimizer.step_was_skipped for optimizer in self._optimizers)
+
+    # -- prepare ----------------------------------------------------------------------------------
+    def prepare(self, *args: Any, device_placement: Sequence[bool | None] | None = None) -> Any:
+        """Prepare models, optimizers, schedulers and dataloaders; returns them in the same order.
+
+        Objects of other types pass through unchanged; preparing an object twice returns it as is.
+
+        Example:
+            >>> model, optimizer, loader = accelerator.prepare(model, optimizer, loader)  # doctest: +SKIP
+        """
+        placements = list(device_placement) if device_placement is not None else [None] * len(args)
+        if len(placements) != len(args):
+            raise ValueError(
+                f"prepare() got {len(args)} objects but device_placement has {len(placements)} entries; "
+                "give one entry per object."
+            )
+        # Schedulers come last: they need the prepared optimizers.
+        first = [self._prepare_one(obj, placement) for obj, placement in zip(args, placements)]
+        result = [self._prepare_scheduler_if_any(obj) for obj in first]
+        return result[0] if len(result) == 1 else tuple(result)
+
+    def _prepare_one(self, obj: Any, placement: bool | None) -> Any:
+        if isinstance(obj, DataLoader):
+            return self.prepare_data_loader(obj, device_placement=placement)
+        if isinstance(obj, nn.Module):
+            return self.prepare_model(obj, device_placement=placement)
+        if isinstance(obj, torch.optim.Optimizer):
+            return self.prepare_optimizer(obj, device_placement=placement)
+        return obj
+
+    def _prepare_scheduler_if_any(self, obj: Any) -> Any:
+        if isinstance(obj, _LRScheduler) and not isinstance(obj, AcceleratedScheduler):
+            return self.prepare_scheduler(obj)
+        return obj
+
+    def prepare_model(
+        self, model: nn.Module, device_placement: bool | None = None, evaluation_mode: bool = False
+    ) -> nn.Module:
+        """Place the model on the device, add autocast under mixed precision and wrap it for the backend.
+
+        Args:
+            model: the model.
+            device_placement: override the Accelerator's ``device_placement`` for this model.
+            evaluation_mode: skip the distributed wrapper (for models that are never trained).
+        """
+        if any(model is prepared for prepared in self._models):
+            return model
+        if any(model is self.unwrap_model(prepared, keep_fp32_wrapper=True) for prepared in self._models):
+            raise RuntimeError(
+                f"{type(model).__name__} was prepared already; use the object prepare() returned the first time."
+            )
+        placement = self.device_placement if device_placement is None else device_placement
+        self.precision.wrap_forward(model)
+        prepared = self.backend.prepare_model(
+            model, device_placement=placement, evaluation_mode=evaluation_mode
+        )
+        self._models.append(prepared)
+        return prepared
+
+    def prepare_optimizer(
+        self, optimizer: torch.optim.Optimizer, device_placement: bool | None = None
+    ) -> AcceleratedOptimizer:
+        """Wrap an optimizer so that it steps only on synchronised, non-overflowing gradients."""
+        if isinstance(optimizer, AcceleratedOptimizer):
+            return optimizer
+        placement = self.device_placement if device_placement is None else device_placement
+        prepared = AcceleratedOptimizer(
+            optimizer, placement, scaler=self.precision.scaler, device=self.device
+        )
+        self._optimizers.append(prepared)
+        return prepared
+
+    def prepare_scheduler(self, scheduler: Any) -> AcceleratedScheduler:
+        """Wrap an LR scheduler so that it follows the prepared optimizers (see ``lockstep.scheduler``)."""
+        if isinstance(scheduler, AcceleratedScheduler):
+            return scheduler
+        inner = getattr(scheduler, "optimizer", None)
+        optimizers = [o for o in self._optimizers if inner is o or inner is o.optimizer] or self._optimizers
+        prepared = AcceleratedScheduler(
+            scheduler,
+            optimizers,
+            step_with_optimizer=self.step_scheduler_with_optimizer,
+            split_batches=self.split_batches,
+            num_processes=self.num_processes,
+        )
+        self._schedulers.append(prepared)
+        return prepared
+
+    def prepare_data_loader(
+        self, data_loader: DataLoader, device_placement: bool | None = None
+    ) -> DataLoader:
+        """Shard a DataLoader across processes and move its batches to the device."""
+        if data_loader in self._dataloaders:
+            return data_loader
+        config = self.settings.dataloader_config
+        prepared = prepare_data_loader(
+            data_loader,
+            device=self.device,
+            num_processes=self.num_processes,
+            process_index=self.process_index,
+            split_batches=config.split_batches,
+            put_on_device=self.device_placement if device_placement is None else device_placement,
+            rng_types=self.rng_types,
+            dispatch_batches=config.dispatch_batches,
+            even_batches=config.even_batches,
+            use_seedable_sampler=config.use_seedable_sampler,
+            data_seed=config.data_seed,
+            non_blocking=config.non_blocking,
+        )
+        self._dataloaders.append(prepared)
+        return prepared
+
+    def skip_first_batches(self, dataloader: DataLoader, num_batches: int = 0) -> DataLoader:
+        """A loader that starts after ``num_batches`` batches of the current epoch."""
+        return _skip_first_batches(dataloader, num_batches)
+
+    # -- training step ----------------------------------------------------------------------------
+    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        """``loss.backward()``, divided by the accumulation steps and scaled under fp16."""
+        steps = self.gradient_accumulation_steps
+        if steps > 1:
+            loss = loss / steps
+        self.precision.backward(loss, **kwargs)
+
+    def _do_sync(self) -> None:
+        if self.gradient_state.sync_with_dataloader and self.gradient_state.end_of_dataloader:
+            self.step = 0
+            self.gradient_state._set_sync_gradients(True)
+        else:
+            self.step += 1
+            self.gradient_state._set_sync_gradients(self.step % self.gradient_accumulation_steps == 0)
+
+    @contextlib.contextmanager
+    def accumulate(self, *models: nn.Module) -> Iterator[None]:
+        """Accumulate gradients over ``gradient_accumulation_steps`` micro-batches.
+
+        On micro-steps the models skip their gradient all-reduce (``no_sync``) and prepared optimizers
+        skip ``step()``; the last batch of a dataloader always synchronises.
+
+        Example:
+            >>> for batch in loader:  # doctest: +SKIP
+            ...     with accelerator.accumulate(model):
+            ...         accelerator.backward(model(batch).sum())
+            ...         optimizer.step()
+            ...         optimizer.zero_grad()
+        """
+        self._do_sync()
+        sync_anyway = self.use_distributed and self.gradient_state.sync_each_batch
+        with contextlib.ExitStack() as stack:
+            if not (self.sync_gradients or sync_anyway):
+                for model in models:
+                    stack.enter_context(self.backend.no_sync(model))
+            yield
+
+    def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager:
+        """A context in which backward passes of ``model`` do not all-reduce gradients."""
+        return self.backend.no_sync(model)
+
+    def autocast(self, autocast_handler: AutocastKwargs | None = None) -> contextlib.AbstractContextManager:
+        """Run a block under this Accelerator's mixed precision (a no-op in full precision)."""
+        return self.precision.autocast_context(autocast_handler)
+
+    def unscale_gradients(self, optimizer: torch.optim.Optimizer | Sequence[Any] | None = None) -> None:
+        """Divide gradients by the fp16 loss scale (once per step; a no-op otherwise)."""
+        if self.precision.scaler is None or not self.sync_gradients:
+            return
+        optimizers = self._optimizers if optimizer is None else optimizer
+        if not isinstance(optimizers, Sequence):
+            optimizers = [optimizers]
+        for opt in optimizers:
+            self.precision.unscale(opt.optimizer if isinstance(opt, AcceleratedOptimizer) else opt)
+
+    def clip_grad_norm_(
+        self, parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float = 2.0
+    ) -> torch.Tensor:
+        """Clip the gradient norm (after unscaling under fp16); returns the total norm before clipping."""
+        parameters = list(parameters)
+        self.unscale_gradients()
+        return self.backend.clip_grad_norm_(parameters, max_norm, norm_type)
+
+    def clip_grad_value_(self, parameters: Iterable[torch.Tensor], clip_value: float) -> None:
+        """Clip gradients to ``[-clip_value, clip_value]`` (after unscaling under fp16)."""
+        parameters = list(parameters)
+        self.unscale_gradients()
+        nn.utils.clip_grad_value_(parameters, clip_value)
+
+    def unwrap_model(
+        self, model: nn.Module, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True
+    ) -> nn.Module:
+        """The user's module without distributed wrappers.
+
+        Args:
+            model: a prepared model.
+            keep_fp32_wrapper: keep the mixed-precision forward wrapper.
+            keep_torch_compile: keep the ``torch.compile`` wrapper.
+        """
+        unwrapped = self.backend.unwrap_model(model, keep_torch_compile=keep_torch_compile)
+        if not keep_fp32_wrapper:
+            remove_forward_wrapper(self.backend.unwrap_model(unwrapped, keep_torch_compile=False))
+        return unwrapped
+
+    def get_state_dict(self, model: nn.Module, unwrap: bool = True) -> dict[str, torch.Tensor]:
+        """The model's state dict (of the unwrapped model by default)."""
+        target = self.unwrap_model(model, keep_torch_compile=False) if unwrap else model
+        return target.state_dict()
+
+    # -- collectives ------------------------------------------------------------------------------
+    def gather(self, tensor: Any) -> Any:
+        """Gather tensors (nested structures too) from every process, concatenated along dim 0."""
+        return collectives.gather(tensor)
+
+    def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
+        """Gather like :meth:`gather`, then drop the samples repeated to even out the last batch.
+
+        Over a whole prepared evaluation loader, the gathered values are exactly the dataset's, in order,
+        so metrics computed on them equal single-process metrics.
+        """
+        tensors_only = all(isinstance(x, torch.Tensor) for x in _flat_values(input_data))
+        as_objects = use_gather_object or not tensors_only
+        if as_objects:
+            data = collectives.gather_object(input_data if isinstance(input_data, list) else [input_data])
+        else:
+            data = collectives.gather(input_data)
+        if not self.gradient_state.end_of_dataloader:
+            return data
+        return collectives.gather_for_metrics_truncate(
+            data, self.gradient_state.remainder, from_gather_object=as_objects
+        )
+
+    def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
+        """Reduce tensors across processes: ``"sum"``, ``"mean"`` or ``"none"`` (this rank's value)."""
+        return collectives.reduce(tensor, reduction=reduction, scale=scale)
+
+    def pad_across_processes(
+        self, tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False
+    ) -> Any:
+        """Pad tensors to the largest size in ``dim`` across processes."""
+        return collectives.pad_across_processes(tensor, dim=dim, pad_index=pad_index, pad_first=pad_first)
+
+    def set_trigger(self) -> None:
+        """Raise a flag on this process that :meth:`check_trigger` will see on every process."""
+        self.flag_tensor = torch.tensor(1, device=self.device)
+
+    def check_trigger(self) -> bool:
+        """True on every process when any process called :meth:`set_trigger` (then resets the flag)."""
+        if self.flag_tensor is None:
+            self.flag_tensor = torch.tensor(0, device=self.device)
+        flag = collectives.reduce(self.flag_tensor, reduction="sum")
+        if int(flag.item()) >= 1:
+            self.flag_tensor = torch.tensor(0, device=self.device)
+            return True
+        return False
+
+    # -- process control --------------------------------------------------------------------------
+    def wait_for_everyone(self) -> None:
+        """A barrier across all processes."""
+        self.state.wait_for_everyone()
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """``print`` on the local main process only."""
+        self.state.print(*args, **kwargs)
+
+    def main_process_first(self) -> contextlib.AbstractContextManager:
+        return self.state.main_process_first()
+
+    def local_main_process_first(self) -> contextlib.AbstractContextManager:
+        return self.state.local_main_process_first()
+
+    def split_between_processes(
+        self, inputs: Any, apply_padding: bool = False
+    ) -> contextlib.AbstractContextManager:
+        return self.state.split_between_processes(inputs, apply_padding=apply_padding)
+
+    def on_main_process(self, function: F) -> F:
+        return self.state.on_main_process(function)
+
+    def on_local_main_process(self, function: F) -> F:
+        return self.state.on_local_main_process(function)
+
+    def on_last_process(self, function: F) -> F:
+        return self.state.on_last_process(function)
+
+    def on_process(self, function: F | None = None, process_index: int | None = None) -> Any:
+        return self.state.on_process(function, process_index=process_index)
+
+    def on_local_process(self, function: F | None = None, local_process_index: int | None = None) -> Any:
+        return self.state.on_local_process(function, local_process_index=local_process_index)
+
+    @contextlib.contextmanager
+    def join_uneven_inputs(
+        self, joinables: Sequence[Any], even_batches: bool | None = None
+    ) -> Iterator[None]:
+        """Let DDP models train on loaders of different lengths per process (``torch.distributed.algorithms.Join``)."""
+        if even_batches is not None:
+            raise ValueError(
+                "join_uneven_inputs(even_batches=...) is not supported: prepare the loaders with "
+                "DataLoaderConfiguration(even_batches=False) instead."
+            )
+        if not self.use_distributed:
+            yield
+            return
+        from torch.distributed.algorithms.join import Join
+
+        with Join(list(joinables)):
+            yield
+
+    # -- memory and shutdown ----------------------------------------------------------------------
+    def free_memory(self, *objects: Any) -> list[Any]:
+        """Drop the Accelerator's references to prepared objects and free cached memory."""
+        self._models.clear()
+        self._optimizers.clear()
+        self._schedulers.clear()
+        self._dataloaders.clear()
+        self.step = 0
+        return release_memory(*objects)
+
+    clear = free_memory
+
+    def end_training(self) -> None:
+        """Finish the run: wait for every process, then tear the process group down safely."""
+        self.free_memory()
+        _process_group.shutdown(barrier=True)
+
+    # -- saving -----------------------------------------------------------------------------------
+    def save(self, obj: Any, f: Any, safe_serialization: bool = False) -> None:
+        """Save ``obj`` once per machine set-up (on the main process): torch.save or safetensors."""
+        if not self.is_main_process:
+            return
+        if safe_serialization:
+            from safetensors.torch import save_file
+
+            save_file({k: v.contiguous() for k, v in obj.items()}, f)
+        else:
+            torch.save(obj, f)
+
+    def _not_yet(self, feature: str) -> NotImplementedError:
+        return NotImplementedError(
+            f"Accelerator.{feature}() is not available in this version of lockstep: checkpointing is not "
+            "built yet. Save the model with accelerator.save(accelerator.get_state_dict(model), path)."
+        )
+
+    def save_state(
+        self, output_dir: str | None = None, safe_serialization: bool = True, **kwargs: Any
+    ) -> str:
+        raise self._not_yet("save_state")
+
+    def load_state(self, input_dir: str | None = None, **kwargs: Any) -> None:
+        raise self._not_yet("load_state")
+
+    def save_model(self, model: nn.Module, save_directory: str, **kwargs: Any) -> None:
+        raise self._not_yet("save_model")
+
+    def register_for_checkpointing(self, *objects: Any) -> None:
+        raise self._not_yet("register_for_checkpointing")
+
+    # -- trackers (none can be configured yet: log_with raises) ------------------------------------
+    def init_trackers(
+        self, project_name: str, config: dict | None = None, init_kwargs: dict | None = None
+    ) -> None:
+        """No trackers are configured, so there is nothing to start (as in Accelerate without log_with)."""
+
+    def log(self, values: dict, step: int | None = None, log_kwargs: dict | None = None) -> None:
+        """No trackers are configured, so values are not recorded (as in Accelerate without log_with)."""
+
+
+def _flat_values(data: Any) -> list[Any]:
+    if isinstance(data, dict):
+        return [v for value in data.values() for v in _flat_values(value)]
+    if isinstance(data, (list, tuple)):
+        return [v for value in data for v in _flat_values(value)]
+    return [data]

@@ -1,0 +1,92 @@
+"""Data parallel training with ``torch.nn.parallel.DistributedDataParallel``."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+
+from lockstep.backends.base import Backend
+from lockstep.config.enums import DDPCommunicationHookType
+from lockstep.config.kwargs import DistributedDataParallelKwargs
+from lockstep.config.plugins import TorchDynamoPlugin
+from lockstep.state import PartialState
+
+_COMPRESSION_HOOKS = {
+    DDPCommunicationHookType.FP16: default_hooks.fp16_compress_hook,
+    DDPCommunicationHookType.BF16: default_hooks.bf16_compress_hook,
+}
+_POWER_SGD_HOOKS = {
+    DDPCommunicationHookType.POWER_SGD: powerSGD_hook.powerSGD_hook,
+    DDPCommunicationHookType.BATCHED_POWER_SGD: powerSGD_hook.batched_powerSGD_hook,
+}
+_WRAPPERS = {
+    DDPCommunicationHookType.FP16: default_hooks.fp16_compress_wrapper,
+    DDPCommunicationHookType.BF16: default_hooks.bf16_compress_wrapper,
+}
+
+
+class DDPBackend(Backend):
+    """Replicate the model on every process and all-reduce gradients in backward.
+
+    Args:
+        state: the process state.
+        ddp_kwargs: the user's ``DistributedDataParallelKwargs``; None means torch's defaults.
+        dynamo_plugin: ``torch.compile`` settings (the model is compiled *before* the DDP wrap, because
+            ``torch.compile(DDP(m))`` silently runs eager).
+    """
+
+    def __init__(
+        self,
+        state: PartialState,
+        *,
+        ddp_kwargs: DistributedDataParallelKwargs | None = None,
+        dynamo_plugin: TorchDynamoPlugin | None = None,
+    ) -> None:
+        super().__init__(state, dynamo_plugin=dynamo_plugin)
+        self.explicit_kwargs = ddp_kwargs is not None
+        self.ddp_kwargs = ddp_kwargs or DistributedDataParallelKwargs()
+        self.distributed_type = state.distributed_type
+
+    def wrap_model(self, model: nn.Module) -> nn.Module:
+        if not any(p.requires_grad for p in model.parameters()):
+            if self.explicit_kwargs:
+                raise ValueError(
+                    f"Cannot prepare {type(model).__name__} for DistributedDataParallel with "
+                    "DistributedDataParallelKwargs: none of its parameters requires grad, so there is nothing "
+                    "to synchronise. Unfreeze some parameters, or prepare it with evaluation_mode=True."
+                )
+            return model  # a frozen model (e.g. a teacher) needs no gradient synchronisation
+        device_ids = [self.device.index] if self.device.type in ("cuda", "xpu") else None
+        wrapped = nn.parallel.DistributedDataParallel(
+            model,
+            device_ids=device_ids,
+            output_device=device_ids[0] if device_ids else None,
+            **self.ddp_kwargs.ddp_constructor_kwargs(),
+        )
+        self._register_comm_hook(wrapped)
+        return wrapped
+
+    def _register_comm_hook(self, model: nn.parallel.DistributedDataParallel) -> None:
+        hook_type, wrapper_type = self.ddp_kwargs.comm_hook, self.ddp_kwargs.comm_wrapper
+        if hook_type == DDPCommunicationHookType.NO:
+            return
+        state: Any = None
+        if hook_type in _POWER_SGD_HOOKS:
+            state = powerSGD_hook.PowerSGDState(process_group=None, **self.ddp_kwargs.comm_state_option)
+            hook = _POWER_SGD_HOOKS[hook_type]
+        else:
+            hook = _COMPRESSION_HOOKS[hook_type]
+        if wrapper_type != DDPCommunicationHookType.NO:
+            hook = _WRAPPERS[wrapper_type](hook)
+        model.register_comm_hook(state, hook)
+
+    def is_wrapped(self, model: nn.Module) -> bool:
+        return isinstance(model, nn.parallel.DistributedDataParallel)
+
+    def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager:
+        if isinstance(model, nn.parallel.DistributedDataParallel):
+            return model.no_sync()
+        return contextlib.nullcontext()

@@ -1,0 +1,17 @@
+"""One process: nothing to wrap or synchronise."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from lockstep.backends.base import Backend
+from lockstep.config.enums import DistributedType
+
+
+class SingleProcessBackend(Backend):
+    """A single process on one device."""
+
+    distributed_type = DistributedType.NO
+
+    def wrap_model(self, model: nn.Module) -> nn.Module:
+        return model

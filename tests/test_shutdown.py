@@ -1,0 +1,50 @@
+"""A finished run exits 0 every time: gloo must not abort the interpreter at exit (pytorch#190489)."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.helpers.multiprocess import free_port
+
+SCRIPT = Path(__file__).parent / "scripts" / "ddp_exit.py"
+RUNS = 20
+
+
+def _run_pair() -> list[tuple[int, str]]:
+    port = free_port()
+    procs = []
+    for rank in range(2):
+        env = dict(
+            os.environ,
+            RANK=str(rank),
+            LOCAL_RANK=str(rank),
+            WORLD_SIZE="2",
+            LOCAL_WORLD_SIZE="2",
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            OMP_NUM_THREADS="1",
+        )
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, str(SCRIPT)],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
+    results = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=120)
+        results.append((proc.returncode, out + err))
+    return results
+
+
+def test_ddp_run_exits_cleanly_twenty_times():
+    failures = []
+    for attempt in range(RUNS):
+        for rank, (code, output) in enumerate(_run_pair()):
+            if code != 0 or "terminate called" in output:
+                failures.append(f"run {attempt} rank {rank}: exit {code}\n{output[-2000:]}")
+    assert not failures, "\n".join(failures)
