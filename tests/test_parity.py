@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from lockstep import Accelerator, DataLoaderConfiguration
+from lockstep import Accelerator, DataLoaderConfiguration, GradScalerKwargs
 from tests.helpers.multiprocess import run_distributed
 from tests.helpers.training import flat_params, loader, loss_fn, make_model, reference_training
 
@@ -21,6 +21,8 @@ def _train(world_size: int, per_process_batch: int, options: dict) -> list:
         dataloader_config=config,
         gradient_accumulation_steps=options.get("accumulation", 1),
         mixed_precision=options.get("precision", "no"),
+        # A small initial loss scale, so that no fp16 step is skipped for overflow (skips are tested elsewhere).
+        kwargs_handlers=[GradScalerKwargs(init_scale=1024.0)],
     )
     model = make_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -84,7 +86,7 @@ def test_gradient_accumulation_equals_a_bigger_batch():
     _check(2, 2, {"accumulation": 2, "shuffle": True})
 
 
-@pytest.mark.parametrize(("precision", "tolerance"), [("bf16", 3e-2), ("fp16", 5e-3)])
+@pytest.mark.parametrize(("precision", "tolerance"), [("bf16", 5e-3), ("fp16", 1e-3)])
 def test_mixed_precision_stays_close_to_fp32(precision, tolerance):
     _check(2, 4, {"precision": precision}, tolerance=tolerance)
 

@@ -96,7 +96,7 @@ def test_clip_grad_norm_uses_the_global_gradient():
 
 
 def test_fp16_overflow_skips_the_step_and_the_scheduler():
-    accelerator = Accelerator(mixed_precision="fp16", kwargs_handlers=[GradScalerKwargs(init_scale=2.0**20)])
+    accelerator = Accelerator(mixed_precision="fp16", kwargs_handlers=[GradScalerKwargs(init_scale=1024.0)])
     model = make_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
@@ -109,7 +109,7 @@ def test_fp16_overflow_skips_the_step_and_the_scheduler():
     assert accelerator.optimizer_step_was_skipped
     assert torch.equal(flat_params(model), before)
     assert scheduler.get_last_lr() == [0.1]
-    assert accelerator.scaler.get_scale() == 2.0**19
+    assert accelerator.scaler.get_scale() == 512.0
     optimizer.zero_grad()
     accelerator.backward(loss_fn(model, (torch.randn(2, 6), torch.randn(2, 1))))
     optimizer.step()

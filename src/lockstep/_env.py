@@ -21,6 +21,9 @@ LOCKSTEP_DEBUG = "LOCKSTEP_DEBUG"
 LOCKSTEP_LAUNCH_CONFIG = "LOCKSTEP_LAUNCH_CONFIG"
 """JSON of the resolved launch settings, written by ``lockstep launch`` for its workers."""
 LOCKSTEP_DISABLE_PROGRESS = "LOCKSTEP_DISABLE_PROGRESS_BARS"
+LOCKSTEP_HOME = "LOCKSTEP_HOME"
+"""Folder of ``default_config.yaml``; else ``$XDG_CACHE_HOME/lockstep``, else ``~/.cache/lockstep``."""
+XDG_CACHE_HOME = "XDG_CACHE_HOME"
 LOCKSTEP_LOG_LEVEL = "LOCKSTEP_LOG_LEVEL"
 """Default level of loggers made by ``lockstep.logging.get_logger``."""
 
@@ -212,3 +215,12 @@ def log_level(env: Mapping[str, str] | None = None) -> str | None:
     """The log level asked for with ``LOCKSTEP_LOG_LEVEL``, if any."""
     env = os.environ if env is None else env
     return env.get(LOCKSTEP_LOG_LEVEL) or None
+
+
+def config_home(env: Mapping[str, str] | None = None) -> str:
+    """The folder that holds lockstep's ``default_config.yaml``."""
+    env = os.environ if env is None else env
+    if env.get(LOCKSTEP_HOME):
+        return env[LOCKSTEP_HOME]
+    cache = env.get(XDG_CACHE_HOME) or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(cache, "lockstep")

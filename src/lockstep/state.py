@@ -16,7 +16,7 @@ import contextlib
 import functools
 import math
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, ClassVar, TypeVar
 
@@ -39,6 +39,8 @@ class _ProcessContext:
     backend: str | None
     distributed_type: DistributedType
     debug: bool
+    accelerator_settings: dict[str, Any] = field(default_factory=dict)
+    """Settings recorded by the Accelerator (mixed precision, the backend's distributed type)."""
 
     @classmethod
     def create(
@@ -367,28 +369,21 @@ class AcceleratorState(PartialState):
         **kwargs: process-group arguments, as for :class:`PartialState`.
     """
 
-    _settings: ClassVar[dict[str, Any]] = {}
-
     def __init__(self, mixed_precision: str | None = None, cpu: bool = False, **kwargs: Any) -> None:
         super().__init__(cpu, **kwargs)
         if mixed_precision is not None:
-            AcceleratorState._settings["mixed_precision"] = str(mixed_precision)
-
-    @classmethod
-    def _reset_state(cls, destroy_process_group: bool = False) -> None:
-        cls._settings.clear()
-        super()._reset_state(destroy_process_group)
+            self._record(mixed_precision=str(mixed_precision))
 
     @property
     def mixed_precision(self) -> str:
-        return AcceleratorState._settings.get("mixed_precision", "no")
+        return self._ctx.accelerator_settings.get("mixed_precision", "no")
 
     @property
     def distributed_type(self) -> DistributedType:
-        return AcceleratorState._settings.get("distributed_type", super().distributed_type)
+        return self._ctx.accelerator_settings.get("distributed_type", super().distributed_type)
 
     def _record(self, **settings: Any) -> None:
-        AcceleratorState._settings.update(settings)
+        self._ctx.accelerator_settings.update(settings)
 
 
 class GradientState:

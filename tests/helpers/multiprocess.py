@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import pickle
+import queue as queue_module
 import socket
 import traceback
 from collections.abc import Callable
@@ -47,7 +49,8 @@ def _worker(
     torch.set_num_threads(1)
     reset_lockstep_state()
     try:
-        result = fn(*args)
+        # Plain pickle: torch's multiprocessing pickler would share tensor memory with this exiting process.
+        result = pickle.dumps(fn(*args))
         queue.put((rank, "ok", result))
     except BaseException:
         queue.put((rank, "error", traceback.format_exc()))
@@ -86,14 +89,14 @@ def run_distributed(
         for _ in range(world_size):
             try:
                 rank, status, payload = queue.get(timeout=timeout)
-            except Exception:
+            except queue_module.Empty:
                 missing = sorted(set(range(world_size)) - set(results) - set(errors))
                 raise WorkerError(
                     f"ranks {missing} of {world_size} did not finish within {timeout:.0f}s"
                     + "".join(f"\n--- rank {r} failed:\n{tb}" for r, tb in errors.items())
                 ) from None
             if status == "ok":
-                results[rank] = payload
+                results[rank] = pickle.loads(payload)
             else:
                 errors[rank] = payload
                 timeout = min(timeout, 15.0)  # the others are likely stuck waiting for this rank

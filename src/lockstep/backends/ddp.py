@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import warnings
 from typing import Any
 
 from torch import nn
@@ -60,12 +61,16 @@ class DDPBackend(Backend):
                 )
             return model  # a frozen model (e.g. a teacher) needs no gradient synchronisation
         device_ids = [self.device.index] if self.device.type in ("cuda", "xpu") else None
-        wrapped = nn.parallel.DistributedDataParallel(
-            model,
-            device_ids=device_ids,
-            output_device=device_ids[0] if device_ids else None,
-            **self.ddp_kwargs.ddp_constructor_kwargs(),
-        )
+        with warnings.catch_warnings():
+            # broadcast_buffers=False keeps Accelerate's meaning (no buffer sync at all); torch 2.13 warns
+            # that the argument is deprecated, which is ours to handle, not the user's.
+            warnings.filterwarnings("ignore", message=".*broadcast_buffers. is deprecated", category=FutureWarning)
+            wrapped = nn.parallel.DistributedDataParallel(
+                model,
+                device_ids=device_ids,
+                output_device=device_ids[0] if device_ids else None,
+                **self.ddp_kwargs.ddp_constructor_kwargs(),
+            )
         self._register_comm_hook(wrapped)
         return wrapped
 

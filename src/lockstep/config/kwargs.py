@@ -80,13 +80,15 @@ class DistributedDataParallelKwargs(KwargsHandler):
         """Keyword arguments for the DDP constructor (the hook fields are applied after wrapping)."""
         kwargs: dict[str, Any] = {
             "dim": self.dim,
-            "broadcast_buffers": self.broadcast_buffers,
             "find_unused_parameters": self.find_unused_parameters,
             "gradient_as_bucket_view": self.gradient_as_bucket_view,
             "static_graph": self.static_graph,
         }
         if self.bucket_cap_mb is not None:
             kwargs["bucket_cap_mb"] = self.bucket_cap_mb
+        if not self.broadcast_buffers:
+            # Only the non-default value is passed: torch >= 2.13 deprecates the argument itself.
+            kwargs["broadcast_buffers"] = False
         return kwargs
 
 

@@ -1,0 +1,314 @@
+"""Samplers that give each process its share of an epoch and can start it at any batch.
+
+Example:
+    >>> from torch.utils.data import BatchSampler, SequentialSampler
+    >>> batches = BatchSampler(SequentialSampler(range(10)), batch_size=3, drop_last=False)
+    >>> list(BatchSamplerShard(batches, num_processes=2, process_index=1))
+    [[3, 4, 5], [9, 0, 1]]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence, Sized
+from typing import Any
+
+import torch
+from torch.utils.data import BatchSampler, IterableDataset, RandomSampler, SequentialSampler
+
+from lockstep.data._sharding import (
+    IndexBatches,
+    RankBatches,
+    ShardSpec,
+    iterable_length,
+    plan_epoch,
+    shard_length,
+)
+
+
+class SeedableRandomSampler(RandomSampler):
+    """A ``RandomSampler`` whose order depends only on a seed and the epoch.
+
+    Each epoch draws ``torch.randperm(n, generator=g)`` with ``g`` seeded with ``seed + epoch``, so every
+    process and every run sees the same order for the same epoch. Call ``set_epoch`` (or the prepared
+    loader's ``set_epoch``) at the start of each epoch.
+
+    Args:
+        data_source: the dataset (only its length is used).
+        replacement: draw with replacement.
+        num_samples: samples per epoch (default: the dataset length).
+        generator: the generator to reseed each epoch (default: a new one).
+        data_seed: the seed; None takes ``torch.initial_seed()``.
+
+    Example:
+        >>> sampler = SeedableRandomSampler(range(4), data_seed=0)
+        >>> sampler.set_epoch(1)
+        >>> sorted(sampler)
+        [0, 1, 2, 3]
+    """
+
+    def __init__(
+        self,
+        data_source: Sized,
+        replacement: bool = False,
+        num_samples: int | None = None,
+        generator: torch.Generator | None = None,
+        *,
+        data_seed: int | None = None,
+    ) -> None:
+        super().__init__(data_source, replacement=replacement, num_samples=num_samples, generator=generator)
+        self.epoch = 0
+        self.initial_seed = int(data_seed) if data_seed is not None else torch.initial_seed()
+
+    def _reseed(self) -> torch.Generator:
+        if self.generator is None:
+            self.generator = torch.Generator()
+        self.generator.manual_seed((self.initial_seed + self.epoch) % 2**64)
+        return self.generator
+
+    def __iter__(self) -> Iterator[int]:
+        self._reseed()
+        yield from super().__iter__()
+        self.set_epoch(self.epoch + 1)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Choose the epoch whose order the next iteration draws."""
+        self.epoch = epoch
+
+
+def epoch_indices(sampler: Iterable[int]) -> Sequence[int] | torch.Tensor:
+    """The sampler's indices for one epoch, drawn exactly as iterating it would draw them.
+
+    A ``SequentialSampler`` costs nothing and a ``RandomSampler`` without replacement one or two
+    ``randperm`` calls (the same ones, on the same generator, as its ``__iter__``); any other sampler is
+    iterated.
+    """
+    if type(sampler) is SequentialSampler:
+        return range(len(sampler.data_source))  # type: ignore[arg-type]
+    if type(sampler) in (RandomSampler, SeedableRandomSampler) and not sampler.replacement:  # type: ignore[attr-defined]
+        return _permutation(sampler)  # type: ignore[arg-type]
+    return list(sampler)
+
+
+def _permutation(sampler: RandomSampler) -> torch.Tensor:
+    if isinstance(sampler, SeedableRandomSampler):
+        generator = sampler._reseed()
+    elif sampler.generator is None:  # RandomSampler draws a fresh seed from the global generator
+        seed = int(torch.empty((), dtype=torch.int64).random_().item())
+        generator = torch.Generator()
+        generator.manual_seed(seed)
+    else:
+        generator = sampler.generator
+    n = len(sampler.data_source)  # type: ignore[arg-type]
+    parts = [torch.randperm(n, generator=generator) for _ in range(sampler.num_samples // n)]
+    parts.append(torch.randperm(n, generator=generator)[: sampler.num_samples % n])
+    if isinstance(sampler, SeedableRandomSampler):
+        sampler.set_epoch(sampler.epoch + 1)
+    return torch.cat(parts)
+
+
+def global_batches(batch_sampler: Iterable[list[int]]) -> Sequence[Sequence[int]]:
+    """The epoch's global batches: built on demand for a plain ``BatchSampler``, else listed."""
+    if type(batch_sampler) is BatchSampler and isinstance(batch_sampler.sampler, Sized):
+        indices = epoch_indices(batch_sampler.sampler)
+        return IndexBatches(indices, batch_sampler.batch_size, drop_last=batch_sampler.drop_last)
+    return [list(batch) for batch in batch_sampler]
+
+
+class BatchSamplerShard(BatchSampler):
+    """Wraps a batch sampler so that it yields one process's batches only (Accelerate's rules).
+
+    With ``split_batches=False`` process ``i`` takes global batches ``i, i+N, ...``; with ``True`` each
+    batch is cut into ``N`` slices. ``even_batches`` repeats samples from the start of the epoch so every
+    process gets the same number of full batches. See :mod:`lockstep.data._sharding` for the exact rules.
+
+    Args:
+        batch_sampler: the batch sampler to shard.
+        num_processes: number of processes.
+        process_index: this process's index.
+        split_batches: cut batches instead of dealing them out.
+        even_batches: complete the last round with samples from the start of the epoch.
+        start_batch: skip this many of this process's batches at the start of every iteration (O(1) for a
+            plain ``BatchSampler``); a prepared dataloader sets it to resume.
+
+    Attributes:
+        remainder: real samples in the last global round of the latest epoch (-1 before the first one or
+            when unknown).
+        current_plan: this process's batches of the latest epoch (None before the first one).
+
+    Example:
+        >>> from torch.utils.data import BatchSampler, SequentialSampler
+        >>> batches = BatchSampler(SequentialSampler(range(8)), batch_size=4, drop_last=False)
+        >>> list(BatchSamplerShard(batches, num_processes=2, process_index=0, split_batches=True))
+        [[0, 1], [4, 5]]
+    """
+
+    def __init__(
+        self,
+        batch_sampler: Iterable[list[int]],
+        num_processes: int = 1,
+        process_index: int = 0,
+        split_batches: bool = False,
+        even_batches: bool = True,
+        *,
+        start_batch: int = 0,
+    ) -> None:
+        # BatchSampler.__init__ is not called: it wants a sampler and a batch size we may not have.
+        self.batch_sampler = batch_sampler
+        self.num_processes = num_processes
+        self.process_index = process_index
+        self.split_batches = split_batches
+        self.even_batches = even_batches
+        self.batch_size = getattr(batch_sampler, "batch_size", None)
+        self.drop_last = getattr(batch_sampler, "drop_last", False)
+        self.start_batch = start_batch
+        self.remainder = -1
+        self.current_plan: RankBatches | None = None
+        _ = self.spec  # validate now, not at the first iteration
+
+    @property
+    def spec(self) -> ShardSpec:
+        """The sharding rules, from the current attributes."""
+        return ShardSpec(
+            world_size=self.num_processes,
+            rank=self.process_index,
+            split_batches=self.split_batches,
+            even_batches=self.even_batches,
+            drop_last=self.drop_last,
+            batch_size=self.batch_size,
+        )
+
+    @property
+    def sampler(self) -> Any:
+        """The sampler of the wrapped batch sampler (None when it has none)."""
+        return getattr(self.batch_sampler, "sampler", None)
+
+    @sampler.setter
+    def sampler(self, value: Any) -> None:
+        self.batch_sampler.sampler = value  # type: ignore[attr-defined]
+
+    @property
+    def total_length(self) -> int:
+        """Global batches per epoch."""
+        return len(self.batch_sampler)  # type: ignore[arg-type]
+
+    def epoch_length(self) -> int:
+        """This process's batches per epoch, ignoring ``start_batch``."""
+        inner = self.batch_sampler
+        if type(inner) is BatchSampler and isinstance(inner.sampler, Sized):
+            num_samples, size = len(inner.sampler), inner.batch_size
+            count = num_samples // size if inner.drop_last else -(-num_samples // size)
+            last = num_samples - (count - 1) * size if count else None
+            return shard_length(count, self.spec, last_batch_size=last)
+        return shard_length(len(inner), self.spec)  # type: ignore[arg-type]
+
+    def __len__(self) -> int:
+        return max(0, self.epoch_length() - self.start_batch)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Forward the epoch to the wrapped batch sampler, or to its sampler."""
+        if hasattr(self.batch_sampler, "set_epoch"):
+            self.batch_sampler.set_epoch(epoch)
+        elif hasattr(self.sampler, "set_epoch"):
+            self.sampler.set_epoch(epoch)
+
+    def plan_epoch(self) -> RankBatches:
+        """Draw the next epoch of the wrapped sampler and compute this process's batches."""
+        plan = plan_epoch(global_batches(self.batch_sampler), self.spec)
+        self.remainder, self.current_plan = plan.remainder, plan
+        return plan
+
+    def __iter__(self) -> Iterator[list[int]]:
+        yield from self.plan_epoch().iter_from(self.start_batch)
+
+
+class IterableDatasetShard(IterableDataset):
+    """Wraps an iterable dataset so that it yields one process's samples only (Accelerate's rules).
+
+    Samples are buffered ``batch_size * num_processes`` at a time (``batch_size`` with ``split_batches``)
+    and each process yields its contiguous slice of the buffer. At the end, unless ``drop_last``, the
+    last buffer is completed with samples from the first one.
+
+    Args:
+        dataset: the iterable dataset.
+        batch_size: batch size per process, or the global batch size with ``split_batches``.
+        drop_last: drop the last incomplete buffer instead of completing it.
+        num_processes: number of processes.
+        process_index: this process's index.
+        split_batches: ``batch_size`` is the global batch size, cut across processes.
+
+    Attributes:
+        remainder: real samples in the last buffer of the latest epoch (-1 until an epoch ends).
+
+    Example:
+        >>> list(IterableDatasetShard(range(6), batch_size=2, num_processes=2, process_index=1))
+        [2, 3, 0, 1]
+    """
+
+    def __init__(
+        self,
+        dataset: Iterable[Any],
+        batch_size: int = 1,
+        drop_last: bool = False,
+        num_processes: int = 1,
+        process_index: int = 0,
+        split_batches: bool = False,
+    ) -> None:
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(
+                f"IterableDatasetShard(batch_size={batch_size!r}) is invalid: it must be an int >= 1."
+            )
+        ShardSpec(
+            world_size=num_processes, rank=process_index, split_batches=split_batches, batch_size=batch_size
+        )
+        self.dataset = dataset
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+        self.num_processes = num_processes
+        self.process_index = process_index
+        self.split_batches = split_batches
+        self.epoch = 0
+        self.remainder = -1
+
+    def set_epoch(self, epoch: int) -> None:
+        """Remember the epoch and forward it to the dataset."""
+        self.epoch = epoch
+        if hasattr(self.dataset, "set_epoch"):
+            self.dataset.set_epoch(epoch)
+
+    @property
+    def total_length(self) -> int:
+        """Samples in the wrapped dataset."""
+        return len(self.dataset)  # type: ignore[arg-type]
+
+    def __len__(self) -> int:
+        return iterable_length(
+            len(self.dataset),  # type: ignore[arg-type]
+            batch_size=self.batch_size,
+            world_size=self.num_processes,
+            split_batches=self.split_batches,
+            drop_last=self.drop_last,
+        )
+
+    def __iter__(self) -> Iterator[Any]:
+        generator = getattr(self.dataset, "generator", None)
+        if not hasattr(self.dataset, "set_epoch") and isinstance(generator, torch.Generator):
+            generator.manual_seed(self.epoch)
+        round_size = self.batch_size if self.split_batches else self.batch_size * self.num_processes
+        per_rank = round_size // self.num_processes if self.split_batches else self.batch_size
+        mine = slice(self.process_index * per_rank, (self.process_index + 1) * per_rank)
+        self.remainder = -1
+        first: list[Any] | None = None
+        buffer: list[Any] = []
+        for item in self.dataset:
+            buffer.append(item)
+            if len(buffer) == round_size:
+                yield from buffer[mine]
+                first = buffer if first is None else first
+                buffer = []
+        if buffer and not self.drop_last:
+            source = first if first is not None else list(buffer)
+            self.remainder = len(buffer)
+            padded = buffer + [source[j % len(source)] for j in range(round_size - len(buffer))]
+            yield from padded[mine]
+        else:
+            self.remainder = round_size if first is not None else 0
