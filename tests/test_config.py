@@ -70,3 +70,15 @@ def test_dynamo_plugin():
     }
     with pytest.raises(ValueError, match="backend=...\\)='tpu-magic' is invalid"):
         TorchDynamoPlugin(backend="tpu-magic")
+
+
+def test_public_names_resolve_lazily():
+    import lockstep
+
+    assert set(lockstep.__all__) == {"__version__", *lockstep._EXPORTS}
+    for name in lockstep._EXPORTS:
+        assert getattr(lockstep, name) is not None
+    import pytest as _pytest
+
+    with _pytest.raises(AttributeError, match="has no attribute 'Accelerate'"):
+        lockstep.Accelerate  # noqa: B018

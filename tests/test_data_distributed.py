@@ -146,6 +146,14 @@ def _dispatch_worker() -> dict:
         )
         assert isinstance(loader, DataLoaderDispatcher)
         out[split] = _dispatch_run(loader)
+    stream = prepare_data_loader(DataLoader(Records(11), batch_size=2), put_on_device=True)
+    iterator = iter(stream)
+    next(iterator)
+    saved = _roundtrip(stream.state_dict())
+    iterator.close()
+    resumed_stream = prepare_data_loader(DataLoader(Records(11), batch_size=2), put_on_device=True)
+    resumed_stream.load_state_dict(saved)
+    out["stream_resumed"] = _dispatch_run(resumed_stream)
     mapped = prepare_data_loader(
         DataLoader(range(9), batch_size=2), put_on_device=True, dispatch_batches=True
     )
@@ -180,6 +188,8 @@ def test_dispatch_batches_gives_each_rank_its_slice(world):
     _check_dispatch([r[True] for r in results], 3 * world)
     for r in results:
         assert r["map"]["resumed"] == r["map"]["full"][1:]
+        assert r["stream_resumed"]["batches"] == r[False]["batches"][1:]
+        assert r["stream_resumed"]["flags"][-1] is True
     expected_last = {2: [[8, 0], [1, 2]], 3: [[6, 7], [8, 0], [1, 2]]}[world]
     assert [r["map"]["full"][-1] for r in results] == expected_last
 

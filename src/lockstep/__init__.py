@@ -1,33 +1,46 @@
 """lockstep: one PyTorch training loop on one CPU, one GPU, many processes and many machines.
 
+Public names are loaded on first use, so that ``import lockstep`` (and the ``lockstep`` command) does not
+pay for torch until something needs it.
+
 Example:
     >>> from lockstep import Accelerator
     >>> accelerator = Accelerator()
 """
 
-from lockstep.accelerator import Accelerator
-from lockstep.config import (
-    AutocastKwargs,
-    DataLoaderConfiguration,
-    DDPCommunicationHookType,
-    DistributedDataParallelKwargs,
-    DistributedType,
-    DynamoBackend,
-    GradientAccumulationPlugin,
-    GradScalerKwargs,
-    InitProcessGroupKwargs,
-    LoggerType,
-    PrecisionType,
-    ProjectConfiguration,
-    RNGType,
-    TorchDynamoPlugin,
-)
-from lockstep.data import skip_first_batches
-from lockstep.memory import find_executable_batch_size, release_memory
-from lockstep.random import set_seed
-from lockstep.state import AcceleratorState, GradientState, PartialState
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
+
+_EXPORTS = {
+    "Accelerator": "lockstep.accelerator",
+    "AcceleratorState": "lockstep.state",
+    "GradientState": "lockstep.state",
+    "PartialState": "lockstep.state",
+    "AutocastKwargs": "lockstep.config",
+    "DDPCommunicationHookType": "lockstep.config",
+    "DataLoaderConfiguration": "lockstep.config",
+    "DistributedDataParallelKwargs": "lockstep.config",
+    "DistributedType": "lockstep.config",
+    "DynamoBackend": "lockstep.config",
+    "GradScalerKwargs": "lockstep.config",
+    "GradientAccumulationPlugin": "lockstep.config",
+    "InitProcessGroupKwargs": "lockstep.config",
+    "LoggerType": "lockstep.config",
+    "PrecisionType": "lockstep.config",
+    "ProjectConfiguration": "lockstep.config",
+    "RNGType": "lockstep.config",
+    "TorchDynamoPlugin": "lockstep.config",
+    "skip_first_batches": "lockstep.data",
+    "debug_launcher": "lockstep.launcher",
+    "notebook_launcher": "lockstep.launcher",
+    "find_executable_batch_size": "lockstep.memory",
+    "release_memory": "lockstep.memory",
+    "set_seed": "lockstep.random",
+}
 
 __all__ = [
     "Accelerator",
@@ -49,8 +62,47 @@ __all__ = [
     "RNGType",
     "TorchDynamoPlugin",
     "__version__",
+    "debug_launcher",
     "find_executable_batch_size",
+    "notebook_launcher",
     "release_memory",
     "set_seed",
     "skip_first_batches",
 ]
+
+if TYPE_CHECKING:
+    from lockstep.accelerator import Accelerator
+    from lockstep.config import (
+        AutocastKwargs,
+        DataLoaderConfiguration,
+        DDPCommunicationHookType,
+        DistributedDataParallelKwargs,
+        DistributedType,
+        DynamoBackend,
+        GradientAccumulationPlugin,
+        GradScalerKwargs,
+        InitProcessGroupKwargs,
+        LoggerType,
+        PrecisionType,
+        ProjectConfiguration,
+        RNGType,
+        TorchDynamoPlugin,
+    )
+    from lockstep.data import skip_first_batches
+    from lockstep.launcher import debug_launcher, notebook_launcher
+    from lockstep.memory import find_executable_batch_size, release_memory
+    from lockstep.random import set_seed
+    from lockstep.state import AcceleratorState, GradientState, PartialState
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'lockstep' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -28,6 +28,8 @@ from lockstep._env import ClusterEnvironment
 logger = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT = timedelta(minutes=30)
+EXIT_BARRIER_TIMEOUT = timedelta(seconds=60)
+"""How long the exit hook waits for the other ranks before tearing down without them."""
 
 _hook_registered = False
 _uncaught_exception = threading.Event()
@@ -83,11 +85,24 @@ def shutdown(*, barrier: bool = True) -> None:
     gc.collect()
     if barrier and dist.get_world_size() > 1:
         try:
-            dist.barrier()
-        except Exception as error:  # a peer died: tearing down is all that is left to do
+            _bounded_barrier()
+        except Exception as error:  # a peer died or is elsewhere: tearing down is all that is left to do
             logger.debug("barrier before destroy_process_group failed: %s", error)
     dist.destroy_process_group()
     gc.collect()
+
+
+def _bounded_barrier() -> None:
+    """A barrier that gives up after EXIT_BARRIER_TIMEOUT on gloo (a peer may be stuck elsewhere)."""
+    if dist.get_backend() == "gloo":
+        dist.monitored_barrier(timeout=EXIT_BARRIER_TIMEOUT)
+    else:
+        dist.barrier()
+
+
+def mark_failed() -> None:
+    """Record that this process is exiting because of an error: skip the barrier at exit."""
+    _uncaught_exception.set()
 
 
 def _register_exit_hook() -> None:
@@ -102,6 +117,16 @@ def _register_exit_hook() -> None:
         previous_hook(kind, value, tb)
 
     sys.excepthook = _note_uncaught
+    previous_exit = sys.exit
+
+    def _note_exit_code(status: object = None) -> None:
+        # sys.exit(3) reaches no excepthook; without this the exit hook would wait in a barrier for peers
+        # that may be blocked in another collective.
+        if status not in (None, 0):
+            _uncaught_exception.set()
+        previous_exit(status)
+
+    sys.exit = _note_exit_code  # type: ignore[assignment]
     atexit.register(_shutdown_at_exit)
 
 

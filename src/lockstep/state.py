@@ -53,6 +53,10 @@ class _ProcessContext:
         debug: bool | None = None,
     ) -> _ProcessContext:
         cluster = _env.read_cluster_environment()
+        launch = _env.launch_settings()
+        cpu = cpu or bool(launch.get("use_cpu", False))
+        if debug is None:
+            debug = _env.debug_requested() or bool(launch.get("debug", False))
         device = _pick_device(cluster, cpu=cpu)
         if backend is not None:
             backend = validate_backend_name(backend, argument="PartialState(backend=...)")
@@ -70,7 +74,7 @@ class _ProcessContext:
             device=device,
             backend=backend if multi_process else None,
             distributed_type=_distributed_type(device, cluster.world_size),
-            debug=_env.debug_requested() if debug is None else debug,
+            debug=debug,
         )
 
 

@@ -64,7 +64,9 @@ class DDPBackend(Backend):
         with warnings.catch_warnings():
             # broadcast_buffers=False keeps Accelerate's meaning (no buffer sync at all); torch 2.13 warns
             # that the argument is deprecated, which is ours to handle, not the user's.
-            warnings.filterwarnings("ignore", message=".*broadcast_buffers. is deprecated", category=FutureWarning)
+            warnings.filterwarnings(
+                "ignore", message=".*broadcast_buffers. is deprecated", category=FutureWarning
+            )
             wrapped = nn.parallel.DistributedDataParallel(
                 model,
                 device_ids=device_ids,

@@ -215,6 +215,10 @@ class DataLoaderDispatcher(DataLoader, DataLoaderStateMixin):
     def _received(self, skip: int) -> Iterator[tuple[Any, int, int]]:
         """On every rank: (global batch, real samples, samples per process), as rank 0 sends them."""
         source = self._global_batches(skip) if self._rank == 0 else None
+        if source is None:
+            # Creating a DataLoader iterator draws a base seed from ``generator`` (the global one by
+            # default); draw it here too so that the ranks' random streams stay aligned.
+            torch.empty((), dtype=torch.int64).random_(generator=self.generator)
         while True:
             message, local, error = self._next_message(source)
             if self._world > 1:

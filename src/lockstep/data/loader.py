@@ -94,10 +94,12 @@ class DataLoaderStateMixin:
 
     @property
     def gradient_state(self) -> GradientState:
+        """The shared GradientState (looked up each time, so a reset between runs is seen)."""
         return GradientState()
 
     @property
     def total_batch_size(self) -> int | None:
+        """Samples per step across all processes (None when unknown)."""
         raise NotImplementedError
 
     # -- epoch bookkeeping ------------------------------------------------------------------------
@@ -263,7 +265,10 @@ class DataLoaderShard(DataLoader, DataLoaderStateMixin):
         self._loader_kwargs = dict(kwargs)
         self._last_batch_length = -1
         shard = self._shard()
-        self._world = shard.num_processes if shard else getattr(dataset, "num_processes", 1)
+        if shard is not None:
+            self._world = shard.num_processes
+        else:
+            self._world = dataset.num_processes if isinstance(dataset, IterableDatasetShard) else 1
 
     def _shard(self) -> BatchSamplerShard | None:
         for candidate in (self.batch_sampler, self.sampler):

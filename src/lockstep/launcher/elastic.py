@@ -1,0 +1,139 @@
+"""Starting workers with torch's elastic agent (the engine behind torchrun), in this process.
+
+``lockstep launch`` resolves its settings, then :func:`launch` builds a
+``torch.distributed.launcher.api.LaunchConfig`` and hands the workers to ``elastic_launch``. Failures come
+back as one readable line per failed rank instead of torch's generic banner.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+from typing import Any
+
+from lockstep import _env
+from lockstep.launcher.settings import LaunchSettings, cpu_threads_per_process
+
+WORKER_MODULE = "lockstep.launcher._worker"
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def prepare_worker_environment(settings: LaunchSettings, environ: dict[str, str] | None = None) -> None:
+    """Set what every worker inherits: the serialized settings, thread count and visible GPUs."""
+    environ = os.environ if environ is None else environ  # type: ignore[assignment]
+    environ[_env.LOCKSTEP_LAUNCH_CONFIG] = json.dumps(settings.worker_settings())
+    if "OMP_NUM_THREADS" not in environ:
+        environ["OMP_NUM_THREADS"] = str(cpu_threads_per_process(settings.processes_per_machine))
+    if settings.gpu_ids not in (None, "all") and not settings.use_cpu:
+        environ["CUDA_VISIBLE_DEVICES"] = str(settings.gpu_ids)
+    if settings.use_cpu:
+        environ["CUDA_VISIBLE_DEVICES"] = ""
+
+
+def torch_launch_config(settings: LaunchSettings) -> Any:
+    """The elastic agent's configuration for these settings."""
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+    from torch.distributed.launcher.api import LaunchConfig
+
+    port = settings.main_process_port or free_port()
+    endpoint = f"{settings.main_process_ip}:{port}"
+    rdzv_configs: dict[str, Any] = (
+        {"rank": settings.machine_rank} if settings.rdzv_backend == "static" else {}
+    )
+    return LaunchConfig(
+        min_nodes=settings.num_machines,
+        max_nodes=settings.num_machines,
+        nproc_per_node=settings.processes_per_machine,
+        run_id=f"lockstep-{port}",
+        role="worker",
+        rdzv_endpoint=endpoint,
+        rdzv_backend=settings.rdzv_backend,
+        rdzv_configs=rdzv_configs,
+        max_restarts=settings.max_restarts,
+        monitor_interval=settings.monitor_interval,
+        start_method="spawn",
+        logs_specs=DefaultLogsSpecs(),
+        shutdown_timeout=10,
+    )
+
+
+def launch(settings: LaunchSettings, target: str, args: list[str], *, module: bool = False) -> int:
+    """Run ``target`` (a script, or a module with ``module=True``) on every worker; returns the exit code."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import elastic_launch
+
+    prepare_worker_environment(settings)
+    # The agent logs a warning per stopped worker and an error per failure; report_failures says it better.
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    worker_args = ["-u", "-m", WORKER_MODULE, *(["--module"] if module else []), target, *args]
+    try:
+        elastic_launch(torch_launch_config(settings), sys.executable)(*worker_args)
+    except ChildFailedError as error:
+        return report_failures(error.failures)
+    except SignalException as error:
+        name = signal.Signals(error.sigval).name
+        print(f"lockstep launch: received {name}; the workers were stopped.", file=sys.stderr)
+        return 128 + int(error.sigval)
+    return 0
+
+
+def describe_failure(rank: int, failure: Any) -> str:
+    """One line saying which rank failed and why."""
+    exitcode = int(failure.exitcode)
+    head = f"rank {rank} (local rank {failure.local_rank}, pid {failure.pid})"
+    if exitcode < 0:
+        return f"{head} was killed by {failure.signal_name()} (exit code {exitcode})"
+    message = _recorded_exception(failure)
+    if message is None:
+        return f"{head} exited with code {exitcode}"
+    location = message.get("extraInfo", {}).get("lockstep_location", "")
+    text = str(message["message"]).strip().splitlines()[0]
+    text = text if len(text) <= 240 else text[:237] + "..."
+    return f"{head} failed with exit code {exitcode}: {text}" + (f" ({location})" if location else "")
+
+
+def _recorded_exception(failure: Any) -> dict[str, Any] | None:
+    """The worker's recorded exception (torch fills the field with a placeholder when there is none)."""
+    message = (failure.error_file_data or {}).get("message")
+    return message if isinstance(message, dict) and message.get("message") else None
+
+
+def _blame_order(item: tuple[int, Any]) -> tuple[int, float, int]:
+    """Root cause first, earliest first within each kind.
+
+    The agent stops the surviving workers with SIGTERM once one fails, so: a death by another signal
+    (SIGKILL, SIGSEGV, ...) comes first, then an exception the worker raised, then a worker's own non-zero
+    exit (often a SIGTERM handler), then workers the agent stopped.
+    """
+    rank, failure = item
+    recorded = _recorded_exception(failure)
+    if failure.exitcode < 0 and failure.exitcode != -signal.SIGTERM:
+        kind = 0
+    elif recorded and not str(recorded.get("message", "")).startswith("SystemExit"):
+        kind = 1
+    elif recorded or failure.exitcode > 0:
+        kind = 2
+    else:
+        kind = 3
+    when = float((recorded or {}).get("extraInfo", {}).get("lockstep_time", failure.timestamp))
+    return kind, when, rank
+
+
+def report_failures(failures: dict[int, Any]) -> int:
+    """Print each failed rank (root cause first); returns the launcher's exit code."""
+    ordered = sorted(failures.items(), key=_blame_order)
+    for rank, failure in ordered:
+        print(f"lockstep launch: {describe_failure(rank, failure)}", file=sys.stderr)
+    print("lockstep launch: the other workers were stopped.", file=sys.stderr)
+    first = ordered[0][1].exitcode if ordered else 1
+    return 128 - int(first) if first < 0 else int(first) or 1

@@ -1,0 +1,192 @@
+"""Starting a Python function on several processes: from a notebook, or for tests.
+
+Both launchers hand the processes to torch's elastic agent with the ``fork`` start method, so functions
+defined in a notebook (which cannot be pickled) work. A failing worker's exception text is raised in the
+calling process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from lockstep import _env
+from lockstep.launcher.elastic import describe_failure, free_port
+
+
+@contextlib.contextmanager
+def _patched_environment(**values: str) -> Iterator[None]:
+    saved = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+class _FreshProcessEntry:
+    """Runs the user's function in a forked worker after forgetting the parent's lockstep state."""
+
+    def __init__(self, function: Callable[..., Any]) -> None:
+        self.function = function
+        self.__name__ = getattr(function, "__name__", "function")
+
+    def __call__(self, *args: Any) -> Any:
+        from lockstep import _process_group
+        from lockstep.state import GradientState, PartialState
+
+        PartialState._reset_state()
+        GradientState._reset_state()
+        try:
+            return self.function(*args)
+        finally:
+            _process_group.shutdown(barrier=True)
+
+
+def _run_forked(
+    function: Callable[..., Any],
+    args: tuple,
+    *,
+    num_processes: int,
+    settings: dict[str, Any],
+    master_addr: str = "127.0.0.1",
+    port: int | None = None,
+    node_rank: int = 0,
+    num_nodes: int = 1,
+    rdzv_backend: str = "static",
+    max_restarts: int = 0,
+    monitor_interval: float = 0.1,
+) -> None:
+    import json
+
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    port = port or free_port()
+    config = LaunchConfig(
+        min_nodes=num_nodes,
+        max_nodes=num_nodes,
+        nproc_per_node=num_processes,
+        run_id=f"lockstep-{port}",
+        rdzv_endpoint=f"{master_addr}:{port}",
+        rdzv_backend=rdzv_backend,
+        rdzv_configs={"rank": node_rank} if rdzv_backend == "static" else {},
+        max_restarts=max_restarts,
+        monitor_interval=monitor_interval,
+        start_method="fork",
+        logs_specs=DefaultLogsSpecs(),
+    )
+    threads = str(max(1, (os.cpu_count() or 1) // num_processes))
+    environment = {
+        _env.LOCKSTEP_LAUNCH_CONFIG: json.dumps(settings),
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", threads),
+    }
+    with _patched_environment(**environment):
+        try:
+            elastic_launch(config, _FreshProcessEntry(function))(*args)
+        except ChildFailedError as error:
+            lines = [describe_failure(rank, failure) for rank, failure in sorted(error.failures.items())]
+            raise RuntimeError("A worker process failed:\n" + "\n".join(lines)) from None
+
+
+def notebook_launcher(
+    function: Callable[..., Any],
+    args: tuple = (),
+    num_processes: int | None = None,
+    mixed_precision: str = "no",
+    use_port: str = "29500",
+    master_addr: str = "127.0.0.1",
+    node_rank: int = 0,
+    num_nodes: int = 1,
+    rdzv_backend: str = "static",
+    max_restarts: int = 0,
+    monitor_interval: float = 0.1,
+) -> None:
+    """Run ``function(*args)`` on ``num_processes`` processes from a notebook (CPU or GPU).
+
+    Args:
+        function: the training function; it creates its own Accelerator.
+        args: positional arguments for it.
+        num_processes: processes on this machine (default: the number of GPUs, else 1).
+        mixed_precision: ``"no"``, ``"fp16"`` or ``"bf16"`` for the Accelerator.
+        use_port: rendezvous port (a free port is used when it is busy on a single machine).
+        master_addr: address of machine 0 for several machines.
+        node_rank: rank of this machine.
+        num_nodes: number of machines.
+        rdzv_backend: ``static`` or ``c10d``.
+        max_restarts: restart all workers this often after a failure.
+        monitor_interval: seconds between health checks of the workers.
+
+    Example:
+        >>> def training_loop():
+        ...     accelerator = Accelerator()
+        ...     ...
+        >>> notebook_launcher(training_loop, num_processes=2)  # doctest: +SKIP
+    """
+    import torch
+
+    from lockstep.precision import parse_mixed_precision
+
+    parse_mixed_precision(mixed_precision)
+    if num_processes is None:
+        num_processes = torch.cuda.device_count() if torch.cuda.is_available() else 1
+    if num_processes < 1:
+        raise ValueError(f"notebook_launcher(num_processes={num_processes}) is invalid: it must be >= 1.")
+    if torch.cuda.is_available() and torch.cuda.is_initialized() and num_processes > 1:
+        raise RuntimeError(
+            "CUDA has been initialized in this notebook before notebook_launcher was called, and forked "
+            "processes cannot use it. Restart the kernel and make sure no cell touches CUDA (model.cuda(), "
+            "torch.cuda.*, an Accelerator) before calling notebook_launcher."
+        )
+    settings = {"mixed_precision": str(mixed_precision)}
+    if num_processes == 1 and num_nodes == 1:
+        with _patched_environment(**{_env.LOCKSTEP_LAUNCH_CONFIG: __import__("json").dumps(settings)}):
+            _FreshProcessEntry(function)(*args)
+        return
+    _run_forked(
+        function,
+        args,
+        num_processes=num_processes,
+        settings=settings,
+        master_addr=master_addr,
+        port=_usable_port(use_port, num_nodes),
+        node_rank=node_rank,
+        num_nodes=num_nodes,
+        rdzv_backend=rdzv_backend,
+        max_restarts=max_restarts,
+        monitor_interval=monitor_interval,
+    )
+
+
+def _usable_port(use_port: str | int, num_nodes: int) -> int:
+    port = int(use_port)
+    if num_nodes > 1:
+        return port
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return free_port()
+    return port
+
+
+def debug_launcher(function: Callable[..., Any], args: tuple = (), num_processes: int = 2) -> None:
+    """Run ``function(*args)`` on ``num_processes`` CPU processes (for tests and debugging).
+
+    Example:
+        >>> debug_launcher(training_loop, num_processes=2)  # doctest: +SKIP
+    """
+    if num_processes < 1:
+        raise ValueError(f"debug_launcher(num_processes={num_processes}) is invalid: it must be >= 1.")
+    _run_forked(function, args, num_processes=num_processes, settings={"use_cpu": True})
+    sys.stdout.flush()

@@ -1,0 +1,228 @@
+"""Resolving launch settings: flag > config file > default, remembering where each value came from.
+
+The result, :class:`LaunchSettings`, is what ``lockstep launch`` runs and what ``lockstep config explain``
+prints. Its :meth:`~LaunchSettings.worker_settings` are serialized into one environment variable
+(``LOCKSTEP_LAUNCH_CONFIG``) that the workers' process state reads in one place.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from lockstep._usage import UsageError
+from lockstep.config.enums import DistributedType, DynamoBackend, PrecisionType
+
+DEFAULT_SOURCE = "default"
+FLAG_SOURCE = "flag"
+
+_UNBUILT_TYPES = {
+    DistributedType.FSDP: "fully sharded training (FSDP)",
+    DistributedType.DEEPSPEED: "the DeepSpeed backend",
+    DistributedType.MEGATRON_LM: "the Megatron-LM backend",
+    DistributedType.XLA: "TPUs (XLA)",
+}
+
+
+@dataclass(kw_only=True)
+class LaunchSettings:
+    """Every setting of one launch, resolved."""
+
+    num_processes: int
+    """Processes in the whole job, across all machines (as in Accelerate); each machine runs
+    ``num_processes / num_machines``."""
+    num_machines: int = 1
+    """Machines taking part in the job."""
+    machine_rank: int = 0
+    """Rank of this machine (0 hosts the rendezvous)."""
+    main_process_ip: str = "127.0.0.1"
+    """Address of machine 0."""
+    main_process_port: int | None = None
+    """Rendezvous port on machine 0 (a free port when unset on one machine; 29500 on several)."""
+    rdzv_backend: str = "static"
+    """``static`` (fixed machine ranks) or ``c10d`` (torch's elastic rendezvous)."""
+    same_network: bool = True
+    """The machines share a network (static rendezvous works)."""
+    max_restarts: int = 0
+    """Restart all workers this many times after a failure."""
+    monitor_interval: float = 0.1
+    """Seconds between checks of the workers' health."""
+    mixed_precision: str = "no"
+    """``no``, ``fp16`` or ``bf16`` for the Accelerator."""
+    gradient_accumulation_steps: int = 1
+    """Micro-batches per optimizer step for the Accelerator."""
+    dynamo_backend: str = "no"
+    """``torch.compile`` backend for prepared models."""
+    gpu_ids: str | None = None
+    """Comma-separated GPU indices to use (``all`` or unset: every GPU)."""
+    use_cpu: bool = False
+    """Train on the CPU even when GPUs are present."""
+    debug: bool = False
+    """Check collectives across ranks (``LOCKSTEP_DEBUG``)."""
+    distributed_type: str = DistributedType.NO.value
+    """How processes share the work (derived from the topology)."""
+    config_file: str | None = None
+    """The config file that was read, if any."""
+    sources: dict[str, str] = field(default_factory=dict)
+    """Where each setting came from: ``flag``, ``config file``, ``default`` or ``derived``."""
+
+    @property
+    def world_size(self) -> int:
+        return self.num_processes
+
+    @property
+    def processes_per_machine(self) -> int:
+        return self.num_processes // self.num_machines
+
+    def worker_settings(self) -> dict[str, Any]:
+        """What the workers' Accelerator reads from ``LOCKSTEP_LAUNCH_CONFIG``."""
+        return {
+            "mixed_precision": self.mixed_precision,
+            "gradient_accumulation_steps": self.gradient_accumulation_steps,
+            "dynamo_backend": self.dynamo_backend,
+            "use_cpu": self.use_cpu,
+            "debug": self.debug,
+            "distributed_type": self.distributed_type,
+        }
+
+    def explain(self) -> list[tuple[str, Any, str]]:
+        """(name, value, source) for every setting, in declaration order."""
+        skip = {"sources", "config_file"}
+        return [
+            (f.name, getattr(self, f.name), self.sources.get(f.name, DEFAULT_SOURCE))
+            for f in fields(self)
+            if f.name not in skip
+        ]
+
+
+def _from_file(config: Any) -> dict[str, Any]:
+    """The launch-relevant values a ClusterConfig sets (None/empty values are left out)."""
+    if config is None:
+        return {}
+    dynamo = getattr(config, "dynamo_config", None) or {}
+    values = {
+        "num_processes": getattr(config, "num_processes", None),
+        "num_machines": getattr(config, "num_machines", None),
+        "machine_rank": getattr(config, "machine_rank", None),
+        "main_process_ip": getattr(config, "main_process_ip", None),
+        "main_process_port": getattr(config, "main_process_port", None),
+        "rdzv_backend": getattr(config, "rdzv_backend", None),
+        "same_network": getattr(config, "same_network", None),
+        "mixed_precision": getattr(config, "mixed_precision", None),
+        "gradient_accumulation_steps": getattr(config, "gradient_accumulation_steps", None),
+        "dynamo_backend": dynamo.get("dynamo_backend"),
+        "gpu_ids": getattr(config, "gpu_ids", None),
+        "use_cpu": getattr(config, "use_cpu", None),
+        "debug": getattr(config, "debug", None),
+        "distributed_type": getattr(config, "distributed_type", None),
+    }
+    if values["num_processes"] is not None and values["num_processes"] < 0:
+        values["num_processes"] = None  # Accelerate writes -1 for "unset"
+    if values["gpu_ids"] is not None:
+        values["gpu_ids"] = str(values["gpu_ids"])
+    return {k: v for k, v in values.items() if v is not None}
+
+
+def _device_count() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def resolve(flags: dict[str, Any], file_config: Any = None, file_path: str | None = None) -> LaunchSettings:
+    """Merge explicit flags over the config file over defaults, then validate.
+
+    Args:
+        flags: only the flags the user gave (name -> value).
+        file_config: a loaded ``ClusterConfig``, or None.
+        file_path: the file it came from (for messages and ``explain``).
+    """
+    from_file = _from_file(file_config)
+    merged: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    for name in {f.name for f in fields(LaunchSettings)} - {"sources", "config_file"}:
+        if name in flags:
+            merged[name], sources[name] = flags[name], FLAG_SOURCE
+        elif name in from_file:
+            merged[name], sources[name] = from_file[name], f"config file {file_path}"
+    _fill_topology_defaults(merged, sources)
+    settings = LaunchSettings(**merged, config_file=file_path, sources=sources)
+    _validate(settings)
+    return settings
+
+
+def _fill_topology_defaults(merged: dict[str, Any], sources: dict[str, str]) -> None:
+    if "num_processes" not in merged:
+        gpus = 0 if merged.get("use_cpu") else _device_count()
+        if gpus and merged.get("gpu_ids") not in (None, "all"):
+            gpus = len(str(merged["gpu_ids"]).split(","))
+        merged["num_processes"] = max(gpus, 1) * int(merged.get("num_machines", 1))
+        sources["num_processes"] = "derived"
+    if merged.get("num_machines", 1) > 1 and "main_process_port" not in merged:
+        merged["main_process_port"] = 29500
+    if merged.get("same_network") is False and "rdzv_backend" not in merged:
+        merged["rdzv_backend"], sources["rdzv_backend"] = "c10d", "derived"
+    requested = merged.get("distributed_type")
+    world_size = int(merged["num_processes"])
+    if requested is not None:
+        requested = DistributedType.parse(requested, argument="distributed_type")
+        if requested in _UNBUILT_TYPES:
+            raise UsageError(
+                f"distributed_type {requested.value} is not supported yet: {_UNBUILT_TYPES[requested]} is not part "
+                "of this version of lockstep. Use MULTI_CPU or MULTI_GPU (DDP)."
+            )
+    if world_size > 1 and requested in (None, DistributedType.NO):
+        cpu = merged.get("use_cpu") or _device_count() == 0
+        merged["distributed_type"] = (DistributedType.MULTI_CPU if cpu else DistributedType.MULTI_GPU).value
+        sources["distributed_type"] = "derived"
+    elif requested is not None:
+        merged["distributed_type"] = requested.value
+
+
+def _check(condition: bool, message: str) -> None:
+    if not condition:
+        raise UsageError(message)
+
+
+def _validate(s: LaunchSettings) -> None:
+    _check(s.num_processes >= 1, f"--num-processes {s.num_processes} is invalid: it must be >= 1.")
+    _check(s.num_machines >= 1, f"--num-machines {s.num_machines} is invalid: it must be >= 1.")
+    _check(
+        s.num_processes % s.num_machines == 0,
+        f"--num-processes {s.num_processes} is invalid with --num-machines {s.num_machines}: it counts the "
+        "processes of the whole job (as in Accelerate) and must be a multiple of the number of machines.",
+    )
+    _check(
+        0 <= s.machine_rank < s.num_machines,
+        f"--machine-rank {s.machine_rank} is invalid with --num-machines {s.num_machines}: "
+        f"it must be between 0 and {s.num_machines - 1}.",
+    )
+    if s.main_process_port is not None:
+        _check(
+            0 < s.main_process_port < 65536,
+            f"--main-process-port {s.main_process_port} is not a TCP port (1-65535).",
+        )
+    _check(
+        s.rdzv_backend in ("static", "c10d"),
+        f"--rdzv-backend {s.rdzv_backend!r} is invalid: use 'static' or 'c10d'.",
+    )
+    _check(s.max_restarts >= 0, f"--max-restarts {s.max_restarts} is invalid: it must be >= 0.")
+    _check(
+        s.monitor_interval > 0, f"--monitor-interval {s.monitor_interval} is invalid: it must be > 0 seconds."
+    )
+    _check(
+        s.gradient_accumulation_steps >= 1,
+        f"--gradient-accumulation-steps {s.gradient_accumulation_steps} is invalid: it must be >= 1.",
+    )
+    for name, enum in (("mixed_precision", PrecisionType), ("dynamo_backend", DynamoBackend)):
+        try:
+            setattr(s, name, enum.parse(getattr(s, name), argument=f"--{name.replace('_', '-')}").value)
+        except ValueError as error:
+            raise UsageError(str(error)) from None
+    _check(s.mixed_precision != "fp8", "--mixed-precision fp8 is not supported yet; use bf16 or fp16.")
+
+
+def cpu_threads_per_process(local_processes: int) -> int:
+    """``OMP_NUM_THREADS`` for each worker: the cores shared out, at least one."""
+    return max(1, (os.cpu_count() or 1) // max(local_processes, 1))

@@ -1,0 +1,46 @@
+"""Running the real ``lockstep`` command in a subprocess."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPTS = REPO / "tests" / "scripts"
+
+
+def cli_env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("OMP_NUM_THREADS", None)
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    env.setdefault("LOCKSTEP_HOME", str(REPO / ".pytest_cache" / "lockstep_home_empty"))
+    env.update(extra)
+    return env
+
+
+def lockstep(
+    *args: str, timeout: float = 180, env: dict[str, str] | None = None, **kwargs
+) -> subprocess.CompletedProcess:
+    """Run ``lockstep ARGS`` (as ``python -m lockstep.cli.main``) and capture its output."""
+    return subprocess.run(
+        [sys.executable, "-m", "lockstep.cli.main", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env or cli_env(),
+        cwd=REPO,
+        **kwargs,
+    )
+
+
+def lockstep_popen(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "lockstep.cli.main", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env or cli_env(),
+        cwd=REPO,
+    )
