@@ -8,6 +8,8 @@ calling process.
 from __future__ import annotations
 
 import contextlib
+import functools
+import logging
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -31,23 +33,26 @@ def _patched_environment(**values: str) -> Iterator[None]:
                 os.environ[key] = value
 
 
-class _FreshProcessEntry:
-    """Runs the user's function in a forked worker after forgetting the parent's lockstep state."""
+def _fresh_process_entry(function: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap ``function`` to run in a forked worker after forgetting the parent's lockstep state."""
 
-    def __init__(self, function: Callable[..., Any]) -> None:
-        self.function = function
-        self.__name__ = getattr(function, "__name__", "function")
-
-    def __call__(self, *args: Any) -> Any:
+    @functools.wraps(function)
+    def entry(*args: Any) -> Any:
         from lockstep import _process_group
         from lockstep.state import GradientState, PartialState
 
         PartialState._reset_state()
         GradientState._reset_state()
         try:
-            return self.function(*args)
-        finally:
-            _process_group.shutdown(barrier=True)
+            result = function(*args)
+        except BaseException:
+            _process_group.mark_failed()
+            _process_group.shutdown(barrier=False)  # the others may be blocked in another collective
+            raise
+        _process_group.shutdown(barrier=True)
+        return result
+
+    return entry
 
 
 def _run_forked(
@@ -89,9 +94,11 @@ def _run_forked(
         _env.LOCKSTEP_LAUNCH_CONFIG: json.dumps(settings),
         "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", threads),
     }
+    # The agent logs every failure at length; the RuntimeError below says it in a line per rank.
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
     with _patched_environment(**environment):
         try:
-            elastic_launch(config, _FreshProcessEntry(function))(*args)
+            elastic_launch(config, _fresh_process_entry(function))(*args)
         except ChildFailedError as error:
             lines = [describe_failure(rank, failure) for rank, failure in sorted(error.failures.items())]
             raise RuntimeError("A worker process failed:\n" + "\n".join(lines)) from None
@@ -149,7 +156,7 @@ def notebook_launcher(
     settings = {"mixed_precision": str(mixed_precision)}
     if num_processes == 1 and num_nodes == 1:
         with _patched_environment(**{_env.LOCKSTEP_LAUNCH_CONFIG: __import__("json").dumps(settings)}):
-            _FreshProcessEntry(function)(*args)
+            _fresh_process_entry(function)(*args)
         return
     _run_forked(
         function,
