@@ -6,7 +6,7 @@ setup:
 
 # A real 2-process training run on CPU: fine-tune MiniLM on movie-review sentiment.
 demo: setup
-	OMP_NUM_THREADS=1 .venv/bin/python -m torch.distributed.run --nproc_per_node 2 examples/sentiment_loop.py
+	.venv/bin/lockstep launch --num-processes 2 examples/sentiment_loop.py
 
 lint: setup
 	.venv/bin/ruff check src tests examples bench

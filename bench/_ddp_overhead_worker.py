@@ -81,11 +81,13 @@ def main() -> None:
             timed_steps(model, optimizer, lockstep_batches, accelerator.backward, args.steps)
         )
     if dist.get_rank() == 0:
+        ratios = [lock / hand for lock, hand in zip(lockstep_times, torch_times)]
         print(
             json.dumps(
                 {
                     "torch_ms": statistics.median(torch_times) * 1e3,
                     "lockstep_ms": statistics.median(lockstep_times) * 1e3,
+                    "ratio": statistics.median(ratios),
                 }
             )
         )

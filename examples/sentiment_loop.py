@@ -109,6 +109,7 @@ def main() -> None:
     from transformers import logging as transformers_logging
 
     transformers_logging.set_verbosity_error()
+    transformers_logging.disable_progress_bar()
     set_seed(args.seed)
     accelerator = Accelerator(mixed_precision=args.mixed_precision)
     model_path = args.model or default_model_path()
