@@ -18,7 +18,6 @@ import sys
 import time
 from pathlib import Path
 
-
 IMPORTS = {"torch": "import torch", "lockstep": "from lockstep import Accelerator"}
 
 
