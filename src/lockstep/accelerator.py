@@ -27,6 +27,7 @@ from torch.utils.data import DataLoader
 
 from lockstep import _accelerator_setup as setup
 from lockstep import _process_group, collectives
+from lockstep._checkpointing import Checkpointing, save_model
 from lockstep.backends.registry import select_backend
 from lockstep.config.dataloader import DataLoaderConfiguration
 from lockstep.config.enums import DistributedType, PrecisionType
@@ -135,6 +136,7 @@ class Accelerator:
         self._optimizers: list[AcceleratedOptimizer] = []
         self._schedulers: list[AcceleratedScheduler] = []
         self._dataloaders: list[DataLoader] = []
+        self._checkpointing = Checkpointing()
 
     def _build_state(self, *, cpu: bool, debug: bool | None) -> AcceleratorState:
         init = self.settings.handlers.init
@@ -589,25 +591,48 @@ class Accelerator:
         else:
             torch.save(obj, f)
 
-    def _not_yet(self, feature: str) -> NotImplementedError:
-        return NotImplementedError(
-            f"Accelerator.{feature}() is not available in this version of lockstep: checkpointing is not "
-            "built yet. Save the model with accelerator.save(accelerator.get_state_dict(model), path)."
-        )
-
     def save_state(
         self, output_dir: str | None = None, safe_serialization: bool = True, **kwargs: Any
     ) -> str:
-        raise self._not_yet("save_state")
+        """Save everything needed to resume exactly: weights, optimizers, schedulers, scaler, RNGs of every
+        rank, dataloader positions, the accumulation position and registered objects.
+
+        The save is crash-consistent: files go to a staging folder, a manifest is written last and the
+        folder is renamed into place atomically. Returns the checkpoint folder.
+
+        Example:
+            >>> accelerator = Accelerator(project_config=ProjectConfiguration(  # doctest: +SKIP
+            ...     project_dir="runs/a", automatic_checkpoint_naming=True, total_limit=3))
+            >>> accelerator.save_state()  # runs/a/checkpoints/checkpoint_0  # doctest: +SKIP
+        """
+        return self._checkpointing.save_state(self, output_dir, safe_serialization)
 
     def load_state(self, input_dir: str | None = None, **kwargs: Any) -> None:
-        raise self._not_yet("load_state")
-
-    def save_model(self, model: nn.Module, save_directory: str, **kwargs: Any) -> None:
-        raise self._not_yet("save_model")
+        """Restore a checkpoint written by :meth:`save_state`; prepared dataloaders continue at the next
+        unseen batch. Without ``input_dir``, loads the newest valid checkpoint of the project."""
+        self._checkpointing.load_state(self, input_dir)
 
     def register_for_checkpointing(self, *objects: Any) -> None:
-        raise self._not_yet("register_for_checkpointing")
+        """Save and load these objects (anything with ``state_dict``/``load_state_dict``) with the state."""
+        self._checkpointing.register(objects)
+
+    def register_save_state_pre_hook(self, hook: Callable[..., Any]) -> Any:
+        """Call ``hook(models, weights, output_dir)`` before saving; it may pop weights it saved itself."""
+        return self._checkpointing.add_hook(self._checkpointing.save_hooks, hook)
+
+    def register_load_state_pre_hook(self, hook: Callable[..., Any]) -> Any:
+        """Call ``hook(models, input_dir)`` before loading; it may pop models it loaded itself."""
+        return self._checkpointing.add_hook(self._checkpointing.load_hooks, hook)
+
+    def save_model(
+        self,
+        model: nn.Module,
+        save_directory: str,
+        max_shard_size: int | str = "10GB",
+        safe_serialization: bool = True,
+    ) -> None:
+        """Write the unwrapped model as (sharded) safetensors plus an index, on the main process."""
+        save_model(self, model, save_directory, max_shard_size, safe_serialization)
 
     # -- trackers (none can be configured yet: log_with raises) ------------------------------------
     def init_trackers(

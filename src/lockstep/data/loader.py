@@ -75,6 +75,9 @@ class DataLoaderStateMixin:
     _in_epoch: bool = False
     _pending_skip: int | None = None
     _epoch_start_state: torch.Tensor | None = None
+    _epoch_base_seed: int | None = None
+    _resume_mid_epoch: bool = False
+    _resume_base_seed: int | None = None
     _seed_synced: bool = False
 
     # -- hooks ------------------------------------------------------------------------------------
@@ -186,6 +189,8 @@ class DataLoaderStateMixin:
         }
         if state is not None:
             result["generator_state"] = state.clone()
+        if position > 0 and self._epoch_base_seed is not None:
+            result["base_seed"] = int(self._epoch_base_seed)
         return result
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
@@ -209,6 +214,10 @@ class DataLoaderStateMixin:
             )
         self.iteration = int(state_dict["epoch"])
         self._pending_skip = position
+        self._resume_mid_epoch = position > 0
+        self._resume_base_seed = (
+            int(state_dict["base_seed"]) if position > 0 and "base_seed" in state_dict else None
+        )
         self._in_epoch = False
         self.end_of_dataloader = False
         seedable, seed = self._seedable_sampler(), int(state_dict.get("sampler_seed", -1))
@@ -316,12 +325,30 @@ class DataLoaderShard(DataLoader, DataLoaderStateMixin):
         shard = self._shard()
         if shard is not None:  # O(1): the sampler starts at the right batch
             shard.start_batch, skip = skip, 0
-        for index, batch in enumerate(super().__iter__()):
+        for index, batch in enumerate(self._base_iterator()):
             if index < skip:
                 continue
             if self.device is not None:
                 batch = send_to_device(batch, self.device, non_blocking=self._non_blocking)
             yield batch
+
+    def _base_iterator(self) -> Iterator[Any]:
+        """torch's own iterator for this epoch.
+
+        Creating it draws the epoch's base seed (for worker seeding) from the global generator, once per
+        epoch. An epoch resumed from a checkpoint must not draw again: the checkpoint restored the global
+        generator to its mid-epoch state, after that draw. So the draw is undone and the saved seed reused.
+        """
+        resuming, self._resume_mid_epoch = self._resume_mid_epoch, False
+        global_state = torch.get_rng_state() if resuming and self.generator is None else None
+        iterator = DataLoader.__iter__(self)
+        if global_state is not None:
+            torch.set_rng_state(global_state)
+        if resuming and self._resume_base_seed is not None and hasattr(iterator, "_base_seed"):
+            iterator._base_seed = self._resume_base_seed
+        self._resume_base_seed = None
+        self._epoch_base_seed = getattr(iterator, "_base_seed", None)
+        return iterator
 
     def __len__(self) -> int:
         shard = self._shard()

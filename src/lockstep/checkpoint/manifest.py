@@ -1,0 +1,218 @@
+"""Crash-consistent checkpoint folders: staging, manifest, atomic rename, "latest" pointer, rotation.
+
+A save writes every file into a hidden staging folder next to the destination
+(``.checkpoint_3.incomplete``), then the main process writes ``manifest.json`` (every file with its size
+and SHA-256, the world size and the step), renames the staging folder into place with one atomic
+``os.replace`` and only then moves the ``latest`` pointer. A folder without a valid manifest is never
+loaded, so ``kill -9`` at any moment of a save leaves the previous checkpoint loadable.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+MANIFEST_NAME = "manifest.json"
+LATEST_POINTER = "latest"
+FORMAT = "lockstep-checkpoint"
+FORMAT_VERSION = 1
+_AUTOMATIC_NAME = re.compile(r"^checkpoint_(\d+)$")
+_CHUNK = 8 * 1024 * 1024
+
+
+class CheckpointError(ValueError):
+    """A checkpoint folder is missing, incomplete or corrupt."""
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """What a committed checkpoint holds."""
+
+    files: dict[str, dict[str, Any]]
+    world_size: int
+    step: int
+    created: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "version": FORMAT_VERSION,
+            "world_size": self.world_size,
+            "step": self.step,
+            "created": self.created,
+            "files": self.files,
+        }
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def staging_dir_for(final_dir: Path) -> Path:
+    """The hidden folder a save writes into before it is renamed to ``final_dir``."""
+    return final_dir.parent / f".{final_dir.name}.incomplete"
+
+
+def prepare_staging(final_dir: Path) -> Path:
+    """Create an empty staging folder for ``final_dir`` (removing a torn one from a crashed save)."""
+    staging = staging_dir_for(final_dir)
+    if staging.exists():
+        shutil.rmtree(staging)
+    staging.mkdir(parents=True)
+    return staging
+
+
+def _fsync_path(path: Path) -> None:
+    flags = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) if path.is_dir() else os.O_RDONLY
+    try:
+        fd = os.open(path, flags)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # some file systems cannot fsync folders
+    finally:
+        os.close(fd)
+
+
+def write_manifest(staging: Path, *, world_size: int, step: int) -> Manifest:
+    """Checksum every file in ``staging`` (after fsyncing it) and write the manifest last."""
+    files: dict[str, dict[str, Any]] = {}
+    for path in sorted(p for p in staging.rglob("*") if p.is_file()):
+        _fsync_path(path)
+        files[path.relative_to(staging).as_posix()] = {"size": path.stat().st_size, "sha256": sha256_of(path)}
+    manifest = Manifest(files=files, world_size=world_size, step=step, created=time.time())
+    temporary = staging / f".{MANIFEST_NAME}.tmp"
+    temporary.write_text(json.dumps(manifest.to_json(), indent=1))
+    _fsync_path(temporary)
+    os.replace(temporary, staging / MANIFEST_NAME)
+    _fsync_path(staging)
+    return manifest
+
+
+def commit(staging: Path, final_dir: Path, *, move_latest_pointer: bool) -> None:
+    """Rename ``staging`` to ``final_dir`` atomically, then (optionally) point ``latest`` at it."""
+    previous = None
+    if final_dir.exists():  # saving over an older checkpoint: move it aside first, drop it after
+        previous = final_dir.parent / f".{final_dir.name}.replaced"
+        if previous.exists():
+            shutil.rmtree(previous)
+        os.replace(final_dir, previous)
+    os.replace(staging, final_dir)
+    _fsync_path(final_dir.parent)
+    if previous is not None:
+        shutil.rmtree(previous, ignore_errors=True)
+    if move_latest_pointer:
+        pointer = final_dir.parent / LATEST_POINTER
+        temporary = final_dir.parent / f".{LATEST_POINTER}.tmp"
+        temporary.write_text(final_dir.name + "\n")
+        _fsync_path(temporary)
+        os.replace(temporary, pointer)
+        _fsync_path(final_dir.parent)
+
+
+def read_manifest(folder: Path) -> Manifest:
+    """The manifest of ``folder``, or a CheckpointError saying what is wrong."""
+    if not folder.is_dir():
+        raise CheckpointError(f"Checkpoint folder {folder} does not exist.")
+    path = folder / MANIFEST_NAME
+    if not path.is_file():
+        raise CheckpointError(
+            f"Checkpoint {folder} has no {MANIFEST_NAME}: the save that wrote it did not finish (or it was not "
+            "written by lockstep). It cannot be loaded safely."
+        )
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise CheckpointError(f"Checkpoint {folder}: {MANIFEST_NAME} is unreadable ({error}).") from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("files"), dict):
+        raise CheckpointError(f"Checkpoint {folder}: {MANIFEST_NAME} is not a lockstep manifest.")
+    return Manifest(
+        files=data["files"],
+        world_size=int(data["world_size"]),
+        step=int(data["step"]),
+        created=float(data["created"]),
+    )
+
+
+def verify(folder: Path, *, checksums: bool = True) -> Manifest:
+    """Check that every file of the manifest is present with its size (and checksum).
+
+    Raises:
+        CheckpointError: naming the first missing, truncated or corrupt file.
+    """
+    manifest = read_manifest(folder)
+    for name, facts in manifest.files.items():
+        path = folder / name
+        if not path.is_file():
+            raise CheckpointError(f"Checkpoint {folder} is missing {name}, which its manifest lists.")
+        size = path.stat().st_size
+        if size != facts["size"]:
+            raise CheckpointError(
+                f"Checkpoint {folder}: {name} has {size} bytes but the manifest says {facts['size']} (truncated?)."
+            )
+        if checksums and sha256_of(path) != facts["sha256"]:
+            raise CheckpointError(
+                f"Checkpoint {folder}: {name} is corrupt (its SHA-256 does not match the manifest)."
+            )
+    return manifest
+
+
+def automatic_checkpoints(root: Path) -> list[tuple[int, Path]]:
+    """``checkpoint_{i}`` folders under ``root``, oldest first."""
+    if not root.is_dir():
+        return []
+    found = [
+        (int(m.group(1)), p) for p in root.iterdir() if p.is_dir() and (m := _AUTOMATIC_NAME.match(p.name))
+    ]
+    return sorted(found)
+
+
+def newest_valid_checkpoint(root: Path) -> Path:
+    """The newest ``checkpoint_{i}`` under ``root`` whose manifest verifies; warns about broken newer ones.
+
+    Raises:
+        FileNotFoundError: when there is no valid checkpoint at all.
+    """
+    broken: list[str] = []
+    for _, folder in reversed(automatic_checkpoints(root)):
+        try:
+            verify(folder)
+        except CheckpointError as error:
+            broken.append(str(error))
+            continue
+        if broken:
+            warnings.warn(
+                f"Skipped {len(broken)} newer checkpoint(s) that cannot be loaded, using {folder}: "
+                + " | ".join(broken),
+                stacklevel=3,
+            )
+        return folder
+    detail = f" ({len(broken)} broken: {' | '.join(broken)})" if broken else ""
+    raise FileNotFoundError(
+        f"No valid checkpoint under {root}{detail}. Save one with accelerator.save_state()."
+    )
+
+
+def rotate(root: Path, total_limit: int | None) -> list[Path]:
+    """Delete the oldest automatically named checkpoints beyond ``total_limit``; returns what was deleted."""
+    if total_limit is None:
+        return []
+    checkpoints = automatic_checkpoints(root)
+    doomed = [folder for _, folder in checkpoints[: max(0, len(checkpoints) - total_limit)]]
+    for folder in doomed:
+        shutil.rmtree(folder, ignore_errors=True)
+    return doomed

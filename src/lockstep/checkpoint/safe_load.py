@@ -1,0 +1,68 @@
+"""Loading checkpoint files without ever unpickling arbitrary objects.
+
+Everything lockstep writes besides safetensors loads with ``torch.load(weights_only=True)``: tensors,
+numbers, strings, and lists/tuples/dicts of them. :func:`check_loadable` refuses, at save time, state
+that could not be loaded back that way, so a checkpoint never needs an unsafe load.
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+_SAFE_LEAVES = (torch.Tensor, int, float, bool, str, bytes, type(None), torch.dtype, torch.device, torch.Size)
+
+
+class UnsafeCheckpointError(ValueError):
+    """A checkpoint file holds Python objects that could run code when loaded; it was refused."""
+
+
+def safe_torch_load(path: Path | str, *, map_location: str | torch.device = "cpu") -> Any:
+    """``torch.load(path, weights_only=True)``, with a clear error for files that need more.
+
+    Raises:
+        UnsafeCheckpointError: the file carries arbitrary pickled objects (its payload is not run).
+        FileNotFoundError: the file does not exist.
+    """
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as error:
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise UnsafeCheckpointError(
+            f"{path} holds Python objects that cannot be loaded safely, so it was refused without running "
+            f"them ({first_line}). lockstep checkpoints contain only tensors, numbers and strings; this file "
+            "was not written by lockstep or was tampered with."
+        ) from None
+
+
+def check_loadable(value: Any, where: str) -> None:
+    """Raise a ValueError naming the first part of ``value`` that ``weights_only`` loading would refuse."""
+    if isinstance(value, _SAFE_LEAVES):
+        return
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            if not isinstance(key, (str, int, float, bool, type(None))):
+                raise ValueError(
+                    f"{where} has a key of type {type(key).__name__}, which cannot be saved safely."
+                )
+            check_loadable(item, f"{where}[{key!r}]")
+        return
+    if isinstance(value, (list, tuple, set)):
+        for index, item in enumerate(value):
+            check_loadable(item, f"{where}[{index}]")
+        return
+    raise ValueError(
+        f"{where} is a {type(value).__module__}.{type(value).__qualname__}, which lockstep cannot store in a "
+        "checkpoint that loads safely (only tensors, numbers, strings, None and lists/tuples/dicts of them). "
+        "Make state_dict() return plain values."
+    )
+
+
+def safe_torch_save(value: Any, path: Path, *, where: str) -> None:
+    """``torch.save`` after checking that the value will load with ``weights_only=True``."""
+    check_loadable(value, where)
+    torch.save(value, path)

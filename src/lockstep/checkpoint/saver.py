@@ -1,0 +1,130 @@
+"""Saving and loading a whole training state across all ranks, crash-consistently.
+
+The protocol (every rank calls these functions together):
+
+1. The main process empties a staging folder next to the destination; barrier.
+2. The main process writes the shared files, every rank its own RNG and gradient files.
+3. All ranks agree that every write succeeded (one small collective), so an error on one rank is
+   raised on every rank instead of leaving the others in a barrier.
+4. The main process writes the manifest, renames the folder into place and moves the ``latest`` pointer;
+   barrier.
+
+Loading: the main process picks the folder (the newest valid one when none is named) and verifies its
+manifest; the choice, or the error, is sent to every rank; then each rank restores its state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from lockstep.checkpoint import manifest as layout
+from lockstep.checkpoint.training_state import (
+    TrainingObjects,
+    load_rank_files,
+    load_shared_files,
+    save_rank_files,
+    save_shared_files,
+)
+from lockstep.collectives import broadcast_object_list, gather_object
+from lockstep.state import PartialState
+
+
+def agree(state: PartialState, error: BaseException | None, action: str) -> None:
+    """Raise on every rank if ``action`` failed on any rank (one all-gather of a short status)."""
+    status = None if error is None else f"{type(error).__name__}: {error}"
+    statuses = gather_object([status]) if state.use_distributed else [status]
+    failed = [(rank, text) for rank, text in enumerate(statuses) if text is not None]
+    if not failed:
+        return
+    if error is not None and len(failed) == 1:
+        raise error
+    details = "; ".join(f"rank {rank}: {text}" for rank, text in failed)
+    raise RuntimeError(f"{action} failed on {len(failed)} of {state.num_processes} processes: {details}")
+
+
+def _attempt(function: Callable[[], Any]) -> BaseException | None:
+    try:
+        function()
+    except Exception as error:
+        return error
+    return None
+
+
+def save_checkpoint(
+    objects: TrainingObjects,
+    final_dir: Path,
+    *,
+    state: PartialState,
+    weights: Sequence[dict[str, torch.Tensor] | None],
+    writes_shared_files: bool,
+    move_latest_pointer: bool,
+    step: int,
+    safe_serialization: bool = True,
+) -> Path:
+    """Write a checkpoint to ``final_dir`` on every rank together; returns the folder."""
+    staging = layout.staging_dir_for(final_dir)
+    agree(
+        state,
+        _attempt(lambda: layout.prepare_staging(final_dir)) if writes_shared_files else None,
+        "Preparing the save",
+    )
+
+    def write() -> None:
+        if writes_shared_files:
+            save_shared_files(objects, staging, weights=weights, safe_serialization=safe_serialization)
+        save_rank_files(objects, staging, rank=state.process_index)
+
+    agree(state, _attempt(write), f"Saving the checkpoint {final_dir}")
+
+    def finish() -> None:
+        if writes_shared_files:
+            layout.write_manifest(staging, world_size=state.num_processes, step=step)
+            layout.commit(staging, final_dir, move_latest_pointer=move_latest_pointer)
+
+    agree(state, _attempt(finish), f"Committing the checkpoint {final_dir}")
+    return final_dir
+
+
+def choose_checkpoint(state: PartialState, input_dir: Path | None, automatic_root: Path | None) -> Path:
+    """The folder to load, verified by the main process and agreed by all ranks."""
+    choice: list[Any] = [None, None]
+    if state.is_main_process:
+        try:
+            if input_dir is not None:
+                layout.verify(input_dir)
+                choice[0] = str(input_dir)
+            elif automatic_root is not None:
+                choice[0] = str(layout.newest_valid_checkpoint(automatic_root))
+            else:
+                raise ValueError(
+                    "load_state() needs input_dir=, or a project_dir with "
+                    "ProjectConfiguration(automatic_checkpoint_naming=True) to find the newest checkpoint."
+                )
+        except (layout.CheckpointError, FileNotFoundError, ValueError) as error:
+            choice[1] = (type(error).__name__, str(error))
+    if state.use_distributed:
+        broadcast_object_list(choice, from_process=0)
+    if choice[1] is not None:
+        kind, message = choice[1]
+        raise {"CheckpointError": layout.CheckpointError, "FileNotFoundError": FileNotFoundError}.get(
+            kind, ValueError
+        )(message)
+    return Path(choice[0])
+
+
+def load_checkpoint(
+    objects: TrainingObjects, folder: Path, *, state: PartialState, models_to_load: Sequence[int]
+) -> tuple[dict[str, Any], bool]:
+    """Restore every object from ``folder`` on every rank; returns (counters, rank state found)."""
+    result: dict[str, Any] = {}
+
+    def read() -> None:
+        result["counters"] = load_shared_files(objects, folder, models_to_load=models_to_load)
+        result["rank_found"] = load_rank_files(objects, folder, rank=state.process_index, device=state.device)
+
+    agree(state, _attempt(read), f"Loading the checkpoint {folder}")
+    return result["counters"], result["rank_found"]

@@ -1,0 +1,161 @@
+"""What a checkpoint holds, file by file, and how it is written and read back.
+
+Layout of a checkpoint folder (Accelerate's names where they exist):
+
+```
+model.safetensors            model 0 (model_1/, model_2/... hold further models)
+optimizer.bin, optimizer_1.bin, ...   optimizer state dicts
+scheduler.bin, ...           LR scheduler state dicts
+scaler.pt                    the fp16 GradScaler
+dataloader.bin, ...          each prepared dataloader's position (epoch, batches consumed, sampler seed)
+custom_checkpoint_0.bin, ... objects registered with register_for_checkpointing
+random_states_{rank}.pt      every RNG of every rank
+grads_{rank}.safetensors     gradients accumulated so far, when saved in the middle of an accumulation cycle
+accelerator_state.json       the accumulation position and other counters
+manifest.json                written last (see lockstep.checkpoint.manifest)
+```
+
+Everything but safetensors and JSON is written with ``torch.save`` and read with ``weights_only=True``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from lockstep.checkpoint.model_files import load_model_weights, save_model_files
+from lockstep.checkpoint.rng import capture_rng_state, restore_rng_state
+from lockstep.checkpoint.safe_load import safe_torch_load, safe_torch_save
+
+ACCELERATOR_STATE = "accelerator_state.json"
+
+
+def indexed(name: str, index: int, suffix: str) -> str:
+    """``optimizer.bin``, ``optimizer_1.bin``, ... (Accelerate's naming)."""
+    return f"{name}{'' if index == 0 else f'_{index}'}{suffix}"
+
+
+def model_folder(root: Path, index: int) -> Path:
+    return root if index == 0 else root / f"model_{index}"
+
+
+@dataclass
+class TrainingObjects:
+    """Everything the Accelerator prepared or was asked to checkpoint."""
+
+    models: list[nn.Module]
+    unwrap: Callable[[nn.Module], nn.Module]
+    optimizers: list[Any]
+    schedulers: list[Any]
+    dataloaders: list[Any]
+    scaler: torch.amp.GradScaler | None
+    custom: list[Any]
+    counters: dict[str, Any] = field(default_factory=dict)
+
+
+def save_shared_files(
+    objects: TrainingObjects,
+    folder: Path,
+    *,
+    weights: Sequence[dict[str, torch.Tensor] | None],
+    safe_serialization: bool = True,
+) -> None:
+    """The files written once (by the main process): weights, optimizers, schedulers, loaders, objects."""
+    for index, state_dict in enumerate(weights):
+        if state_dict is not None:
+            save_model_files(state_dict, model_folder(folder, index), safe_serialization=safe_serialization)
+    for index, optimizer in enumerate(objects.optimizers):
+        safe_torch_save(
+            optimizer.state_dict(), folder / indexed("optimizer", index, ".bin"), where=f"optimizer {index}"
+        )
+    for index, scheduler in enumerate(objects.schedulers):
+        safe_torch_save(
+            scheduler.state_dict(), folder / indexed("scheduler", index, ".bin"), where=f"scheduler {index}"
+        )
+    if objects.scaler is not None:
+        safe_torch_save(objects.scaler.state_dict(), folder / "scaler.pt", where="the GradScaler")
+    for index, loader in enumerate(objects.dataloaders):
+        if hasattr(loader, "state_dict"):
+            safe_torch_save(
+                loader.state_dict(),
+                folder / indexed("dataloader", index, ".bin"),
+                where=f"dataloader {index}",
+            )
+    for index, obj in enumerate(objects.custom):
+        safe_torch_save(
+            obj.state_dict(),
+            folder / f"custom_checkpoint_{index}.bin",
+            where=f"registered object {index}.state_dict()",
+        )
+    (folder / ACCELERATOR_STATE).write_text(json.dumps(objects.counters, indent=1))
+
+
+def save_rank_files(objects: TrainingObjects, folder: Path, *, rank: int) -> None:
+    """The files every rank writes: its RNG states and its not-yet-synchronised gradients."""
+    torch.save(capture_rng_state(), folder / f"random_states_{rank}.pt")
+    gradients = {
+        f"{index}.{name}": parameter.grad.detach().cpu().contiguous()
+        for index, model in enumerate(objects.models)
+        for name, parameter in objects.unwrap(model).named_parameters()
+        if parameter.grad is not None
+    }
+    if gradients:
+        save_file(gradients, str(folder / f"grads_{rank}.safetensors"))
+
+
+def load_shared_files(
+    objects: TrainingObjects, folder: Path, *, models_to_load: Sequence[int]
+) -> dict[str, Any]:
+    """Restore weights, optimizers, schedulers, scaler, loaders and registered objects; returns the counters."""
+    for index in models_to_load:
+        load_model_weights(objects.unwrap(objects.models[index]), model_folder(folder, index))
+    _load_each(objects.optimizers, folder, "optimizer", ".bin")
+    _load_each(objects.schedulers, folder, "scheduler", ".bin")
+    if objects.scaler is not None and (folder / "scaler.pt").is_file():
+        objects.scaler.load_state_dict(safe_torch_load(folder / "scaler.pt"))
+    _load_each(
+        [dl for dl in objects.dataloaders if hasattr(dl, "load_state_dict")], folder, "dataloader", ".bin"
+    )
+    for index, obj in enumerate(objects.custom):
+        path = folder / f"custom_checkpoint_{index}.bin"
+        if not path.is_file():
+            raise FileNotFoundError(
+                f"{folder} holds no state for registered object {index} ({type(obj).__name__}): register the same "
+                "objects, in the same order, as when the checkpoint was saved."
+            )
+        obj.load_state_dict(safe_torch_load(path))
+    counters_path = folder / ACCELERATOR_STATE
+    return json.loads(counters_path.read_text()) if counters_path.is_file() else {}
+
+
+def _load_each(targets: Sequence[Any], folder: Path, name: str, suffix: str) -> None:
+    for index, target in enumerate(targets):
+        path = folder / indexed(name, index, suffix)
+        if not path.is_file():
+            raise FileNotFoundError(
+                f"{folder} has no {path.name}: the checkpoint holds fewer {name}s than were prepared now "
+                f"({len(targets)}). Prepare the same objects as when it was saved."
+            )
+        target.load_state_dict(safe_torch_load(path))
+
+
+def load_rank_files(objects: TrainingObjects, folder: Path, *, rank: int, device: torch.device) -> bool:
+    """Restore this rank's RNG states and pending gradients; False when the checkpoint has none for it."""
+    rng_path = folder / f"random_states_{rank}.pt"
+    if not rng_path.is_file():
+        return False
+    restore_rng_state(safe_torch_load(rng_path))
+    gradients_path = folder / f"grads_{rank}.safetensors"
+    gradients = load_file(str(gradients_path)) if gradients_path.is_file() else {}
+    for index, model in enumerate(objects.models):
+        for name, parameter in objects.unwrap(model).named_parameters():
+            saved = gradients.get(f"{index}.{name}")
+            parameter.grad = None if saved is None else saved.to(device=device, dtype=parameter.dtype)
+    return True
