@@ -8,6 +8,7 @@ decides what to save (everything the Accelerator prepared plus registered object
 from __future__ import annotations
 
 import os
+from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -32,8 +33,9 @@ class Checkpointing:
 
     def __init__(self) -> None:
         self.custom_objects: list[Any] = []
-        self.save_hooks: dict[int, Callable[..., Any]] = {}
-        self.load_hooks: dict[int, Callable[..., Any]] = {}
+        # OrderedDicts: torch's RemovableHandle keeps a weak reference to the dict.
+        self.save_hooks: OrderedDict[int, Callable[..., Any]] = OrderedDict()
+        self.load_hooks: OrderedDict[int, Callable[..., Any]] = OrderedDict()
 
     def register(self, objects: tuple[Any, ...]) -> None:
         invalid = [

@@ -8,6 +8,7 @@ that could not be loaded back that way, so a checkpoint never needs an unsafe lo
 from __future__ import annotations
 
 import pickle
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,10 @@ def safe_torch_load(path: Path | str, *, map_location: str | torch.device = "cpu
         FileNotFoundError: the file does not exist.
     """
     try:
-        return torch.load(path, map_location=map_location, weights_only=True)
+        with warnings.catch_warnings():
+            # A raw pickle (not torch's zip format) makes torch warn about the protocol before refusing it.
+            warnings.filterwarnings("ignore", message="Detected pickle protocol", category=UserWarning)
+            return torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as error:
         first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise UnsafeCheckpointError(
