@@ -18,6 +18,8 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import time
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
@@ -39,6 +41,7 @@ from lockstep.data import skip_first_batches as _skip_first_batches
 from lockstep.memory import release_memory
 from lockstep.optimizer import AcceleratedOptimizer
 from lockstep.precision import Precision, remove_forward_wrapper
+from lockstep.preemption import DEFAULT_SIGNALS, PreemptionWatcher, exit_now
 from lockstep.scheduler import AcceleratedScheduler
 from lockstep.state import AcceleratorState, GradientState
 
@@ -65,6 +68,8 @@ class Accelerator:
         dynamo_backend: a ``torch.compile`` backend name; the model is compiled before the DDP wrap.
         dynamo_plugin: full ``torch.compile`` settings (``TorchDynamoPlugin``).
         debug: check tensor shapes across ranks before each collective (also ``LOCKSTEP_DEBUG=1``).
+        preemption_signals: signals that mean "save and stop soon" once the loop checks ``should_stop``.
+        preemption_grace_period: seconds the cluster allows after such a signal; longer saves are reported.
         fsdp_plugin, deepspeed_plugin, deepspeed_plugins, torch_tp_plugin, megatron_lm_plugin,
             parallelism_config, log_with: features not built yet; passing them raises NotImplementedError.
     """
@@ -92,6 +97,8 @@ class Accelerator:
         deepspeed_plugins: Any = None,
         parallelism_config: Any = None,
         debug: bool | None = None,
+        preemption_signals: Sequence[str] = DEFAULT_SIGNALS,
+        preemption_grace_period: float = 30.0,
     ) -> None:
         setup.reject_unbuilt_features(
             fsdp_plugin=fsdp_plugin,
@@ -137,6 +144,7 @@ class Accelerator:
         self._schedulers: list[AcceleratedScheduler] = []
         self._dataloaders: list[DataLoader] = []
         self._checkpointing = Checkpointing()
+        self._preemption = PreemptionWatcher(preemption_signals, preemption_grace_period)
 
     def _build_state(self, *, cpu: bool, debug: bool | None) -> AcceleratorState:
         init = self.settings.handlers.init
@@ -633,6 +641,55 @@ class Accelerator:
     ) -> None:
         """Write the unwrapped model as (sharded) safetensors plus an index, on the main process."""
         save_model(self, model, save_directory, max_shard_size, safe_serialization)
+
+    # -- preemption and restarts -------------------------------------------------------------------
+    @property
+    def should_stop(self) -> bool:
+        """True on every rank once any rank received a preemption signal (SIGTERM, SIGUSR1).
+
+        Check it on every rank at the same point of the loop, after ``optimizer.step()``; the first check
+        installs the signal handlers. It costs one small all-reduce per check.
+
+        Example:
+            >>> for batch in train_dataloader:  # doctest: +SKIP
+            ...     ...
+            ...     optimizer.step()
+            ...     if accelerator.should_stop:
+            ...         accelerator.checkpoint_and_exit()  # saves, then exits with 143
+        """
+        return self._preemption.should_stop(self.device)
+
+    def checkpoint_and_exit(self, output_dir: str | None = None) -> None:
+        """Save the state (as :meth:`save_state`), shut down cleanly and exit with ``128 + signal``."""
+        started = time.monotonic()
+        folder = self.save_state(output_dir)
+        seconds = time.monotonic() - started
+        warning = self._preemption.report_save(seconds)
+        if warning is not None and self.is_main_process:
+            warnings.warn(warning, stacklevel=2)
+        self.print(f"lockstep: saved {folder} in {seconds:.1f} s after a preemption signal; exiting.")
+        self.end_training()
+        exit_now(self._preemption.exit_code)
+
+    def resume_from_latest_checkpoint(self) -> str | None:
+        """Load the project's newest valid checkpoint if there is one; returns its folder (else None).
+
+        The one line that makes a loop survive restarts (``lockstep launch --max-restarts N``):
+
+        Example:
+            >>> accelerator.resume_from_latest_checkpoint()  # doctest: +SKIP
+        """
+        root = self._checkpointing.automatic_root(self)
+        if root is None:
+            raise ValueError(
+                "resume_from_latest_checkpoint() needs Accelerator(project_dir=...) (checkpoints are looked for "
+                "in project_dir/checkpoints)."
+            )
+        try:
+            self.load_state()
+        except FileNotFoundError:
+            return None
+        return str(root / f"checkpoint_{self.project_configuration.iteration - 1}")
 
     # -- trackers (none can be configured yet: log_with raises) ------------------------------------
     def init_trackers(

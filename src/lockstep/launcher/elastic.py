@@ -62,7 +62,7 @@ def torch_launch_config(settings: LaunchSettings) -> Any:
         monitor_interval=settings.monitor_interval,
         start_method="spawn",
         logs_specs=DefaultLogsSpecs(),
-        shutdown_timeout=10,
+        shutdown_timeout=30,  # workers stopped by a signal get this long to save a checkpoint
     )
 
 

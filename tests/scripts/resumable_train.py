@@ -1,0 +1,84 @@
+"""A training loop that survives restarts and preemption with lockstep's one-line patterns.
+
+Usage: resumable_train.py PROJECT_DIR [--steps N] [--save-every K] [--die-at STEP] [--step-delay S]
+Rank 0 writes PROJECT_DIR/progress (the number of finished steps) after every step and, at the end,
+prints `PARAMS [...]`. With --die-at, rank 1 kills itself with SIGKILL at that step on the first attempt.
+"""
+
+import argparse
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from lockstep import Accelerator, ProjectConfiguration
+
+
+class Progress:
+    def __init__(self) -> None:
+        self.done = 0
+
+    def state_dict(self) -> dict:
+        return {"done": self.done}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.done = state["done"]
+
+
+parser = argparse.ArgumentParser()
+parser.add_argument("project_dir")
+parser.add_argument("--steps", type=int, default=12)
+parser.add_argument("--save-every", type=int, default=3)
+parser.add_argument("--die-at", type=int, default=-1)
+parser.add_argument("--step-delay", type=float, default=0.0)
+args = parser.parse_args()
+
+torch.manual_seed(0)
+accelerator = Accelerator(
+    project_config=ProjectConfiguration(
+        project_dir=args.project_dir, automatic_checkpoint_naming=True, total_limit=2
+    )
+)
+generator = torch.Generator().manual_seed(1)
+data = TensorDataset(torch.randn(64, 6, generator=generator), torch.randn(64, 1, generator=generator))
+model = nn.Sequential(nn.Linear(6, 16), nn.Dropout(0.1), nn.Tanh(), nn.Linear(16, 1))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+model, optimizer, train_dl = accelerator.prepare(
+    model, optimizer, DataLoader(data, batch_size=4, shuffle=True)
+)
+progress = Progress()
+accelerator.register_for_checkpointing(progress)
+resumed = accelerator.resume_from_latest_checkpoint()  # the one line that survives restarts
+accelerator.print(
+    f"attempt {os.environ.get('TORCHELASTIC_RESTART_COUNT')} resumed from {resumed} at step {progress.done}"
+)
+
+while progress.done < args.steps:
+    for x, y in train_dl:
+        loss = nn.functional.mse_loss(model(x), y)
+        accelerator.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+        progress.done += 1
+        time.sleep(args.step_delay)
+        if accelerator.is_main_process:
+            (Path(args.project_dir) / "progress").write_text(str(progress.done))
+        restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        if progress.done == args.die_at and accelerator.process_index == 1 and restart == "0":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if accelerator.should_stop:  # preemption: every rank stops at the same step
+            accelerator.checkpoint_and_exit()
+        if progress.done % args.save_every == 0:
+            accelerator.save_state()
+        if progress.done == args.steps:
+            break
+
+if accelerator.is_main_process:
+    params = torch.cat([p.detach().reshape(-1) for p in accelerator.unwrap_model(model).parameters()])
+    print("PARAMS " + json.dumps(params.tolist()), flush=True)
+accelerator.end_training()
