@@ -217,3 +217,31 @@ def test_no_warning_when_everything_is_valid(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         accelerator.load_state()
+
+
+def test_async_save_reports_its_stall_and_commits(tmp_path):
+    accelerator, model, _ = _accelerator(tmp_path, automatic_checkpoint_naming=True)
+    folder = accelerator.save_state(async_save=True)
+    with torch.no_grad():  # training goes on: the snapshot must not see this
+        model.weight.add_(100.0)
+    accelerator.wait_for_checkpoint()
+    report = accelerator.last_save_report
+    assert report.asynchronous and report.folder == folder and report.nbytes > 0 and report.stall_seconds >= 0
+    saved = load_model_files(Path(folder))["weight"]
+    assert torch.equal(saved + 100.0, model.weight.detach())
+    assert (tmp_path / "checkpoints" / "latest").read_text().strip() == "checkpoint_0"
+
+
+def test_a_failed_background_save_is_raised_by_the_next_wait(tmp_path, monkeypatch):
+    import lockstep.checkpoint.training_state as files
+
+    def broken(*args, **kwargs):
+        raise OSError("disk full")
+
+    accelerator, _, _ = _accelerator(tmp_path, automatic_checkpoint_naming=True)
+    monkeypatch.setattr(files, "save_model_files", broken)
+    accelerator.save_state(async_save=True)
+    with pytest.raises(RuntimeError, match="previous asynchronous checkpoint save failed: disk full"):
+        accelerator.wait_for_checkpoint()
+    assert not (tmp_path / "checkpoints" / "checkpoint_0").exists()
+    accelerator.wait_for_checkpoint()  # the error is reported once

@@ -24,7 +24,9 @@ class Progress:
         self.done = state["done"]
 
 
-def _train(folder: str, save_at: int | None, resume: bool) -> tuple[list[float], torch.Tensor]:
+def _train(
+    folder: str, save_at: int | None, resume: bool, async_save: bool = False
+) -> tuple[list[float], torch.Tensor]:
     torch.manual_seed(0)
     accelerator = Accelerator(gradient_accumulation_steps=2)
     generator = torch.Generator().manual_seed(1)
@@ -50,7 +52,10 @@ def _train(folder: str, save_at: int | None, resume: bool) -> tuple[list[float],
             losses.append(loss.item())
             progress.done += 1
             if progress.done == save_at:
-                accelerator.save_state(folder)
+                accelerator.save_state(folder, async_save=async_save)
+                if async_save:  # training goes on while the files are written
+                    model(x).sum().backward()
+                    accelerator.wait_for_checkpoint()
                 return losses, torch.empty(0)
             if progress.done == TOTAL_MICRO_STEPS:
                 break
@@ -73,3 +78,14 @@ def test_resume_is_bitwise_exact(tmp_path, save_at):
         assert before[rank][0] == straight_losses[:save_at]
         assert after[rank][0] == straight_losses[save_at:], f"rank {rank}: losses after resume differ"
         assert torch.equal(after[rank][1], straight_params), f"rank {rank}: final parameters differ"
+
+
+def test_resume_from_an_asynchronous_save_is_bitwise_exact(tmp_path):
+    folder = str(tmp_path / "checkpoint")
+    straight = run_distributed(_train, 2, folder, None, False)
+    before = run_distributed(_train, 2, folder, 7, False, True)
+    after = run_distributed(_train, 2, folder, None, True)
+    for rank in range(2):
+        assert before[rank][0] == straight[rank][0][:7]
+        assert after[rank][0] == straight[rank][0][7:]
+        assert torch.equal(after[rank][1], straight[rank][1])

@@ -7,15 +7,19 @@ decides what to save (everything the Accelerator prepared plus registered object
 
 from __future__ import annotations
 
+import logging
 import os
+import time
 from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from torch.utils.hooks import RemovableHandle
 
 from lockstep.checkpoint import manifest as layout
+from lockstep.checkpoint.async_writer import AsyncCheckpointWriter
 from lockstep.checkpoint.model_files import save_model_files
 from lockstep.checkpoint.saver import choose_checkpoint, load_checkpoint, save_checkpoint
 from lockstep.checkpoint.training_state import TrainingObjects
@@ -26,6 +30,19 @@ if TYPE_CHECKING:
     from lockstep.accelerator import Accelerator
 
 CHECKPOINTS_FOLDER = "checkpoints"
+logger = logging.getLogger("lockstep.checkpoint")
+
+
+@dataclass(frozen=True)
+class SaveReport:
+    """What the last ``save_state`` cost the training loop."""
+
+    folder: str
+    stall_seconds: float
+    """Time the training loop was stopped (the whole save, or only the snapshot when asynchronous)."""
+    nbytes: int
+    """Bytes of tensors in this process's snapshot."""
+    asynchronous: bool
 
 
 class Checkpointing:
@@ -36,6 +53,8 @@ class Checkpointing:
         # OrderedDicts: torch's RemovableHandle keeps a weak reference to the dict.
         self.save_hooks: OrderedDict[int, Callable[..., Any]] = OrderedDict()
         self.load_hooks: OrderedDict[int, Callable[..., Any]] = OrderedDict()
+        self.writer = AsyncCheckpointWriter()
+        self.last_save: SaveReport | None = None
 
     def register(self, objects: tuple[Any, ...]) -> None:
         invalid = [
@@ -100,7 +119,10 @@ class Checkpointing:
         )
 
     # -- save and load ----------------------------------------------------------------------------
-    def save_state(self, accelerator: Accelerator, output_dir: Any, safe_serialization: bool) -> str:
+    def save_state(
+        self, accelerator: Accelerator, output_dir: Any, safe_serialization: bool, async_save: bool = False
+    ) -> str:
+        started = time.monotonic()
         folder, automatic = self.save_target(accelerator, output_dir)
         objects = self.objects(accelerator)
         weights: list[Any] = [accelerator.get_state_dict(model) for model in objects.models]
@@ -113,7 +135,8 @@ class Checkpointing:
         writes_shared = accelerator.is_main_process or (
             config.save_on_each_node and accelerator.is_local_main_process
         )
-        save_checkpoint(
+        limit = config.total_limit
+        nbytes = save_checkpoint(
             objects,
             folder,
             state=accelerator.state,
@@ -122,15 +145,33 @@ class Checkpointing:
             move_latest_pointer=automatic,
             step=accelerator.step,
             safe_serialization=safe_serialization,
+            writer=self.writer if async_save else None,
+            after_commit=(lambda: layout.rotate(folder.parent, limit))
+            if automatic and writes_shared
+            else None,
         )
         if automatic:
             config.iteration += 1
-            if writes_shared:
-                layout.rotate(folder.parent, config.total_limit)
-            accelerator.wait_for_everyone()
+        stall = time.monotonic() - started
+        self.last_save = SaveReport(
+            folder=str(folder), stall_seconds=stall, nbytes=nbytes, asynchronous=async_save
+        )
+        logger.info(
+            "checkpoint %s: training stalled %.3f s (%d bytes, %s)",
+            folder,
+            stall,
+            nbytes,
+            "written in the background" if async_save else "written",
+        )
         return str(folder)
 
+    def wait(self) -> None:
+        """Wait for a background save to be committed (raises its error, if any)."""
+        self.writer.wait()
+
     def load_state(self, accelerator: Accelerator, input_dir: Any) -> None:
+        self.wait()
+        accelerator.wait_for_everyone()  # every rank's background save is committed before choosing
         root = self.automatic_root(accelerator)
         folder = choose_checkpoint(accelerator.state, None if input_dir is None else Path(input_dir), root)
         objects = self.objects(accelerator)

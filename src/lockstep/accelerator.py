@@ -583,7 +583,8 @@ class Accelerator:
     clear = free_memory
 
     def end_training(self) -> None:
-        """Finish the run: wait for every process, then tear the process group down safely."""
+        """Finish the run: finish background saves, wait for every process, tear the process group down."""
+        self._checkpointing.wait()
         self.free_memory()
         _process_group.shutdown(barrier=True)
 
@@ -600,20 +601,36 @@ class Accelerator:
             torch.save(obj, f)
 
     def save_state(
-        self, output_dir: str | None = None, safe_serialization: bool = True, **kwargs: Any
+        self,
+        output_dir: str | None = None,
+        safe_serialization: bool = True,
+        async_save: bool = False,
+        **kwargs: Any,
     ) -> str:
         """Save everything needed to resume exactly: weights, optimizers, schedulers, scaler, RNGs of every
         rank, dataloader positions, the accumulation position and registered objects.
 
         The save is crash-consistent: files go to a staging folder, a manifest is written last and the
-        folder is renamed into place atomically. Returns the checkpoint folder.
+        folder is renamed into place atomically. Returns the checkpoint folder. With ``async_save=True``
+        training stops only while the state is copied to CPU memory; the files are written in the
+        background and the next save (or :meth:`wait_for_checkpoint`) waits for them.
+        ``last_save_report`` says how long training stalled.
 
         Example:
             >>> accelerator = Accelerator(project_config=ProjectConfiguration(  # doctest: +SKIP
             ...     project_dir="runs/a", automatic_checkpoint_naming=True, total_limit=3))
             >>> accelerator.save_state()  # runs/a/checkpoints/checkpoint_0  # doctest: +SKIP
         """
-        return self._checkpointing.save_state(self, output_dir, safe_serialization)
+        return self._checkpointing.save_state(self, output_dir, safe_serialization, async_save)
+
+    def wait_for_checkpoint(self) -> None:
+        """Block until a background (``async_save=True``) checkpoint is written and committed."""
+        self._checkpointing.wait()
+
+    @property
+    def last_save_report(self) -> Any:
+        """Folder, training stall in seconds, bytes and mode of the last ``save_state`` (None before one)."""
+        return self._checkpointing.last_save
 
     def load_state(self, input_dir: str | None = None, **kwargs: Any) -> None:
         """Restore a checkpoint written by :meth:`save_state`; prepared dataloaders continue at the next

@@ -42,7 +42,7 @@ with torch.no_grad():
 if point == "staging":
     layout.prepare_staging = die_after(layout.prepare_staging)
 elif point == "shared":
-    files.safe_torch_save = die  # dies while writing the optimizer file, after the weights
+    files.save_model_files = die_after(files.save_model_files)  # dies after the weights, before the rest
 elif point == "manifest":
     layout.write_manifest = die_after(layout.write_manifest)
 elif point == "commit":

@@ -22,15 +22,21 @@ from typing import Any
 import torch
 
 from lockstep.checkpoint import manifest as layout
+from lockstep.checkpoint.async_writer import AsyncCheckpointWriter, rank_work, wait_for_ranks
 from lockstep.checkpoint.training_state import (
+    Snapshot,
     TrainingObjects,
     load_rank_files,
     load_shared_files,
-    save_rank_files,
-    save_shared_files,
+    snapshot_rank,
+    snapshot_shared,
+    write_snapshot,
 )
 from lockstep.collectives import broadcast_object_list, gather_object
 from lockstep.state import PartialState
+
+ASYNC_TIMEOUT_SECONDS = 3600.0
+"""How long the main process's writer waits for the other ranks' files."""
 
 
 def agree(state: PartialState, error: BaseException | None, action: str) -> None:
@@ -64,29 +70,58 @@ def save_checkpoint(
     move_latest_pointer: bool,
     step: int,
     safe_serialization: bool = True,
-) -> Path:
-    """Write a checkpoint to ``final_dir`` on every rank together; returns the folder."""
+    writer: AsyncCheckpointWriter | None = None,
+    after_commit: Callable[[], None] | None = None,
+) -> int:
+    """Write a checkpoint to ``final_dir`` on every rank together; returns the bytes snapshotted.
+
+    With ``writer``, only the snapshot happens now and the files are written in the background.
+    """
+    if writer is not None:
+        writer.wait()
     staging = layout.staging_dir_for(final_dir)
     agree(
         state,
         _attempt(lambda: layout.prepare_staging(final_dir)) if writes_shared_files else None,
         "Preparing the save",
     )
+    snapshots: list[Snapshot] = []
 
-    def write() -> None:
+    def snapshot() -> None:
+        copy = writer is not None
         if writes_shared_files:
-            save_shared_files(objects, staging, weights=weights, safe_serialization=safe_serialization)
-        save_rank_files(objects, staging, rank=state.process_index)
+            snapshots.append(
+                snapshot_shared(objects, weights=weights, safe_serialization=safe_serialization, copy=copy)
+            )
+        snapshots.append(snapshot_rank(objects, rank=state.process_index))
 
-    agree(state, _attempt(write), f"Saving the checkpoint {final_dir}")
+    agree(state, _attempt(snapshot), f"Saving the checkpoint {final_dir}")
 
-    def finish() -> None:
+    def commit() -> None:
         if writes_shared_files:
             layout.write_manifest(staging, world_size=state.num_processes, step=step)
             layout.commit(staging, final_dir, move_latest_pointer=move_latest_pointer)
+            if after_commit is not None:
+                after_commit()
 
-    agree(state, _attempt(finish), f"Committing the checkpoint {final_dir}")
-    return final_dir
+    def write() -> None:
+        for snap in snapshots:
+            write_snapshot(snap, staging)
+
+    if writer is None:
+        agree(state, _attempt(write), f"Saving the checkpoint {final_dir}")
+        agree(state, _attempt(commit), f"Committing the checkpoint {final_dir}")
+    else:
+        work = rank_work(write, staging, state.process_index)
+
+        def background() -> None:
+            work()
+            if writes_shared_files:
+                wait_for_ranks(staging, state.num_processes, timeout=ASYNC_TIMEOUT_SECONDS)
+                commit()
+
+        writer.start(background)
+    return sum(snap.nbytes() for snap in snapshots)
 
 
 def choose_checkpoint(state: PartialState, input_dir: Path | None, automatic_root: Path | None) -> Path:

@@ -32,7 +32,7 @@ from torch import nn
 
 from lockstep.checkpoint.model_files import load_model_weights, save_model_files
 from lockstep.checkpoint.rng import capture_rng_state, restore_rng_state
-from lockstep.checkpoint.safe_load import safe_torch_load, safe_torch_save
+from lockstep.checkpoint.safe_load import check_loadable, safe_torch_load
 
 ACCELERATOR_STATE = "accelerator_state.json"
 
@@ -60,54 +60,97 @@ class TrainingObjects:
     counters: dict[str, Any] = field(default_factory=dict)
 
 
-def save_shared_files(
+@dataclass
+class Snapshot:
+    """Everything one rank will write, copied out of the live training objects.
+
+    Taking it is the only part of a save that must stop training; writing it can happen in the
+    background (see :mod:`lockstep.checkpoint.async_writer`).
+    """
+
+    models: list[tuple[Path, dict[str, torch.Tensor]]] = field(default_factory=list)
+    torch_files: list[tuple[str, Any]] = field(default_factory=list)
+    safetensors_files: list[tuple[str, dict[str, torch.Tensor]]] = field(default_factory=list)
+    json_files: list[tuple[str, Any]] = field(default_factory=list)
+    safe_serialization: bool = True
+
+    def nbytes(self) -> int:
+        tensors = [t for _, sd in self.models + self.safetensors_files for t in sd.values()]
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def _detached(value: Any, copy: bool) -> Any:
+    """A CPU copy of every tensor in ``value`` (a real copy when ``copy``; training may change them)."""
+    if isinstance(value, torch.Tensor):
+        tensor = value.detach()
+        return tensor.to("cpu", copy=True) if copy else tensor.cpu()
+    if isinstance(value, dict):
+        return {k: _detached(v, copy) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_detached(v, copy) for v in value)
+    return value
+
+
+def snapshot_shared(
     objects: TrainingObjects,
-    folder: Path,
     *,
     weights: Sequence[dict[str, torch.Tensor] | None],
     safe_serialization: bool = True,
-) -> None:
+    copy: bool = False,
+) -> Snapshot:
     """The files written once (by the main process): weights, optimizers, schedulers, loaders, objects."""
+    snap = Snapshot(safe_serialization=safe_serialization)
     for index, state_dict in enumerate(weights):
         if state_dict is not None:
-            save_model_files(state_dict, model_folder(folder, index), safe_serialization=safe_serialization)
-    for index, optimizer in enumerate(objects.optimizers):
-        safe_torch_save(
-            optimizer.state_dict(), folder / indexed("optimizer", index, ".bin"), where=f"optimizer {index}"
-        )
-    for index, scheduler in enumerate(objects.schedulers):
-        safe_torch_save(
-            scheduler.state_dict(), folder / indexed("scheduler", index, ".bin"), where=f"scheduler {index}"
-        )
+            snap.models.append((Path("." if index == 0 else f"model_{index}"), _detached(state_dict, copy)))
+    entries: list[tuple[str, Any, str]] = []
+    entries += [
+        (indexed("optimizer", i, ".bin"), o, f"optimizer {i}") for i, o in enumerate(objects.optimizers)
+    ]
+    entries += [
+        (indexed("scheduler", i, ".bin"), s, f"scheduler {i}") for i, s in enumerate(objects.schedulers)
+    ]
     if objects.scaler is not None:
-        safe_torch_save(objects.scaler.state_dict(), folder / "scaler.pt", where="the GradScaler")
-    for index, loader in enumerate(objects.dataloaders):
-        if hasattr(loader, "state_dict"):
-            safe_torch_save(
-                loader.state_dict(),
-                folder / indexed("dataloader", index, ".bin"),
-                where=f"dataloader {index}",
-            )
-    for index, obj in enumerate(objects.custom):
-        safe_torch_save(
-            obj.state_dict(),
-            folder / f"custom_checkpoint_{index}.bin",
-            where=f"registered object {index}.state_dict()",
-        )
-    (folder / ACCELERATOR_STATE).write_text(json.dumps(objects.counters, indent=1))
+        entries.append(("scaler.pt", objects.scaler, "the GradScaler"))
+    loaders = [dl for dl in objects.dataloaders if hasattr(dl, "state_dict")]
+    entries += [(indexed("dataloader", i, ".bin"), dl, f"dataloader {i}") for i, dl in enumerate(loaders)]
+    entries += [
+        (f"custom_checkpoint_{i}.bin", obj, f"registered object {i}.state_dict()")
+        for i, obj in enumerate(objects.custom)
+    ]
+    for name, owner, where in entries:
+        state = owner.state_dict()
+        check_loadable(state, where)
+        snap.torch_files.append((name, _detached(state, copy)))
+    snap.json_files.append((ACCELERATOR_STATE, dict(objects.counters)))
+    return snap
 
 
-def save_rank_files(objects: TrainingObjects, folder: Path, *, rank: int) -> None:
+def snapshot_rank(objects: TrainingObjects, *, rank: int) -> Snapshot:
     """The files every rank writes: its RNG states and its not-yet-synchronised gradients."""
-    torch.save(capture_rng_state(), folder / f"random_states_{rank}.pt")
+    snap = Snapshot()
+    snap.torch_files.append((f"random_states_{rank}.pt", capture_rng_state()))
     gradients = {
-        f"{index}.{name}": parameter.grad.detach().cpu().contiguous()
+        f"{index}.{name}": parameter.grad.detach().to("cpu", copy=True).contiguous()
         for index, model in enumerate(objects.models)
         for name, parameter in objects.unwrap(model).named_parameters()
         if parameter.grad is not None
     }
     if gradients:
-        save_file(gradients, str(folder / f"grads_{rank}.safetensors"))
+        snap.safetensors_files.append((f"grads_{rank}.safetensors", gradients))
+    return snap
+
+
+def write_snapshot(snap: Snapshot, folder: Path) -> None:
+    """Write a snapshot's files into ``folder``."""
+    for subfolder, state_dict in snap.models:
+        save_model_files(state_dict, folder / subfolder, safe_serialization=snap.safe_serialization)
+    for name, value in snap.torch_files:
+        torch.save(value, folder / name)
+    for name, tensors in snap.safetensors_files:
+        save_file(tensors, str(folder / name))
+    for name, value in snap.json_files:
+        (folder / name).write_text(json.dumps(value, indent=1))
 
 
 def load_shared_files(

@@ -1,0 +1,98 @@
+"""Writing a checkpoint in the background while training continues.
+
+Training stops only while each rank copies its state to CPU memory (the snapshot). A background thread
+per rank then writes the files and drops a marker (``.rank_{r}.done`` or ``.rank_{r}.failed``) in the
+staging folder; the main process's thread waits for every rank's marker, then writes the manifest and
+commits exactly as a synchronous save does. The background threads use files, not collectives, so they
+never interleave with the training loop's collectives. The next save (or :meth:`AsyncCheckpointWriter.wait`)
+waits for the previous one and raises its error, if any.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+
+MARKER_POLL_SECONDS = 0.05
+
+
+def done_marker(staging: Path, rank: int) -> Path:
+    return staging / f".rank_{rank}.done"
+
+
+def failed_marker(staging: Path, rank: int) -> Path:
+    return staging / f".rank_{rank}.failed"
+
+
+def wait_for_ranks(staging: Path, world_size: int, timeout: float) -> None:
+    """Block until every rank dropped its marker; raise if one failed or the wait times out."""
+    deadline = time.monotonic() + timeout
+    while True:
+        failed = [r for r in range(world_size) if failed_marker(staging, r).exists()]
+        if failed:
+            text = failed_marker(staging, failed[0]).read_text()
+            raise RuntimeError(f"rank {failed[0]} could not write its part of the checkpoint: {text}")
+        if all(done_marker(staging, r).exists() for r in range(world_size)):
+            for r in range(world_size):
+                done_marker(staging, r).unlink()
+            return
+        if time.monotonic() > deadline:
+            missing = [r for r in range(world_size) if not done_marker(staging, r).exists()]
+            raise TimeoutError(f"ranks {missing} did not finish writing {staging} within {timeout:.0f} s")
+        time.sleep(MARKER_POLL_SECONDS)
+
+
+class AsyncCheckpointWriter:
+    """One background save at a time, per process."""
+
+    def __init__(self) -> None:
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self.last_write_seconds: float | None = None
+
+    @property
+    def busy(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self, work: Callable[[], None]) -> None:
+        """Run ``work`` in the background (after waiting for the previous save)."""
+        self.wait()
+
+        def run() -> None:
+            started = time.monotonic()
+            try:
+                work()
+            except BaseException as error:  # reported to the training thread by wait()
+                self._error = error
+            self.last_write_seconds = time.monotonic() - started
+
+        self._thread = threading.Thread(target=run, name="lockstep-checkpoint-writer", daemon=False)
+        self._thread.start()
+
+    def wait(self) -> None:
+        """Wait for the running save; raise its error if it failed."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise RuntimeError(f"The previous asynchronous checkpoint save failed: {error}") from error
+
+
+def rank_work(write: Callable[[], None], staging: Path, rank: int) -> Callable[[], None]:
+    """Wrap a rank's writes so that they always end with its marker."""
+
+    def work() -> None:
+        try:
+            write()
+        except BaseException as error:
+            failed_marker(staging, rank).write_text(
+                f"{type(error).__name__}: {error}\n{traceback.format_exc()}"
+            )
+            raise
+        done_marker(staging, rank).write_text("ok")
+
+    return work
