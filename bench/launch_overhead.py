@@ -19,9 +19,14 @@ from pathlib import Path
 NOOP = str(Path(__file__).with_name("noop.py"))
 
 
+# Bytecode caching on, as on a user's machine: this workplace sets PYTHONDONTWRITEBYTECODE=1, which would
+# make every process recompile lockstep's sources while torch's wheel ships compiled files.
+ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"} | {"OMP_NUM_THREADS": "1"}
+
+
 def timed(command: list[str]) -> float:
     started = time.perf_counter()
-    subprocess.run(command, check=True, capture_output=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    subprocess.run(command, check=True, capture_output=True, env=ENV)
     return time.perf_counter() - started
 
 
