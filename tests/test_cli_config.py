@@ -211,3 +211,50 @@ def test_unknown_flag_is_a_usage_error(home):
     assert "unrecognized arguments: --gpus 2" in result.stderr
     assert "Traceback" not in result.stderr
     assert not home.exists()
+
+
+def test_round_trip_wizard_file_explain(home):
+    """Answers -> default file -> `config explain` with a flag on top: every value and its source."""
+    assert lockstep_config(home, stdin="multi-cpu\n\n4\nbf16\n8\neager\n").returncode == 0
+    result = lockstep_config(home, "explain", "--mixed-precision", "fp16")
+    assert result.returncode == 0, result.stderr
+    lines = {line.split()[0]: line for line in result.stdout.splitlines()[1:]}
+    file_source = f"(config file {home / 'default_config.yaml'})"
+    assert result.stdout.splitlines()[0] == f"config file: {home / 'default_config.yaml'}"
+    assert lines["num_processes"].split()[1] == "4" and lines["num_processes"].endswith(file_source)
+    assert lines["gradient_accumulation_steps"].split()[1] == "8" and lines[
+        "gradient_accumulation_steps"
+    ].endswith(file_source)
+    assert lines["dynamo_backend"].split()[1] == "eager" and lines["dynamo_backend"].endswith(file_source)
+    assert lines["mixed_precision"].split()[1] == "fp16" and lines["mixed_precision"].endswith("(flag)")
+    assert lines["max_restarts"].split()[1] == "0" and lines["max_restarts"].endswith("(default)")
+    assert lines["distributed_type"].split()[1] == "MULTI_CPU"
+
+
+def test_explain_rejects_bad_flags_in_one_line(home):
+    result = lockstep_config(home, "explain", "--num-processes", "0")
+    assert result.returncode == 2
+    assert (
+        "--num-processes 0 is invalid: it must be >= 1." in result.stderr and "Traceback" not in result.stderr
+    )
+
+
+def test_env_reports_versions_and_the_config(home):
+    assert lockstep_config(home, "default", "--cpu", "--num-processes", "2").returncode == 0
+    env = {**os.environ, "LOCKSTEP_HOME": str(home)}
+    result = subprocess.run(
+        [sys.executable, "-m", "lockstep.cli.main", "env"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    import torch
+
+    import lockstep
+
+    assert "- lockstep" in result.stdout and lockstep.__version__ in result.stdout
+    assert torch.__version__ in result.stdout
+    assert f"Config file       : {home / 'default_config.yaml'}" in result.stdout
+    assert "distributed_type: MULTI_CPU" in result.stdout and "num_processes: 2" in result.stdout
