@@ -43,7 +43,6 @@ def test_plugin_and_steps_conflict():
     [
         ("fsdp_plugin", "fully sharded"),
         ("deepspeed_plugin", "DeepSpeed"),
-        ("log_with", "trackers"),
         ("parallelism_config", "ParallelismConfig"),
     ],
 )

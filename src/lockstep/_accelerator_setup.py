@@ -31,7 +31,6 @@ _NOT_YET_BUILT = {
     "torch_tp_plugin": "tensor parallelism",
     "megatron_lm_plugin": "the Megatron-LM backend",
     "parallelism_config": "multi-dimensional parallelism (ParallelismConfig)",
-    "log_with": "experiment trackers",
 }
 
 

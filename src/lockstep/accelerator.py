@@ -44,6 +44,8 @@ from lockstep.precision import Precision, remove_forward_wrapper
 from lockstep.preemption import DEFAULT_SIGNALS, PreemptionWatcher, exit_now
 from lockstep.scheduler import AcceleratedScheduler
 from lockstep.state import AcceleratorState, GradientState
+from lockstep.tracking.base import GeneralTracker
+from lockstep.tracking.registry import DisabledTracker, build_trackers, resolve_log_with
 
 F = TypeVar("F", bound=Callable[..., Any])
 _LRScheduler = torch.optim.lr_scheduler.LRScheduler
@@ -70,8 +72,10 @@ class Accelerator:
         debug: check tensor shapes across ranks before each collective (also ``LOCKSTEP_DEBUG=1``).
         preemption_signals: signals that mean "save and stop soon" once the loop checks ``should_stop``.
         preemption_grace_period: seconds the cluster allows after such a signal; longer saves are reported.
+        log_with: experiment trackers: ``"jsonl"``, ``"csv"``, ``"tensorboard"``, ``"all"``, GeneralTracker
+            objects, or a list of them (``mlflow``/``wandb`` are not built yet and raise).
         fsdp_plugin, deepspeed_plugin, deepspeed_plugins, torch_tp_plugin, megatron_lm_plugin,
-            parallelism_config, log_with: features not built yet; passing them raises NotImplementedError.
+            parallelism_config: features not built yet; passing them raises NotImplementedError.
     """
 
     def __init__(
@@ -107,7 +111,6 @@ class Accelerator:
             torch_tp_plugin=torch_tp_plugin,
             megatron_lm_plugin=megatron_lm_plugin,
             parallelism_config=parallelism_config,
-            log_with=log_with,
         )
         self.settings = setup.resolve_settings(
             mixed_precision=mixed_precision,
@@ -145,6 +148,8 @@ class Accelerator:
         self._dataloaders: list[DataLoader] = []
         self._checkpointing = Checkpointing()
         self._preemption = PreemptionWatcher(preemption_signals, preemption_grace_period)
+        self._tracker_specs = resolve_log_with(log_with)
+        self.trackers: list[GeneralTracker] = []
 
     def _build_state(self, *, cpu: bool, debug: bool | None) -> AcceleratorState:
         init = self.settings.handlers.init
@@ -583,7 +588,8 @@ class Accelerator:
     clear = free_memory
 
     def end_training(self) -> None:
-        """Finish the run: finish background saves, wait for every process, tear the process group down."""
+        """Finish the run: close trackers, finish background saves, tear the process group down safely."""
+        self._finish_trackers()
         self._checkpointing.wait()
         self.free_memory()
         _process_group.shutdown(barrier=True)
@@ -708,14 +714,51 @@ class Accelerator:
             return None
         return str(root / f"checkpoint_{self.project_configuration.iteration - 1}")
 
-    # -- trackers (none can be configured yet: log_with raises) ------------------------------------
+    # -- trackers ---------------------------------------------------------------------------------
     def init_trackers(
         self, project_name: str, config: dict | None = None, init_kwargs: dict | None = None
     ) -> None:
-        """No trackers are configured, so there is nothing to start (as in Accelerate without log_with)."""
+        """Start the trackers given as ``log_with`` (on the main process) and record ``config``.
+
+        Example:
+            >>> accelerator = Accelerator(log_with="jsonl", project_dir="runs/a")  # doctest: +SKIP
+            >>> accelerator.init_trackers("sentiment", config={"lr": 3e-5})  # doctest: +SKIP
+            >>> accelerator.log({"loss": 0.5}, step=1)  # doctest: +SKIP
+        """
+        self.trackers = build_trackers(
+            self._tracker_specs,
+            project_name,
+            logging_dir=self.logging_dir,
+            init_kwargs=init_kwargs,
+            is_main_process=self.is_main_process,
+        )
+        if config is not None:
+            for tracker in self.trackers:
+                tracker.store_init_configuration(config)
 
     def log(self, values: dict, step: int | None = None, log_kwargs: dict | None = None) -> None:
-        """No trackers are configured, so values are not recorded (as in Accelerate without log_with)."""
+        """Send ``values`` to every started tracker (a no-op on processes that do not log)."""
+        for tracker in self.trackers:
+            tracker.log(values, step=step, **(log_kwargs or {}).get(tracker.name, {}))
+
+    def get_tracker(self, name: str, unwrap: bool = False) -> Any:
+        """The tracker called ``name`` (its underlying object with ``unwrap``); a do-nothing stand-in on
+        processes that do not log."""
+        for tracker in self.trackers:
+            if tracker.name == name:
+                return tracker.tracker if unwrap else tracker
+        if any(spec.name == name for spec in self._tracker_specs):
+            stand_in = DisabledTracker(name)
+            return stand_in.tracker if unwrap else stand_in
+        configured = [spec.name for spec in self._tracker_specs] or "none"
+        raise ValueError(
+            f"get_tracker({name!r}): no such tracker was configured with log_with (configured: {configured})."
+        )
+
+    def _finish_trackers(self) -> None:
+        for tracker in self.trackers:
+            tracker.finish()
+        self.trackers = []
 
 
 def _flat_values(data: Any) -> list[Any]:
