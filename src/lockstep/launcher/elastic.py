@@ -39,8 +39,13 @@ def prepare_worker_environment(settings: LaunchSettings, environ: dict[str, str]
         environ["CUDA_VISIBLE_DEVICES"] = ""
 
 
-def torch_launch_config(settings: LaunchSettings) -> Any:
-    """The elastic agent's configuration for these settings."""
+def quiet_agent_logs() -> None:
+    """Silence the agent's per-worker warnings and errors: our own report says it in a line per rank."""
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+
+
+def torch_launch_config(settings: LaunchSettings, *, start_method: str = "spawn") -> Any:
+    """The elastic agent's configuration for these settings (``fork`` lets notebook functions run)."""
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
     from torch.distributed.launcher.api import LaunchConfig
 
@@ -60,7 +65,7 @@ def torch_launch_config(settings: LaunchSettings) -> Any:
         rdzv_configs=rdzv_configs,
         max_restarts=settings.max_restarts,
         monitor_interval=settings.monitor_interval,
-        start_method="spawn",
+        start_method=start_method,
         logs_specs=DefaultLogsSpecs(),
         shutdown_timeout=30,  # workers stopped by a signal get this long to save a checkpoint
     )
@@ -73,8 +78,7 @@ def launch(settings: LaunchSettings, target: str, args: list[str], *, module: bo
     from torch.distributed.launcher.api import elastic_launch
 
     prepare_worker_environment(settings)
-    # The agent logs a warning per stopped worker and an error per failure; report_failures says it better.
-    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    quiet_agent_logs()
     worker_args = ["-u", "-m", WORKER_MODULE, *(["--module"] if module else []), target, *args]
     try:
         elastic_launch(torch_launch_config(settings), sys.executable)(*worker_args)

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import logging
 import os
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from lockstep import _env
-from lockstep.launcher.elastic import describe_failure, free_port
+from lockstep.launcher.elastic import describe_failure, free_port, quiet_agent_logs, torch_launch_config
+from lockstep.launcher.settings import LaunchSettings, cpu_threads_per_process
 
 
 @contextlib.contextmanager
@@ -71,31 +71,26 @@ def _run_forked(
 ) -> None:
     import json
 
-    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+    from torch.distributed.launcher.api import elastic_launch
 
-    port = port or free_port()
-    config = LaunchConfig(
-        min_nodes=num_nodes,
-        max_nodes=num_nodes,
-        nproc_per_node=num_processes,
-        run_id=f"lockstep-{port}",
-        rdzv_endpoint=f"{master_addr}:{port}",
+    launch_settings = LaunchSettings(
+        num_processes=num_processes * num_nodes,
+        num_machines=num_nodes,
+        machine_rank=node_rank,
+        main_process_ip=master_addr,
+        main_process_port=port,
         rdzv_backend=rdzv_backend,
-        rdzv_configs={"rank": node_rank} if rdzv_backend == "static" else {},
         max_restarts=max_restarts,
         monitor_interval=monitor_interval,
-        start_method="fork",
-        logs_specs=DefaultLogsSpecs(),
     )
-    threads = str(max(1, (os.cpu_count() or 1) // num_processes))
+    config = torch_launch_config(launch_settings, start_method="fork")
+    threads = str(cpu_threads_per_process(num_processes))
     environment = {
         _env.LOCKSTEP_LAUNCH_CONFIG: json.dumps(settings),
         "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", threads),
     }
-    # The agent logs every failure at length; the RuntimeError below says it in a line per rank.
-    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    quiet_agent_logs()
     with _patched_environment(**environment):
         try:
             elastic_launch(config, _fresh_process_entry(function))(*args)
