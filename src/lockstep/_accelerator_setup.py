@@ -12,7 +12,8 @@ from typing import Any
 
 from lockstep import _env
 from lockstep.config.dataloader import DataLoaderConfiguration
-from lockstep.config.enums import PrecisionType, RNGType
+from lockstep.config.enums import DistributedType, PrecisionType, RNGType
+from lockstep.config.fsdp import FullyShardedDataParallelPlugin
 from lockstep.config.kwargs import (
     AutocastKwargs,
     DistributedDataParallelKwargs,
@@ -25,7 +26,6 @@ from lockstep.config.project import ProjectConfiguration
 from lockstep.precision import parse_mixed_precision
 
 _NOT_YET_BUILT = {
-    "fsdp_plugin": "fully sharded training (FSDP2)",
     "deepspeed_plugin": "the DeepSpeed backend",
     "deepspeed_plugins": "the DeepSpeed backend",
     "torch_tp_plugin": "tensor parallelism",
@@ -93,6 +93,27 @@ class AcceleratorSettings:
     dynamo_plugin: TorchDynamoPlugin | None
     rng_types: list[RNGType]
     handlers: KwargsHandlers = field(default_factory=KwargsHandlers)
+    fsdp_plugin: FullyShardedDataParallelPlugin | None = None
+
+
+def resolve_fsdp(
+    plugin: FullyShardedDataParallelPlugin | None, deepspeed_plugin: Any, launch: dict[str, Any]
+) -> FullyShardedDataParallelPlugin | None:
+    """The FSDP plugin: the explicit one, else the launcher's ``distributed_type: FSDP`` settings."""
+    if plugin is not None and deepspeed_plugin is not None:
+        raise ValueError(
+            "Accelerator(fsdp_plugin=..., deepspeed_plugin=...): FSDP and DeepSpeed both shard the model and "
+            "cannot be combined. Pass one of them."
+        )
+    if plugin is not None:
+        if not isinstance(plugin, FullyShardedDataParallelPlugin):
+            raise TypeError(
+                f"fsdp_plugin must be a lockstep FullyShardedDataParallelPlugin, got {type(plugin).__name__}."
+            )
+        return plugin
+    if launch.get("distributed_type") == DistributedType.FSDP.value:
+        return FullyShardedDataParallelPlugin.from_config_section(launch.get("fsdp_config") or {})
+    return None
 
 
 def resolve_mixed_precision(explicit: str | None, launch: dict[str, Any]) -> PrecisionType:
@@ -170,6 +191,8 @@ def resolve_settings(
     dynamo_plugin: TorchDynamoPlugin | None,
     rng_types: Iterable[str] | None,
     kwargs_handlers: Iterable[Any] | None,
+    fsdp_plugin: FullyShardedDataParallelPlugin | None = None,
+    deepspeed_plugin: Any = None,
 ) -> AcceleratorSettings:
     """Validate and resolve the Accelerator's arguments against the launcher's settings."""
     launch = _env.launch_settings()
@@ -188,4 +211,5 @@ def resolve_settings(
         dynamo_plugin=resolve_dynamo(dynamo_backend, dynamo_plugin, launch),
         rng_types=resolve_rng_types(rng_types, dataloader_config),
         handlers=sort_kwargs_handlers(kwargs_handlers),
+        fsdp_plugin=resolve_fsdp(fsdp_plugin, deepspeed_plugin, launch),
     )

@@ -116,6 +116,7 @@ class Checkpointing:
             scaler=accelerator.scaler,
             custom=list(self.custom_objects),
             counters={"step": accelerator.step, "iteration": accelerator.project_configuration.iteration},
+            sharded=accelerator.backend.sharded_objects(),
         )
 
     # -- save and load ----------------------------------------------------------------------------
@@ -125,7 +126,20 @@ class Checkpointing:
         started = time.monotonic()
         folder, automatic = self.save_target(accelerator, output_dir)
         objects = self.objects(accelerator)
-        weights: list[Any] = [accelerator.get_state_dict(model) for model in objects.models]
+        in_shards = (
+            objects.sharded_model_indices()
+            if objects.sharded and objects.sharded.sharded_state_dict
+            else set()
+        )
+        if objects.sharded is not None and not accelerator.sync_gradients:
+            logger.warning(
+                "save_state in the middle of a gradient accumulation cycle with FSDP: the gradients of the "
+                "micro-batches so far live inside FSDP and are not saved; save after an optimizer step."
+            )
+        weights: list[Any] = [
+            None if i in in_shards else accelerator.get_state_dict(model)
+            for i, model in enumerate(objects.models)
+        ]
         models: list[nn.Module] = list(objects.models)
         for hook in self.save_hooks.values():
             hook(models, weights, str(folder))

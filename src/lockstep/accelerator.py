@@ -74,7 +74,9 @@ class Accelerator:
         preemption_grace_period: seconds the cluster allows after such a signal; longer saves are reported.
         log_with: experiment trackers: ``"jsonl"``, ``"csv"``, ``"tensorboard"``, ``"all"``, GeneralTracker
             objects, or a list of them (``mlflow``/``wandb`` are not built yet and raise).
-        fsdp_plugin, deepspeed_plugin, deepspeed_plugins, torch_tp_plugin, megatron_lm_plugin,
+        fsdp_plugin: shard the model with FSDP2 (``FullyShardedDataParallelPlugin``); also selected by the
+            launcher's ``distributed_type: FSDP``.
+        deepspeed_plugin, deepspeed_plugins, torch_tp_plugin, megatron_lm_plugin,
             parallelism_config: features not built yet; passing them raises NotImplementedError.
     """
 
@@ -104,8 +106,9 @@ class Accelerator:
         preemption_signals: Sequence[str] = DEFAULT_SIGNALS,
         preemption_grace_period: float = 30.0,
     ) -> None:
+        if fsdp_plugin is not None and deepspeed_plugin is not None:
+            setup.resolve_fsdp(fsdp_plugin, deepspeed_plugin, {})  # raises: they cannot be combined
         setup.reject_unbuilt_features(
-            fsdp_plugin=fsdp_plugin,
             deepspeed_plugin=deepspeed_plugin,
             deepspeed_plugins=deepspeed_plugins,
             torch_tp_plugin=torch_tp_plugin,
@@ -123,6 +126,7 @@ class Accelerator:
             dynamo_plugin=dynamo_plugin,
             rng_types=rng_types,
             kwargs_handlers=kwargs_handlers,
+            fsdp_plugin=fsdp_plugin,
         )
         self.state = self._build_state(cpu=cpu, debug=debug)
         self.device_placement = device_placement
@@ -137,7 +141,11 @@ class Accelerator:
             scaler_kwargs=self.settings.handlers.scaler,
         )
         self.backend = select_backend(
-            self.state, ddp_kwargs=self.settings.handlers.ddp, dynamo_plugin=self.settings.dynamo_plugin
+            self.state,
+            ddp_kwargs=self.settings.handlers.ddp,
+            dynamo_plugin=self.settings.dynamo_plugin,
+            fsdp_plugin=self.settings.fsdp_plugin,
+            mixed_precision=self.settings.mixed_precision.value,
         )
         self.state._record(distributed_type=self.backend.distributed_type)
         self.step = 0
@@ -285,8 +293,11 @@ class Accelerator:
                 f"prepare() got {len(args)} objects but device_placement has {len(placements)} entries; "
                 "give one entry per object."
             )
-        # Schedulers come last: they need the prepared optimizers.
-        first = [self._prepare_one(obj, placement) for obj, placement in zip(args, placements)]
+        # Models first (a sharding backend re-binds optimizers to their parameters), schedulers last
+        # (they need the prepared optimizers).
+        first = list(args)
+        for index in sorted(range(len(args)), key=lambda i: not isinstance(args[i], nn.Module)):
+            first[index] = self._prepare_one(args[index], placements[index])
         result = [self._prepare_scheduler_if_any(obj) for obj in first]
         return result[0] if len(result) == 1 else tuple(result)
 
@@ -335,6 +346,7 @@ class Accelerator:
         if isinstance(optimizer, AcceleratedOptimizer):
             return optimizer
         placement = self.device_placement if device_placement is None else device_placement
+        optimizer = self.backend.prepare_optimizer(optimizer)
         prepared = AcceleratedOptimizer(
             optimizer, placement, scaler=self.precision.scaler, device=self.device
         )
@@ -473,7 +485,7 @@ class Accelerator:
     def get_state_dict(self, model: nn.Module, unwrap: bool = True) -> dict[str, torch.Tensor]:
         """The model's state dict (of the unwrapped model by default)."""
         target = self.unwrap_model(model, keep_torch_compile=False) if unwrap else model
-        return target.state_dict()
+        return self.backend.full_state_dict(target)
 
     # -- collectives ------------------------------------------------------------------------------
     def gather(self, tensor: Any) -> Any:

@@ -14,6 +14,7 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
+from lockstep.checkpoint.sharded import ShardedObjects
 from lockstep.config.enums import DistributedType
 from lockstep.config.plugins import TorchDynamoPlugin
 from lockstep.state import PartialState
@@ -66,6 +67,22 @@ class Backend(ABC):
                 model = model._orig_mod
             else:
                 return model
+
+    def prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+        """Adapt an optimizer to the wrapped models (FSDP re-binds it to the sharded parameters)."""
+        return optimizer
+
+    def model_of(self, optimizer: object) -> nn.Module | None:
+        """The sharded model an optimizer updates, for backends whose checkpoints need it (else None)."""
+        return None
+
+    def sharded_objects(self) -> ShardedObjects | None:
+        """How sharded models and their optimizers are checkpointed (None: this backend shards nothing)."""
+        return None
+
+    def full_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        """The whole (unwrapped) model's weights; sharding backends gather them on the main process."""
+        return model.state_dict()
 
     def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager:
         """A context in which backward passes do not synchronise gradients."""

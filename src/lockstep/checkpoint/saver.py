@@ -22,12 +22,17 @@ from typing import Any
 import torch
 
 from lockstep.checkpoint import manifest as layout
+from lockstep.checkpoint import sharded as shards
 from lockstep.checkpoint.async_writer import AsyncCheckpointWriter, rank_work, wait_for_ranks
+from lockstep.checkpoint.model_files import load_model_files
+from lockstep.checkpoint.safe_load import safe_torch_load
 from lockstep.checkpoint.training_state import (
     Snapshot,
     TrainingObjects,
+    indexed,
     load_rank_files,
     load_shared_files,
+    model_folder,
     snapshot_rank,
     snapshot_shared,
     write_snapshot,
@@ -86,16 +91,28 @@ def save_checkpoint(
         "Preparing the save",
     )
     snapshots: list[Snapshot] = []
+    optimizer_states = _gather_full_optimizer_states(objects)
 
     def snapshot() -> None:
         copy = writer is not None
         if writes_shared_files:
             snapshots.append(
-                snapshot_shared(objects, weights=weights, safe_serialization=safe_serialization, copy=copy)
+                snapshot_shared(
+                    objects,
+                    weights=weights,
+                    safe_serialization=safe_serialization,
+                    copy=copy,
+                    optimizer_states=optimizer_states,
+                )
             )
         snapshots.append(snapshot_rank(objects, rank=state.process_index))
 
     agree(state, _attempt(snapshot), f"Saving the checkpoint {final_dir}")
+    if objects.sharded is not None and objects.sharded.sharded_state_dict:
+        # DCP is a collective: every process writes its own shards now, in parallel (also when the rest of
+        # the checkpoint is written in the background). DCP raises on every rank if one fails.
+        models, optimizers = _sharded_pairs(objects)
+        shards.save_sharded(models, optimizers, staging)
 
     def commit() -> None:
         if writes_shared_files:
@@ -156,10 +173,73 @@ def load_checkpoint(
 ) -> tuple[dict[str, Any], bool]:
     """Restore every object from ``folder`` on every rank; returns (counters, rank state found)."""
     result: dict[str, Any] = {}
+    full_states: dict[str, dict[int, Any]] = {"models": {}, "optimizers": {}}
 
     def read() -> None:
         result["counters"] = load_shared_files(objects, folder, models_to_load=models_to_load)
         result["rank_found"] = load_rank_files(objects, folder, rank=state.process_index, device=state.device)
+        if objects.sharded is not None and not objects.sharded.sharded_state_dict and state.is_main_process:
+            full_states.update(_read_full_states(objects, folder, models_to_load))
 
     agree(state, _attempt(read), f"Loading the checkpoint {folder}")
+    if objects.sharded is not None:
+        _load_sharded_objects(objects, folder, state, models_to_load, full_states)
     return result["counters"], result["rank_found"]
+
+
+# -- sharded (FSDP) models and optimizers ------------------------------------------------------------
+def _sharded_pairs(
+    objects: TrainingObjects, models_to_load: Sequence[int] | None = None
+) -> tuple[list[tuple[int, Any]], list[tuple[int, Any, Any]]]:
+    assert objects.sharded is not None
+    chosen = objects.sharded_model_indices()
+    if models_to_load is not None:
+        chosen &= set(models_to_load)
+    models = [(i, objects.models[i]) for i in sorted(chosen)]
+    optimizers = [
+        (i, objects.sharded.model_of(o), o)
+        for i, o in enumerate(objects.optimizers)
+        if i in objects.sharded_optimizer_indices()
+    ]
+    return models, optimizers
+
+
+def _gather_full_optimizer_states(objects: TrainingObjects) -> dict[int, Any]:
+    """FULL_STATE_DICT: every sharded optimizer's whole state on the main process (a collective)."""
+    if objects.sharded is None or objects.sharded.sharded_state_dict:
+        return {}
+    _, optimizers = _sharded_pairs(objects)
+    return {i: shards.full_optimizer_state(model, optimizer) for i, model, optimizer in optimizers}
+
+
+def _read_full_states(
+    objects: TrainingObjects, folder: Path, models_to_load: Sequence[int]
+) -> dict[str, dict[int, Any]]:
+    models, optimizers = _sharded_pairs(objects, models_to_load)
+    return {
+        "models": {i: load_model_files(model_folder(folder, i)) for i, _ in models},
+        "optimizers": {
+            i: safe_torch_load(folder / indexed("optimizer", i, ".bin")) for i, _, _ in optimizers
+        },
+    }
+
+
+def _load_sharded_objects(
+    objects: TrainingObjects,
+    folder: Path,
+    state: PartialState,
+    models_to_load: Sequence[int],
+    full_states: dict[str, dict[int, Any]],
+) -> None:
+    assert objects.sharded is not None
+    models, optimizers = _sharded_pairs(objects, models_to_load)
+    if objects.sharded.sharded_state_dict:
+        shards.load_sharded(models, optimizers, folder)
+        return
+    distributed = state.use_distributed
+    for i, model in models:
+        shards.load_full_model(model, full_states["models"].get(i, {}), distributed=distributed)
+    for i, model, optimizer in optimizers:
+        shards.load_full_optimizer(
+            model, optimizer, full_states["optimizers"].get(i, {}), distributed=distributed
+        )

@@ -33,6 +33,7 @@ from torch import nn
 from lockstep.checkpoint.model_files import load_model_weights, save_model_files
 from lockstep.checkpoint.rng import capture_rng_state, restore_rng_state
 from lockstep.checkpoint.safe_load import check_loadable, safe_torch_load
+from lockstep.checkpoint.sharded import ShardedObjects
 
 ACCELERATOR_STATE = "accelerator_state.json"
 
@@ -58,6 +59,18 @@ class TrainingObjects:
     scaler: torch.amp.GradScaler | None
     custom: list[Any]
     counters: dict[str, Any] = field(default_factory=dict)
+    sharded: ShardedObjects | None = None
+    """Set when a backend shards models (FSDP): those models and their optimizers are saved differently."""
+
+    def sharded_optimizer_indices(self) -> set[int]:
+        if self.sharded is None:
+            return set()
+        return {i for i, o in enumerate(self.optimizers) if self.sharded.is_sharded_optimizer(o)}
+
+    def sharded_model_indices(self) -> set[int]:
+        if self.sharded is None:
+            return set()
+        return {i for i, m in enumerate(self.models) if self.sharded.is_sharded_model(m)}
 
 
 @dataclass
@@ -97,15 +110,28 @@ def snapshot_shared(
     weights: Sequence[dict[str, torch.Tensor] | None],
     safe_serialization: bool = True,
     copy: bool = False,
+    optimizer_states: dict[int, Any] | None = None,
 ) -> Snapshot:
-    """The files written once (by the main process): weights, optimizers, schedulers, loaders, objects."""
+    """The files written once (by the main process): weights, optimizers, schedulers, loaders, objects.
+
+    ``optimizer_states`` replaces ``state_dict()`` for the optimizers it names (gathered full states of
+    sharded optimizers); optimizers of sharded models saved as DCP shards are left out.
+    """
+    optimizer_states = optimizer_states or {}
+    in_shards = objects.sharded_optimizer_indices() - set(optimizer_states)
     snap = Snapshot(safe_serialization=safe_serialization)
     for index, state_dict in enumerate(weights):
         if state_dict is not None:
             snap.models.append((Path("." if index == 0 else f"model_{index}"), _detached(state_dict, copy)))
     entries: list[tuple[str, Any, str]] = []
     entries += [
-        (indexed("optimizer", i, ".bin"), o, f"optimizer {i}") for i, o in enumerate(objects.optimizers)
+        (
+            indexed("optimizer", i, ".bin"),
+            _Given(optimizer_states[i]) if i in optimizer_states else o,
+            f"optimizer {i}",
+        )
+        for i, o in enumerate(objects.optimizers)
+        if i not in in_shards
     ]
     entries += [
         (indexed("scheduler", i, ".bin"), s, f"scheduler {i}") for i, s in enumerate(objects.schedulers)
@@ -130,15 +156,27 @@ def snapshot_rank(objects: TrainingObjects, *, rank: int) -> Snapshot:
     """The files every rank writes: its RNG states and its not-yet-synchronised gradients."""
     snap = Snapshot()
     snap.torch_files.append((f"random_states_{rank}.pt", capture_rng_state()))
+    sharded = objects.sharded_model_indices()  # their pending gradients live inside FSDP, unsaved
     gradients = {
         f"{index}.{name}": parameter.grad.detach().to("cpu", copy=True).contiguous()
         for index, model in enumerate(objects.models)
+        if index not in sharded
         for name, parameter in objects.unwrap(model).named_parameters()
         if parameter.grad is not None
     }
     if gradients:
         snap.safetensors_files.append((f"grads_{rank}.safetensors", gradients))
     return snap
+
+
+@dataclass
+class _Given:
+    """A state dict computed beforehand, in the place of an object whose ``state_dict()`` is not used."""
+
+    state: Any
+
+    def state_dict(self) -> Any:
+        return self.state
 
 
 def write_snapshot(snap: Snapshot, folder: Path) -> None:
@@ -156,10 +194,15 @@ def write_snapshot(snap: Snapshot, folder: Path) -> None:
 def load_shared_files(
     objects: TrainingObjects, folder: Path, *, models_to_load: Sequence[int]
 ) -> dict[str, Any]:
-    """Restore weights, optimizers, schedulers, scaler, loaders and registered objects; returns the counters."""
+    """Restore weights, optimizers, schedulers, scaler, loaders and registered objects; returns the counters.
+
+    Sharded models and their optimizers are left to :mod:`lockstep.checkpoint.sharded`.
+    """
+    sharded_models = objects.sharded_model_indices()
     for index in models_to_load:
-        load_model_weights(objects.unwrap(objects.models[index]), model_folder(folder, index))
-    _load_each(objects.optimizers, folder, "optimizer", ".bin")
+        if index not in sharded_models:
+            load_model_weights(objects.unwrap(objects.models[index]), model_folder(folder, index))
+    _load_each(objects.optimizers, folder, "optimizer", ".bin", skip=objects.sharded_optimizer_indices())
     _load_each(objects.schedulers, folder, "scheduler", ".bin")
     if objects.scaler is not None and (folder / "scaler.pt").is_file():
         objects.scaler.load_state_dict(safe_torch_load(folder / "scaler.pt"))
@@ -178,8 +221,12 @@ def load_shared_files(
     return json.loads(counters_path.read_text()) if counters_path.is_file() else {}
 
 
-def _load_each(targets: Sequence[Any], folder: Path, name: str, suffix: str) -> None:
+def _load_each(
+    targets: Sequence[Any], folder: Path, name: str, suffix: str, skip: set[int] | None = None
+) -> None:
     for index, target in enumerate(targets):
+        if skip and index in skip:
+            continue
         path = folder / indexed(name, index, suffix)
         if not path.is_file():
             raise FileNotFoundError(
@@ -197,7 +244,10 @@ def load_rank_files(objects: TrainingObjects, folder: Path, *, rank: int, device
     restore_rng_state(safe_torch_load(rng_path))
     gradients_path = folder / f"grads_{rank}.safetensors"
     gradients = load_file(str(gradients_path)) if gradients_path.is_file() else {}
+    sharded = objects.sharded_model_indices()
     for index, model in enumerate(objects.models):
+        if index in sharded:
+            continue
         for name, parameter in objects.unwrap(model).named_parameters():
             saved = gradients.get(f"{index}.{name}")
             parameter.grad = None if saved is None else saved.to(device=device, dtype=parameter.dtype)

@@ -9,6 +9,7 @@ from lockstep.config.enums import (
     PrecisionType,
     RNGType,
 )
+from lockstep.config.fsdp import FullyShardedDataParallelPlugin
 from lockstep.config.kwargs import (
     AutocastKwargs,
     DistributedDataParallelKwargs,
@@ -26,6 +27,7 @@ __all__ = [
     "DistributedDataParallelKwargs",
     "DistributedType",
     "DynamoBackend",
+    "FullyShardedDataParallelPlugin",
     "GradScalerKwargs",
     "GradientAccumulationPlugin",
     "InitProcessGroupKwargs",

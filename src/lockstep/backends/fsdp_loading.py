@@ -1,0 +1,53 @@
+"""``cpu_ram_efficient_loading``: the main process holds the pretrained weights, the others receive shards.
+
+Every process moves its model to the meta device before sharding (tied weights stay tied), shards it,
+allocates only its own shards, and then torch's ``set_model_state_dict(broadcast_from_rank0=True)``
+sends each process its part of the main process's weights. Buffers that are not in the state dict
+(non-persistent ones, such as position ids) are broadcast separately.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from lockstep.state import PartialState
+
+
+def to_meta(model: nn.Module) -> None:
+    """Move ``model`` to the meta device in place, keeping shared (tied) parameters shared."""
+    previous = torch.__future__.get_swap_module_params_on_conversion()
+    torch.__future__.set_swap_module_params_on_conversion(True)
+    try:
+        model.to("meta")
+    finally:
+        torch.__future__.set_swap_module_params_on_conversion(previous)
+
+
+def broadcast_from_main(
+    model: nn.Module,
+    full_state: dict[str, torch.Tensor],
+    buffers: dict[str, torch.Tensor],
+    state: PartialState,
+) -> None:
+    """Fill the sharded, freshly allocated ``model`` with the main process's weights and buffers."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=state.use_distributed)
+    set_model_state_dict(model, full_state, options=options)
+    names = [None]
+    if state.is_main_process:
+        names = [sorted(buffers)]
+    if state.use_distributed:
+        dist.broadcast_object_list(names, src=0)
+    own = dict(model.named_buffers())
+    for name in names[0] or []:
+        target = own[name]
+        if state.is_main_process:
+            target.copy_(buffers[name].to(target.device))
+        if state.use_distributed:
+            comm = target if target.device.type == "cpu" or dist.get_backend() != "gloo" else target.cpu()
+            dist.broadcast(comm, src=0)
+            if comm is not target:
+                target.copy_(comm)
