@@ -15,7 +15,9 @@ from collections.abc import Sequence
 from lockstep.cli._errors import EXIT_USAGE, UsageError
 
 # Subcommand modules, imported lazily so that `lockstep --help` stays fast.
-SUBCOMMANDS = ("config", "launch", "test", "env")
+SUBCOMMANDS = ("config", "launch", "test", "env", "merge-weights")
+
+_MODULES = {"merge-weights": "merge"}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -30,7 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     subparsers.required = True
     for name in SUBCOMMANDS:
-        importlib.import_module(f"lockstep.cli.{name}_cmd").register(subparsers)
+        importlib.import_module(f"lockstep.cli.{_MODULES.get(name, name)}_cmd").register(subparsers)
     return parser
 
 
