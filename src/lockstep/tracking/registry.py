@@ -4,39 +4,60 @@ from __future__ import annotations
 
 import importlib.util
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from lockstep.config.enums import LoggerType
 from lockstep.tracking.base import GeneralTracker
 from lockstep.tracking.files import CSVTracker, JSONLTracker
 
-_NOT_BUILT = {LoggerType.MLFLOW: "mlflow", LoggerType.WANDB: "wandb"}
+
+@dataclass(frozen=True)
+class _Optional:
+    """A tracker that needs a package: ``package`` to use it, ``extras`` too for ``"all"`` to pick it."""
+
+    package: str
+    module: str
+    class_name: str
+    install: str
+    extras: tuple[str, ...] = ()
 
 
-def _tensorboard() -> type[GeneralTracker]:
-    from lockstep.tracking.tensorboard import TensorBoardTracker
+_OPTIONAL = {
+    LoggerType.TENSORBOARD: _Optional(
+        "tensorboard", "tensorboard", "TensorBoardTracker", "pip install tensorboard"
+    ),
+    # The local SQLite store needs sqlalchemy and alembic; a remote tracking_uri does not.
+    LoggerType.MLFLOW: _Optional(
+        "mlflow",
+        "mlflow",
+        "MLflowTracker",
+        "pip install mlflow-skinny sqlalchemy alembic",
+        ("sqlalchemy", "alembic"),
+    ),
+    LoggerType.WANDB: _Optional("wandb", "wandb", "WandBTracker", "pip install wandb"),
+}
 
-    return TensorBoardTracker
+
+def _installed(package: str) -> bool:
+    return importlib.util.find_spec(package) is not None
 
 
 def tracker_class(kind: LoggerType) -> type[GeneralTracker]:
-    if kind in _NOT_BUILT:
-        raise NotImplementedError(
-            f"log_with='{kind.value}' is not supported yet: the {_NOT_BUILT[kind]} tracker is not part of this "
-            "version of lockstep. Use 'jsonl', 'csv' or 'tensorboard', or subclass GeneralTracker."
-        )
-    if kind == LoggerType.TENSORBOARD:
-        if importlib.util.find_spec("tensorboard") is None:
-            raise ImportError("log_with='tensorboard' needs the tensorboard package: pip install tensorboard")
-        return _tensorboard()
-    return {LoggerType.JSONL: JSONLTracker, LoggerType.CSV: CSVTracker}[kind]
+    optional = _OPTIONAL.get(kind)
+    if optional is None:
+        return {LoggerType.JSONL: JSONLTracker, LoggerType.CSV: CSVTracker}[kind]
+    if not _installed(optional.package):
+        raise ImportError(f"log_with='{kind.value}' needs the {optional.package} package: {optional.install}")
+    return getattr(importlib.import_module(f"lockstep.tracking.{optional.module}"), optional.class_name)
 
 
 def available_kinds() -> list[LoggerType]:
     """What ``log_with="all"`` means here: the built-in trackers whose packages are installed."""
     kinds = [LoggerType.JSONL, LoggerType.CSV]
-    if importlib.util.find_spec("tensorboard") is not None:
-        kinds.append(LoggerType.TENSORBOARD)
+    for kind, optional in _OPTIONAL.items():
+        if all(_installed(package) for package in (optional.package, *optional.extras)):
+            kinds.append(kind)
     return kinds
 
 
