@@ -26,6 +26,10 @@ LOCKSTEP_HOME = "LOCKSTEP_HOME"
 XDG_CACHE_HOME = "XDG_CACHE_HOME"
 LOCKSTEP_LOG_LEVEL = "LOCKSTEP_LOG_LEVEL"
 """Default level of loggers made by ``lockstep.logging.get_logger``."""
+LOCKSTEP_HANG_TIMEOUT = "LOCKSTEP_HANG_TIMEOUT"
+"""Seconds without progress before the hang watchdog reports a hang; ``0`` or ``off`` switches it off."""
+ELASTIC_ERROR_FILE = "TORCHELASTIC_ERROR_FILE"
+"""Where torch's elastic agent wants a failing worker's error record."""
 
 # torchrun / torch elastic.
 RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE = "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"
@@ -224,3 +228,45 @@ def config_home(env: Mapping[str, str] | None = None) -> str:
         return env[LOCKSTEP_HOME]
     cache = env.get(XDG_CACHE_HOME) or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(cache, "lockstep")
+
+
+def hang_timeout(env: Mapping[str, str] | None = None) -> float | bool | None:
+    """What ``LOCKSTEP_HANG_TIMEOUT`` asks for: seconds, False for "off", None when it is unset."""
+    env = os.environ if env is None else env
+    raw = env.get(LOCKSTEP_HANG_TIMEOUT, "").strip().lower()
+    if not raw:
+        return None
+    if raw in {"0", "off", "false", "no"}:
+        return False
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = float("nan")
+    if not seconds > 0 or seconds == float("inf"):
+        raise ValueError(
+            f"{LOCKSTEP_HANG_TIMEOUT}={env[LOCKSTEP_HANG_TIMEOUT]!r} is invalid: give the hang window in "
+            "seconds (e.g. 600), or 0 / off to switch the hang watchdog off."
+        )
+    return seconds
+
+
+def elastic_error_file(env: Mapping[str, str] | None = None) -> str | None:
+    """The error file the elastic agent reads when this worker fails (None outside the agent)."""
+    env = os.environ if env is None else env
+    return env.get(ELASTIC_ERROR_FILE) or None
+
+
+def launched_by_lockstep(env: Mapping[str, str] | None = None) -> bool:
+    """Whether ``lockstep launch`` started this process (it reports worker failures itself)."""
+    env = os.environ if env is None else env
+    return bool(env.get(LOCKSTEP_LAUNCH_CONFIG))
+
+
+def announce_rank0_loading() -> None:
+    """Tell transformers' ``from_pretrained`` that only local rank 0 needs the pretrained weights.
+
+    transformers reads Accelerate's two variable names for this (``is_fsdp_enabled``); lockstep sets them
+    for ``cpu_ram_efficient_loading`` so that the other processes skip reading the weights.
+    """
+    os.environ["ACCELERATE_USE_FSDP"] = "true"
+    os.environ["FSDP_CPU_RAM_EFFICIENT_LOADING"] = "true"

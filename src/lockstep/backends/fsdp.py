@@ -23,6 +23,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, OffloadPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
+from lockstep import _env
 from lockstep.backends.base import Backend
 from lockstep.backends.fsdp_loading import broadcast_from_main, to_meta
 from lockstep.backends.fsdp_units import ignored_parameters, select_units
@@ -64,6 +65,8 @@ class FSDPBackend(Backend):
         self.sharded_models: list[nn.Module] = []
         # id(original parameter) -> (weak reference to it, the sharded parameter that replaced it)
         self._replacements: dict[int, tuple[weakref.ref, nn.Parameter]] = {}
+        if plugin.cpu_ram_efficient_loading:
+            _env.announce_rank0_loading()
 
     @property
     def mesh(self) -> DeviceMesh:

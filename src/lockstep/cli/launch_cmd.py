@@ -55,8 +55,22 @@ LAUNCH_FLAGS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
     (("--debug",), {"action": "store_true", "help": "check collectives across ranks (LOCKSTEP_DEBUG)"}),
     (
         ("--use-fsdp", "--use_fsdp"),
-        {"dest": "use_fsdp", "action": "store_true", "help": "fully sharded (not yet)"},
+        {"dest": "use_fsdp", "action": "store_true", "help": "shard the model with FSDP2"},
     ),
+    *[
+        ((f"--{name.replace('_', '-')}", f"--{name}"), {"dest": name, "help": help_text})
+        for name, help_text in (
+            ("fsdp_version", "FSDP: 2 (1 runs on FSDP2)"),
+            ("fsdp_auto_wrap_policy", "FSDP: TRANSFORMER_BASED_WRAP, SIZE_BASED_WRAP or NO_WRAP"),
+            ("fsdp_transformer_layer_cls_to_wrap", "FSDP: comma-separated layer classes to wrap"),
+            ("fsdp_min_num_params", "FSDP: parameter threshold of SIZE_BASED_WRAP"),
+            ("fsdp_state_dict_type", "FSDP: SHARDED_STATE_DICT or FULL_STATE_DICT"),
+            ("fsdp_reshard_after_forward", "FSDP: true or false"),
+            ("fsdp_offload_params", "FSDP: keep parameters on the CPU (true or false)"),
+            ("fsdp_cpu_ram_efficient_loading", "FSDP: load weights on the main process only (true or false)"),
+            ("fsdp_activation_checkpointing", "FSDP: recompute layer activations (true or false)"),
+        )
+    ],
     (
         ("--use-deepspeed", "--use_deepspeed"),
         {"dest": "use_deepspeed", "action": "store_true", "help": "DeepSpeed (not yet)"},
@@ -83,16 +97,37 @@ def given_flags(args: argparse.Namespace) -> dict[str, Any]:
     """The launch settings the user typed (flags they did not give are absent)."""
     internal = ("handler", "command", "target", "script_args", "module", "config_action")
     flags = {k: v for k, v in vars(args).items() if k not in internal}
-    for unbuilt, feature in (("use_fsdp", "fully sharded training (FSDP)"), ("use_deepspeed", "DeepSpeed")):
-        if flags.pop(unbuilt, False):
-            raise UsageError(
-                f"--{unbuilt.replace('_', '-')} is not supported yet: {feature} is not part of this version."
-            )
+    if flags.pop("use_deepspeed", False):
+        if flags.get("use_fsdp"):
+            raise UsageError("--use-fsdp and --use-deepspeed both shard the model and cannot be combined.")
+        raise UsageError("--use-deepspeed is not supported yet: DeepSpeed is not part of this version.")
+    fsdp_flags = {name: flags.pop(name) for name in list(flags) if name.startswith("fsdp_")}
+    if fsdp_flags:
+        flags["fsdp_config"] = {name: _fsdp_flag_value(name, value) for name, value in fsdp_flags.items()}
+    if flags.pop("use_fsdp", False) or fsdp_flags:
+        flags["distributed_type"] = "FSDP"
     if flags.pop("multi_gpu", False):
         flags["distributed_type"] = "MULTI_GPU"
     if flags.get("same_network") is False:
         flags.pop("same_network")
     return flags
+
+
+def _fsdp_flag_value(name: str, value: str) -> Any:
+    """A ``--fsdp-*`` flag's text as the config file's type (checked like a config file value)."""
+    from lockstep.config.file import FSDP_CONFIG_KEYS
+
+    try:
+        return FSDP_CONFIG_KEYS[name].check(_typed(value), f"--{name.replace('_', '-')}")
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+
+
+def _typed(value: str) -> Any:
+    lowered = value.strip().lower()
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    return int(value) if value.strip().isdigit() else value
 
 
 def load_settings(args: argparse.Namespace) -> Any:

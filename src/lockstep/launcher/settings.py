@@ -18,7 +18,6 @@ DEFAULT_SOURCE = "default"
 FLAG_SOURCE = "flag"
 
 _UNBUILT_TYPES = {
-    DistributedType.FSDP: "fully sharded training (FSDP)",
     DistributedType.DEEPSPEED: "the DeepSpeed backend",
     DistributedType.MEGATRON_LM: "the Megatron-LM backend",
     DistributedType.XLA: "TPUs (XLA)",
@@ -62,6 +61,8 @@ class LaunchSettings:
     """Check collectives across ranks (``LOCKSTEP_DEBUG``)."""
     distributed_type: str = DistributedType.NO.value
     """How processes share the work (derived from the topology)."""
+    fsdp_config: dict[str, Any] = field(default_factory=dict)
+    """FSDP settings (the config file's ``fsdp_config`` keys, overridden by ``--fsdp-*`` flags)."""
     config_file: str | None = None
     """The config file that was read, if any."""
     sources: dict[str, str] = field(default_factory=dict)
@@ -84,6 +85,9 @@ class LaunchSettings:
             "use_cpu": self.use_cpu,
             "debug": self.debug,
             "distributed_type": self.distributed_type,
+            "fsdp_config": dict(self.fsdp_config)
+            if self.distributed_type == DistributedType.FSDP.value
+            else {},
         }
 
     def explain(self) -> list[tuple[str, Any, str]]:
@@ -116,6 +120,10 @@ def _from_file(config: Any) -> dict[str, Any]:
         "use_cpu": getattr(config, "use_cpu", None),
         "debug": getattr(config, "debug", None),
         "distributed_type": getattr(config, "distributed_type", None),
+        "fsdp_config": {
+            k: v for k, v in (getattr(config, "fsdp_config", None) or {}).items() if v is not None
+        }
+        or None,
     }
     if values["num_processes"] is not None and values["num_processes"] < 0:
         values["num_processes"] = None  # Accelerate writes -1 for "unset"
@@ -142,7 +150,10 @@ def resolve(flags: dict[str, Any], file_config: Any = None, file_path: str | Non
     merged: dict[str, Any] = {}
     sources: dict[str, str] = {}
     for name in {f.name for f in fields(LaunchSettings)} - {"sources", "config_file"}:
-        if name in flags:
+        if name == "fsdp_config" and name in flags and name in from_file:
+            merged[name] = {**from_file[name], **flags[name]}
+            sources[name] = f"config file {file_path} + flags"
+        elif name in flags:
             merged[name], sources[name] = flags[name], FLAG_SOURCE
         elif name in from_file:
             merged[name], sources[name] = from_file[name], f"config file {file_path}"
@@ -221,6 +232,22 @@ def _validate(s: LaunchSettings) -> None:
         except ValueError as error:
             raise UsageError(str(error)) from None
     _check(s.mixed_precision != "fp8", "--mixed-precision fp8 is not supported yet; use bf16 or fp16.")
+    if s.distributed_type == DistributedType.FSDP.value:
+        _validate_fsdp(s.fsdp_config)
+
+
+def _validate_fsdp(section: dict[str, Any]) -> None:
+    """Build the plugin once here, so that a bad FSDP setting fails before any process starts."""
+    import warnings
+
+    from lockstep.config.fsdp import FullyShardedDataParallelPlugin
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the workers warn once each, where the user reads it
+            FullyShardedDataParallelPlugin.from_config_section(section)
+    except (TypeError, ValueError) as error:
+        raise UsageError(f"FSDP settings: {error}") from None
 
 
 def cpu_threads_per_process(local_processes: int) -> int:
