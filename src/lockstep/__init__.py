@@ -41,6 +41,12 @@ _EXPORTS = {
     "find_executable_batch_size": "lockstep.memory",
     "release_memory": "lockstep.memory",
     "set_seed": "lockstep.random",
+    "EvalPrediction": "lockstep.trainer",
+    "Trainer": "lockstep.trainer",
+    "TrainerCallback": "lockstep.trainer",
+    "TrainerControl": "lockstep.trainer",
+    "TrainerState": "lockstep.trainer",
+    "TrainingArguments": "lockstep.trainer",
 }
 
 __all__ = [
@@ -52,6 +58,7 @@ __all__ = [
     "DistributedDataParallelKwargs",
     "DistributedType",
     "DynamoBackend",
+    "EvalPrediction",
     "FullyShardedDataParallelPlugin",
     "GradScalerKwargs",
     "GradientAccumulationPlugin",
@@ -63,6 +70,11 @@ __all__ = [
     "ProjectConfiguration",
     "RNGType",
     "TorchDynamoPlugin",
+    "Trainer",
+    "TrainerCallback",
+    "TrainerControl",
+    "TrainerState",
+    "TrainingArguments",
     "__version__",
     "debug_launcher",
     "find_executable_batch_size",
@@ -96,6 +108,14 @@ if TYPE_CHECKING:
     from lockstep.memory import find_executable_batch_size, release_memory
     from lockstep.random import set_seed
     from lockstep.state import AcceleratorState, GradientState, PartialState
+    from lockstep.trainer import (
+        EvalPrediction,
+        Trainer,
+        TrainerCallback,
+        TrainerControl,
+        TrainerState,
+        TrainingArguments,
+    )
 
 
 def __getattr__(name: str) -> Any:

@@ -176,6 +176,12 @@ class Accelerator:
         return self.backend.distributed_type
 
     @property
+    def fsdp_plugin(self) -> Any:
+        """The FSDP settings in force (a ``FullyShardedDataParallelPlugin``, whether passed to the constructor
+        or chosen by the launcher's config), or None when the model is not sharded with FSDP."""
+        return self.settings.fsdp_plugin
+
+    @property
     def num_processes(self) -> int:
         return self.state.num_processes
 

@@ -1,0 +1,174 @@
+"""The evaluation loop: predictions and labels of every example, gathered from all processes in order."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+
+from lockstep.accelerator import Accelerator
+from lockstep.trainer import batches
+
+PAD_INDEX = -100
+
+
+class EvalPrediction(NamedTuple):
+    """What ``compute_metrics`` receives: NumPy arrays in dataset order (tuples for several outputs)."""
+
+    predictions: Any
+    label_ids: Any
+
+
+class PredictionOutput(NamedTuple):
+    """What ``predict`` returns."""
+
+    predictions: Any
+    label_ids: Any
+    metrics: dict[str, float]
+
+
+def _to_numpy(value: Any) -> Any:
+    if value is None:
+        return None
+    if isinstance(value, tuple):
+        return tuple(_to_numpy(v) for v in value)
+    tensor = value.detach().cpu()
+    if tensor.dtype in (torch.bfloat16, torch.float16):
+        tensor = tensor.float()
+    return tensor.numpy()
+
+
+def _pad_to(tensor: torch.Tensor, width: int) -> torch.Tensor:
+    if tensor.dim() < 2 or tensor.shape[1] == width:
+        return tensor
+    shape = list(tensor.shape)
+    shape[1] = width - tensor.shape[1]
+    return torch.cat([tensor, tensor.new_full(shape, PAD_INDEX)], dim=1)
+
+
+def concat_padded(chunks: Sequence[Any]) -> Any:
+    """Concatenate per-batch results along dim 0, padding dim 1 with -100 where batch widths differ."""
+    if not chunks:
+        return None
+    if isinstance(chunks[0], tuple):
+        return tuple(concat_padded([c[i] for c in chunks]) for i in range(len(chunks[0])))
+    width = max(c.shape[1] for c in chunks) if chunks[0].dim() >= 2 else 0
+    return torch.cat([_pad_to(c, width) for c in chunks], dim=0)
+
+
+class _Accumulator:
+    """Gathered losses, predictions and labels of one evaluation run, on the CPU."""
+
+    def __init__(self) -> None:
+        self.losses: list[torch.Tensor] = []
+        self.predictions: list[Any] = []
+        self.labels: list[Any] = []
+        self.samples = 0
+
+    def add(self, accelerator: Accelerator, loss: Any, logits: Any, labels: Any, batch_size: int) -> None:
+        if loss is not None:
+            repeated = loss.detach().float().reshape(1).repeat(batch_size)
+            self.losses.append(accelerator.gather_for_metrics(repeated).cpu())
+        if logits is not None:
+            padded = accelerator.pad_across_processes(logits, dim=1, pad_index=PAD_INDEX)
+            self.predictions.append(_cpu(accelerator.gather_for_metrics(padded)))
+        if labels is not None:
+            padded = accelerator.pad_across_processes(labels, dim=1, pad_index=PAD_INDEX)
+            gathered = _cpu(accelerator.gather_for_metrics(padded))
+            self.labels.append(gathered)
+            self.samples += len(gathered[0] if isinstance(gathered, tuple) else gathered)
+
+
+def _cpu(value: Any) -> Any:
+    if isinstance(value, (tuple, list)):
+        return tuple(_cpu(v) for v in value)
+    return value.detach().cpu()
+
+
+def _batch_size(batch: Any, labels: Any) -> int:
+    first = labels[0] if isinstance(labels, tuple) else labels
+    if isinstance(first, torch.Tensor) and first.dim() > 0:
+        return first.shape[0]
+    from lockstep.utils import find_batch_size
+
+    return find_batch_size(batch) or 1
+
+
+def evaluation_loop(
+    accelerator: Accelerator,
+    model: nn.Module,
+    loader: DataLoader,
+    *,
+    label_names: Sequence[str],
+    compute_loss_func: Callable[..., torch.Tensor] | None,
+    compute_metrics: Callable[[EvalPrediction], dict[str, Any]] | None,
+    prediction_loss_only: bool,
+    metric_key_prefix: str,
+) -> PredictionOutput:
+    """Run ``model`` over the prepared ``loader``; predictions and labels come back complete and in order."""
+    was_training = model.training
+    model.eval()
+    started = time.perf_counter()
+    collected = _Accumulator()
+    steps = 0
+    try:
+        for batch in loader:
+            steps += 1
+            inputs, labels = batches.split_labels(batch, label_names, pop=compute_loss_func is not None)
+            with torch.no_grad():
+                outputs = batches.call_model(model, inputs)
+                if compute_loss_func is not None and labels is not None:
+                    count = batches.count_items(labels)
+                    loss = compute_loss_func(outputs, labels, num_items_in_batch=count)
+                else:
+                    loss = batches.output_loss(outputs)
+            logits = None if prediction_loss_only else batches.predictions_of(outputs)
+            collected.add(
+                accelerator,
+                loss,
+                logits,
+                None if prediction_loss_only else labels,
+                _batch_size(batch, labels),
+            )
+    finally:
+        model.train(was_training)
+    return _finish(collected, compute_metrics, metric_key_prefix, time.perf_counter() - started, steps)
+
+
+def _finish(
+    collected: _Accumulator,
+    compute_metrics: Callable[[EvalPrediction], dict[str, Any]] | None,
+    prefix: str,
+    seconds: float,
+    steps: int,
+) -> PredictionOutput:
+    predictions = _to_numpy(concat_padded(collected.predictions))
+    label_ids = _to_numpy(concat_padded(collected.labels))
+    metrics: dict[str, Any] = {}
+    if compute_metrics is not None and predictions is not None and label_ids is not None:
+        metrics = dict(compute_metrics(EvalPrediction(predictions=predictions, label_ids=label_ids)))
+    if collected.losses:
+        losses = torch.cat(collected.losses)
+        metrics["loss"] = float(losses.mean())
+        samples = len(losses)
+    else:
+        samples = collected.samples or (len(predictions) if isinstance(predictions, np.ndarray) else 0)
+    metrics["runtime"] = round(seconds, 4)
+    metrics["samples_per_second"] = round(samples / max(seconds, 1e-9), 3)
+    metrics["steps_per_second"] = round(steps / max(seconds, 1e-9), 3)
+    prefixed = {
+        (key if key.startswith(f"{prefix}_") else f"{prefix}_{key}"): _plain(value)
+        for key, value in metrics.items()
+    }
+    return PredictionOutput(predictions=predictions, label_ids=label_ids, metrics=prefixed)
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, (np.generic, torch.Tensor)):
+        return value.item()
+    return value

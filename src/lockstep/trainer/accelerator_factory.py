@@ -1,0 +1,210 @@
+"""Creating the Trainer's Accelerator from ``TrainingArguments``, then checking the result.
+
+:func:`create_accelerator_and_postprocess` is the one place where TrainingArguments become
+Accelerator settings (the counterpart of transformers' method of the same name):
+
+* gradient accumulation: the Trainer's ``gradient_accumulation_steps`` are given to the Accelerator
+  explicitly, so a launcher's ``--gradient-accumulation-steps`` is not applied on top of them;
+* ``accelerator_config`` -> ``DataLoaderConfiguration`` (with ``non_blocking`` and the data seed);
+* ``ddp_*`` -> ``DistributedDataParallelKwargs``; ``ddp_backend``/``ddp_timeout`` ->
+  ``InitProcessGroupKwargs``; ``torch_compile*`` -> ``TorchDynamoPlugin``; ``fsdp``/``fsdp_config`` ->
+  ``FullyShardedDataParallelPlugin``; ``report_to`` -> trackers; ``output_dir`` -> project folder.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from datetime import timedelta
+from typing import Any
+
+from torch import nn
+
+from lockstep import _env
+from lockstep.accelerator import Accelerator
+from lockstep.config import (
+    DataLoaderConfiguration,
+    DistributedDataParallelKwargs,
+    DistributedType,
+    GradientAccumulationPlugin,
+    InitProcessGroupKwargs,
+    ProjectConfiguration,
+    TorchDynamoPlugin,
+)
+from lockstep.config.fsdp import FullyShardedDataParallelPlugin
+from lockstep.trainer.arguments import TrainingArguments
+from lockstep.trainer.fsdp_options import (
+    KNOWN_CONFIG_KEYS,
+    config_fields,
+    fsdp_plugin_kwargs,
+    normalize_fsdp_config,
+)
+
+logger = logging.getLogger("lockstep.trainer")
+
+
+def supports_gradient_checkpointing(model: nn.Module) -> bool:
+    """transformers models say so with ``supports_gradient_checkpointing``."""
+    return bool(getattr(model, "supports_gradient_checkpointing", False)) and hasattr(
+        model, "gradient_checkpointing_enable"
+    )
+
+
+def ddp_kwargs(args: TrainingArguments, model: nn.Module | None) -> DistributedDataParallelKwargs:
+    """DDP settings from the ``ddp_*`` fields.
+
+    ``find_unused_parameters`` defaults to ``not gradient_checkpointing`` for models that support
+    gradient checkpointing (recomputed layers and DDP's unused-parameter search do not mix), and to
+    False for other models.
+    """
+    if args.ddp_find_unused_parameters is not None:
+        find_unused = args.ddp_find_unused_parameters
+    elif model is not None and supports_gradient_checkpointing(model):
+        find_unused = not args.gradient_checkpointing
+    else:
+        find_unused = False
+    kwargs: dict[str, Any] = {"find_unused_parameters": find_unused}
+    if args.ddp_bucket_cap_mb is not None:
+        kwargs["bucket_cap_mb"] = args.ddp_bucket_cap_mb
+    if args.ddp_broadcast_buffers is not None:
+        kwargs["broadcast_buffers"] = args.ddp_broadcast_buffers
+    return DistributedDataParallelKwargs(**kwargs)
+
+
+def dataloader_configuration(args: TrainingArguments) -> DataLoaderConfiguration:
+    config = dict(args.accelerator_config)  # type: ignore[arg-type]
+    return DataLoaderConfiguration(
+        split_batches=config["split_batches"],
+        dispatch_batches=config["dispatch_batches"],
+        even_batches=config["even_batches"],
+        use_seedable_sampler=config["use_seedable_sampler"],
+        non_blocking=config["non_blocking"],
+        data_seed=args.data_seed if args.data_seed is not None else args.seed,
+    )
+
+
+def dynamo_plugin(args: TrainingArguments) -> TorchDynamoPlugin | None:
+    if not args.torch_compile:
+        return None
+    return TorchDynamoPlugin(backend=args.torch_compile_backend or "inductor", mode=args.torch_compile_mode)
+
+
+def build_fsdp_plugin(args: TrainingArguments, model: nn.Module | None) -> Any:
+    """The FSDP plugin for ``args.fsdp`` (None without it)."""
+    if not args.fsdp:
+        if args.fsdp_config:
+            logger.warning("TrainingArguments(fsdp_config=...) is ignored: fsdp is empty, so FSDP is off.")
+        return None
+    no_split = getattr(model, "_no_split_modules", None) if model is not None else None
+    kwargs = fsdp_plugin_kwargs(args.fsdp, args.fsdp_config, no_split_modules=no_split)  # type: ignore[arg-type]
+    return FullyShardedDataParallelPlugin(**kwargs)
+
+
+def check_launcher_agreement(args: TrainingArguments, launch: Mapping[str, Any]) -> None:
+    """Fail when the launcher's config selected a sharding backend that the arguments contradict.
+
+    A launcher config that selected FSDP makes ``fsdp``/``fsdp_config`` unnecessary; giving them anyway
+    is allowed only when every FSDP setting they name agrees with the launcher's.
+    """
+    selected = str(launch.get("distributed_type", "")).upper()
+    if selected == DistributedType.DEEPSPEED and args.fsdp:
+        raise ValueError(
+            "The launcher's config selected DeepSpeed, but TrainingArguments(fsdp=...) asks for FSDP. Remove fsdp "
+            "from the arguments or change the launcher's config."
+        )
+    if selected == DistributedType.FSDP and args.deepspeed:
+        raise ValueError(
+            "The launcher's config selected FSDP, but TrainingArguments(deepspeed=...) asks for DeepSpeed. Remove "
+            "deepspeed from the arguments or change the launcher's config."
+        )
+    if selected != DistributedType.FSDP or not args.fsdp:
+        return
+    ours = fsdp_plugin_kwargs(args.fsdp, args.fsdp_config, no_split_modules=["?"])  # type: ignore[arg-type]
+    section = {
+        key: value
+        for key, value in dict(launch.get("fsdp_config") or {}).items()
+        if value is not None and key.removeprefix("fsdp_") in KNOWN_CONFIG_KEYS
+    }
+    theirs = config_fields(normalize_fsdp_config(section))
+    conflicts = [
+        f"{key}: arguments {ours.get(key)!r}, launcher config {value!r}"
+        for key, value in sorted(theirs.items())
+        if key in ours and ours[key] != value
+    ]
+    if conflicts:
+        raise ValueError(
+            "TrainingArguments(fsdp/fsdp_config) contradict the launcher's FSDP config ("
+            + "; ".join(conflicts)
+            + "). The launcher's config already enables FSDP: drop fsdp/fsdp_config from the arguments, or make "
+            "them agree."
+        )
+
+
+def check_accumulation(args: TrainingArguments, launch: Mapping[str, Any]) -> None:
+    launched = launch.get("gradient_accumulation_steps")
+    if launched not in (None, 1) and launched != args.gradient_accumulation_steps:
+        logger.warning(
+            "The launcher asked for gradient_accumulation_steps=%s, TrainingArguments for %s: the Trainer uses %s "
+            "(it accumulates itself, once). Pass --gradient_accumulation_steps to the script instead.",
+            launched,
+            args.gradient_accumulation_steps,
+            args.gradient_accumulation_steps,
+        )
+
+
+def create_accelerator_and_postprocess(
+    args: TrainingArguments, model: nn.Module | None = None
+) -> Accelerator:
+    """Create the Accelerator the Trainer drives, then validate the combination.
+
+    Raises:
+        NotImplementedError: for ``deepspeed`` (no DeepSpeed backend yet).
+        ValueError: FSDP activation checkpointing together with ``gradient_checkpointing``; a launcher
+            config that contradicts the arguments.
+    """
+    if args.deepspeed:
+        raise NotImplementedError(
+            "TrainingArguments(deepspeed=...) is not supported yet: this version of lockstep has no DeepSpeed "
+            "backend. Remove deepspeed (use DDP, or fsdp once available)."
+        )
+    launch = _env.launch_settings()
+    check_launcher_agreement(args, launch)
+    check_accumulation(args, launch)
+    fsdp_plugin = build_fsdp_plugin(args, model)
+    _check_activation_checkpointing(args, fsdp_plugin)
+    accelerator = Accelerator(
+        mixed_precision=args.mixed_precision,
+        cpu=args.use_cpu,
+        gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=args.gradient_accumulation_steps),
+        dataloader_config=dataloader_configuration(args),
+        project_config=ProjectConfiguration(project_dir=args.output_dir, logging_dir=args.logging_dir),
+        kwargs_handlers=[
+            ddp_kwargs(args, model),
+            InitProcessGroupKwargs(backend=args.ddp_backend, timeout=timedelta(seconds=args.ddp_timeout)),
+        ],
+        dynamo_plugin=dynamo_plugin(args),
+        fsdp_plugin=fsdp_plugin,
+        log_with=list(args.report_to) or None,  # type: ignore[arg-type]
+        step_scheduler_with_optimizer=False,  # the Trainer steps its scheduler once per optimizer step
+    )
+    _postprocess(args, accelerator)
+    return accelerator
+
+
+def _check_activation_checkpointing(args: TrainingArguments, fsdp_plugin: Any) -> None:
+    if args.gradient_checkpointing and getattr(fsdp_plugin, "activation_checkpointing", False):
+        raise ValueError(
+            "TrainingArguments(gradient_checkpointing=True) and fsdp_config activation_checkpointing=True both "
+            "recompute activations, which is redundant and breaks FSDP's backward. Use fsdp_config "
+            "activation_checkpointing for FSDP models and turn gradient_checkpointing off."
+        )
+
+
+def _postprocess(args: TrainingArguments, accelerator: Accelerator) -> None:
+    if accelerator.distributed_type == DistributedType.FSDP:  # also when the launcher's config chose FSDP
+        _check_activation_checkpointing(args, accelerator.fsdp_plugin)
+    if accelerator.non_blocking and not args.dataloader_pin_memory:
+        logger.warning(
+            "accelerator_config non_blocking=True has no effect without dataloader_pin_memory=True: copies from "
+            "pageable memory are synchronous. Set dataloader_pin_memory=True (the default)."
+        )

@@ -1,0 +1,188 @@
+"""What the Trainer does with examples and batches: collate them, call the model, get loss and labels.
+
+* Examples that are dicts (torch datasets of dicts, Hugging Face ``datasets`` rows) are collated into a
+  dict of tensors; keys the model's ``forward`` does not accept are dropped first
+  (``remove_unused_columns``), and ``label``/``label_ids`` are renamed ``labels`` as transformers does.
+* Dict batches call ``model(**batch)``. Tuple batches (``TensorDataset``) call ``model(*batch[:-1])``
+  and hold the labels last.
+* The loss is ``outputs.loss`` (transformers models compute it from the labels in the batch), or
+  ``compute_loss_func(outputs, labels, num_items_in_batch=...)``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import default_collate
+
+logger = logging.getLogger("lockstep.trainer")
+
+_LABEL_ALIASES = ("label", "label_ids")
+
+
+def forward_parameters(model: nn.Module) -> list[str] | None:
+    """Names ``model.forward`` accepts, or None when it takes ``**kwargs`` (anything goes)."""
+    try:
+        parameters = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        return None
+    return list(parameters)
+
+
+def default_label_names(model: nn.Module) -> list[str]:
+    """The model's label arguments (``labels``, ``start_positions``...), else ``["labels"]``."""
+    names = forward_parameters(model) or []
+    found = [n for n in names if "label" in n or n in ("start_positions", "end_positions")]
+    return found or ["labels"]
+
+
+def default_data_collator(examples: Sequence[Any]) -> Any:
+    """Stack examples: dicts become a dict of tensors (``label``/``label_ids`` renamed ``labels``).
+
+    Lists of different lengths cannot be stacked; pad them with a collator such as transformers'
+    ``DataCollatorWithPadding(tokenizer)``.
+    """
+    first = examples[0]
+    if not isinstance(first, Mapping):
+        return default_collate(list(examples))
+    batch: dict[str, Any] = {}
+    for key in first:
+        values = [example[key] for example in examples]
+        name = "labels" if key in _LABEL_ALIASES and "labels" not in first else key
+        if isinstance(values[0], str):
+            batch[name] = values
+            continue
+        try:
+            batch[name] = torch.stack(values) if isinstance(values[0], torch.Tensor) else torch.tensor(values)
+        except (ValueError, RuntimeError) as error:
+            raise ValueError(
+                f"Cannot stack the values of {key!r} into one batch tensor ({error}); examples of different "
+                "lengths need padding: pass data_collator=DataCollatorWithPadding(tokenizer) (transformers)."
+            ) from None
+    return batch
+
+
+class RemoveColumnsCollator:
+    """Drops example keys the model cannot take, then calls the real collator.
+
+    Args:
+        collator: the collator to call on the trimmed examples.
+        keep: the keys to keep (the model's forward arguments and the label names).
+    """
+
+    def __init__(self, collator: Callable[[list[Any]], Any], keep: Sequence[str]) -> None:
+        self.collator = collator
+        self.keep = set(keep)
+        self._reported = False
+
+    def __call__(self, examples: list[Any]) -> Any:
+        if examples and isinstance(examples[0], Mapping):
+            dropped = sorted(set(examples[0]) - self.keep)
+            if dropped:
+                if not self._reported:
+                    logger.info("Ignoring columns the model's forward does not accept: %s", dropped)
+                    self._reported = True
+                examples = [{k: v for k, v in example.items() if k in self.keep} for example in examples]
+        return self.collator(examples)
+
+
+def make_collator(
+    model: nn.Module,
+    collator: Callable[[list[Any]], Any] | None,
+    *,
+    remove_unused_columns: bool,
+    label_names: Sequence[str],
+) -> Callable[[list[Any]], Any]:
+    """The collate function of the Trainer's loaders."""
+    base = collator if collator is not None else default_data_collator
+    names = forward_parameters(model)
+    if not remove_unused_columns or names is None:
+        return base
+    return RemoveColumnsCollator(base, [*names, *label_names, *_LABEL_ALIASES])
+
+
+def split_labels(batch: Any, label_names: Sequence[str], *, pop: bool) -> tuple[Any, Any]:
+    """(model inputs, labels): labels are the ``label_names`` entries of a dict batch, the last item of a
+    tuple batch; None when the batch has none. With ``pop`` the labels are taken out of the inputs."""
+    if isinstance(batch, Mapping):
+        present = [name for name in label_names if name in batch]
+        labels = None
+        if present:
+            labels = batch[present[0]] if len(present) == 1 else tuple(batch[n] for n in present)
+        inputs = {k: v for k, v in batch.items() if not (pop and k in present)}
+        return inputs, labels
+    if isinstance(batch, (list, tuple)) and len(batch) >= 2:
+        return tuple(batch[:-1]), batch[-1]
+    return batch, None
+
+
+def call_model(model: nn.Module, inputs: Any) -> Any:
+    """``model(**inputs)`` for dicts, ``model(*inputs)`` for tuples, else ``model(inputs)``."""
+    if isinstance(inputs, Mapping):
+        return model(**inputs)
+    if isinstance(inputs, tuple):
+        return model(*inputs)
+    return model(inputs)
+
+
+def output_loss(outputs: Any) -> torch.Tensor | None:
+    """``outputs.loss`` / ``outputs["loss"]`` when the model computed one."""
+    if isinstance(outputs, Mapping):
+        return outputs.get("loss")
+    return getattr(outputs, "loss", None)
+
+
+def count_items(labels: Any) -> int:
+    """Labels that count towards the loss (not -100), as transformers' ``num_items_in_batch``."""
+    if isinstance(labels, torch.Tensor):
+        return int((labels != -100).sum()) if labels.dtype in (torch.int64, torch.int32) else labels.shape[0]
+    return 0
+
+
+def compute_loss(
+    model: nn.Module,
+    batch: Any,
+    *,
+    label_names: Sequence[str],
+    compute_loss_func: Callable[..., torch.Tensor] | None,
+) -> tuple[torch.Tensor, Any, Any]:
+    """(loss, outputs, labels) of one batch."""
+    inputs, labels = split_labels(batch, label_names, pop=compute_loss_func is not None)
+    outputs = call_model(model, inputs)
+    if compute_loss_func is not None:
+        if labels is None:
+            raise ValueError(
+                f"compute_loss_func needs labels, but the batch has none of {list(label_names)} (keys: "
+                f"{sorted(batch) if isinstance(batch, Mapping) else type(batch).__name__}). Set "
+                "TrainingArguments(label_names=[...])."
+            )
+        return compute_loss_func(outputs, labels, num_items_in_batch=count_items(labels)), outputs, labels
+    loss = output_loss(outputs)
+    if loss is None:
+        keys = sorted(outputs) if isinstance(outputs, Mapping) else type(outputs).__name__
+        raise ValueError(
+            f"The model returned no loss (outputs: {keys}). Put the labels in the batch under one of "
+            f"{list(label_names)} for a transformers model, or pass Trainer(compute_loss_func=fn) with "
+            "fn(outputs, labels, num_items_in_batch) returning the loss."
+        )
+    return loss, outputs, labels
+
+
+def predictions_of(outputs: Any) -> Any:
+    """The model outputs without the loss: the logits tensor, or a tuple of the remaining tensors."""
+    if isinstance(outputs, torch.Tensor):
+        return outputs
+    if isinstance(outputs, Mapping):
+        values = tuple(v for k, v in outputs.items() if k != "loss" and isinstance(v, torch.Tensor))
+    elif isinstance(outputs, (list, tuple)):
+        values = tuple(v for v in outputs if isinstance(v, torch.Tensor))
+    else:
+        return outputs
+    return values[0] if len(values) == 1 else values

@@ -1,0 +1,236 @@
+"""``TrainingArguments.fsdp`` / ``fsdp_config`` (transformers' spelling) to FSDP plugin settings.
+
+transformers describes FSDP with a list of options (``"full_shard auto_wrap offload"``) plus a config
+dict whose keys may carry an ``fsdp_`` prefix. lockstep's :class:`FullyShardedDataParallelPlugin` uses
+Accelerate's field names. This module is the pure mapping between the two; it imports nothing heavy.
+
+Example:
+    >>> fsdp_plugin_kwargs(["full_shard", "auto_wrap"], {"transformer_layer_cls_to_wrap": ["BertLayer"]})
+    {'fsdp_version': 2, 'reshard_after_forward': True, 'cpu_offload': False, 'auto_wrap_policy': 'TRANSFORMER_BASED_WRAP', 'transformer_cls_names_to_wrap': ['BertLayer']}
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from lockstep.trainer._values import name_list
+
+logger = logging.getLogger("lockstep.trainer")
+
+SHARDING_OPTIONS = ("full_shard", "shard_grad_op", "hybrid_shard", "hybrid_shard_zero2", "no_shard")
+MODIFIER_OPTIONS = ("offload", "auto_wrap")
+FSDP_OPTIONS = SHARDING_OPTIONS + MODIFIER_OPTIONS
+
+# fsdp_config keys (without the "fsdp_" prefix) and the plugin field each one sets.
+_PLUGIN_KEYS = {
+    "version": "fsdp_version",
+    "reshard_after_forward": "reshard_after_forward",
+    "offload_params": "cpu_offload",
+    "cpu_offload": "cpu_offload",
+    "auto_wrap_policy": "auto_wrap_policy",
+    "transformer_layer_cls_to_wrap": "transformer_cls_names_to_wrap",
+    "transformer_cls_names_to_wrap": "transformer_cls_names_to_wrap",
+    "min_num_params": "min_num_params",
+    "state_dict_type": "state_dict_type",
+    "cpu_ram_efficient_loading": "cpu_ram_efficient_loading",
+    "activation_checkpointing": "activation_checkpointing",
+    "ignored_modules": "ignored_modules",
+}
+# FSDP1 knobs that FSDP2 does not have: accepted (configs written for transformers carry them) and ignored.
+_FSDP1_ONLY_KEYS = (
+    "backward_prefetch",
+    "backward_prefetch_policy",
+    "forward_prefetch",
+    "limit_all_gathers",
+    "use_orig_params",
+    "sync_module_states",
+    "sharding_strategy",
+)
+KNOWN_CONFIG_KEYS = frozenset(_PLUGIN_KEYS) | frozenset(_FSDP1_ONLY_KEYS)
+"""``fsdp_config`` keys (without the prefix) that the mapping understands."""
+_XLA_KEYS = ("xla", "xla_fsdp_v2", "xla_fsdp_grad_ckpt", "xla_fsdp_settings")
+AUTO_WRAP_POLICIES = ("TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP")
+_BOOL_FIELDS = (
+    "reshard_after_forward",
+    "cpu_offload",
+    "cpu_ram_efficient_loading",
+    "activation_checkpointing",
+)
+
+
+def parse_fsdp_options(value: Any) -> list[str]:
+    """``"full_shard auto_wrap"``, ``["full_shard", "offload"]``, ``""`` or None as a checked option list."""
+    if value is True:
+        return ["full_shard"]
+    if value is False or value is None:
+        return []
+    options = [o.lower() for o in name_list(value, argument="fsdp")]
+    unknown = [o for o in options if o not in FSDP_OPTIONS]
+    if unknown:
+        raise ValueError(
+            f"TrainingArguments(fsdp={value!r}) is invalid: {', '.join(map(repr, unknown))} is not an FSDP option. "
+            f"Combine one of {', '.join(SHARDING_OPTIONS)} with {' and/or '.join(MODIFIER_OPTIONS)}."
+        )
+    sharding = [o for o in options if o in SHARDING_OPTIONS]
+    if len(set(sharding)) > 1:
+        raise ValueError(
+            f"TrainingArguments(fsdp={value!r}) is invalid: it names {len(set(sharding))} sharding strategies "
+            f"({', '.join(sharding)}); choose one."
+        )
+    return list(dict.fromkeys(options))
+
+
+def normalize_fsdp_config(config: dict[str, Any] | None) -> dict[str, Any]:
+    """Strip the ``fsdp_`` prefix from every key and reject keys FSDP does not know."""
+    normalized: dict[str, Any] = {}
+    for key, value in (config or {}).items():
+        name = key[len("fsdp_") :] if key.startswith("fsdp_") else key
+        if name in _XLA_KEYS:
+            raise NotImplementedError(
+                f"TrainingArguments(fsdp_config) key {key!r}: FSDP on XLA/TPU is not supported by lockstep."
+            )
+        if name not in _PLUGIN_KEYS and name not in _FSDP1_ONLY_KEYS:
+            known = sorted(set(_PLUGIN_KEYS) | set(_FSDP1_ONLY_KEYS))
+            raise ValueError(
+                f"TrainingArguments(fsdp_config) has an unknown key {key!r}. Known keys (with or without the "
+                f"'fsdp_' prefix): {', '.join(known)}."
+            )
+        if name in normalized:
+            raise ValueError(
+                f"TrainingArguments(fsdp_config) gives {name!r} twice (with and without the 'fsdp_' prefix); "
+                "keep one."
+            )
+        normalized[name] = value
+    return normalized
+
+
+def config_fields(config: dict[str, Any]) -> dict[str, Any]:
+    """The plugin fields that a normalized ``fsdp_config`` sets explicitly (FSDP1-only keys dropped)."""
+    fields: dict[str, Any] = {}
+    ignored = [key for key in config if key in _FSDP1_ONLY_KEYS]
+    if ignored:
+        logger.warning(
+            "fsdp_config keys %s only apply to FSDP1 and are ignored: lockstep shards with FSDP2.", ignored
+        )
+    for key, value in config.items():
+        if key not in _PLUGIN_KEYS:
+            continue
+        target = _PLUGIN_KEYS[key]
+        if target in fields and fields[target] != value:
+            raise ValueError(
+                f"TrainingArguments(fsdp_config) sets {target} twice with different values ({fields[target]!r} "
+                f"and {value!r}); keep one key."
+            )
+        fields[target] = value
+    for name in _BOOL_FIELDS:
+        if name in fields:
+            fields[name] = _as_bool(fields[name], name)
+    if "transformer_cls_names_to_wrap" in fields:
+        fields["transformer_cls_names_to_wrap"] = name_list(
+            fields["transformer_cls_names_to_wrap"], argument="fsdp_config.transformer_layer_cls_to_wrap"
+        )
+    if "min_num_params" in fields:
+        fields["min_num_params"] = int(fields["min_num_params"])
+    if "fsdp_version" in fields:
+        fields["fsdp_version"] = int(fields["fsdp_version"])
+    if "auto_wrap_policy" in fields:
+        policy = str(fields["auto_wrap_policy"]).upper()
+        if policy not in AUTO_WRAP_POLICIES:
+            raise ValueError(
+                f"fsdp_config auto_wrap_policy={fields['auto_wrap_policy']!r} is invalid: use one of "
+                f"{', '.join(AUTO_WRAP_POLICIES)}."
+            )
+        fields["auto_wrap_policy"] = policy
+    return fields
+
+
+def _as_bool(value: Any, name: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if name == "reshard_after_forward" and text in ("full_shard", "shard_grad_op"):
+        return text == "full_shard"  # the FSDP1 spelling that Accelerate's config files use
+    if text in ("true", "1", "yes"):
+        return True
+    if text in ("false", "0", "no"):
+        return False
+    raise ValueError(f"fsdp_config {name}={value!r} is invalid: it must be true or false.")
+
+
+def fsdp_plugin_kwargs(
+    options: Sequence[str], config: dict[str, Any] | None, no_split_modules: Sequence[str] | None = None
+) -> dict[str, Any]:
+    """The ``FullyShardedDataParallelPlugin`` keyword arguments for ``fsdp`` options plus ``fsdp_config``.
+
+    Args:
+        options: the parsed ``fsdp`` options (see :func:`parse_fsdp_options`); empty means no FSDP.
+        config: ``fsdp_config`` (keys with or without the ``fsdp_`` prefix).
+        no_split_modules: the model's ``_no_split_modules`` (transformers models list their layer
+            classes there); used by ``auto_wrap`` when ``fsdp_config`` names no layer classes.
+
+    Returns:
+        The plugin's fields; an empty dict when ``options`` is empty.
+    """
+    if not options:
+        return {}
+    options = parse_fsdp_options(list(options))
+    fields = config_fields(normalize_fsdp_config(config))
+    sharding = next((o for o in options if o in SHARDING_OPTIONS), "full_shard")
+    if sharding in ("hybrid_shard", "hybrid_shard_zero2"):
+        raise NotImplementedError(
+            f"TrainingArguments(fsdp={sharding!r}) is not supported yet: hybrid sharding needs a 2-D device mesh, "
+            "which lockstep does not build. Use 'full_shard' or 'shard_grad_op'."
+        )
+    if sharding == "no_shard":
+        raise ValueError(
+            "TrainingArguments(fsdp='no_shard') is not supported: FSDP2 always shards. Leave fsdp empty to "
+            "train with DDP, which is what 'no_shard' means."
+        )
+    reshard = sharding == "full_shard"
+    if fields.get("reshard_after_forward", reshard) != reshard:
+        raise ValueError(
+            f"TrainingArguments(fsdp={sharding!r}) means reshard_after_forward={reshard}, but fsdp_config sets "
+            f"reshard_after_forward={fields['reshard_after_forward']}; drop one of them."
+        )
+    result: dict[str, Any] = {"fsdp_version": fields.pop("fsdp_version", 2), "reshard_after_forward": reshard}
+    fields.pop("reshard_after_forward", None)
+    result["cpu_offload"] = fields.pop("cpu_offload", False) or "offload" in options
+    result.update(_wrap_policy(options, fields, no_split_modules))
+    result.update(fields)
+    return result
+
+
+def _wrap_policy(
+    options: Sequence[str], fields: dict[str, Any], no_split_modules: Sequence[str] | None
+) -> dict[str, Any]:
+    names = fields.pop("transformer_cls_names_to_wrap", None)
+    min_params = fields.pop("min_num_params", None)
+    policy = fields.pop("auto_wrap_policy", None)
+    if names and min_params:
+        raise ValueError(
+            "fsdp_config sets both transformer_layer_cls_to_wrap and min_num_params; they choose different wrap "
+            "policies (by layer class, by size). Keep one."
+        )
+    if policy is None and "auto_wrap" not in options:
+        if names or min_params:
+            raise ValueError(
+                "fsdp_config names layers to wrap (transformer_layer_cls_to_wrap or min_num_params) but fsdp has no "
+                "'auto_wrap' option, so nothing would be wrapped. Add 'auto_wrap' to fsdp."
+            )
+        return {"auto_wrap_policy": "NO_WRAP"}
+    if policy is None:
+        policy = "SIZE_BASED_WRAP" if min_params else "TRANSFORMER_BASED_WRAP"
+    if policy == "TRANSFORMER_BASED_WRAP":
+        names = names or list(no_split_modules or [])
+        if not names:
+            raise ValueError(
+                "fsdp 'auto_wrap' wraps transformer layers, but neither fsdp_config.transformer_layer_cls_to_wrap "
+                "nor the model's _no_split_modules names a layer class. Set transformer_layer_cls_to_wrap "
+                "(e.g. ['BertLayer']) or min_num_params."
+            )
+        return {"auto_wrap_policy": policy, "transformer_cls_names_to_wrap": list(names)}
+    if policy == "SIZE_BASED_WRAP":
+        return {"auto_wrap_policy": policy, "min_num_params": int(min_params or 100_000_000)}
+    return {"auto_wrap_policy": policy}

@@ -1,0 +1,593 @@
+"""The Trainer: a training loop you configure instead of write, driving an Accelerator through its public API.
+
+Example:
+    >>> from lockstep import Trainer, TrainingArguments
+    >>> args = TrainingArguments(output_dir="runs/a", num_train_epochs=1, learning_rate=3e-5)
+    >>> trainer = Trainer(model, args, train_dataset=train, eval_dataset=held_out,  # doctest: +SKIP
+    ...                   data_collator=DataCollatorWithPadding(tokenizer), compute_metrics=accuracy)
+    >>> trainer.train()  # doctest: +SKIP
+    >>> trainer.evaluate()["eval_accuracy"]  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset, IterableDataset
+
+from lockstep.progress import ProgressBar
+from lockstep.random import set_seed
+from lockstep.trainer import _checkpoints, batches
+from lockstep.trainer._evaluation import EvalPrediction, PredictionOutput, evaluation_loop
+from lockstep.trainer._logging import format_log_line
+from lockstep.trainer.accelerator_factory import (
+    create_accelerator_and_postprocess,
+    supports_gradient_checkpointing,
+)
+from lockstep.trainer.arguments import TrainingArguments
+from lockstep.trainer.callbacks import (
+    CallbackHandler,
+    DefaultFlowCallback,
+    TrainerCallback,
+    TrainerControl,
+    TrainerState,
+)
+from lockstep.trainer.optimizers import create_optimizer
+from lockstep.trainer.schedules import get_scheduler
+from lockstep.utils import broadcast_object_list, find_batch_size
+
+logger = logging.getLogger("lockstep.trainer")
+
+
+class TrainOutput(NamedTuple):
+    """What ``train`` returns."""
+
+    global_step: int
+    training_loss: float
+    metrics: dict[str, float]
+
+
+class Trainer:
+    """Trains, evaluates and checkpoints a model on one or many processes.
+
+    Args:
+        model: a transformers model (the loss comes from ``outputs.loss``; labels travel in the batch) or any
+            ``nn.Module`` together with ``compute_loss_func``.
+        args: the run's :class:`TrainingArguments` (default: ``TrainingArguments()``).
+        train_dataset: map-style (``__getitem__``/``__len__``, e.g. a Hugging Face ``datasets.Dataset``) or
+            iterable (then ``max_steps`` is required).
+        eval_dataset: examples for :meth:`evaluate`.
+        data_collator: turns a list of examples into a batch (default: stacks dict or tuple examples).
+        compute_metrics: ``fn(EvalPrediction) -> dict`` over the gathered predictions and labels.
+        callbacks: :class:`TrainerCallback` instances or classes, called after the default flow callback.
+        optimizers: ``(optimizer, lr_scheduler)`` to use instead of AdamW and the arguments' schedule; the
+            scheduler is stepped once per optimizer step.
+        compute_loss_func: ``fn(outputs, labels, num_items_in_batch=n) -> loss``; labels are taken out of the
+            batch before the model is called.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        args: TrainingArguments | None = None,
+        *,
+        train_dataset: Dataset | IterableDataset | Any | None = None,
+        eval_dataset: Dataset | Any | None = None,
+        data_collator: Callable[[list[Any]], Any] | None = None,
+        compute_metrics: Callable[[EvalPrediction], dict[str, Any]] | None = None,
+        callbacks: list[TrainerCallback | type[TrainerCallback]] | None = None,
+        optimizers: tuple[torch.optim.Optimizer | None, Any] = (None, None),
+        compute_loss_func: Callable[..., torch.Tensor] | None = None,
+    ) -> None:
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"Trainer(model=...) got {type(model).__name__}; pass a torch.nn.Module.")
+        self.args = args if args is not None else TrainingArguments()
+        if not isinstance(self.args, TrainingArguments):
+            raise TypeError(
+                f"Trainer(args=...) got {type(self.args).__name__}; pass a lockstep.TrainingArguments."
+            )
+        self._check_inputs(train_dataset, eval_dataset, optimizers)
+        set_seed(self.args.seed)
+        self.model = model
+        self._enable_gradient_checkpointing()
+        self.accelerator = create_accelerator_and_postprocess(self.args, model)
+        self.train_dataset, self.eval_dataset = train_dataset, eval_dataset
+        self.data_collator = data_collator
+        self.compute_metrics, self.compute_loss_func = compute_metrics, compute_loss_func
+        self.label_names = self.args.label_names or batches.default_label_names(model)
+        self.optimizer, self.lr_scheduler = optimizers
+        self.model_wrapped: nn.Module | None = None
+        self.callback_handler = CallbackHandler([DefaultFlowCallback, *(callbacks or [])])
+        self.state = TrainerState(
+            is_world_process_zero=self.accelerator.is_main_process,
+            is_local_process_zero=self.accelerator.is_local_main_process,
+            num_processes=self.accelerator.num_processes,
+        )
+        self.control = TrainerControl()
+        self._collate = batches.make_collator(
+            model,
+            data_collator,
+            remove_unused_columns=self.args.remove_unused_columns,
+            label_names=self.label_names,
+        )
+        self._train_loader: DataLoader | None = None
+        self._eval_loaders: dict[int, tuple[Any, DataLoader]] = {}
+        self._updates_per_epoch: int | None = None
+        self._num_epochs = 0
+        self._epoch_shown = 0
+        self._prepared = False
+        self._progress: ProgressBar | None = None
+        self._loss_since_log = torch.zeros((), device=self.accelerator.device)
+        self._total_loss = torch.zeros((), device=self.accelerator.device)
+        self.control = self._event("on_init_end")
+
+    # -- set-up -----------------------------------------------------------------------------------
+    def _check_inputs(self, train_dataset: Any, eval_dataset: Any, optimizers: tuple[Any, Any]) -> None:
+        if self.args.eval_strategy != "no" and eval_dataset is None:
+            raise ValueError(
+                f"TrainingArguments(eval_strategy={self.args.eval_strategy!r}) needs an evaluation set: pass "
+                "Trainer(eval_dataset=...) or set eval_strategy='no'."
+            )
+        if not (isinstance(optimizers, (tuple, list)) and len(optimizers) == 2):
+            raise TypeError(
+                "Trainer(optimizers=...) must be a pair (optimizer, lr_scheduler); either may be None."
+            )
+        if optimizers[0] is None and optimizers[1] is not None:
+            raise ValueError(
+                "Trainer(optimizers=(None, scheduler)): a scheduler needs the optimizer it was built on; pass both."
+            )
+
+    def _enable_gradient_checkpointing(self) -> None:
+        if not self.args.gradient_checkpointing:
+            return
+        if not supports_gradient_checkpointing(self.model):
+            raise ValueError(
+                f"TrainingArguments(gradient_checkpointing=True), but {type(self.model).__name__} does not support it "
+                "(it has no gradient_checkpointing_enable). Use a transformers model, or wrap layers with "
+                "torch.utils.checkpoint yourself."
+            )
+        kwargs = self.args.gradient_checkpointing_kwargs or {"use_reentrant": False}
+        self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+    def _loader(self, dataset: Any, *, batch_size: int, train: bool) -> DataLoader:
+        args = self.args
+        iterable = isinstance(dataset, IterableDataset)
+        workers = args.dataloader_num_workers
+        return DataLoader(
+            dataset,
+            batch_size=batch_size,
+            shuffle=train and not iterable,
+            collate_fn=self._collate,
+            drop_last=args.dataloader_drop_last if train else False,
+            num_workers=workers,
+            # Pinning needs an accelerator; on a CPU-only machine torch warns and ignores it.
+            pin_memory=args.dataloader_pin_memory and self.accelerator.device.type != "cpu",
+            persistent_workers=args.dataloader_persistent_workers,
+            prefetch_factor=args.dataloader_prefetch_factor if workers > 0 else None,
+        )
+
+    def get_train_dataloader(self) -> DataLoader:
+        """The prepared (sharded) training loader."""
+        if self.train_dataset is None:
+            raise ValueError("Trainer.train() needs Trainer(train_dataset=...).")
+        if self._train_loader is None:
+            loader = self._loader(
+                self.train_dataset, batch_size=self.args.per_device_train_batch_size, train=True
+            )
+            self._train_loader = self.accelerator.prepare(loader)
+        return self._train_loader
+
+    def get_eval_dataloader(self, eval_dataset: Any | None = None) -> DataLoader:
+        """The prepared evaluation loader of ``eval_dataset`` (default: the Trainer's), made once per dataset."""
+        self._setup()
+        return self._eval_loader(eval_dataset if eval_dataset is not None else self.eval_dataset)
+
+    def _eval_loader(self, dataset: Any) -> DataLoader:
+        if dataset is None:
+            raise ValueError(
+                "Trainer.evaluate() needs an evaluation set: Trainer(eval_dataset=...) or evaluate(ds)."
+            )
+        cached = self._eval_loaders.get(id(dataset))
+        if cached is None:
+            loader = self._loader(dataset, batch_size=self.args.per_device_eval_batch_size, train=False)
+            # The dataset is kept with its loader so that its id() is not reused by another object.
+            cached = (dataset, self.accelerator.prepare(loader))
+            self._eval_loaders[id(dataset)] = cached
+        return cached[1]
+
+    def _setup(self) -> None:
+        """Prepare loaders, model, optimizer and scheduler once, in a fixed order (checkpoints rely on it)."""
+        if self._prepared:
+            return
+        if self.train_dataset is not None:
+            self.get_train_dataloader()
+            max_steps = self._plan_steps()
+            optimizer = (
+                self.optimizer if self.optimizer is not None else create_optimizer(self.model, self.args)
+            )
+            scheduler = self.lr_scheduler
+            if scheduler is None:
+                warmup = self.args.warmup_steps_for(max_steps)
+                scheduler = get_scheduler(self.args.lr_scheduler_type, optimizer, warmup, max_steps)
+            self.model_wrapped, self.optimizer, self.lr_scheduler = self.accelerator.prepare(
+                self.model, optimizer, scheduler
+            )
+        else:
+            self.model_wrapped = self.accelerator.prepare(self.model)
+        if self.eval_dataset is not None:
+            self._eval_loader(self.eval_dataset)
+        self.accelerator.register_for_checkpointing(self.state)
+        if self.args.report_to:
+            self.accelerator.init_trackers(self.args.run_name or "trainer", config=self.args.to_dict())
+        self._prepared = True
+
+    def _plan_steps(self) -> int:
+        """Optimizer steps of the run: per process, so the number of processes and accumulation count."""
+        args, loader = self.args, self._train_loader
+        try:
+            batches_per_epoch = len(loader)  # type: ignore[arg-type]
+        except TypeError:
+            batches_per_epoch = None
+        if batches_per_epoch is None:
+            if args.max_steps < 0:
+                raise ValueError(
+                    "The training set has no length (an iterable dataset), so epochs cannot be counted: set "
+                    "TrainingArguments(max_steps=...)."
+                )
+            self._updates_per_epoch, self._num_epochs = None, sys.maxsize
+            max_steps = args.max_steps
+        else:
+            if batches_per_epoch == 0:
+                raise ValueError(
+                    f"The training loader yields no batch on each of the {self.accelerator.num_processes} processes "
+                    f"(dataset of {len(self.train_dataset)} examples, per_device_train_batch_size="  # type: ignore[arg-type]
+                    f"{args.per_device_train_batch_size}, dataloader_drop_last={args.dataloader_drop_last})."
+                )
+            self._updates_per_epoch = math.ceil(batches_per_epoch / args.gradient_accumulation_steps)
+            if args.max_steps > 0:
+                max_steps = args.max_steps
+                self._num_epochs = math.ceil(max_steps / self._updates_per_epoch)
+            else:
+                max_steps = math.ceil(float(args.num_train_epochs) * self._updates_per_epoch)
+                self._num_epochs = math.ceil(float(args.num_train_epochs))
+        per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps
+        self.state.train_batch_size = args.per_device_train_batch_size
+        self.state.total_train_batch_size = per_step * self.accelerator.num_processes
+        self.state.max_steps = max_steps
+        self.state.num_train_epochs = self._num_epochs if batches_per_epoch is not None else 0
+        self.state.logging_steps, self.state.save_steps = args.logging_steps, args.save_steps
+        self.state.eval_steps = args.eval_steps
+        return max_steps
+
+    # -- callbacks --------------------------------------------------------------------------------
+    def _event(self, name: str, **kwargs: Any) -> TrainerControl:
+        return self.callback_handler.call_event(
+            name,
+            self.args,
+            self.state,
+            self.control,
+            model=self.model,
+            optimizer=self.optimizer,
+            lr_scheduler=self.lr_scheduler,
+            train_dataloader=self._train_loader,
+            **kwargs,
+        )
+
+    def add_callback(self, callback: TrainerCallback | type[TrainerCallback]) -> None:
+        """Add a callback (instance or class)."""
+        self.callback_handler.add_callback(callback)
+
+    def pop_callback(self, callback: TrainerCallback | type[TrainerCallback]) -> TrainerCallback | None:
+        """Remove a callback and return it."""
+        return self.callback_handler.pop_callback(callback)
+
+    def remove_callback(self, callback: TrainerCallback | type[TrainerCallback]) -> None:
+        """Remove a callback."""
+        self.callback_handler.remove_callback(callback)
+
+    # -- training ---------------------------------------------------------------------------------
+    def train(self, resume_from_checkpoint: str | bool | None = None) -> TrainOutput:
+        """Train; ``resume_from_checkpoint=True`` continues from the newest valid checkpoint of ``output_dir``,
+        a path from that checkpoint (the data order, RNGs and accumulation continue exactly).
+
+        Example:
+            >>> trainer.train(resume_from_checkpoint=True)  # doctest: +SKIP
+        """
+        if self.train_dataset is None:
+            raise ValueError("Trainer.train() needs Trainer(train_dataset=...).")
+        self._setup()
+        if resume_from_checkpoint is None:
+            resume_from_checkpoint = self.args.resume_from_checkpoint
+        folder = self._resolve_checkpoint(resume_from_checkpoint)
+        if folder is not None:
+            planned = self.state.max_steps
+            self.accelerator.load_state(str(folder))
+            if self.state.max_steps != planned:
+                logger.warning(
+                    "%s was saved by a run of %d steps; this run plans %d.",
+                    folder,
+                    self.state.max_steps,
+                    planned,
+                )
+            self._plan_steps()
+            self._loss_since_log.fill_(self.state.loss_since_log)
+            self._total_loss.fill_(self.state.total_loss)
+            self._print(
+                f"[train] resumed from {folder} at step {self.state.global_step}/{self.state.max_steps}"
+            )
+        return self._training_loop()
+
+    def _resolve_checkpoint(self, resume: str | bool | None) -> Path | None:
+        if resume is None or resume is False:
+            return None
+        if isinstance(resume, str) and resume.strip().lower() in ("true", "latest"):
+            resume = True
+        if resume is not True:
+            return Path(resume)
+        choice: list[str | None] = [None]
+        if self.accelerator.is_main_process:
+            found = _checkpoints.newest_valid_checkpoint(self.args.output_dir)
+            choice[0] = None if found is None else str(found)
+        if self.accelerator.num_processes > 1:
+            broadcast_object_list(choice)
+        if choice[0] is None:
+            raise ValueError(
+                f"train(resume_from_checkpoint=True): {self.args.output_dir!r} holds no valid checkpoint-<step> "
+                "folder. Train without resume_from_checkpoint to start from scratch, or pass a checkpoint path."
+            )
+        return Path(choice[0])
+
+    def _training_loop(self) -> TrainOutput:
+        args, accelerator, state = self.args, self.accelerator, self.state
+        start_step, started = state.global_step, time.perf_counter()
+        self._progress = ProgressBar(
+            state.max_steps,
+            enabled=accelerator.is_main_process and not args.disable_tqdm,
+            initial=state.global_step,
+        )
+        self.control = self._event("on_train_begin")
+        samples = 0
+        epoch = getattr(self._train_loader, "iteration", 0)
+        try:
+            while epoch < self._num_epochs and state.global_step < state.max_steps:
+                samples += self._train_epoch(epoch)
+                if self.control.should_training_stop:
+                    break
+                epoch += 1
+        finally:
+            self._progress.close()
+        return self._finish_training(start_step, samples, time.perf_counter() - started)
+
+    def _train_epoch(self, epoch: int) -> int:
+        """One pass over the training loader (the rest of it, after a resume); returns samples trained on."""
+        accelerator, model = self.accelerator, self.model_wrapped
+        assert model is not None and self._train_loader is not None
+        self._epoch_shown = epoch + 1
+        self.control.should_epoch_stop = False
+        self.control = self._event("on_epoch_begin")
+        model.train()
+        micro, samples, step_samples, step_loss = 0, 0, 0, torch.zeros((), device=accelerator.device)
+        for batch in self._train_loader:
+            if micro == 0:
+                self.control._new_step()
+                self.control = self._event("on_step_begin")
+                step_loss.zero_()
+                step_samples = 0
+            loss, grad_norm = self._training_step(model, batch)
+            micro += 1
+            step_loss += loss
+            step_samples += (find_batch_size(batch) or 0) * accelerator.num_processes
+            if not accelerator.sync_gradients:
+                self.control = self._event("on_substep_end")
+                continue
+            samples += step_samples
+            self._after_optimizer_step(step_loss / micro, grad_norm, step_samples)
+            micro = 0
+            if self.control.should_training_stop or self.control.should_epoch_stop:
+                break
+            if accelerator.should_stop:  # a preemption signal reached some rank: all stop at this step
+                self._checkpoint_and_exit()
+        self.control = self._event("on_epoch_end")
+        self._maybe_log_save_evaluate(grad_norm=None)
+        return samples
+
+    def _training_step(self, model: nn.Module, batch: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Forward, backward and (on the last micro-batch) clip, optimizer and scheduler steps.
+
+        Returns the (undivided) loss of the batch and, on the last micro-batch, the gradient norm."""
+        accelerator, grad_norm = self.accelerator, None
+        with accelerator.accumulate(model):
+            loss = self.compute_loss(model, batch)
+            accelerator.backward(loss)
+            if accelerator.sync_gradients:
+                if self.args.max_grad_norm:
+                    grad_norm = accelerator.clip_grad_norm_(model.parameters(), self.args.max_grad_norm)
+                self.control = self._event("on_pre_optimizer_step")
+            self.optimizer.step()  # type: ignore[union-attr]
+            if accelerator.sync_gradients:
+                self.control = self._event("on_optimizer_step")
+                if not accelerator.optimizer_step_was_skipped:
+                    self.lr_scheduler.step()
+            self.optimizer.zero_grad()  # type: ignore[union-attr]
+        return loss.detach(), grad_norm
+
+    def compute_loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
+        """The loss of one batch: ``outputs.loss``, or ``compute_loss_func(outputs, labels, ...)``."""
+        loss, _, _ = batches.compute_loss(
+            model, batch, label_names=self.label_names, compute_loss_func=self.compute_loss_func
+        )
+        return loss
+
+    def _after_optimizer_step(
+        self, step_loss: torch.Tensor, grad_norm: torch.Tensor | None, samples: int
+    ) -> None:
+        state = self.state
+        state.global_step += 1
+        if self._updates_per_epoch:
+            state.epoch = state.global_step / self._updates_per_epoch
+        else:
+            state.epoch = float(self._epoch_shown - 1)
+        self._loss_since_log += step_loss
+        self._total_loss += step_loss
+        state.steps_since_log += 1
+        assert self._progress is not None
+        self._progress.update(1, samples=samples)
+        self.control = self._event("on_step_end")
+        self._maybe_log_save_evaluate(grad_norm=grad_norm)
+
+    def _maybe_log_save_evaluate(self, grad_norm: torch.Tensor | None) -> None:
+        control, state = self.control, self.state
+        if control.should_log and state.steps_since_log > 0:
+            loss = self.accelerator.reduce(self._loss_since_log, reduction="mean") / state.steps_since_log
+            logs: dict[str, Any] = {
+                "loss": float(loss),
+                "learning_rate": float(self.lr_scheduler.get_last_lr()[0]),
+            }
+            if grad_norm is not None:
+                logs["grad_norm"] = float(grad_norm)
+            self._loss_since_log.zero_()
+            state.steps_since_log = 0
+            self.log(logs)
+        control.should_log = False
+        if control.should_evaluate:
+            control.should_evaluate = False
+            self.evaluate()
+        if control.should_save:
+            control.should_save = False
+            self._save_checkpoint()
+
+    def _finish_training(self, start_step: int, samples: int, seconds: float) -> TrainOutput:
+        state = self.state
+        total = float(self.accelerator.reduce(self._total_loss, reduction="mean"))
+        train_loss = total / max(state.global_step, 1)
+        steps = state.global_step - start_step
+        metrics = {
+            "train_runtime": round(seconds, 4),
+            "train_samples_per_second": round(samples / max(seconds, 1e-9), 3),
+            "train_steps_per_second": round(steps / max(seconds, 1e-9), 3),
+            "train_loss": train_loss,
+        }
+        self.log(metrics)
+        self.control = self._event("on_train_end")
+        return TrainOutput(global_step=state.global_step, training_loss=train_loss, metrics=metrics)
+
+    # -- checkpoints ------------------------------------------------------------------------------
+    def _sync_loss_totals(self) -> None:
+        """Store the losses since the last log, averaged over processes, in the state that checkpoints hold."""
+        self._loss_since_log = self.accelerator.reduce(self._loss_since_log, reduction="mean")
+        self._total_loss = self.accelerator.reduce(self._total_loss, reduction="mean")
+        self.state.loss_since_log = float(self._loss_since_log)
+        self.state.total_loss = float(self._total_loss)
+
+    def _save_checkpoint(self) -> Path:
+        self._sync_loss_totals()
+        folder = _checkpoints.checkpoint_folder(self.args.output_dir, self.state.global_step)
+        self.accelerator.save_state(str(folder))
+        if self.accelerator.is_main_process:
+            for removed in _checkpoints.rotate_checkpoints(
+                self.args.output_dir, self.args.save_total_limit, folder
+            ):
+                logger.info("Deleted %s (save_total_limit=%s)", removed, self.args.save_total_limit)
+        self.accelerator.wait_for_everyone()
+        self.control = self._event("on_save", checkpoint=str(folder))
+        return folder
+
+    def _checkpoint_and_exit(self) -> None:
+        """A preemption signal reached some rank: every rank saves one checkpoint, then the job exits (143)."""
+        if self._progress is not None:
+            self._progress.close()
+        self._sync_loss_totals()
+        folder = _checkpoints.checkpoint_folder(self.args.output_dir, self.state.global_step)
+        self.accelerator.checkpoint_and_exit(str(folder))
+
+    # -- evaluation -------------------------------------------------------------------------------
+    def evaluate(self, eval_dataset: Any | None = None, metric_key_prefix: str = "eval") -> dict[str, float]:
+        """Evaluate on ``eval_dataset`` (default: the Trainer's); metrics equal a one-process evaluation.
+
+        Returns ``{prefix}_loss`` (when the model gives a loss), the ``compute_metrics`` results prefixed,
+        and timings.
+        """
+        self._setup()
+        loader = self._eval_loader(eval_dataset if eval_dataset is not None else self.eval_dataset)
+        output = self._run_evaluation(loader, metric_key_prefix)
+        self.log(dict(output.metrics))
+        self.control = self._event("on_evaluate", metrics=output.metrics)
+        return output.metrics
+
+    def predict(self, test_dataset: Any, metric_key_prefix: str = "test") -> PredictionOutput:
+        """Predictions (NumPy, one row per example, in dataset order), labels and metrics on ``test_dataset``."""
+        self._setup()
+        output = self._run_evaluation(self._eval_loader(test_dataset), metric_key_prefix)
+        self.control = self._event("on_predict", metrics=output.metrics)
+        return output
+
+    def _run_evaluation(self, loader: DataLoader, prefix: str) -> PredictionOutput:
+        assert self.model_wrapped is not None
+        return evaluation_loop(
+            self.accelerator,
+            self.model_wrapped,
+            loader,
+            label_names=self.label_names,
+            compute_loss_func=self.compute_loss_func,
+            compute_metrics=self.compute_metrics,
+            prediction_loss_only=False,
+            metric_key_prefix=prefix,
+        )
+
+    # -- logging and saving -----------------------------------------------------------------------
+    def log(self, logs: dict[str, float]) -> None:
+        """Record ``logs`` in ``state.log_history``, print one line (main process), send them to the trackers
+        (``report_to``) and call ``on_log``."""
+        state = self.state
+        if state.max_steps > 0 and "epoch" not in logs:
+            logs = {**logs, "epoch": round(state.epoch, 4)}
+        state.log_history.append({**logs, "step": state.global_step})
+        self.control = self._event("on_log", logs=logs)
+        if self.accelerator.is_main_process:
+            epoch = self._epoch_shown or max(1, math.ceil(state.epoch))
+            line = format_log_line(
+                logs,
+                epoch=epoch,
+                num_epochs=self._num_epochs,
+                step=state.global_step,
+                max_steps=state.max_steps,
+            )
+            self._print(line)
+        self.accelerator.log(logs, step=state.global_step)
+
+    def _print(self, line: str) -> None:
+        if not self.accelerator.is_main_process:
+            return
+        if self._progress is not None:
+            self._progress.write(line)
+        else:
+            print(line, flush=True)
+
+    def save_model(self, output_dir: str | None = None) -> None:
+        """Write the trained model (unwrapped) to ``output_dir`` (default: ``args.output_dir``).
+
+        transformers models are written with ``save_pretrained`` (config included, so ``from_pretrained``
+        reads the folder); other modules as safetensors. The arguments go to ``training_args.json``.
+        """
+        folder = Path(output_dir or self.args.output_dir)
+        model = self.model_wrapped if self.model_wrapped is not None else self.model
+        unwrapped = self.accelerator.unwrap_model(model, keep_torch_compile=False)
+        if hasattr(unwrapped, "save_pretrained"):
+            state_dict = self.accelerator.get_state_dict(model)
+            if self.accelerator.is_main_process:
+                unwrapped.save_pretrained(str(folder), state_dict=state_dict, safe_serialization=True)
+            self.accelerator.wait_for_everyone()
+        else:
+            self.accelerator.save_model(model, str(folder))
+        if self.accelerator.is_main_process:
+            (folder / "training_args.json").write_text(json.dumps(self.args.to_dict(), indent=1, default=str))
+        self.accelerator.wait_for_everyone()
