@@ -35,6 +35,7 @@ _EXPORTS = {
     "ProjectConfiguration": "lockstep.config",
     "RNGType": "lockstep.config",
     "TorchDynamoPlugin": "lockstep.config",
+    "ThroughputKwargs": "lockstep.throughput",
     "skip_first_batches": "lockstep.data",
     "debug_launcher": "lockstep.launcher",
     "notebook_launcher": "lockstep.launcher",
@@ -69,6 +70,7 @@ __all__ = [
     "PrecisionType",
     "ProjectConfiguration",
     "RNGType",
+    "ThroughputKwargs",
     "TorchDynamoPlugin",
     "Trainer",
     "TrainerCallback",
@@ -108,6 +110,7 @@ if TYPE_CHECKING:
     from lockstep.memory import find_executable_batch_size, release_memory
     from lockstep.random import set_seed
     from lockstep.state import AcceleratorState, GradientState, PartialState
+    from lockstep.throughput import ThroughputKwargs
     from lockstep.trainer import (
         EvalPrediction,
         Trainer,

@@ -24,6 +24,7 @@ from lockstep.config.kwargs import (
 from lockstep.config.plugins import GradientAccumulationPlugin, TorchDynamoPlugin
 from lockstep.config.project import ProjectConfiguration
 from lockstep.precision import parse_mixed_precision
+from lockstep.throughput.config import ThroughputKwargs
 
 _NOT_YET_BUILT = {
     "deepspeed_plugin": "the DeepSpeed backend",
@@ -42,6 +43,7 @@ class KwargsHandlers:
     scaler: GradScalerKwargs | None = None
     init: InitProcessGroupKwargs | None = None
     autocast: AutocastKwargs | None = None
+    throughput: ThroughputKwargs | None = None
 
 
 _HANDLER_SLOTS = {
@@ -49,6 +51,7 @@ _HANDLER_SLOTS = {
     GradScalerKwargs: "scaler",
     InitProcessGroupKwargs: "init",
     AutocastKwargs: "autocast",
+    ThroughputKwargs: "throughput",
 }
 
 

@@ -45,6 +45,7 @@ from lockstep.preemption import DEFAULT_SIGNALS, PreemptionWatcher, exit_now
 from lockstep.scheduler import AcceleratedScheduler
 from lockstep.state import AcceleratorState, GradientState
 from lockstep.tracking.base import GeneralTracker
+from lockstep.throughput import build_step_timer
 from lockstep.tracking.registry import DisabledTracker, build_trackers, resolve_log_with
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -72,6 +73,8 @@ class Accelerator:
         debug: check tensor shapes across ranks before each collective (also ``LOCKSTEP_DEBUG=1``).
         preemption_signals: signals that mean "save and stop soon" once the loop checks ``should_stop``.
         preemption_grace_period: seconds the cluster allows after such a signal; longer saves are reported.
+        step_timing: measure every optimizer step (time in data, forward+backward, optimizer, checkpoint;
+            samples/s, tokens/s, FLOP/s, MFU) into ``step_stats``; ``ThroughputKwargs`` tunes it.
         log_with: experiment trackers: ``"jsonl"``, ``"csv"``, ``"tensorboard"``, ``"all"``, GeneralTracker
             objects, or a list of them (``mlflow``/``wandb`` are not built yet and raise).
         fsdp_plugin: shard the model with FSDP2 (``FullyShardedDataParallelPlugin``); also selected by the
@@ -105,6 +108,7 @@ class Accelerator:
         debug: bool | None = None,
         preemption_signals: Sequence[str] = DEFAULT_SIGNALS,
         preemption_grace_period: float = 30.0,
+        step_timing: bool | None = None,
     ) -> None:
         if fsdp_plugin is not None and deepspeed_plugin is not None:
             setup.resolve_fsdp(fsdp_plugin, deepspeed_plugin, {})  # raises: they cannot be combined
@@ -158,6 +162,7 @@ class Accelerator:
         self._preemption = PreemptionWatcher(preemption_signals, preemption_grace_period)
         self._tracker_specs = resolve_log_with(log_with)
         self.trackers: list[GeneralTracker] = []
+        self._step_timer = build_step_timer(self, step_timing, self.settings.handlers.throughput)
 
     def _build_state(self, *, cpu: bool, debug: bool | None) -> AcceleratorState:
         init = self.settings.handlers.init
@@ -357,6 +362,7 @@ class Accelerator:
             optimizer, placement, scaler=self.precision.scaler, device=self.device
         )
         self._optimizers.append(prepared)
+        self._step_timer.watch(prepared)
         return prepared
 
     def prepare_scheduler(self, scheduler: Any) -> AcceleratedScheduler:
@@ -397,6 +403,7 @@ class Accelerator:
             non_blocking=config.non_blocking,
         )
         self._dataloaders.append(prepared)
+        self._step_timer.watch(prepared)
         return prepared
 
     def skip_first_batches(self, dataloader: DataLoader, num_batches: int = 0) -> DataLoader:
@@ -409,7 +416,8 @@ class Accelerator:
         steps = self.gradient_accumulation_steps
         if steps > 1:
             loss = loss / steps
-        self.precision.backward(loss, **kwargs)
+        with self._step_timer.backward():
+            self.precision.backward(loss, **kwargs)
 
     def _do_sync(self) -> None:
         if self.gradient_state.sync_with_dataloader and self.gradient_state.end_of_dataloader:
@@ -645,16 +653,28 @@ class Accelerator:
             ...     project_dir="runs/a", automatic_checkpoint_naming=True, total_limit=3))
             >>> accelerator.save_state()  # runs/a/checkpoints/checkpoint_0  # doctest: +SKIP
         """
-        return self._checkpointing.save_state(self, output_dir, safe_serialization, async_save)
+        with self._step_timer.checkpoint():
+            return self._checkpointing.save_state(self, output_dir, safe_serialization, async_save)
 
     def wait_for_checkpoint(self) -> None:
         """Block until a background (``async_save=True``) checkpoint is written and committed."""
-        self._checkpointing.wait()
+        with self._step_timer.checkpoint():
+            self._checkpointing.wait()
 
     @property
     def last_save_report(self) -> Any:
         """Folder, training stall in seconds, bytes and mode of the last ``save_state`` (None before one)."""
         return self._checkpointing.last_save
+
+    @property
+    def step_stats(self) -> dict[str, float]:
+        """The last optimizer step's time breakdown and rates (``Accelerator(step_timing=True)``).
+
+        Keys: ``time/data``, ``time/forward_backward``, ``time/optimizer``, ``time/checkpoint``,
+        ``time/other`` (they add up to ``time/step``), ``time/communication`` (DDP), ``samples_per_second``,
+        ``tokens_per_second``, ``flops_per_second``, ``mfu`` (known GPUs); see ``lockstep.throughput``.
+        """
+        return self._step_timer.stats
 
     def load_state(self, input_dir: str | None = None, **kwargs: Any) -> None:
         """Restore a checkpoint written by :meth:`save_state`; prepared dataloaders continue at the next

@@ -95,9 +95,17 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         if hasattr(self.optimizer, "eval"):
             self.optimizer.eval()
 
+    _step_observer: Any = None  # the Accelerator's step timer (lockstep.throughput), when step timing is on
+
     def step(self, closure: Callable[[], float] | None = None) -> Any:
         if not self.gradient_state.sync_gradients:
             return None
+        if self._step_observer is not None:
+            with self._step_observer.optimizer_step(self):
+                return self._synchronized_step(closure)
+        return self._synchronized_step(closure)
+
+    def _synchronized_step(self, closure: Callable[[], float] | None) -> Any:
         if self.scaler is None:
             self._is_overflow = False
             return self.optimizer.step(closure) if closure is not None else self.optimizer.step()
@@ -141,6 +149,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state.pop("gradient_state", None)
+        state.pop("_step_observer", None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:

@@ -79,6 +79,7 @@ class DataLoaderStateMixin:
     _resume_mid_epoch: bool = False
     _resume_base_seed: int | None = None
     _seed_synced: bool = False
+    _step_observer: Any = None  # the Accelerator's step timer (lockstep.throughput), when step timing is on
 
     # -- hooks ------------------------------------------------------------------------------------
     def _order_sampler(self) -> Any:
@@ -146,6 +147,11 @@ class DataLoaderStateMixin:
 
     def _track(self, batches: Iterator[Any]) -> Iterator[Any]:
         """Yield ``batches`` one ahead, keeping ``end_of_dataloader`` and the position up to date."""
+        tracked = self._track_position(batches)
+        observer = self._step_observer
+        return tracked if observer is None else observer.time_batches(tracked)
+
+    def _track_position(self, batches: Iterator[Any]) -> Iterator[Any]:
         for batch, is_last in _lookahead(batches):
             self.end_of_dataloader = is_last
             if is_last:

@@ -135,7 +135,9 @@ def skip_first_batches(dataloader: DataLoader, num_batches: int = 0) -> DataLoad
     if num_batches < 0:
         raise ValueError(f"skip_first_batches(num_batches={num_batches}) is invalid: it must be >= 0.")
     if isinstance(dataloader, (DataLoaderShard, DataLoaderDispatcher)):
-        return dataloader._with_skip(num_batches)
+        skipping = dataloader._with_skip(num_batches)
+        skipping._step_observer = dataloader._step_observer  # timed like the loader it continues
+        return skipping
     settings = _loader_settings(dataloader)
     if isinstance(dataloader.dataset, IterableDataset):
         placement: dict[str, Any] = _batching(dataloader.batch_size, dataloader.drop_last)

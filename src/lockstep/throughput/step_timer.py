@@ -1,0 +1,324 @@
+"""Per-step throughput accounting: where each optimizer step's time went, and how fast it ran.
+
+A *step* is one optimizer step: with gradient accumulation it spans all its micro-batches. It ends when
+every prepared optimizer has stepped (``optimizer.step()`` returned) and the next one begins right
+there, so consecutive steps tile the wall clock with no gaps: whatever the loop does after
+``optimizer.step()`` (``zero_grad``, the scheduler, logging, evaluation) belongs to the next step.
+
+Each step's time is split into phases that do not overlap and add up to the step:
+
+============================  ===========================================================================
+``time/data``                 inside a prepared dataloader's ``__next__`` (waiting for the next batch,
+                              collation, the copy to the device)
+``time/forward_backward``     from a batch being handed over (or the end of the previous phase) to the
+                              end of ``accelerator.backward``
+``time/optimizer``            inside ``optimizer.step()`` on a synchronising step
+``time/checkpoint``           inside ``save_state`` and ``wait_for_checkpoint`` (the training stall)
+``time/other``                the rest: gradient clipping, ``zero_grad``, schedulers, your own code
+``time/step``                 the whole step (the sum of the five above)
+============================  ===========================================================================
+
+``time/communication`` (only where measured: DDP) is the exposed gradient all-reduce wait, the part of
+``time/forward_backward`` after the last gradient was computed (see :mod:`lockstep.throughput.comm`).
+
+Rates: ``samples_per_second`` and ``tokens_per_second`` (tokens are ``attention_mask`` ones, else
+``input_ids`` elements, present only for such batches), and ``flops_per_second`` (model FLOPs counted
+once on the first step, scaled to each step's padded input size) are for the whole job: this process's
+count times the number of processes (exact for samples, since prepared loaders give every process the
+same batch size; an estimate for tokens). ``mfu`` is achieved FLOP/s over the peak of the devices, on
+GPUs of :mod:`lockstep.throughput.peak_flops` only (absent on the CPU).
+
+Times on CUDA are device time, from CUDA events read once per step; on the CPU, ``time.perf_counter``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from lockstep.throughput.batch_counts import BatchCounts
+from lockstep.throughput.clock import clock_for
+from lockstep.throughput.comm import ExposedCommunication
+from lockstep.throughput.config import ThroughputKwargs
+from lockstep.throughput.flops import FlopCounting
+from lockstep.throughput.peak_flops import compute_dtype_name, device_peak_flops
+
+PHASES = ("data", "forward_backward", "optimizer", "checkpoint")
+
+_NOT_LOOKED_UP = object()
+
+
+class StepTimer:
+    """Measures every optimizer step of one Accelerator (built by :func:`build_step_timer`).
+
+    Args:
+        config: the settings.
+        device: the training device (picks the clock).
+        num_processes: processes in the job (rates are for the whole job).
+        models: returns the prepared models.
+        optimizers: returns the prepared optimizers.
+        mixed_precision: returns the Accelerator's mixed-precision mode.
+        log: ``log(values, step)``, called with each step's figures when ``logging_active()`` is true.
+        logging_active: whether any tracker is running.
+    """
+
+    enabled = True
+
+    def __init__(
+        self,
+        config: ThroughputKwargs,
+        *,
+        device: torch.device,
+        num_processes: int,
+        models: Callable[[], Sequence[nn.Module]],
+        optimizers: Callable[[], Sequence[Any]],
+        mixed_precision: Callable[[], str],
+        log: Callable[[dict[str, float], int], None],
+        logging_active: Callable[[], bool],
+    ) -> None:
+        self.config = config
+        self.device = device
+        self.clock = clock_for(device)
+        self.num_processes = num_processes
+        self._models, self._optimizers = models, optimizers
+        self._mixed_precision = mixed_precision
+        self._log, self._logging_active = log, logging_active
+        self._flops = FlopCounting(models) if config.count_flops else None
+        self._comm = ExposedCommunication(self.clock)
+        self._peak: Any = _NOT_LOOKED_UP
+        self.steps = 0
+        """Optimizer steps measured so far."""
+        self._stats: dict[str, float] = {}
+        self._step_start: Any = None
+        self._cursor: Any = None  # the end of the last measured phase: where forward_backward starts
+        self._reset_step()
+
+    def _reset_step(self) -> None:
+        self._intervals: list[tuple[str, Any, Any]] = []
+        self._comm_intervals: list[tuple[Any, Any]] = []
+        self._open: list[list[Any]] = []  # [phase, start of its current segment], innermost last
+        self._counts = BatchCounts()
+        self._stepped: set[int] = set()
+
+    # Shared, never copied: a copy of a watched loader or optimizer is watched by the same timer.
+    def __copy__(self) -> StepTimer:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> StepTimer:
+        return self
+
+    # -- what the Accelerator, loaders and optimizers call -----------------------------------------
+    def watch(self, prepared: Any) -> None:
+        """Time a prepared dataloader's batches or a prepared optimizer's steps."""
+        prepared._step_observer = self
+
+    @property
+    def stats(self) -> dict[str, float]:
+        """The last completed step's figures (empty before the first step ends)."""
+        return dict(self._stats)
+
+    def time_batches(self, batches: Iterable[Any]) -> Iterator[Any]:
+        """Yield ``batches``, timing each ``next()`` as ``time/data`` and counting what it returns."""
+        iterator = iter(batches)
+        while True:
+            self._enter("data")
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                self._exit("data")
+                return
+            except BaseException:
+                self._exit("data")
+                raise
+            self._counts.add(batch)
+            self._exit("data")
+            yield batch
+
+    @contextlib.contextmanager
+    def backward(self) -> Iterator[None]:
+        """Around ``accelerator.backward``: ends a ``time/forward_backward`` interval."""
+        if self._step_start is None:
+            self._begin(self.clock.mark())
+        syncing = self._comm.before_backward(self._models())
+        counting = self._flops.backward_window() if self._flops is not None else contextlib.nullcontext()
+        try:
+            with counting:
+                yield
+        finally:
+            end = self.clock.mark()
+            last_gradient = self._comm.after_backward(syncing)
+            if not self._open:  # inside a phase (an optimizer closure) the time is that phase's
+                self._intervals.append(("forward_backward", self._cursor, end))
+                self._cursor = end
+                if last_gradient is not None:
+                    self._comm_intervals.append((last_gradient, end))
+
+    @contextlib.contextmanager
+    def optimizer_step(self, optimizer: Any) -> Iterator[None]:
+        """Around a synchronising ``optimizer.step()``; the step ends once every optimizer stepped."""
+        if id(optimizer) in self._stepped:  # stepped again before the others: the step ended before
+            self._close_step(self.clock.mark())
+        self._enter("optimizer")
+        try:
+            yield
+        finally:
+            end = self._exit("optimizer")
+            self._stepped.add(id(optimizer))
+            if len(self._stepped) >= len(self._optimizers()):
+                self._close_step(end)
+
+    @contextlib.contextmanager
+    def checkpoint(self) -> Iterator[None]:
+        """Around ``save_state`` / ``wait_for_checkpoint``."""
+        self._enter("checkpoint")
+        try:
+            yield
+        finally:
+            self._exit("checkpoint")
+
+    # -- phases ------------------------------------------------------------------------------------
+    def _begin(self, mark: Any) -> None:
+        self._step_start = self._cursor = mark
+        if self._flops is not None:
+            self._flops.arm()
+
+    def _enter(self, phase: str) -> None:
+        now = self.clock.mark()
+        if self._step_start is None:
+            self._begin(now)
+        if self._open:  # the enclosing phase pauses while this one runs
+            outer = self._open[-1]
+            self._intervals.append((outer[0], outer[1], now))
+        self._open.append([phase, now])
+
+    def _exit(self, phase: str) -> Any:
+        now = self.clock.mark()
+        for index in range(len(self._open) - 1, -1, -1):
+            if self._open[index][0] == phase:
+                self._intervals.append((phase, self._open[index][1], now))
+                del self._open[index]
+                break
+        if self._open:
+            self._open[-1][1] = now
+        self._cursor = now
+        return now
+
+    # -- the end of a step -------------------------------------------------------------------------
+    def _close_step(self, end: Any) -> None:
+        self.clock.wait(end)
+        for entry in self._open:  # a phase still running carries over into the next step
+            self._intervals.append((entry[0], entry[1], end))
+            entry[1] = end
+        elapsed = self.clock.elapsed
+        totals = dict.fromkeys(PHASES, 0.0)
+        for phase, start, stop in self._intervals:
+            totals[phase] += elapsed(start, stop)
+        step_seconds = elapsed(self._step_start, end)
+        communication = [elapsed(start, stop) for start, stop in self._comm_intervals]
+        counted = self._flops is not None and self._flops.end_step(self._counts.elements)
+        self._stats = self._figures(totals, step_seconds, communication, counted)
+        open_phases = self._open
+        self._reset_step()
+        self._open = open_phases
+        self._step_start = self._cursor = end
+        self.steps += 1
+        if self._flops is not None:
+            self._flops.arm()  # no-op once counted; retries when the counted step saw no forward
+        every = self.config.log_every_n_steps
+        if every and self.steps % every == 0 and self._logging_active():
+            self._log(dict(self._stats), self.steps)
+
+    def _figures(
+        self, totals: dict[str, float], step_seconds: float, communication: list[float], counted: bool
+    ) -> dict[str, float]:
+        figures = {f"time/{phase}": seconds for phase, seconds in totals.items()}
+        figures["time/other"] = step_seconds - sum(totals.values())
+        figures["time/step"] = step_seconds
+        if communication:
+            figures["time/communication"] = sum(communication)
+        if step_seconds <= 0:
+            return figures
+        world, counts = self.num_processes, self._counts
+        if counts.batches:
+            figures["samples_per_second"] = counts.samples * world / step_seconds
+        tokens = counts.tokens()
+        if tokens is not None:
+            figures["tokens_per_second"] = tokens * world / step_seconds
+        flops = None
+        if self._flops is not None:
+            flops = float(self._flops.flops or 0) if counted else self._flops.step_flops(counts.elements)
+        if flops:
+            figures["flops_per_second"] = flops * world / step_seconds
+            peak = self._peak_flops()
+            if peak is not None:
+                figures["mfu"] = flops / step_seconds / peak
+        return figures
+
+    def _peak_flops(self) -> float | None:
+        if self._peak is _NOT_LOOKED_UP:
+            self._peak = self.config.peak_flops
+            if self._peak is None:
+                param_dtype = next(
+                    (p.dtype for m in self._models() for p in m.parameters() if p.is_floating_point()), None
+                )
+                dtype = compute_dtype_name(self._mixed_precision(), param_dtype)
+                self._peak = device_peak_flops(self.device, dtype)
+        return self._peak
+
+
+class NullStepTimer:
+    """Step timing switched off: every hook does nothing."""
+
+    enabled = False
+    _NOTHING = contextlib.nullcontext()
+
+    def watch(self, prepared: Any) -> None:
+        pass
+
+    def backward(self) -> contextlib.AbstractContextManager:
+        return self._NOTHING
+
+    def checkpoint(self) -> contextlib.AbstractContextManager:
+        return self._NOTHING
+
+    @property
+    def stats(self) -> dict[str, float]:
+        raise RuntimeError(
+            "accelerator.step_stats is only measured with step timing on, and it is off (the default). Pass "
+            "Accelerator(step_timing=True), or kwargs_handlers=[ThroughputKwargs(...)] to tune it."
+        )
+
+
+def build_step_timer(
+    accelerator: Any, step_timing: bool | None, handler: ThroughputKwargs | None
+) -> StepTimer | NullStepTimer:
+    """The timer for ``accelerator``: a :class:`StepTimer` when switched on, else a do-nothing one.
+
+    Args:
+        accelerator: the Accelerator (its prepared objects, trackers and settings are read lazily).
+        step_timing: ``Accelerator(step_timing=...)``: True switches on, False off, None follows ``handler``.
+        handler: a ``ThroughputKwargs`` from ``kwargs_handlers`` (switches on unless ``step_timing=False``).
+    """
+    if step_timing is not None and not isinstance(step_timing, bool):
+        raise TypeError(f"Accelerator(step_timing={step_timing!r}) is invalid: pass True or False.")
+    if step_timing is False and handler is not None:
+        raise ValueError(
+            "Accelerator(step_timing=False) conflicts with the ThroughputKwargs in kwargs_handlers, which "
+            "switches step timing on: remove one of them."
+        )
+    if not step_timing and handler is None:
+        return NullStepTimer()
+    return StepTimer(
+        handler or ThroughputKwargs(),
+        device=accelerator.device,
+        num_processes=accelerator.num_processes,
+        models=lambda: accelerator._models,
+        optimizers=lambda: accelerator._optimizers,
+        mixed_precision=lambda: accelerator.mixed_precision,
+        log=lambda values, step: accelerator.log(values, step=step),
+        logging_active=lambda: bool(accelerator.trackers),
+    )
