@@ -62,18 +62,25 @@ def concat_padded(chunks: Sequence[Any]) -> Any:
 
 
 class _Accumulator:
-    """Gathered losses, predictions and labels of one evaluation run, on the CPU."""
+    """This process's loss sum and the gathered predictions and labels of one evaluation run (on the CPU)."""
 
     def __init__(self) -> None:
-        self.losses: list[torch.Tensor] = []
+        self.loss_sum = 0.0
+        self.loss_examples = 0
+        self.has_loss = False
         self.predictions: list[Any] = []
         self.labels: list[Any] = []
         self.samples = 0
 
-    def add(self, accelerator: Accelerator, loss: Any, logits: Any, labels: Any, batch_size: int) -> None:
-        if loss is not None:
-            repeated = loss.detach().float().reshape(1).repeat(batch_size)
-            self.losses.append(accelerator.gather_for_metrics(repeated).cpu())
+    def add_loss(self, loss: torch.Tensor | None, real_examples: int) -> None:
+        """Count ``loss`` (a mean over ``real_examples`` examples) towards the example-weighted mean."""
+        if loss is None:
+            return
+        self.has_loss = True
+        self.loss_sum += float(loss.detach().double()) * real_examples
+        self.loss_examples += real_examples
+
+    def add(self, accelerator: Accelerator, logits: Any, labels: Any) -> None:
         if logits is not None:
             padded = accelerator.pad_across_processes(logits, dim=1, pad_index=PAD_INDEX)
             self.predictions.append(_cpu(accelerator.gather_for_metrics(padded)))
@@ -127,17 +134,47 @@ def evaluation_loop(
                     loss = compute_loss_func(outputs, labels, num_items_in_batch=count)
                 else:
                     loss = batches.output_loss(outputs)
+                size = _batch_size(batch, labels)
+                real = _real_examples(accelerator, loader, size)
+                if loss is not None and 0 < real < size:
+                    # The even_batches filler repeats examples from the start of the data: the loss of this
+                    # process's real examples is recomputed without them, so eval_loss is exact.
+                    loss = _loss_of(
+                        model, batches.first_rows(batch, real, size), label_names, compute_loss_func
+                    )
+            collected.add_loss(loss, real)
             logits = None if prediction_loss_only else batches.predictions_of(outputs)
-            collected.add(
-                accelerator,
-                loss,
-                logits,
-                None if prediction_loss_only else labels,
-                _batch_size(batch, labels),
-            )
+            collected.add(accelerator, logits, None if prediction_loss_only else labels)
     finally:
         model.train(was_training)
+    if collected.has_loss:  # the same on every process: the model gives a loss or it does not
+        totals = torch.tensor([collected.loss_sum, float(collected.loss_examples)], dtype=torch.float64)
+        totals = accelerator.reduce(totals.to(accelerator.device), reduction="sum").cpu()
+        collected.loss_sum, collected.loss_examples = float(totals[0]), int(totals[1])
     return _finish(collected, compute_metrics, metric_key_prefix, time.perf_counter() - started, steps)
+
+
+def _real_examples(accelerator: Accelerator, loader: DataLoader, size: int) -> int:
+    """Examples of this process's batch that are not even_batches filler (only the last batch has any)."""
+    if not accelerator.gradient_state.end_of_dataloader:
+        return size
+    remainder = getattr(loader, "remainder", -1)
+    if remainder <= 0:  # unknown, or the data divides evenly
+        return size
+    return min(size, max(0, remainder - accelerator.process_index * size))
+
+
+def _loss_of(
+    model: nn.Module,
+    batch: Any,
+    label_names: Sequence[str],
+    compute_loss_func: Callable[..., torch.Tensor] | None,
+) -> torch.Tensor | None:
+    inputs, labels = batches.split_labels(batch, label_names, pop=compute_loss_func is not None)
+    outputs = batches.call_model(model, inputs)
+    if compute_loss_func is not None and labels is not None:
+        return compute_loss_func(outputs, labels, num_items_in_batch=batches.count_items(labels))
+    return batches.output_loss(outputs)
 
 
 def _finish(
@@ -152,10 +189,9 @@ def _finish(
     metrics: dict[str, Any] = {}
     if compute_metrics is not None and predictions is not None and label_ids is not None:
         metrics = dict(compute_metrics(EvalPrediction(predictions=predictions, label_ids=label_ids)))
-    if collected.losses:
-        losses = torch.cat(collected.losses)
-        metrics["loss"] = float(losses.mean())
-        samples = len(losses)
+    if collected.has_loss and collected.loss_examples:
+        metrics["loss"] = collected.loss_sum / collected.loss_examples
+        samples = collected.loss_examples
     else:
         samples = collected.samples or (len(predictions) if isinstance(predictions, np.ndarray) else 0)
     metrics["runtime"] = round(seconds, 4)

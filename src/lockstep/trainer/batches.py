@@ -175,6 +175,17 @@ def compute_loss(
     return loss, outputs, labels
 
 
+def first_rows(batch: Any, rows: int, batch_size: int) -> Any:
+    """The first ``rows`` examples of a batch (tensors and lists whose first dimension is ``batch_size``)."""
+    if isinstance(batch, Mapping):
+        return {key: first_rows(value, rows, batch_size) for key, value in batch.items()}
+    if isinstance(batch, tuple) or (isinstance(batch, list) and batch and isinstance(batch[0], torch.Tensor)):
+        return type(batch)(first_rows(value, rows, batch_size) for value in batch)
+    if isinstance(batch, (torch.Tensor, list)) and len(batch) == batch_size:
+        return batch[:rows]
+    return batch
+
+
 def predictions_of(outputs: Any) -> Any:
     """The model outputs without the loss: the logits tensor, or a tuple of the remaining tensors."""
     if isinstance(outputs, torch.Tensor):
