@@ -309,6 +309,58 @@ def test_a_loader_from_skip_first_batches_is_timed_too():
     assert sum(f["time/data"] for f in stats) >= 3 * BATCH * 0.005  # the 3 batches left were read
 
 
+def test_an_evaluation_in_the_middle_adds_reading_time_but_no_samples():
+    accelerator = Accelerator(step_timing=True)
+    model = nn.Linear(FEATURES, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    train = DataLoader(SlowDataset(4 * BATCH, 0.0), batch_size=BATCH)
+    evaluation = DataLoader(SlowDataset(3 * BATCH, 0.01 / BATCH), batch_size=BATCH)  # 10 ms per batch
+    model, optimizer, train, evaluation = accelerator.prepare(model, optimizer, train, evaluation)
+    stats = []
+    for step, (x, y) in enumerate(train, start=1):
+        accelerator.backward(nn.functional.mse_loss(model(x), y))
+        optimizer.step()
+        optimizer.zero_grad()
+        stats.append(accelerator.step_stats)
+        if step == 2:
+            with torch.no_grad():
+                for ex, _ in evaluation:
+                    model(ex)
+    assert [f["samples_per_second"] * f["time/step"] for f in stats] == pytest.approx([BATCH] * 4)
+    assert stats[2]["time/data"] >= 0.03 > stats[1]["time/data"]  # step 3 paid for reading 3 eval batches
+
+
+def test_a_failing_read_leaves_the_accounting_consistent():
+    class Flaky(SlowDataset):
+        def __getitem__(self, index: int):
+            if index == BATCH * 2 and not self.failed:
+                self.failed = True
+                raise OSError("disk hiccup")
+            return super().__getitem__(index)
+
+    data = Flaky(4 * BATCH, 0.0)
+    data.failed = False
+    accelerator = Accelerator(step_timing=True)
+    model = nn.Linear(FEATURES, 1)
+    optimizer = SlowSGD(model.parameters(), 0.01)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, DataLoader(data, batch_size=BATCH))
+    stats = []
+    for _ in range(2):  # the first epoch fails at batch 2 (read one ahead, while batch 1 is handed over)
+        try:
+            for x, y in loader:
+                accelerator.backward(nn.functional.mse_loss(model(x), y))
+                optimizer.step()
+                stats.append(accelerator.step_stats)
+        except OSError:
+            pass
+    assert len(stats) == 4 + 1  # one step before the failure, then a whole epoch
+    for figures in stats:
+        assert sum(figures[key] for key in PHASE_KEYS) == pytest.approx(figures["time/step"], rel=1e-9)
+        assert 0.01 <= figures["time/optimizer"] < 0.05  # nothing of the failure leaked into the optimizer
+        assert figures["time/forward_backward"] > 0.0  # no read left "open" to swallow the training time
+        assert figures["time/data"] < figures["time/forward_backward"] + figures["time/optimizer"]
+
+
 def test_step_timing_is_off_by_default_and_says_how_to_switch_it_on():
     accelerator = Accelerator()
     _, optimizer, loader = accelerator.prepare(

@@ -8,8 +8,6 @@ from typing import Any
 
 import torch
 
-from lockstep._nested import find_batch_size
-
 
 @dataclass
 class BatchCounts:
@@ -22,7 +20,7 @@ class BatchCounts:
     batches: int = 0
     """Batches handed over."""
     samples: int = 0
-    """Samples (the first dimension of the batch)."""
+    """Samples (the first dimension of the batch's first tensor)."""
     elements: int = 0
     """``input_ids.numel()`` (padding included: what the model computes on), else the samples."""
     token_sums: list[torch.Tensor | int] = field(default_factory=list)
@@ -30,11 +28,11 @@ class BatchCounts:
 
     def add(self, batch: Any) -> None:
         """Count one batch."""
-        samples = find_batch_size(batch) or 0
+        first = first_tensor(batch)
+        samples = 0 if first is None else (int(first.shape[0]) if first.dim() > 0 else 1)
         self.batches += 1
         self.samples += samples
-        input_ids = _field(batch, "input_ids")
-        mask = _field(batch, "attention_mask")
+        input_ids, mask = _token_fields(batch)
         if input_ids is not None:
             self.elements += input_ids.numel()
         elif mask is not None:
@@ -53,9 +51,34 @@ class BatchCounts:
         return sum(int(count) for count in self.token_sums)
 
 
-def _field(batch: Any, name: str) -> torch.Tensor | None:
+def first_tensor(data: Any) -> torch.Tensor | None:
+    """The first tensor in a (nested) batch, depth first, in order (as ``find_batch_size`` reads it)."""
+    if isinstance(data, torch.Tensor):
+        return data
+    if isinstance(data, (list, tuple)):
+        items: Any = data
+    elif isinstance(data, Mapping):
+        items = data.values()
+    else:
+        return None
+    for item in items:
+        found = first_tensor(item)
+        if found is not None:
+            return found
+    return None
+
+
+def _token_fields(batch: Any) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """``(input_ids, attention_mask)`` of a dict-like batch or of a batch object with those attributes."""
+    if isinstance(batch, (torch.Tensor, list)) or (
+        isinstance(batch, tuple) and not hasattr(batch, "_fields")
+    ):
+        return None, None
     if isinstance(batch, Mapping):
-        value = batch.get(name)
-        return value if isinstance(value, torch.Tensor) else None
-    value = getattr(batch, name, None)  # e.g. a dataclass or named tuple batch
-    return value if isinstance(value, torch.Tensor) else None
+        input_ids, mask = batch.get("input_ids"), batch.get("attention_mask")
+    else:  # e.g. a dataclass batch
+        input_ids, mask = getattr(batch, "input_ids", None), getattr(batch, "attention_mask", None)
+    return (
+        input_ids if isinstance(input_ids, torch.Tensor) else None,
+        mask if isinstance(mask, torch.Tensor) else None,
+    )

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from torch import nn
@@ -60,16 +60,13 @@ class FlopCounting:
             self._close_window()
             self.counting_this_step = True
 
-    @contextlib.contextmanager
-    def backward_window(self) -> Iterator[None]:
-        """Count the backward pass when this step's forward passes are being counted."""
-        if not self.counting_this_step or self._window is not None:
-            yield
-            return
-        self._window = self._open_window()
-        try:
-            yield
-        finally:
+    def open_backward(self) -> None:
+        """Start counting a backward pass, when this step's forward passes are being counted."""
+        if self.counting_this_step and self._window is None:
+            self._window = self._open_window()
+
+    def close_backward(self) -> None:
+        if self._window is not None and self._window_owner is None:
             self._close_window()
 
     def _open_window(self) -> contextlib.ExitStack:

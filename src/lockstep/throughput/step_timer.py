@@ -25,8 +25,10 @@ Rates: ``samples_per_second`` and ``tokens_per_second`` (tokens are ``attention_
 ``input_ids`` elements, present only for such batches), and ``flops_per_second`` (model FLOPs counted
 once on the first step, scaled to each step's padded input size) are for the whole job: this process's
 count times the number of processes (exact for samples, since prepared loaders give every process the
-same batch size; an estimate for tokens). ``mfu`` is achieved FLOP/s over the peak of the devices, on
-GPUs of :mod:`lockstep.throughput.peak_flops` only (absent on the CPU).
+same batch size; an estimate for tokens). The batches counted are those trained on: the last batch a
+prepared loader handed over before each ``accelerator.backward`` (an evaluation loop run in the middle
+of training adds its reading time to ``time/data`` but no samples). ``mfu`` is achieved FLOP/s over
+the peak of the devices, on GPUs of :mod:`lockstep.throughput.peak_flops` only (absent on the CPU).
 
 Times on CUDA are device time, from CUDA events read once per step; on the CPU, ``time.perf_counter``.
 """
@@ -50,6 +52,24 @@ from lockstep.throughput.peak_flops import compute_dtype_name, device_peak_flops
 PHASES = ("data", "forward_backward", "optimizer", "checkpoint")
 
 _NOT_LOOKED_UP = object()
+
+
+class _Window:
+    """A reusable context manager calling ``started()`` on entry and ``finished()`` on exit (even on errors).
+
+    Cheaper than ``contextlib.contextmanager``, which builds a generator per use: it runs on every step.
+    """
+
+    __slots__ = ("_finished", "_started")
+
+    def __init__(self, started: Callable[[], Any], finished: Callable[[], Any]) -> None:
+        self._started, self._finished = started, finished
+
+    def __enter__(self) -> None:
+        self._started()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._finished()
 
 
 class StepTimer:
@@ -95,6 +115,12 @@ class StepTimer:
         self._stats: dict[str, float] = {}
         self._step_start: Any = None
         self._cursor: Any = None  # the end of the last measured phase: where forward_backward starts
+        self._syncing = False
+        self._handed_over: Any = None  # the last batch a prepared loader handed over, until a backward
+        self._stepping = 0
+        self._backward_window = _Window(self._backward_started, self._backward_finished)
+        self._optimizer_window = _Window(self._optimizer_started, self._optimizer_finished)
+        self._checkpoint_window = _Window(lambda: self._enter("checkpoint"), lambda: self._exit("checkpoint"))
         self._reset_step()
 
     def _reset_step(self) -> None:
@@ -102,6 +128,7 @@ class StepTimer:
         self._comm_intervals: list[tuple[Any, Any]] = []
         self._open: list[list[Any]] = []  # [phase, start of its current segment], innermost last
         self._counts = BatchCounts()
+        self._backwards = 0
         self._stepped: set[int] = set()
 
     # Shared, never copied: a copy of a watched loader or optimizer is watched by the same timer.
@@ -134,51 +161,60 @@ class StepTimer:
             except BaseException:
                 self._exit("data")
                 raise
-            self._counts.add(batch)
             self._exit("data")
+            self._handed_over = batch
             yield batch
 
-    @contextlib.contextmanager
-    def backward(self) -> Iterator[None]:
+    def backward(self) -> _Window:
         """Around ``accelerator.backward``: ends a ``time/forward_backward`` interval."""
+        return self._backward_window
+
+    def _backward_started(self) -> None:
         if self._step_start is None:
             self._begin(self.clock.mark())
-        syncing = self._comm.before_backward(self._models())
-        counting = self._flops.backward_window() if self._flops is not None else contextlib.nullcontext()
-        try:
-            with counting:
-                yield
-        finally:
-            end = self.clock.mark()
-            last_gradient = self._comm.after_backward(syncing)
-            if not self._open:  # inside a phase (an optimizer closure) the time is that phase's
-                self._intervals.append(("forward_backward", self._cursor, end))
-                self._cursor = end
-                if last_gradient is not None:
-                    self._comm_intervals.append((last_gradient, end))
+        self._syncing = self._comm.before_backward(self._models())
+        self._commit_batch()
+        if self._flops is not None:
+            self._flops.open_backward()
 
-    @contextlib.contextmanager
-    def optimizer_step(self, optimizer: Any) -> Iterator[None]:
+    def _backward_finished(self) -> None:
+        if self._flops is not None:
+            self._flops.close_backward()
+        end = self.clock.mark()
+        last_gradient = self._comm.after_backward(self._syncing)
+        if not self._open:  # inside a phase (an optimizer closure) the time is that phase's
+            self._intervals.append(("forward_backward", self._cursor, end))
+            self._cursor = end
+            if last_gradient is not None:
+                self._comm_intervals.append((last_gradient, end))
+
+    def _commit_batch(self) -> None:
+        """Count the last batch handed over: the one this backward trains on. Batches read but never
+        trained on (evaluation in the middle of training) are not samples of the step."""
+        self._backwards += 1
+        if self._handed_over is not None:
+            self._counts.add(self._handed_over)
+            self._handed_over = None
+
+    def optimizer_step(self, optimizer: Any) -> _Window:
         """Around a synchronising ``optimizer.step()``; the step ends once every optimizer stepped."""
-        if id(optimizer) in self._stepped:  # stepped again before the others: the step ended before
+        self._stepping = id(optimizer)
+        return self._optimizer_window
+
+    def _optimizer_started(self) -> None:
+        if self._stepping in self._stepped:  # stepped again before the others: the step ended before
             self._close_step(self.clock.mark())
         self._enter("optimizer")
-        try:
-            yield
-        finally:
-            end = self._exit("optimizer")
-            self._stepped.add(id(optimizer))
-            if len(self._stepped) >= len(self._optimizers()):
-                self._close_step(end)
 
-    @contextlib.contextmanager
-    def checkpoint(self) -> Iterator[None]:
+    def _optimizer_finished(self) -> None:
+        end = self._exit("optimizer")
+        self._stepped.add(self._stepping)
+        if len(self._stepped) >= len(self._optimizers()):
+            self._close_step(end)
+
+    def checkpoint(self) -> _Window:
         """Around ``save_state`` / ``wait_for_checkpoint``."""
-        self._enter("checkpoint")
-        try:
-            yield
-        finally:
-            self._exit("checkpoint")
+        return self._checkpoint_window
 
     # -- phases ------------------------------------------------------------------------------------
     def _begin(self, mark: Any) -> None:
@@ -209,6 +245,8 @@ class StepTimer:
 
     # -- the end of a step -------------------------------------------------------------------------
     def _close_step(self, end: Any) -> None:
+        if not self._backwards and self._handed_over is not None:
+            self._commit_batch()  # a loop calling loss.backward() itself: count the step's last batch
         self.clock.wait(end)
         for entry in self._open:  # a phase still running carries over into the next step
             self._intervals.append((entry[0], entry[1], end))
