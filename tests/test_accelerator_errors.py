@@ -41,7 +41,6 @@ def test_plugin_and_steps_conflict():
 @pytest.mark.parametrize(
     ("argument", "feature"),
     [
-        ("fsdp_plugin", "fully sharded"),
         ("deepspeed_plugin", "DeepSpeed"),
         ("parallelism_config", "ParallelismConfig"),
     ],

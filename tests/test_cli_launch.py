@@ -196,7 +196,7 @@ def test_plain_torch_launchers_run_a_lockstep_script(launcher):
             ["--mixed-precision", "fp32", "x.py"],
             "--mixed-precision='fp32' is invalid: it must be one of 'no', 'fp16'",
         ),
-        (["--use-fsdp", "x.py"], "--use-fsdp is not supported yet"),
+        (["--use-deepspeed", "x.py"], "--use-deepspeed is not supported yet"),
         (
             ["--num-processes", "two", "x.py"],
             "argument --num-processes/--num_processes: invalid int value: 'two'",
