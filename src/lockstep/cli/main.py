@@ -15,9 +15,9 @@ from collections.abc import Sequence
 from lockstep.cli._errors import EXIT_USAGE, UsageError
 
 # Subcommand modules, imported lazily so that `lockstep --help` stays fast.
-SUBCOMMANDS = ("config", "launch", "test", "env", "merge-weights")
+SUBCOMMANDS = ("config", "launch", "test", "env", "merge-weights", "estimate-memory")
 
-_MODULES = {"merge-weights": "merge"}
+_MODULES = {"merge-weights": "merge", "estimate-memory": "estimate"}
 
 
 class _Parser(argparse.ArgumentParser):

@@ -1,0 +1,180 @@
+"""``lockstep estimate-memory``: per-rank training memory for DDP, ZeRO 1/2/3 and FSDP, before running.
+
+Examples::
+
+    lockstep estimate-memory ./my-model                    # a folder with config.json
+    lockstep estimate-memory mypkg.models:build_model      # a function returning an nn.Module
+    lockstep estimate-memory --config-class LlamaConfig --set hidden_size=2048 --set num_hidden_layers=16 \\
+        --num-processes 1,8,64 --dtypes bf16 --batch-size 4 --seq-len 2048 --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from lockstep._usage import UsageError
+
+_STRATEGY_NOTES = {
+    "ddp": "DistributedDataParallel: everything replicated",
+    "zero1": "ZeRO-1: optimizer state sharded",
+    "zero2": "ZeRO-2: + gradients sharded",
+    "zero3": "ZeRO-3: + parameters sharded",
+    "fsdp": "FSDP FULL_SHARD (= ZeRO-3)",
+}
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "estimate-memory",
+        help="per-rank training memory for DDP, ZeRO 1/2/3 and FSDP, by dtype and number of processes",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "model",
+        nargs="?",
+        help="a folder with a transformers config.json, 'module:factory' or 'file.py:factory' (a function "
+        "returning an nn.Module, called on the meta device), or a transformers config class name",
+    )
+    parser.add_argument("--config-class", help="a transformers config class (BertConfig, LlamaConfig, ...)")
+    parser.add_argument(
+        "--set",
+        dest="settings",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help='set a config field (repeatable); VALUE is read as JSON when it parses (256, true, "gelu")',
+    )
+    parser.add_argument(
+        "--model-class",
+        help="transformers model class to build (default: the config's "
+        "architectures entry, else AutoModel), e.g. AutoModelForCausalLM",
+    )
+    parser.add_argument(
+        "--num-processes", "--num_processes", default="1,2,4,8", help="comma-separated (1,2,4,8)"
+    )
+    parser.add_argument("--dtypes", default="fp32,bf16", help="comma-separated: fp32, bf16, fp16 (fp32,bf16)")
+    parser.add_argument("--strategies", default="ddp,zero1,zero2,zero3,fsdp", help="comma-separated subset")
+    parser.add_argument("--optimizer", default="adamw", help="adamw, adam, sgd-momentum or sgd (adamw)")
+    parser.add_argument("--batch-size", "--batch_size", default="1", help="micro-batch per process (1)")
+    parser.add_argument("--seq-len", "--seq_len", default="512", help="sequence length (512)")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.set_defaults(handler=run_estimate)
+
+
+def _positive_ints(text: str, flag: str) -> list[int]:
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise UsageError(
+            f"{flag} {text!r} is invalid: give whole numbers separated by commas, e.g. 1,2,4,8."
+        ) from None
+    if not values or min(values) < 1:
+        raise UsageError(f"{flag} {text!r} is invalid: every value must be >= 1.")
+    return values
+
+
+def _names(text: str) -> list[str]:
+    return [part.strip().lower() for part in text.split(",") if part.strip()]
+
+
+def _settings(pairs: list[str]) -> dict[str, Any]:
+    settings: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise UsageError(f"--set {pair!r} is invalid: write KEY=VALUE, e.g. --set hidden_size=256.")
+        try:
+            settings[key.strip()] = json.loads(value)
+        except ValueError:
+            settings[key.strip()] = value
+    return settings
+
+
+def run_estimate(args: argparse.Namespace) -> int:
+    from lockstep.estimate.formulas import check_choices
+
+    options = {
+        "num_processes": _positive_ints(args.num_processes, "--num-processes"),
+        "dtypes": _names(args.dtypes),
+        "strategies": _names(args.strategies),
+        "optimizer": args.optimizer.lower(),
+        "batch_size": _positive_ints(args.batch_size, "--batch-size")[0],
+        "seq_len": _positive_ints(args.seq_len, "--seq-len")[0],
+    }
+    check_choices(dtypes=options["dtypes"], strategies=options["strategies"], optimizer=options["optimizer"])
+    settings = _settings(args.settings)
+
+    from lockstep.estimate import describe_model, estimate_memory  # imports torch: after the cheap checks
+
+    try:
+        model = describe_model(
+            args.model, config_class=args.config_class, settings=settings, model_class=args.model_class
+        )
+    except ImportError as error:  # transformers missing: one line with the pip command, exit 2
+        raise UsageError(str(error)) from None
+    estimate = estimate_memory(model, **options)
+    if args.json:
+        print(json.dumps(estimate.as_dict(), indent=1))
+    else:
+        print("\n".join(format_table(estimate)))
+    return 0
+
+
+def human_bytes(count: int | None) -> str:
+    """``1.50 GiB``, ``12.0 MiB``...; ``unknown`` for None."""
+    if count is None:
+        return "unknown"
+    value = float(count)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1000 or unit == "TiB":
+            return f"{value:.0f} B" if unit == "B" else f"{value:.2f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def format_table(estimate: Any) -> list[str]:
+    """The terminal report: the model, the assumptions, then one table per dtype."""
+    model, info = estimate.model, estimate.as_dict()["assumptions"]
+    lines = [
+        f"Model: {model.model_class} from {model.source}: {model.num_parameters:,} parameters "
+        f"({model.trainable_parameters:,} trainable)",
+        f"Optimizer: {estimate.optimizer}. Memory per rank (process); ZeRO paper accounting.",
+        f"Activations, batch {estimate.batch_size} x seq {estimate.seq_len} per process: {info['activations']}",
+    ]
+    header = (
+        "strategy",
+        "procs",
+        "parameters",
+        "gradients",
+        "optimizer",
+        "model state",
+        "activations",
+        "total",
+    )
+    for dtype in dict.fromkeys(row.dtype for row in estimate.rows):
+        mixed = (
+            "no mixed precision" if dtype == "fp32" else "mixed precision, fp32 master weights in optimizer"
+        )
+        lines += ["", f"{dtype} ({mixed})"]
+        table = [header]
+        for row in (r for r in estimate.rows if r.dtype == dtype):
+            table.append(
+                (
+                    row.strategy,
+                    str(row.num_processes),
+                    *(human_bytes(v) for v in (row.parameters, row.gradients, row.optimizer_state)),
+                    human_bytes(row.model_state),
+                    human_bytes(row.activations),
+                    human_bytes(row.total),
+                )
+            )
+        widths = [max(len(cells[i]) for cells in table) for i in range(len(header))]
+        for cells in table:
+            lines.append(
+                "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+            )
+    lines += ["", "Strategies: " + "; ".join(f"{k} = {v}" for k, v in _STRATEGY_NOTES.items())]
+    return lines

@@ -1,0 +1,102 @@
+"""Per-rank memory of a described model for every (strategy, dtype, number of processes) asked for."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from lockstep._usage import UsageError
+from lockstep.estimate.formulas import (
+    ACTIVATION_FORMULA,
+    STRATEGIES,
+    RankMemory,
+    activation_bytes,
+    check_choices,
+    model_state_bytes,
+)
+from lockstep.estimate.model_source import ModelDescription
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """The model, the assumptions, and one :class:`RankMemory` per (strategy, dtype, processes)."""
+
+    model: ModelDescription
+    optimizer: str
+    batch_size: int
+    seq_len: int
+    rows: list[RankMemory] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, object]:
+        shape = self.model.transformer
+        return {
+            "model": {
+                "source": self.model.source,
+                "class": self.model.model_class,
+                "num_parameters": self.model.num_parameters,
+                "trainable_parameters": self.model.trainable_parameters,
+                "frozen_parameters": self.model.frozen_parameters,
+                "transformer_shape": None if shape is None else vars(shape),
+            },
+            "assumptions": {
+                "optimizer": self.optimizer,
+                "batch_size_per_process": self.batch_size,
+                "seq_len": self.seq_len,
+                "model_state": "ZeRO paper accounting; bf16/fp16 = mixed precision with fp32 master weights",
+                "activations": ACTIVATION_FORMULA
+                if shape
+                else f"unknown: {self.model.unknown_activations_reason}",
+            },
+            "estimates": [row.as_dict() for row in self.rows],
+        }
+
+
+def estimate_memory(
+    model: ModelDescription,
+    *,
+    num_processes: Sequence[int] = (1, 2, 4, 8),
+    dtypes: Sequence[str] = ("fp32", "bf16"),
+    strategies: Sequence[str] = STRATEGIES,
+    optimizer: str = "adamw",
+    batch_size: int = 1,
+    seq_len: int = 512,
+) -> MemoryEstimate:
+    """Estimate the training memory each rank needs.
+
+    Args:
+        model: from :func:`lockstep.estimate.describe_model`.
+        num_processes: process counts to tabulate.
+        dtypes: ``fp32`` (no mixed precision), ``bf16`` / ``fp16`` (mixed precision).
+        strategies: any of ``ddp``, ``zero1``, ``zero2``, ``zero3``, ``fsdp``.
+        optimizer: ``adamw``, ``adam``, ``sgd-momentum`` or ``sgd``.
+        batch_size: micro-batch size per process (activations).
+        seq_len: sequence length (activations).
+
+    Example:
+        >>> from lockstep.estimate import describe_model
+        >>> estimate = estimate_memory(describe_model("BertConfig"), num_processes=[2], dtypes=["bf16"])
+        >>> [row.model_state // estimate.model.num_parameters for row in estimate.rows]
+        [16, 10, 9, 8, 8]
+    """
+    if batch_size < 1 or seq_len < 1:
+        raise UsageError(f"batch size and sequence length must be >= 1, got {batch_size} and {seq_len}.")
+    check_choices(dtypes=dtypes, strategies=strategies, optimizer=optimizer)
+    rows = []
+    for dtype in dtypes:
+        activations = None
+        if model.transformer is not None:
+            activations = activation_bytes(
+                model.transformer, batch_size=batch_size, seq_len=seq_len, dtype=dtype
+            )
+        for strategy in strategies:
+            for count in num_processes:
+                params, grads, optim = model_state_bytes(
+                    strategy,
+                    dtype,
+                    count,
+                    trainable=model.trainable_parameters,
+                    frozen=model.frozen_parameters,
+                    optimizer=optimizer,
+                )
+                rows.append(RankMemory(strategy, dtype, count, params, grads, optim, activations))
+    return MemoryEstimate(model=model, optimizer=optimizer, batch_size=batch_size, seq_len=seq_len, rows=rows)

@@ -1,0 +1,147 @@
+"""Per-rank training memory by the ZeRO paper's accounting, and an activation estimate for transformers.
+
+Model state per trainable parameter (Rajbhandari et al., "ZeRO", 2020, section 3.1), with N processes:
+
+=========  ==========  =========  ================  ======================
+strategy   parameters  gradients  optimizer state   mixed precision + Adam
+=========  ==========  =========  ================  ======================
+ddp        P           G          K                 2 + 2 + 12 = 16
+zero1      P           G          K / N             4 + 12/N
+zero2      P           G / N      K / N             2 + 14/N
+zero3      P / N       G / N      K / N             16/N
+fsdp       P / N       G / N      K / N             16/N (FULL_SHARD = ZeRO-3)
+=========  ==========  =========  ================  ======================
+
+Mixed precision (bf16/fp16): P = G = 2 bytes, and K = 4 (fp32 master weights) + the optimizer's fp32 state
+(Adam: 8). In fp32: P = G = 4 and K = the optimizer's state (Adam: 8), so still 16 bytes with Adam.
+Frozen parameters hold only P (sharded under zero3/fsdp).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+from lockstep._usage import UsageError
+
+STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "fsdp")
+"""Ways of distributing training, in the order the table shows them."""
+
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+
+OPTIMIZER_STATE_BYTES = {"adamw": 8, "adam": 8, "sgd-momentum": 4, "sgd": 0}
+"""fp32 bytes of optimizer state per trainable parameter (Adam: two moments; SGD: momentum buffer)."""
+
+_SHARDED = {  # strategy -> (parameters sharded, gradients sharded, optimizer state sharded)
+    "ddp": (False, False, False),
+    "zero1": (False, False, True),
+    "zero2": (False, True, True),
+    "zero3": (True, True, True),
+    "fsdp": (True, True, True),
+}
+
+
+@dataclass(frozen=True)
+class TransformerShape:
+    """What the activation formula needs from a transformer's config."""
+
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    intermediate_size: int
+    vocab_size: int | None
+
+
+@dataclass(frozen=True)
+class RankMemory:
+    """Bytes one rank holds for one (strategy, dtype, number of processes); activations None if unknown."""
+
+    strategy: str
+    dtype: str
+    num_processes: int
+    parameters: int
+    gradients: int
+    optimizer_state: int
+    activations: int | None
+
+    @property
+    def model_state(self) -> int:
+        return self.parameters + self.gradients + self.optimizer_state
+
+    @property
+    def total(self) -> int | None:
+        return None if self.activations is None else self.model_state + self.activations
+
+    def as_dict(self) -> dict[str, object]:
+        return {**asdict(self), "model_state": self.model_state, "total": self.total}
+
+
+def check_choices(
+    *, dtypes: Sequence[str] = (), strategies: Sequence[str] = (), optimizer: str = "adamw"
+) -> None:
+    """Raise UsageError naming the first unknown dtype, strategy or optimizer."""
+    for kind, values, known in (
+        ("dtype", dtypes, DTYPE_BYTES),
+        ("strategy", strategies, _SHARDED),
+        ("optimizer", [optimizer], OPTIMIZER_STATE_BYTES),
+    ):
+        for value in values:
+            if value not in known:
+                raise UsageError(f"{kind} {value!r} is not known: use one of {', '.join(known)}.")
+
+
+def bytes_per_parameter(dtype: str, optimizer: str) -> tuple[int, int, int]:
+    """(parameter, gradient, optimizer state) bytes per trainable parameter, before sharding."""
+    check_choices(dtypes=[dtype], optimizer=optimizer)
+    width = DTYPE_BYTES[dtype]
+    master_weights = 4 if width < 4 else 0  # mixed precision keeps an fp32 copy for the optimizer
+    return width, width, OPTIMIZER_STATE_BYTES[optimizer] + master_weights
+
+
+def model_state_bytes(
+    strategy: str,
+    dtype: str,
+    num_processes: int,
+    *,
+    trainable: int,
+    frozen: int = 0,
+    optimizer: str = "adamw",
+) -> tuple[int, int, int]:
+    """(parameters, gradients, optimizer state) bytes per rank. Shards are rounded up, as real shards are."""
+    check_choices(strategies=[strategy])
+    if num_processes < 1:
+        raise UsageError(f"the number of processes must be >= 1, got {num_processes}.")
+    param, grad, optim = bytes_per_parameter(dtype, optimizer)
+    shard_params, shard_grads, shard_optim = _SHARDED[strategy]
+
+    def share(total: int, sharded: bool) -> int:
+        return -(-total // num_processes) if sharded else total
+
+    return (
+        share((trainable + frozen) * param, shard_params),
+        share(trainable * grad, shard_grads),
+        share(trainable * optim, shard_optim),
+    )
+
+
+def activation_bytes(shape: TransformerShape, *, batch_size: int, seq_len: int, dtype: str) -> int:
+    """Activations kept for backward by one rank's micro-batch, without recomputation.
+
+    Per layer, in 16-bit (Korthikanti et al., "Reducing Activation Recomputation in Large Transformer
+    Models", 2022, section 4.1, with the MLP width I instead of 4h):
+    ``s*b*(18*h + 4*I) + 5*a*s*s*b`` bytes, where s = sequence length, b = micro-batch size, h = hidden
+    size, I = MLP width, a = attention heads (for I = 4h this is their ``s*b*h*(34 + 5*a*s/h)``). fp32
+    doubles it. The output logits add ``4*s*b*V`` (fp32 for the loss) when the vocabulary size V is known.
+    """
+    s, b, h = seq_len, batch_size, shape.hidden_size
+    per_layer_16bit = s * b * (18 * h + 4 * shape.intermediate_size) + 5 * shape.num_heads * s * s * b
+    scale = 2 if DTYPE_BYTES[dtype] == 4 else 1
+    logits = 4 * s * b * shape.vocab_size if shape.vocab_size else 0
+    return shape.num_layers * per_layer_16bit * scale + logits
+
+
+ACTIVATION_FORMULA = (
+    "per layer s*b*(18*h + 4*I) + 5*a*s^2*b bytes in 16-bit (x2 in fp32), times layers, plus 4*s*b*V for "
+    "fp32 logits (Korthikanti et al. 2022, no recomputation); s=seq_len b=batch_size h=hidden I=MLP width "
+    "a=heads V=vocab"
+)
