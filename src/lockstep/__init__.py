@@ -29,6 +29,7 @@ _EXPORTS = {
     "FullyShardedDataParallelPlugin": "lockstep.config",
     "GradScalerKwargs": "lockstep.config",
     "GradientAccumulationPlugin": "lockstep.config",
+    "HangDetectionKwargs": "lockstep.diagnostics",
     "InitProcessGroupKwargs": "lockstep.config",
     "LoggerType": "lockstep.config",
     "PrecisionType": "lockstep.config",
@@ -64,6 +65,7 @@ __all__ = [
     "GradScalerKwargs",
     "GradientAccumulationPlugin",
     "GradientState",
+    "HangDetectionKwargs",
     "InitProcessGroupKwargs",
     "LoggerType",
     "PartialState",
@@ -106,6 +108,7 @@ if TYPE_CHECKING:
         TorchDynamoPlugin,
     )
     from lockstep.data import skip_first_batches
+    from lockstep.diagnostics import HangDetectionKwargs
     from lockstep.launcher import debug_launcher, notebook_launcher
     from lockstep.memory import find_executable_batch_size, release_memory
     from lockstep.random import set_seed

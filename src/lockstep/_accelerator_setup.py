@@ -23,6 +23,7 @@ from lockstep.config.kwargs import (
 )
 from lockstep.config.plugins import GradientAccumulationPlugin, TorchDynamoPlugin
 from lockstep.config.project import ProjectConfiguration
+from lockstep.diagnostics.settings import HangDetectionKwargs
 from lockstep.precision import parse_mixed_precision
 from lockstep.throughput.config import ThroughputKwargs
 
@@ -44,6 +45,7 @@ class KwargsHandlers:
     init: InitProcessGroupKwargs | None = None
     autocast: AutocastKwargs | None = None
     throughput: ThroughputKwargs | None = None
+    hang: HangDetectionKwargs | None = None
 
 
 _HANDLER_SLOTS = {
@@ -52,6 +54,7 @@ _HANDLER_SLOTS = {
     InitProcessGroupKwargs: "init",
     AutocastKwargs: "autocast",
     ThroughputKwargs: "throughput",
+    HangDetectionKwargs: "hang",
 }
 
 

@@ -38,14 +38,15 @@ from lockstep.config.plugins import GradientAccumulationPlugin, TorchDynamoPlugi
 from lockstep.config.project import ProjectConfiguration
 from lockstep.data import prepare_data_loader
 from lockstep.data import skip_first_batches as _skip_first_batches
+from lockstep.diagnostics import runtime as hang_watchdog
 from lockstep.memory import release_memory
 from lockstep.optimizer import AcceleratedOptimizer
 from lockstep.precision import Precision, remove_forward_wrapper
 from lockstep.preemption import DEFAULT_SIGNALS, PreemptionWatcher, exit_now
 from lockstep.scheduler import AcceleratedScheduler
 from lockstep.state import AcceleratorState, GradientState
-from lockstep.tracking.base import GeneralTracker
 from lockstep.throughput import build_step_timer
+from lockstep.tracking.base import GeneralTracker
 from lockstep.tracking.registry import DisabledTracker, build_trackers, resolve_log_with
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -67,7 +68,7 @@ class Accelerator:
         gradient_accumulation_plugin: finer accumulation settings (instead of the steps argument).
         step_scheduler_with_optimizer: prepared schedulers follow the optimizer (see ``lockstep.scheduler``).
         kwargs_handlers: ``DistributedDataParallelKwargs``, ``GradScalerKwargs``, ``InitProcessGroupKwargs``,
-            ``AutocastKwargs``.
+            ``AutocastKwargs``, ``HangDetectionKwargs`` (the hang watchdog; see ``lockstep.diagnostics``).
         dynamo_backend: a ``torch.compile`` backend name; the model is compiled before the DDP wrap.
         dynamo_plugin: full ``torch.compile`` settings (``TorchDynamoPlugin``).
         debug: check tensor shapes across ranks before each collective (also ``LOCKSTEP_DEBUG=1``).
@@ -163,6 +164,12 @@ class Accelerator:
         self._tracker_specs = resolve_log_with(log_with)
         self.trackers: list[GeneralTracker] = []
         self._step_timer = build_step_timer(self, step_timing, self.settings.handlers.throughput)
+        hang_watchdog.start(  # lockstep.diagnostics: a hang becomes a report and exit code 124
+            rank=self.process_index,
+            world_size=self.num_processes,
+            handler=self.settings.handlers.hang,
+            logging_dir=self.logging_dir,
+        )
 
     def _build_state(self, *, cpu: bool, debug: bool | None) -> AcceleratorState:
         init = self.settings.handlers.init
@@ -619,6 +626,7 @@ class Accelerator:
         self._checkpointing.wait()
         self.free_memory()
         _process_group.shutdown(barrier=True)
+        hang_watchdog.stop()
 
     # -- saving -----------------------------------------------------------------------------------
     def save(self, obj: Any, f: Any, safe_serialization: bool = False) -> None:

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from lockstep._nested import send_to_device
+from lockstep.diagnostics import runtime as hang_watchdog
 from lockstep.state import GradientState
 
 
@@ -106,6 +107,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         return self._synchronized_step(closure)
 
     def _synchronized_step(self, closure: Callable[[], float] | None) -> Any:
+        hang_watchdog.note_step()  # progress for the hang watchdog (lockstep.diagnostics)
         if self.scaler is None:
             self._is_overflow = False
             return self.optimizer.step(closure) if closure is not None else self.optimizer.step()

@@ -67,6 +67,14 @@ def _mark_failed() -> None:
         process_group.mark_failed()  # type: ignore[attr-defined]
 
 
+def _diagnose_hang(error: BaseException) -> None:
+    """A collective timeout raised from torch's C++ (e.g. DDP's backward) becomes the hang report;
+    the watchdog then ends the process with code 124. Returns for every other error."""
+    hang_runtime = sys.modules.get("lockstep.diagnostics.runtime")
+    if hang_runtime is not None:
+        hang_runtime.on_uncaught_exception(error)  # type: ignore[attr-defined]
+
+
 def run(argv: list[str]) -> None:
     module = bool(argv) and argv[0] == "--module"
     if module:
@@ -89,6 +97,7 @@ def run(argv: list[str]) -> None:
     except KeyboardInterrupt:
         raise
     except BaseException as error:
+        _diagnose_hang(error)
         write_error_file(error)
         report_exception(error)
         sys.exit(1)

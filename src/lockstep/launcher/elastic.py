@@ -135,9 +135,28 @@ def _blame_order(item: tuple[int, Any]) -> tuple[int, float, int]:
 
 def report_failures(failures: dict[int, Any]) -> int:
     """Print each failed rank (root cause first); returns the launcher's exit code."""
+    hang = report_hang(failures)
+    if hang is not None:
+        return hang
     ordered = sorted(failures.items(), key=_blame_order)
     for rank, failure in ordered:
         print(f"lockstep launch: {describe_failure(rank, failure)}", file=sys.stderr)
     print("lockstep launch: the other workers were stopped.", file=sys.stderr)
     first = ordered[0][1].exitcode if ordered else 1
     return 128 - int(first) if first < 0 else int(first) or 1
+
+
+def report_hang(failures: dict[int, Any]) -> int | None:
+    """When the hang watchdog stopped the workers, print its one summary line; None otherwise."""
+    from lockstep.diagnostics.hang_summary import HANG_EXIT_CODE
+    from lockstep.diagnostics.records import hang_record
+
+    hangs = {rank: hang_record(_recorded_exception(failure)) for rank, failure in failures.items()}
+    reports = sorted((rank, record) for rank, record in hangs.items() if record is not None)
+    if not reports:
+        return None
+    printer = next((record for _, record in reports if record.get("printer")), reports[0][1])
+    summary = str(printer.get("summary", "")).removeprefix("lockstep: ")
+    print(f"lockstep launch: {summary}", file=sys.stderr)
+    print(f"lockstep launch: the workers were stopped (exit code {HANG_EXIT_CODE}).", file=sys.stderr)
+    return HANG_EXIT_CODE
