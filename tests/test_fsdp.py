@@ -202,3 +202,61 @@ def _double_checkpointing(world: int) -> str:
 
 def test_activation_checkpointing_with_gradient_checkpointing_is_an_error():
     assert "gradient checkpointing" in run_distributed(_double_checkpointing, 1, 1)[0]
+
+
+def _memory(world: int) -> dict:
+    from lockstep.memory_accounting import account_memory
+
+    accelerator = Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin())
+    sizes = {"width": 384, "depth": 4}
+    counted = {}
+    for name in ("ddp", "fsdp"):
+        model = make_transformer(**sizes)
+        if name == "ddp":
+            model = torch.nn.parallel.DistributedDataParallel(model)
+            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        else:
+            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+            model, optimizer = accelerator.prepare(model, optimizer)
+        x = torch.randn(4, 8)
+        model(x).sum().backward()
+        optimizer.step()
+        counted[name] = account_memory(model, optimizer).model_state_bytes
+    counted["parameters"] = sum(p.numel() for p in make_transformer(**sizes).parameters())
+    return counted
+
+
+def test_fsdp_holds_a_1_over_n_share_of_the_ddp_bytes():
+    for result in run_distributed(_memory, 2, 2):
+        assert result["parameters"] > 2_000_000
+        # parameters + gradients + AdamW moments, unique storages, local shards: <= DDP / 2 + 5%
+        assert result["fsdp"] <= result["ddp"] / 2 * 1.05, result
+
+
+def _eval_and_save(world: int, folder: str) -> dict:
+    accelerator = Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin())
+    model, eval_dl = accelerator.prepare(make_transformer(), data_loader(LENGTH - 3, 4))
+    predictions = []
+    with torch.no_grad():
+        for x, _ in eval_dl:
+            with accelerator.autocast():
+                predictions.append(accelerator.gather_for_metrics(model(x)))
+    accelerator.save_model(model, folder)
+    return {"predictions": torch.cat(predictions), "unwrapped": accelerator.unwrap_model(model) is model}
+
+
+def test_fsdp_keeps_the_core_api_working(tmp_path):
+    from safetensors.torch import load_file
+
+    results = run_distributed(_eval_and_save, 2, 2, str(tmp_path / "model"))
+    reference = make_transformer()
+    x = torch.stack([x for x, _ in data_loader(LENGTH - 3, LENGTH)])[0]
+    with torch.no_grad():
+        expected = reference(x)
+    for result in results:
+        assert result["unwrapped"]
+        assert result["predictions"].shape == expected.shape  # the padded tail was dropped
+        assert torch.allclose(result["predictions"], expected, atol=1e-6)
+    saved = load_file(str(tmp_path / "model" / "model.safetensors"))
+    for name, value in reference.state_dict().items():
+        assert torch.equal(saved[name], value), name
