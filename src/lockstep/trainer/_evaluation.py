@@ -135,13 +135,14 @@ def evaluation_loop(
                 else:
                     loss = batches.output_loss(outputs)
                 size = _batch_size(batch, labels)
-                real = _real_examples(accelerator, loader, size)
-                if loss is not None and 0 < real < size:
-                    # The even_batches filler repeats examples from the start of the data: the loss of this
-                    # process's real examples is recomputed without them, so eval_loss is exact.
-                    loss = _loss_of(
-                        model, batches.first_rows(batch, real, size), label_names, compute_loss_func
-                    )
+                reals = _real_examples(accelerator, loader, size)
+                real = reals[accelerator.process_index]
+                if loss is not None and any(0 < r < size for r in reals):
+                    # The even_batches filler repeats examples from the start of the data: the loss of the real
+                    # examples is recomputed without it, so eval_loss is exact. Every process runs this forward
+                    # (FSDP's forward is a collective); one without real examples runs one row, weighted 0.
+                    rows = batches.first_rows(batch, max(real, 1), size)
+                    loss = _loss_of(model, rows, label_names, compute_loss_func)
             collected.add_loss(loss, real)
             logits = None if prediction_loss_only else batches.predictions_of(outputs)
             collected.add(accelerator, logits, None if prediction_loss_only else labels)
@@ -154,14 +155,17 @@ def evaluation_loop(
     return _finish(collected, compute_metrics, metric_key_prefix, time.perf_counter() - started, steps)
 
 
-def _real_examples(accelerator: Accelerator, loader: DataLoader, size: int) -> int:
-    """Examples of this process's batch that are not even_batches filler (only the last batch has any)."""
-    if not accelerator.gradient_state.end_of_dataloader:
-        return size
+def _real_examples(accelerator: Accelerator, loader: DataLoader, size: int) -> list[int]:
+    """Per process: examples of its current batch that are not even_batches filler.
+
+    Only the last batch has filler. Its real examples fill the processes in rank order (the batch of rank
+    r holds examples ``r * size ...`` of the last global batch), so every process computes the same list.
+    """
+    world = accelerator.num_processes
     remainder = getattr(loader, "remainder", -1)
-    if remainder <= 0:  # unknown, or the data divides evenly
-        return size
-    return min(size, max(0, remainder - accelerator.process_index * size))
+    if not accelerator.gradient_state.end_of_dataloader or remainder <= 0:  # unknown, or no filler
+        return [size] * world
+    return [min(size, max(0, remainder - rank * size)) for rank in range(world)]
 
 
 def _loss_of(

@@ -45,8 +45,9 @@ logger = logging.getLogger("lockstep.trainer")
 
 def supports_gradient_checkpointing(model: nn.Module) -> bool:
     """transformers models say so with ``supports_gradient_checkpointing``."""
-    return bool(getattr(model, "supports_gradient_checkpointing", False)) and hasattr(
-        model, "gradient_checkpointing_enable"
+    enable = ("activation_checkpointing_enable", "gradient_checkpointing_enable")
+    return bool(getattr(model, "supports_gradient_checkpointing", False)) and any(
+        hasattr(model, name) for name in enable
     )
 
 

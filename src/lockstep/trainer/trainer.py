@@ -156,7 +156,10 @@ class Trainer:
                 "torch.utils.checkpoint yourself."
             )
         kwargs = self.args.gradient_checkpointing_kwargs or {"use_reentrant": False}
-        self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+        if hasattr(self.model, "activation_checkpointing_enable"):  # the transformers >= 5.x name
+            self.model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        else:
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
     def _loader(self, dataset: Any, *, batch_size: int, train: bool) -> DataLoader:
         args = self.args
