@@ -79,8 +79,9 @@ def test_fsdp_sgd_matches_one_process_on_the_global_batch(world):
         {"auto_wrap_policy": "SIZE_BASED_WRAP", "min_num_params": 1000},
         {"auto_wrap_policy": "NO_WRAP"},
         {"activation_checkpointing": True, "reshard_after_forward": False},
+        {"cpu_offload": True},
     ],
-    ids=["transformer-no-split-modules", "size", "no-wrap", "activation-checkpointing"],
+    ids=["transformer-no-split-modules", "size", "no-wrap", "activation-checkpointing", "cpu-offload"],
 )
 def test_fsdp_parity_for_each_wrap_policy(plugin_kwargs):
     results = run_distributed(_train, 2, 2, plugin_kwargs, {})
@@ -260,3 +261,16 @@ def test_fsdp_keeps_the_core_api_working(tmp_path):
     saved = load_file(str(tmp_path / "model" / "model.safetensors"))
     for name, value in reference.state_dict().items():
         assert torch.equal(saved[name], value), name
+
+
+def _ignored(world: int) -> dict:
+    accelerator = Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin(ignored_modules=r"^head$"))
+    model = accelerator.prepare(make_transformer())
+    loss_of(model, next(iter(data_loader(8, 4)))).backward()
+    return {name: isinstance(p, DTensor) for name, p in model.named_parameters()}
+
+
+def test_ignored_modules_stay_unsharded():
+    kinds = run_distributed(_ignored, 2, 2)[0]
+    assert kinds["head.weight"] is False and kinds["head.bias"] is False
+    assert all(sharded for name, sharded in kinds.items() if not name.startswith("head."))

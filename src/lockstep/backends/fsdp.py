@@ -60,7 +60,11 @@ class FSDPBackend(Backend):
         super().__init__(state, dynamo_plugin=dynamo_plugin)
         self.plugin = plugin
         self.mp_policy = plugin.mixed_precision(mixed_precision)
-        self.offload_policy: OffloadPolicy = CPUOffloadPolicy() if plugin.cpu_offload else OffloadPolicy()
+        # Pinned memory needs an accelerator; on a CPU-only machine the offload path runs unpinned.
+        pinned = self.device.type != "cpu"
+        self.offload_policy: OffloadPolicy = (
+            CPUOffloadPolicy(pin_memory=pinned) if plugin.cpu_offload else OffloadPolicy()
+        )
         self._mesh: DeviceMesh | None = None
         self.sharded_models: list[nn.Module] = []
         # id(original parameter) -> (weak reference to it, the sharded parameter that replaced it)
