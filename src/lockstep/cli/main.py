@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from lockstep.cli._errors import EXIT_USAGE, UsageError
 
 # Subcommand modules, imported lazily so that `lockstep --help` stays fast.
-SUBCOMMANDS = ("config", "launch", "test", "env", "merge-weights", "estimate-memory")
+SUBCOMMANDS = ("config", "launch", "test", "env", "merge-weights", "estimate-memory", "report")
 
 _MODULES = {"merge-weights": "merge", "estimate-memory": "estimate"}
 
