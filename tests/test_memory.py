@@ -172,3 +172,27 @@ def test_all_ranks_retry_together_when_one_runs_out_of_memory() -> None:
         "RuntimeError: find_executable_batch_size: rank(s) [1] of world size 2 failed at batch size 16 "
         "with an error that is not out-of-memory, so rank 0 stops too. See the failing rank's traceback."
     )
+
+
+def _cpu_allocation_agreement_worker() -> dict[str, Any]:
+    rank = PartialState().process_index
+    tried: list[int] = []
+
+    @find_executable_batch_size(starting_batch_size=64)
+    def train(batch_size: int) -> int:
+        tried.append(batch_size)
+        if rank == 0 and batch_size > 32:
+            bytearray(2**60)  # Python's own MemoryError: malloc refuses 1 EiB at once
+        if rank == 1 and batch_size > 16:
+            torch.empty(
+                2**50
+            )  # the CPU allocator's RuntimeError ("DefaultCPUAllocator: can't allocate memory")
+        return batch_size
+
+    return {"found": train(), "tried": tried}
+
+
+def test_real_cpu_allocation_failures_on_different_ranks_make_all_ranks_retry_together() -> None:
+    # Rank 0 fits at 32 but rank 1 only at 16: both must end at 16 having tried the same sizes.
+    results = run_distributed(_cpu_allocation_agreement_worker, 2, timeout=30)
+    assert results == [{"found": 16, "tried": [64, 32, 16]}] * 2
