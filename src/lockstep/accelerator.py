@@ -76,8 +76,8 @@ class Accelerator:
         preemption_grace_period: seconds the cluster allows after such a signal; longer saves are reported.
         step_timing: measure every optimizer step (time in data, forward+backward, optimizer, checkpoint;
             samples/s, tokens/s, FLOP/s, MFU) into ``step_stats``; ``ThroughputKwargs`` tunes it.
-        log_with: experiment trackers: ``"jsonl"``, ``"csv"``, ``"tensorboard"``, ``"all"``, GeneralTracker
-            objects, or a list of them (``mlflow``/``wandb`` are not built yet and raise).
+        log_with: experiment trackers: ``"jsonl"``, ``"csv"``, ``"tensorboard"``, ``"mlflow"``, ``"wandb"``,
+            ``"all"`` (those installed), GeneralTracker objects, or a list of them.
         fsdp_plugin: shard the model with FSDP2 (``FullyShardedDataParallelPlugin``); also selected by the
             launcher's ``distributed_type: FSDP``.
         deepspeed_plugin, deepspeed_plugins, torch_tp_plugin, megatron_lm_plugin,
