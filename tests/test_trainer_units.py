@@ -124,3 +124,26 @@ def test_progress_bar_shows_samples_per_second_and_can_be_switched_off(capsys, m
     silent = ProgressBar(3, enabled=False)  # e.g. ranks other than the main process, or disable_tqdm
     silent.update(1, samples=64)
     assert capsys.readouterr().err == ""
+
+
+class Counting(torch.utils.data.IterableDataset):
+    def __iter__(self):
+        for i in range(1000):
+            yield torch.tensor([float(i % 7)]), torch.tensor([1.0])
+
+
+def test_iterable_datasets_need_max_steps_and_train_for_exactly_that_many(tmp_path):
+    from lockstep import Trainer
+
+    def mse(outputs, labels, num_items_in_batch=None):
+        return nn.functional.mse_loss(outputs, labels)
+
+    args = TrainingArguments(output_dir=str(tmp_path), save_strategy="no", disable_tqdm=True)
+    trainer = Trainer(nn.Linear(1, 1), args, train_dataset=Counting(), compute_loss_func=mse)
+    with pytest.raises(
+        ValueError, match=r"no length \(an iterable dataset\).*set TrainingArguments\(max_steps"
+    ):
+        trainer.train()
+    args = TrainingArguments(output_dir=str(tmp_path), save_strategy="no", disable_tqdm=True, max_steps=5)
+    result = Trainer(nn.Linear(1, 1), args, train_dataset=Counting(), compute_loss_func=mse).train()
+    assert result.global_step == 5 and result.metrics["train_loss"] > 0

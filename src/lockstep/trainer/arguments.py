@@ -36,10 +36,9 @@ ACCELERATOR_CONFIG_DEFAULTS: dict[str, Any] = {
 }
 
 
-def _help(default: Any, text: str, **kwargs: Any) -> Any:
-    if isinstance(default, (list, dict)):
-        return field(default_factory=lambda: type(default)(default), metadata={"help": text}, **kwargs)
-    return field(default=default, metadata={"help": text}, **kwargs)
+def _help(default: Any, text: str) -> Any:
+    """A field with an immutable default and its ``--help`` text."""
+    return field(default=default, metadata={"help": text})
 
 
 @dataclass(kw_only=True)
