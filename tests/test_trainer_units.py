@@ -147,3 +147,20 @@ def test_iterable_datasets_need_max_steps_and_train_for_exactly_that_many(tmp_pa
     args = TrainingArguments(output_dir=str(tmp_path), save_strategy="no", disable_tqdm=True, max_steps=5)
     result = Trainer(nn.Linear(1, 1), args, train_dataset=Counting(), compute_loss_func=mse).train()
     assert result.global_step == 5 and result.metrics["train_loss"] > 0
+
+
+def test_rotation_keeps_the_newest_checkpoints_and_the_one_just_saved(tmp_path):
+    from lockstep.trainer._checkpoints import rotate_checkpoints, sorted_checkpoints
+
+    for step in (10, 2, 30, 20):
+        (tmp_path / f"checkpoint-{step}").mkdir()
+    (tmp_path / "checkpoint-final").mkdir()  # not a checkpoint-<step> folder: never touched
+    assert [p.name for p in sorted_checkpoints(str(tmp_path))] == [f"checkpoint-{s}" for s in (2, 10, 20, 30)]
+    removed = rotate_checkpoints(str(tmp_path), 2, keep=tmp_path / "checkpoint-30")
+    assert [p.name for p in removed] == ["checkpoint-2", "checkpoint-10"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "checkpoint-20",
+        "checkpoint-30",
+        "checkpoint-final",
+    ]
+    assert rotate_checkpoints(str(tmp_path), None, keep=tmp_path / "checkpoint-30") == []
