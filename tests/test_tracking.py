@@ -2,6 +2,7 @@
 
 import csv
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -213,8 +214,10 @@ def test_mlflow_and_wandb_runs_read_back_by_their_own_libraries(tmp_path):
 
 
 @pytest.mark.filterwarnings("ignore:The ``noload`` loader strategy is deprecated")
-def test_mlflow_runs_of_two_projects_in_one_process_keep_their_own_stores(tmp_path):
+def test_mlflow_runs_of_two_projects_in_one_process_keep_their_own_stores(tmp_path, monkeypatch):
     from mlflow import MlflowClient
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
 
     for name in ("a", "b"):
         accelerator = Accelerator(log_with="mlflow", project_dir=str(tmp_path / name))
@@ -229,3 +232,15 @@ def test_mlflow_runs_of_two_projects_in_one_process_keep_their_own_stores(tmp_pa
             run.info.artifact_uri
             == (tmp_path / name / name / "mlartifacts").as_uri() + f"/{run.info.run_id}/artifacts"
         )
+    assert "MLFLOW_TRACKING_URI" not in os.environ  # the user's environment is left as it was
+    # A store the user chose with MLFLOW_TRACKING_URI wins over the logging folder, as in Accelerate.
+    chosen = f"sqlite:///{tmp_path / 'chosen.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", chosen)
+    accelerator = Accelerator(log_with="mlflow", project_dir=str(tmp_path / "c"))
+    accelerator.init_trackers("c")
+    accelerator.log({"loss": 2.0}, step=1)
+    accelerator.end_training()
+    client = MlflowClient(chosen)
+    [run] = client.search_runs([client.get_experiment_by_name("c").experiment_id])
+    assert run.data.metrics == {"loss": 2.0} and not (tmp_path / "c" / "c" / "mlflow.db").exists()
+    assert os.environ["MLFLOW_TRACKING_URI"] == chosen

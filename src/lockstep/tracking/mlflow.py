@@ -24,8 +24,6 @@ logger = logging.getLogger("lockstep.tracking")
 
 _INSTALL = "pip install mlflow-skinny sqlalchemy alembic"
 
-_URIS_SET_HERE: set[str] = set()
-
 
 def _import_mlflow() -> Any:
     try:
@@ -125,18 +123,24 @@ class MLflowTracker(GeneralTracker):
         self._dropped: set[str] = set()
 
     def _set_tracking_uri(self, mlflow: Any, tracking_uri: str | None) -> str:
+        """Point MLflow at ``tracking_uri``, else ``MLFLOW_TRACKING_URI``, else the local store; return it."""
         from mlflow.environment_variables import MLFLOW_TRACKING_URI
 
-        # mlflow.set_tracking_uri exports MLFLOW_TRACKING_URI, so a value we set for an earlier run is not
-        # the user's choice.
-        chosen_by_user = MLFLOW_TRACKING_URI.defined and MLFLOW_TRACKING_URI.get() not in _URIS_SET_HERE
-        if tracking_uri is None and self.folder is not None and not chosen_by_user:
+        if tracking_uri is None and MLFLOW_TRACKING_URI.defined:
+            tracking_uri = MLFLOW_TRACKING_URI.get()
+        if tracking_uri is None and self.folder is not None:
             _check_sqlite_store_packages()
             self.folder.mkdir(parents=True, exist_ok=True)
             tracking_uri = default_tracking_uri(self.folder)
         if tracking_uri is not None:
+            # set_tracking_uri also exports MLFLOW_TRACKING_URI to the environment; keep the user's
+            # environment as it was, so that later runs and subprocesses do not inherit this run's store.
+            previous = MLFLOW_TRACKING_URI.get() if MLFLOW_TRACKING_URI.defined else None
             mlflow.set_tracking_uri(tracking_uri)
-            _URIS_SET_HERE.add(mlflow.get_tracking_uri())
+            if previous is None:
+                MLFLOW_TRACKING_URI.unset()
+            else:
+                MLFLOW_TRACKING_URI.set(previous)
         return mlflow.get_tracking_uri()
 
     def _experiment_id(self, mlflow: Any) -> str:
