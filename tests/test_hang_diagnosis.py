@@ -30,7 +30,7 @@ WORKER = SCRIPTS / "hang_worker.py"
 LINES = {
     marker: number
     for number, text in enumerate(WORKER.read_text().splitlines(), start=1)
-    for marker in ("ALL_REDUCE_HERE", "BARRIER_HERE", "SLEEPS_HERE")
+    for marker in ("ALL_REDUCE_HERE", "BARRIER_HERE", "SLEEPS_HERE", "BACKWARD_HERE")
     if marker in text
 }
 
@@ -90,6 +90,28 @@ def test_summary_lists_ranks_that_did_not_report_and_compresses_ranges():
     )
     assert format_ranks([7]) == "rank 7"
     assert summarize([], 1) == "rank 0 did not report (dead, or stuck outside Python)"
+
+
+def test_summary_of_a_timeout_inside_torch_and_where_frames_point():
+    from lockstep.diagnostics.stacks import describe_frames, traceback_location
+
+    reports = [
+        RankReport(rank=0, location="t.py:12 in <module>, in torch's backward", unrecorded_timeout=True),
+        RankReport(rank=1, location="t.py:10 in <module>"),
+    ]
+    assert summarize(reports, 2) == (
+        "rank 1 is not in a collective, at t.py:10 in <module>; "
+        "rank 0 is timed out in a collective torch issued itself, at t.py:12 in <module>, in torch's backward"
+    )
+
+    def fails() -> None:
+        torch.zeros(2).view(3)  # RAISES_HERE
+
+    with pytest.raises(RuntimeError) as caught:
+        fails()
+    here = Path(__file__).name
+    assert traceback_location(caught.value) == f"{here}:{_line_of('RAISES_HERE')} in fails"
+    assert describe_frames([]) is None
 
 
 def test_report_round_trips_through_plain_data_and_the_line_names_the_folder():
@@ -325,6 +347,20 @@ def test_process_group_timeout_gives_the_same_summary(tmp_path):
         f"rank 0 is waiting in all_reduce #6 (hang_worker.py:{LINES['ALL_REDUCE_HERE']}), timed out" in line
     )
     assert "Timed out waiting" not in result.stderr  # no bare gloo text
+    _assert_dumps(tmp_path, line)
+
+
+def test_timeout_inside_ddp_backward_gives_the_summary(tmp_path):
+    result, seconds = _launch("ddp-timeout", tmp_path)
+    assert result.returncode == HANG_EXIT_CODE, result.stderr
+    assert seconds < 30
+    [line] = _hang_lines(result.stderr)
+    assert "(a collective torch issued on rank 0 hit the process-group timeout)" in line
+    assert (
+        f"rank 0 is timed out in a collective torch issued itself, at hang_worker.py:{LINES['BACKWARD_HERE']} "
+        "in <module>, in torch's "
+    ) in line
+    assert "rank 1 is not in a collective, at hang_worker.py:" in line
     _assert_dumps(tmp_path, line)
 
 

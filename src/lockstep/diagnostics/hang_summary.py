@@ -33,6 +33,8 @@ class RankReport:
         location: where its main thread is in the user's code (``train.py:20 in main``).
         steps: optimizer steps completed so far.
         seconds_since_progress: seconds since the last completed step or collective.
+        unrecorded_timeout: a collective torch issued itself (e.g. DDP's gradient all-reduce, not in the
+            record) hit the process-group timeout at ``location``.
         host: the machine's name.
         pid: the process id.
     """
@@ -44,6 +46,7 @@ class RankReport:
     location: str | None = None
     steps: int = 0
     seconds_since_progress: float | None = None
+    unrecorded_timeout: bool = False
     host: str = ""
     pid: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
@@ -88,8 +91,10 @@ def _state(report: RankReport) -> tuple[tuple[Any, ...], str, str]:
         )
         return key, "in", text
     where = report.location or "an unknown place"
+    if report.unrecorded_timeout:
+        return ("torch", report.location), "in", f"timed out in a collective torch issued itself, at {where}"
     last = report.last_done
-    tail = f" (its last collective, {collective_label(last)}, finished)" if last else " (no collective yet)"
+    tail = f" (its last collective, {collective_label(last)}, finished)" if last else ""
     return ("out", report.location), "out", f"not in a collective, at {where}{tail}"
 
 

@@ -35,7 +35,7 @@ from lockstep.diagnostics.exchange import PeerExchange
 from lockstep.diagnostics.hang_summary import HANG_EXIT_CODE, RankReport, hang_line, summarize
 from lockstep.diagnostics.records import write_error_record
 from lockstep.diagnostics.settings import WatchdogPlan
-from lockstep.diagnostics.stacks import format_all_threads, user_location
+from lockstep.diagnostics.stacks import format_all_threads, traceback_location, user_location
 
 logger = logging.getLogger(__name__)
 
@@ -81,6 +81,8 @@ class HangWatchdog:
         self._thread: threading.Thread | None = None
         self.poll = 1.0 if plan.timeout is None else min(1.0, max(0.05, plan.timeout / 10))
         self.group = dist.group.WORLD if dist.is_initialized() else None
+        self._raised_at: str | None = None
+        self._unrecorded_timeout = False
 
     # -- progress ---------------------------------------------------------------------------------
     def note_step(self) -> None:
@@ -148,19 +150,35 @@ class HangWatchdog:
     # -- failures seen by the main thread ---------------------------------------------------------
     def _collective_failed(self, entry: CollectiveEntry, error: BaseException) -> None:
         """A recorded collective raised: a process-group timeout, or a peer that left during a diagnosis."""
-        self.on_error(error, f"{entry.op} #{entry.seq} on rank {self.rank} hit the process-group timeout")
+        reason = f"{entry.op} #{entry.seq} on rank {self.rank} hit the process-group timeout"
+        self.on_error(error, reason, recorded=True)
 
-    def on_error(self, error: BaseException, timeout_reason: str | None = None) -> None:
-        """Turn a collective timeout (or any error during another rank's diagnosis) into a diagnosis."""
+    def on_error(
+        self, error: BaseException, timeout_reason: str | None = None, *, recorded: bool = False
+    ) -> None:
+        """Turn a collective timeout (or any error during another rank's diagnosis) into a diagnosis.
+
+        Args:
+            error: what the main thread raised.
+            timeout_reason: the reason to give when ``error`` is a timeout.
+            recorded: ``error`` came out of a recorded collective (else, e.g., out of DDP's backward).
+        """
         if self._stop.is_set():
             return
         if self._diagnosing:
             self._wait_for_exit()
         announced = self.exchange.flag() if self.exchange is not None else None
+        timeout = is_collective_timeout(error)
+        if announced is None and not timeout:
+            return
+        if not recorded:  # the stack has unwound: say where it was raised
+            self._raised_at = traceback_location(error)
+            self._unrecorded_timeout = timeout
         if announced is not None:
             self.diagnose(announced)
-        if is_collective_timeout(error):
-            self.diagnose(timeout_reason or f"a collective on rank {self.rank} hit the process-group timeout")
+        self.diagnose(
+            timeout_reason or f"a collective torch issued on rank {self.rank} hit the process-group timeout"
+        )
 
     # -- diagnosis --------------------------------------------------------------------------------
     def diagnose(self, reason: str) -> NoReturn:
@@ -194,7 +212,8 @@ class HangWatchdog:
             reason=reason,
             in_flight=in_flight.to_dict(now, wall) if in_flight else None,
             last_done=last_done.to_dict(now, wall) if last_done else None,
-            location=user_location(self.log.main_thread),
+            location=self._raised_at or user_location(self.log.main_thread),
+            unrecorded_timeout=self._unrecorded_timeout,
             steps=self.steps,
             seconds_since_progress=self.seconds_since_progress(),
             host=socket.gethostname(),
