@@ -10,13 +10,12 @@ machine load), then prints the median step-time ratio. Targets: step ratio <= 1.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
+
+from _torchrun import run_worker, user_env
 
 IMPORTS = {"torch": "import torch", "lockstep": "from lockstep import Accelerator"}
 
@@ -25,7 +24,7 @@ def import_times(repeats: int) -> tuple[float, float]:
     """Median wall time of `import torch` and of `from lockstep import Accelerator` (which imports torch)."""
     # Bytecode caching on, as on a user's machine (this workplace sets PYTHONDONTWRITEBYTECODE=1, which
     # would make lockstep recompile its sources on every import while torch's wheel ships .pyc files).
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env = user_env()
     times: dict[str, list[float]] = {name: [] for name in IMPORTS}
     for statement in IMPORTS.values():
         subprocess.run([sys.executable, "-c", statement], check=True, env=env)  # writes the caches
@@ -38,23 +37,9 @@ def import_times(repeats: int) -> tuple[float, float]:
 
 
 def launch_workers(args: argparse.Namespace) -> dict:
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node",
-        "2",
-        "--master_port",
-        "29531",
-        str(Path(__file__).with_name("_ddp_overhead_worker.py")),
-        "--blocks",
-        str(args.blocks),
-        "--steps",
-        str(args.steps),
-    ]
-    output = subprocess.run(command, env=env, check=True, capture_output=True, text=True).stdout
-    return json.loads(output.strip().splitlines()[-1])
+    return run_worker(
+        "_ddp_overhead_worker.py", 29531, "--blocks", str(args.blocks), "--steps", str(args.steps)
+    )
 
 
 def main() -> None:

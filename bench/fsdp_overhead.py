@@ -12,11 +12,8 @@ for FSDP (target: FSDP <= DDP / N + 5%).
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
+
+from _torchrun import run_worker
 
 
 def main() -> None:
@@ -24,24 +21,7 @@ def main() -> None:
     parser.add_argument("--blocks", type=int, default=10)
     parser.add_argument("--steps", type=int, default=10)
     args = parser.parse_args()
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    env.pop("PYTHONDONTWRITEBYTECODE", None)  # as on a user's machine (see ddp_overhead.py)
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node",
-        "2",
-        "--master_port",
-        "29533",
-        str(Path(__file__).with_name("_fsdp_worker.py")),
-        "--blocks",
-        str(args.blocks),
-        "--steps",
-        str(args.steps),
-    ]
-    output = subprocess.run(command, env=env, check=True, capture_output=True, text=True).stdout
-    result = json.loads(output.strip().splitlines()[-1])
+    result = run_worker("_fsdp_worker.py", 29533, "--blocks", str(args.blocks), "--steps", str(args.steps))
     world = result["world"]
     print(
         f"step time, {world} CPU processes, {result['parameters'] / 1e6:.1f}M parameters: hand-written "
