@@ -10,6 +10,7 @@ inside it. Other accelerators (``mps``, ``xpu``, ...) wait for the device at eve
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -49,10 +50,17 @@ class CudaClock(CpuClock):
 
 
 class SynchronizingClock(CpuClock):
-    """Wall-clock marks taken after waiting for the device (accelerators without timing events here)."""
+    """Wall-clock marks taken after waiting for the device (accelerators without timing events here).
+
+    Args:
+        synchronize: waits for the device (``torch.mps.synchronize``, ``torch.xpu.synchronize``, ...).
+    """
+
+    def __init__(self, synchronize: Callable[[], None]) -> None:
+        self.synchronize = synchronize
 
     def mark(self) -> Any:
-        torch.accelerator.synchronize()
+        self.synchronize()
         return time.perf_counter()
 
 
@@ -61,6 +69,7 @@ def clock_for(device: torch.device) -> CpuClock:
     accelerators (``mps``, ``xpu``, ...), plain wall clock on the CPU."""
     if device.type == "cuda":
         return CudaClock(device)
-    if device.type == "cpu":
+    synchronize = getattr(getattr(torch, device.type, None), "synchronize", None)
+    if device.type == "cpu" or synchronize is None:
         return CpuClock()
-    return SynchronizingClock()
+    return SynchronizingClock(synchronize)

@@ -16,8 +16,9 @@ class ThroughputKwargs(KwargsHandler):
         >>> # accelerator = Accelerator(kwargs_handlers=[handler]); then accelerator.step_stats
     """
 
-    log_every_n_steps: int = 1
-    """Send the step's figures to the active trackers every this many optimizer steps (0: never)."""
+    log_every_n_steps: int = 10
+    """Every this many optimizer steps, send the figures of those steps to the active trackers (times per
+    step averaged over them, rates over them; 0: never). ``step_stats`` always holds the last step's."""
     count_flops: bool = True
     """Count the model's FLOPs once, on the first step, with ``torch.utils.flop_counter.FlopCounterMode``."""
     peak_flops: float | None = None

@@ -46,10 +46,9 @@ from lockstep.throughput.batch_counts import BatchCounts
 from lockstep.throughput.clock import clock_for
 from lockstep.throughput.comm import ExposedCommunication
 from lockstep.throughput.config import ThroughputKwargs
+from lockstep.throughput.figures import PHASES, StepTotals, figures
 from lockstep.throughput.flops import FlopCounting
 from lockstep.throughput.peak_flops import compute_dtype_name, device_peak_flops
-
-PHASES = ("data", "forward_backward", "optimizer", "checkpoint")
 
 _NOT_LOOKED_UP = object()
 
@@ -113,6 +112,7 @@ class StepTimer:
         self.steps = 0
         """Optimizer steps measured so far."""
         self._stats: dict[str, float] = {}
+        self._window: StepTotals | None = None  # the steps since the last log
         self._step_start: Any = None
         self._cursor: Any = None  # the end of the last measured phase: where forward_backward starts
         self._syncing = False
@@ -251,14 +251,8 @@ class StepTimer:
         for entry in self._open:  # a phase still running carries over into the next step
             self._intervals.append((entry[0], entry[1], end))
             entry[1] = end
-        elapsed = self.clock.elapsed
-        totals = dict.fromkeys(PHASES, 0.0)
-        for phase, start, stop in self._intervals:
-            totals[phase] += elapsed(start, stop)
-        step_seconds = elapsed(self._step_start, end)
-        communication = [elapsed(start, stop) for start, stop in self._comm_intervals]
-        counted = self._flops is not None and self._flops.end_step(self._counts.elements)
-        self._stats = self._figures(totals, step_seconds, communication, counted)
+        totals = self._measure(end)
+        self._stats = figures(totals, num_processes=self.num_processes, peak_flops=self._peak_flops())
         open_phases = self._open
         self._reset_step()
         self._open = open_phases
@@ -266,35 +260,41 @@ class StepTimer:
         self.steps += 1
         if self._flops is not None:
             self._flops.arm()  # no-op once counted; retries when the counted step saw no forward
-        every = self.config.log_every_n_steps
-        if every and self.steps % every == 0 and self._logging_active():
-            self._log(dict(self._stats), self.steps)
+        self._log_window(totals)
 
-    def _figures(
-        self, totals: dict[str, float], step_seconds: float, communication: list[float], counted: bool
-    ) -> dict[str, float]:
-        figures = {f"time/{phase}": seconds for phase, seconds in totals.items()}
-        figures["time/other"] = step_seconds - sum(totals.values())
-        figures["time/step"] = step_seconds
-        if communication:
-            figures["time/communication"] = sum(communication)
-        if step_seconds <= 0:
-            return figures
-        world, counts = self.num_processes, self._counts
-        if counts.batches:
-            figures["samples_per_second"] = counts.samples * world / step_seconds
-        tokens = counts.tokens()
-        if tokens is not None:
-            figures["tokens_per_second"] = tokens * world / step_seconds
+    def _measure(self, end: Any) -> StepTotals:
+        elapsed = self.clock.elapsed
+        phases = dict.fromkeys(PHASES, 0.0)
+        for phase, start, stop in self._intervals:
+            phases[phase] += elapsed(start, stop)
+        communication = [elapsed(start, stop) for start, stop in self._comm_intervals]
+        counts = self._counts
         flops = None
         if self._flops is not None:
-            flops = float(self._flops.flops or 0) if counted else self._flops.step_flops(counts.elements)
-        if flops:
-            figures["flops_per_second"] = flops * world / step_seconds
-            peak = self._peak_flops()
-            if peak is not None:
-                figures["mfu"] = flops / step_seconds / peak
-        return figures
+            counted = self._flops.end_step(counts.elements)
+            flops = self._flops.flops if counted else self._flops.step_flops(counts.elements)
+        return StepTotals(
+            steps=1,
+            seconds=elapsed(self._step_start, end),
+            phases=phases,
+            communication=sum(communication) if communication else None,
+            batches=counts.batches,
+            samples=counts.samples,
+            tokens=counts.tokens(),
+            flops=flops or None,
+        )
+
+    def _log_window(self, totals: StepTotals) -> None:
+        """Every ``log_every_n_steps`` steps, log the figures of those steps together."""
+        every = self.config.log_every_n_steps
+        if not every:
+            return
+        self._window = totals if self._window is None else self._window + totals
+        if self.steps % every == 0:
+            window, self._window = self._window, None
+            if self._logging_active():
+                values = figures(window, num_processes=self.num_processes, peak_flops=self._peak_flops())
+                self._log(values, self.steps)
 
     def _peak_flops(self) -> float | None:
         if self._peak is _NOT_LOOKED_UP:
