@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import shutil
 
 import numpy as np
 import pytest
@@ -46,17 +47,16 @@ def accuracy(prediction) -> dict[str, float]:
     return {"accuracy": float((np.argmax(prediction.predictions, axis=-1) == prediction.label_ids).mean())}
 
 
-def _train(output_dir: str, options: dict) -> dict:
-    args = TrainingArguments(
-        output_dir=output_dir,
-        num_train_epochs=6,
-        per_device_train_batch_size=8,
-        per_device_eval_batch_size=8,
-        learning_rate=1e-2,
-        logging_steps=6,
-        save_strategy="no",
-        **options,
-    )
+def _train(output_dir: str, options: dict, resume: bool | None = None) -> dict:
+    settings = {
+        "num_train_epochs": 6,
+        "per_device_train_batch_size": 8,
+        "per_device_eval_batch_size": 8,
+        "learning_rate": 1e-2,
+        "logging_steps": 6,
+        "save_strategy": "no",
+    }
+    args = TrainingArguments(output_dir=output_dir, **{**settings, **options})
     trainer = Trainer(
         tiny_bert(),
         args,
@@ -65,7 +65,7 @@ def _train(output_dir: str, options: dict) -> dict:
         compute_metrics=accuracy,
     )
     with contextlib.redirect_stdout(io.StringIO()):
-        trainer.train()
+        trainer.train(resume_from_checkpoint=resume)
         metrics = trainer.evaluate()
         predicted = trainer.predict(examples(37, seed=2))
     weights = trainer.accelerator.get_state_dict(trainer.model_wrapped)
@@ -108,7 +108,14 @@ def test_tiny_bert_ddp_and_gradient_checkpointing(tmp_path):
 
 
 @pytest.mark.slow
-def test_tiny_bert_fsdp(tmp_path):
-    options = {"fsdp": "full_shard auto_wrap", "fsdp_config": {"state_dict_type": "FULL_STATE_DICT"}}
-    result, _ = run_distributed(_train, 2, str(tmp_path), options, timeout=240, env=QUIET)
+def test_tiny_bert_fsdp_trains_evaluates_and_resumes_exactly(tmp_path):
+    options = {"fsdp": "full_shard auto_wrap", "save_strategy": "steps", "save_steps": 16}
+    result, _ = run_distributed(_train, 2, str(tmp_path / "full"), options, timeout=240, env=QUIET)
     _check_against_one_process(result)
+    shutil.copytree(
+        tmp_path / "full" / "checkpoint-16", tmp_path / "resumed" / "checkpoint-16"
+    )  # mid-epoch 3
+    resumed, _ = run_distributed(_train, 2, str(tmp_path / "resumed"), options, True, timeout=240, env=QUIET)
+    for name, value in result["weights"].items():  # sharded checkpoint, every rank's data position and RNGs
+        assert torch.equal(resumed["weights"][name], value), name
+    assert resumed["metrics"]["eval_loss"] == result["metrics"]["eval_loss"]
