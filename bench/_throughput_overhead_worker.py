@@ -115,12 +115,14 @@ def measure(accelerator: Accelerator, model_name: str, blocks: int, steps: int) 
     }
 
 
-def accounting_cost_us(accelerator: Accelerator, *, logged: bool, repeats: int = 3000) -> float:
+def accounting_cost_us(
+    accelerator: Accelerator, *, logged: bool, every: int = 10, repeats: int = 3000
+) -> float:
     """CPU microseconds one step of accounting costs by itself: a StepTimer driven through the hooks of a
     step (a batch handed over, a backward, an optimizer step, the figures at its end) with no training;
-    with ``logged``, the figures also go to the Accelerator's jsonl tracker, as they do by default."""
+    with ``logged``, the figures also go to the Accelerator's jsonl tracker every ``every`` steps."""
     timer = StepTimer(
-        ThroughputKwargs(count_flops=False),
+        ThroughputKwargs(count_flops=False, log_every_n_steps=every),
         device=torch.device("cpu"),
         num_processes=1,
         models=list,
@@ -155,6 +157,7 @@ def main() -> None:
         results["accounting_cost_us"] = {
             "on": accounting_cost_us(accelerators[0], logged=False),
             "on+jsonl": accounting_cost_us(accelerators[0], logged=True),
+            "on+jsonl every step": accounting_cost_us(accelerators[0], logged=True, every=1),
         }
         if accelerators[0].is_main_process:
             print(json.dumps(results))
