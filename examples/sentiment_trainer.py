@@ -26,7 +26,7 @@ from sentiment_data import (
     split,
 )
 
-from lockstep import EvalPrediction, Trainer, TrainingArguments
+from lockstep import EvalPrediction, Trainer, TrainingArguments, set_seed
 
 DEFAULTS = {
     "output_dir": "runs/sentiment_trainer",
@@ -57,6 +57,7 @@ def main() -> None:
     model_path = data_args.model or default_model_path()
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     train_examples, eval_examples = split(read_examples(data_args), data_args, args.seed)
+    set_seed(args.seed)  # the new classification head is drawn from the seeded generator
     model = AutoModelForSequenceClassification.from_pretrained(model_path, num_labels=2)
     trainer = Trainer(
         model,
