@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from lockstep import Accelerator
+from lockstep import Accelerator, ThroughputKwargs
 from lockstep.report import read_run, summarize
 from tests.helpers.cli import lockstep
 from tests.helpers.multiprocess import run_distributed
@@ -19,7 +19,10 @@ STEPS = 40
 
 
 def _train_and_log(project_dir: str) -> None:
-    accelerator = Accelerator(log_with="jsonl", project_dir=project_dir, step_timing=True)
+    # Throughput figures every 2nd step (averages of the 2 steps), as the accounting logs them.
+    accelerator = Accelerator(
+        log_with="jsonl", project_dir=project_dir, kwargs_handlers=[ThroughputKwargs(log_every_n_steps=2)]
+    )
     accelerator.init_trackers("regression", config={"lr": 0.05})
     model = make_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
@@ -55,7 +58,8 @@ def test_summary_of_a_real_run(run_dir):
     lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     losses = [record["loss"] for record in lines if "loss" in record]
     assert len(losses) == STEPS and len(run.series["loss"]) == STEPS
-    assert len(run.series["time/step"]) == STEPS and len(run.series["samples_per_second"]) == STEPS
+    assert run.series["time/step"].steps == [float(s) for s in range(2, STEPS + 1, 2)]
+    assert len(run.series["samples_per_second"]) == STEPS // 2
     summary = "\n".join(summarize(run))
     best = min(losses)
     assert (
@@ -65,8 +69,10 @@ def test_summary_of_a_real_run(run_dir):
     assert f"{STEPS} steps (1 to {STEPS})" in summary
     assert "lr: 0.04938 -> 0.025 (max 0.04938)" in summary  # logged after scheduler.step()
     assert "eval_loss: best" in summary
-    assert "samples/s: median" in summary and f"over {STEPS} steps" in summary
+    assert "samples/s: median" in summary and f"over {STEPS // 2} logged values" in summary
     where = next(line for line in summary.splitlines() if "where time went" in line)
+    total = sum(2 * seconds for seconds in run.series["time/step"].values)  # each record: mean of 2 steps
+    assert f"where time went ({total:.1f} s in {STEPS} steps, median logged step time" in where
     for phase in ("data", "forward_backward", "optimizer", "other"):
         assert f"{phase} " in where
     shares = [float(part.split()[-1].rstrip("%")) for part in where.split(": ", 1)[1].split(", ")]

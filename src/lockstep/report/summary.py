@@ -9,6 +9,7 @@ from lockstep.report.runlog import (
     STEP_TIME_TOTAL,
     UNITS,
     RunLog,
+    Series,
     loss_keys,
     lr_keys,
     phase_keys,
@@ -78,7 +79,7 @@ def _lr_lines(run: RunLog) -> list[str]:
 def _throughput_lines(run: RunLog) -> list[str]:
     lines = [
         f"  {UNITS[key]}: median {_si(statistics.median(run.series[key].values))} "
-        f"over {len(run.series[key])} steps (all processes)"
+        f"over {len(run.series[key])} logged values (all processes)"
         for key in throughput_keys(run)
     ]
     if "mfu" in run.series:
@@ -86,30 +87,39 @@ def _throughput_lines(run: RunLog) -> list[str]:
     return lines
 
 
+def _steps_covered(series: Series) -> list[float]:
+    """How many steps each record stands for: throughput accounting logs every n-th step the average of
+    the n steps since its previous record, so a record at step s covers s minus the previous record's step."""
+    weights, previous = [], 0.0
+    for step in series.steps:
+        weights.append(step - previous if step > previous else 1.0)
+        previous = step
+    return weights
+
+
+def _seconds(series: Series) -> float:
+    return sum(value * weight for value, weight in zip(series.values, _steps_covered(series)))
+
+
 def _time_lines(run: RunLog) -> list[str]:
-    phases = {key: sum(run.series[key].values) for key in phase_keys(run)}
+    phases = {key: _seconds(run.series[key]) for key in phase_keys(run)}
     if not phases:
         return []
-    total = sum(run.series[STEP_TIME_TOTAL].values) if STEP_TIME_TOTAL in run.series else sum(phases.values())
+    reference = run.series.get(STEP_TIME_TOTAL) or run.series[max(phases, key=lambda k: len(run.series[k]))]
+    total = _seconds(run.series[STEP_TIME_TOTAL]) if STEP_TIME_TOTAL in run.series else sum(phases.values())
     if total <= 0:
         return []
-    steps = (
-        len(run.series[STEP_TIME_TOTAL])
-        if STEP_TIME_TOTAL in run.series
-        else max(map(len, (run.series[k] for k in phases)))
-    )
+    steps = sum(_steps_covered(reference))
     ordered = sorted(phases.items(), key=lambda item: -item[1])
     parts = ", ".join(f"{key[len('time/') :]} {100 * seconds / total:.1f}%" for key, seconds in ordered)
-    lines = [
-        f"  where time went ({_duration(total)} in {steps} steps, median step {_median_step(run)}): {parts}"
-    ]
+    lines = [f"  where time went ({_duration(total)} in {steps:g} steps{_median_step(run)}): {parts}"]
     if COMMUNICATION in run.series:
-        share = 100 * sum(run.series[COMMUNICATION].values) / total
+        share = 100 * _seconds(run.series[COMMUNICATION]) / total
         lines.append(f"  exposed communication: {share:.1f}% of step time (inside forward_backward)")
     return lines
 
 
 def _median_step(run: RunLog) -> str:
     if STEP_TIME_TOTAL not in run.series:
-        return "unknown"
-    return f"{1000 * statistics.median(run.series[STEP_TIME_TOTAL].values):.1f} ms"
+        return ""
+    return f", median logged step time {1000 * statistics.median(run.series[STEP_TIME_TOTAL].values):.1f} ms"
