@@ -19,10 +19,10 @@ import logging
 import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-from torch import nn
+if TYPE_CHECKING:  # torch is imported where it is used, so that the command line starts fast
+    from torch import nn
 
 logger = logging.getLogger("lockstep.fsdp")
 
@@ -198,6 +198,7 @@ class FullyShardedDataParallelPlugin:
 
     def mixed_precision(self, accelerator_precision: str) -> Any:
         """The ``MixedPrecisionPolicy`` to shard with, given the Accelerator's ``mixed_precision``."""
+        import torch
         from torch.distributed.fsdp import MixedPrecisionPolicy
 
         policy = self.mixed_precision_policy
@@ -236,6 +237,8 @@ class FullyShardedDataParallelPlugin:
 
 
 def _dtype(key: str, value: Any) -> Any:
+    import torch
+
     if key == "cast_forward_inputs" or value is None or isinstance(value, torch.dtype):
         return value
     names = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16}
