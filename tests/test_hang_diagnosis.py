@@ -159,6 +159,19 @@ def test_invalid_settings_are_refused():
         HangDetectionKwargs(history=0)
 
 
+def test_only_communication_errors_can_start_a_diagnosis():
+    from lockstep.diagnostics.watchdog import HangWatchdog, is_collective_timeout, is_communication_error
+
+    gloo_timeout = RuntimeError("[gloo/unbound_buffer.cc:78] Timed out waiting 10000ms for recv operation")
+    assert is_collective_timeout(gloo_timeout)
+    assert not is_collective_timeout(ValueError("bad batch"))
+    assert is_communication_error(RuntimeError("[gloo/pair.cc:534] Connection closed by peer"))
+    assert not is_communication_error(ValueError("bad batch"))
+    watchdog = HangWatchdog(resolve_plan(None, 10.0, None), rank=0, world_size=2, exchange=None)
+    assert watchdog.on_error(ValueError("bad batch")) is None  # returns: the user's error propagates
+    assert watchdog.on_error(RuntimeError("Connection closed by peer")) is None  # nobody announced a hang
+
+
 # -- the launcher's report --------------------------------------------------------------------------
 def _failure(rank: int, message: dict | None, exitcode: int = HANG_EXIT_CODE) -> SimpleNamespace:
     return SimpleNamespace(

@@ -48,6 +48,14 @@ def is_collective_timeout(error: BaseException) -> bool:
     return "timed out" in text or "timeout" in text
 
 
+def is_communication_error(error: BaseException) -> bool:
+    """Whether ``error`` came from the communication layer (e.g. a peer that left during a diagnosis)."""
+    if isinstance(error, dist.DistError):
+        return True
+    text = str(error).lower()
+    return any(word in text for word in ("connection", "peer", "gloo", "nccl", "socket"))
+
+
 class HangWatchdog:
     """Watches one rank. Create it after the process group, then :meth:`start` it.
 
@@ -167,8 +175,10 @@ class HangWatchdog:
             return
         if self._diagnosing:
             self._wait_for_exit()
-        announced = self.exchange.flag() if self.exchange is not None else None
         timeout = is_collective_timeout(error)
+        if not (timeout or is_communication_error(error)):
+            return  # the user's own error: no need to ask the store
+        announced = self.exchange.flag() if self.exchange is not None else None
         if announced is None and not timeout:
             return
         if not recorded:  # the stack has unwound: say where it was raised
