@@ -14,9 +14,10 @@ Example:
     ...     print(accelerator.step_stats["time/data"], accelerator.step_stats["samples_per_second"])
 """
 
+from lockstep.throughput.build import NullStepTimer, build_step_timer
 from lockstep.throughput.config import ThroughputKwargs
 from lockstep.throughput.peak_flops import compute_dtype_name, device_peak_flops, peak_flops_per_second
-from lockstep.throughput.step_timer import NullStepTimer, StepTimer, build_step_timer
+from lockstep.throughput.step_timer import StepTimer
 
 __all__ = [
     "NullStepTimer",

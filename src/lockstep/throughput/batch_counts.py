@@ -26,11 +26,22 @@ class BatchCounts:
     token_sums: list[torch.Tensor | int] = field(default_factory=list)
     """Per batch: ``attention_mask.sum()``, else ``input_ids.numel()``; empty without token inputs."""
 
+    def reset(self) -> None:
+        """Start counting a new step."""
+        self.batches = self.samples = self.elements = 0
+        self.token_sums.clear()
+
     def add(self, batch: Any) -> None:
         """Count one batch."""
+        self.batches += 1
+        kind = type(batch)
+        if (kind is tuple or kind is list) and batch and type(batch[0]) is torch.Tensor:  # (inputs, ...)
+            samples = batch[0].shape[0] if batch[0].dim() else 1
+            self.samples += samples
+            self.elements += samples
+            return
         first = first_tensor(batch)
         samples = 0 if first is None else (int(first.shape[0]) if first.dim() > 0 else 1)
-        self.batches += 1
         self.samples += samples
         input_ids, mask = _token_fields(batch)
         if input_ids is not None:

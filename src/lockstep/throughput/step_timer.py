@@ -35,7 +35,7 @@ Times on CUDA are device time, from CUDA events read once per step; on the CPU, 
 
 from __future__ import annotations
 
-import contextlib
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
@@ -43,10 +43,10 @@ import torch
 from torch import nn
 
 from lockstep.throughput.batch_counts import BatchCounts
-from lockstep.throughput.clock import clock_for
+from lockstep.throughput.clock import CpuClock, clock_for
 from lockstep.throughput.comm import ExposedCommunication
 from lockstep.throughput.config import ThroughputKwargs
-from lockstep.throughput.figures import PHASES, StepTotals, figures
+from lockstep.throughput.figures import StepTotals, figures
 from lockstep.throughput.flops import FlopCounting
 from lockstep.throughput.peak_flops import compute_dtype_name, device_peak_flops
 
@@ -74,6 +74,9 @@ class _Window:
 class StepTimer:
     """Measures every optimizer step of one Accelerator (built by :func:`build_step_timer`).
 
+    The hooks run on every step, so they only take clock marks and append to lists; the figures are
+    computed when read (``stats``) or logged.
+
     Args:
         config: the settings.
         device: the training device (picks the clock).
@@ -81,7 +84,8 @@ class StepTimer:
         models: returns the prepared models.
         optimizers: returns the prepared optimizers.
         mixed_precision: returns the Accelerator's mixed-precision mode.
-        log: ``log(values, step)``, called with each step's figures when ``logging_active()`` is true.
+        log: ``log(values, step)``, called with the figures of every ``log_every_n_steps`` steps when
+            ``logging_active()`` is true.
         logging_active: whether any tracker is running.
     """
 
@@ -102,34 +106,35 @@ class StepTimer:
         self.config = config
         self.device = device
         self.clock = clock_for(device)
+        self._cpu = type(self.clock) is CpuClock
+        self._mark = time.perf_counter if self._cpu else self.clock.mark  # no extra call on the CPU
         self.num_processes = num_processes
         self._models, self._optimizers = models, optimizers
         self._mixed_precision = mixed_precision
         self._log, self._logging_active = log, logging_active
         self._flops = FlopCounting(models) if config.count_flops else None
-        self._comm = ExposedCommunication(self.clock)
+        self._counted_flops: tuple[float, int] | None = None  # (FLOPs, padded elements) of the counted step
+        self._comm = ExposedCommunication(self.clock) if num_processes > 1 else None
         self._peak: Any = _NOT_LOOKED_UP
         self.steps = 0
         """Optimizer steps measured so far."""
-        self._stats: dict[str, float] = {}
-        self._window: StepTotals | None = None  # the steps since the last log
+        self._last: StepTotals | None = None
+        self._stats: dict[str, float] | None = None  # figures of _last, computed when first read
+        self._window: list[StepTotals] = []  # the steps since the last log
         self._step_start: Any = None
         self._cursor: Any = None  # the end of the last measured phase: where forward_backward starts
-        self._syncing = False
         self._handed_over: Any = None  # the last batch a prepared loader handed over, until a backward
+        self._syncing = False
         self._stepping = 0
-        self._backward_window = _Window(self._backward_started, self._backward_finished)
-        self._optimizer_window = _Window(self._optimizer_started, self._optimizer_finished)
-        self._checkpoint_window = _Window(lambda: self._enter("checkpoint"), lambda: self._exit("checkpoint"))
-        self._reset_step()
-
-    def _reset_step(self) -> None:
         self._intervals: list[tuple[str, Any, Any]] = []
         self._comm_intervals: list[tuple[Any, Any]] = []
         self._open: list[list[Any]] = []  # [phase, start of its current segment], innermost last
         self._counts = BatchCounts()
         self._backwards = 0
         self._stepped: set[int] = set()
+        self._backward_window = _Window(self._backward_started, self._backward_finished)
+        self._optimizer_window = _Window(self._optimizer_started, self._optimizer_finished)
+        self._checkpoint_window = _Window(lambda: self._enter("checkpoint"), lambda: self._exit("checkpoint"))
 
     # Shared, never copied: a copy of a watched loader or optimizer is watched by the same timer.
     def __copy__(self) -> StepTimer:
@@ -146,10 +151,14 @@ class StepTimer:
     @property
     def stats(self) -> dict[str, float]:
         """The last completed step's figures (empty before the first step ends)."""
+        if self._last is None:
+            return {}
+        if self._stats is None:
+            self._stats = figures(self._last, num_processes=self.num_processes, peak_flops=self._peak_flops())
         return dict(self._stats)
 
     def time_batches(self, batches: Iterable[Any]) -> Iterator[Any]:
-        """Yield ``batches``, timing each ``next()`` as ``time/data`` and counting what it returns."""
+        """Yield ``batches``, timing each ``next()`` as ``time/data``."""
         iterator = iter(batches)
         while True:
             self._enter("data")
@@ -171,30 +180,26 @@ class StepTimer:
 
     def _backward_started(self) -> None:
         if self._step_start is None:
-            self._begin(self.clock.mark())
-        self._syncing = self._comm.before_backward(self._models())
-        self._commit_batch()
+            self._begin(self._mark())
+        if self._comm is not None:
+            self._syncing = self._comm.before_backward(self._models())
+        if self._handed_over is not None:  # the batch this backward trains on
+            self._counts.add(self._handed_over)
+            self._handed_over = None
+        self._backwards += 1
         if self._flops is not None:
             self._flops.open_backward()
 
     def _backward_finished(self) -> None:
         if self._flops is not None:
             self._flops.close_backward()
-        end = self.clock.mark()
-        last_gradient = self._comm.after_backward(self._syncing)
+        end = self._mark()
+        last_gradient = None if self._comm is None else self._comm.after_backward(self._syncing)
         if not self._open:  # inside a phase (an optimizer closure) the time is that phase's
             self._intervals.append(("forward_backward", self._cursor, end))
             self._cursor = end
             if last_gradient is not None:
                 self._comm_intervals.append((last_gradient, end))
-
-    def _commit_batch(self) -> None:
-        """Count the last batch handed over: the one this backward trains on. Batches read but never
-        trained on (evaluation in the middle of training) are not samples of the step."""
-        self._backwards += 1
-        if self._handed_over is not None:
-            self._counts.add(self._handed_over)
-            self._handed_over = None
 
     def optimizer_step(self, optimizer: Any) -> _Window:
         """Around a synchronising ``optimizer.step()``; the step ends once every optimizer stepped."""
@@ -203,7 +208,7 @@ class StepTimer:
 
     def _optimizer_started(self) -> None:
         if self._stepping in self._stepped:  # stepped again before the others: the step ended before
-            self._close_step(self.clock.mark())
+            self._close_step(self._mark())
         self._enter("optimizer")
 
     def _optimizer_finished(self) -> None:
@@ -223,7 +228,7 @@ class StepTimer:
             self._flops.arm()
 
     def _enter(self, phase: str) -> None:
-        now = self.clock.mark()
+        now = self._mark()
         if self._step_start is None:
             self._begin(now)
         if self._open:  # the enclosing phase pauses while this one runs
@@ -232,69 +237,96 @@ class StepTimer:
         self._open.append([phase, now])
 
     def _exit(self, phase: str) -> Any:
-        now = self.clock.mark()
-        for index in range(len(self._open) - 1, -1, -1):
-            if self._open[index][0] == phase:
-                self._intervals.append((phase, self._open[index][1], now))
-                del self._open[index]
+        now = self._mark()
+        opened = self._open
+        for index in range(len(opened) - 1, -1, -1):
+            if opened[index][0] == phase:
+                self._intervals.append((phase, opened[index][1], now))
+                del opened[index]
                 break
-        if self._open:
-            self._open[-1][1] = now
+        if opened:
+            opened[-1][1] = now
         self._cursor = now
         return now
 
     # -- the end of a step -------------------------------------------------------------------------
     def _close_step(self, end: Any) -> None:
         if not self._backwards and self._handed_over is not None:
-            self._commit_batch()  # a loop calling loss.backward() itself: count the step's last batch
-        self.clock.wait(end)
+            # A loop calling loss.backward() itself: count the step's last batch.
+            self._counts.add(self._handed_over)
+            self._handed_over = None
+        if not self._cpu:
+            self.clock.wait(end)
         for entry in self._open:  # a phase still running carries over into the next step
             self._intervals.append((entry[0], entry[1], end))
             entry[1] = end
-        totals = self._measure(end)
-        self._stats = figures(totals, num_processes=self.num_processes, peak_flops=self._peak_flops())
-        open_phases = self._open
-        self._reset_step()
-        self._open = open_phases
+        self._last, self._stats = self._measure(end), None
+        self._intervals.clear()
+        self._comm_intervals.clear()
+        self._counts.reset()
+        self._backwards = 0
+        self._stepped.clear()
         self._step_start = self._cursor = end
         self.steps += 1
-        if self._flops is not None:
-            self._flops.arm()  # no-op once counted; retries when the counted step saw no forward
-        self._log_window(totals)
+        every = self.config.log_every_n_steps
+        if every:
+            self._window.append(self._last)
+            if self.steps % every == 0:
+                self._log_window()
 
     def _measure(self, end: Any) -> StepTotals:
-        elapsed = self.clock.elapsed
-        phases = dict.fromkeys(PHASES, 0.0)
-        for phase, start, stop in self._intervals:
-            phases[phase] += elapsed(start, stop)
-        communication = [elapsed(start, stop) for start, stop in self._comm_intervals]
+        phases = {"data": 0.0, "forward_backward": 0.0, "optimizer": 0.0, "checkpoint": 0.0}
+        if self._cpu:  # marks are seconds: subtract in place
+            for phase, start, stop in self._intervals:
+                phases[phase] += stop - start
+            seconds = end - self._step_start
+            communication = [stop - start for start, stop in self._comm_intervals]
+        else:
+            elapsed = self.clock.elapsed
+            for phase, start, stop in self._intervals:
+                phases[phase] += elapsed(start, stop)
+            seconds = elapsed(self._step_start, end)
+            communication = [elapsed(start, stop) for start, stop in self._comm_intervals]
         counts = self._counts
-        flops = None
-        if self._flops is not None:
-            counted = self._flops.end_step(counts.elements)
-            flops = self._flops.flops if counted else self._flops.step_flops(counts.elements)
         return StepTotals(
             steps=1,
-            seconds=elapsed(self._step_start, end),
+            seconds=seconds,
             phases=phases,
             communication=sum(communication) if communication else None,
             batches=counts.batches,
             samples=counts.samples,
-            tokens=counts.tokens(),
-            flops=flops or None,
+            tokens=counts.tokens() if counts.token_sums else None,
+            flops=None
+            if self._flops is None and self._counted_flops is None
+            else self._step_flops(counts.elements),
         )
 
-    def _log_window(self, totals: StepTotals) -> None:
-        """Every ``log_every_n_steps`` steps, log the figures of those steps together."""
-        every = self.config.log_every_n_steps
-        if not every:
-            return
-        self._window = totals if self._window is None else self._window + totals
-        if self.steps % every == 0:
-            window, self._window = self._window, None
-            if self._logging_active():
-                values = figures(window, num_processes=self.num_processes, peak_flops=self._peak_flops())
-                self._log(values, self.steps)
+    def _step_flops(self, elements: int) -> float | None:
+        """Model FLOPs of the step: counted on the first step, scaled by input size afterwards."""
+        if self._flops is not None and self._flops.end_step(elements):  # this was the counted step
+            self._counted_flops = (float(self._flops.flops or 0), elements)
+            self._flops = None
+            return self._counted_flops[0] or None
+        if self._counted_flops is None:
+            if self._flops is not None:
+                self._flops.arm()  # the step saw no forward of a prepared model: count the next one
+            return None
+        flops, counted_elements = self._counted_flops
+        if elements > 0 and counted_elements > 0:
+            return flops * elements / counted_elements
+        return flops or None
+
+    def _log_window(self) -> None:
+        """Log the figures of the steps since the last log, together."""
+        window = self._window
+        self._window = []
+        if self._logging_active():
+            totals = window[0]
+            for more in window[1:]:
+                totals = totals + more
+            self._log(
+                figures(totals, num_processes=self.num_processes, peak_flops=self._peak_flops()), self.steps
+            )
 
     def _peak_flops(self) -> float | None:
         if self._peak is _NOT_LOOKED_UP:
@@ -306,57 +338,3 @@ class StepTimer:
                 dtype = compute_dtype_name(self._mixed_precision(), param_dtype)
                 self._peak = device_peak_flops(self.device, dtype)
         return self._peak
-
-
-class NullStepTimer:
-    """Step timing switched off: every hook does nothing."""
-
-    enabled = False
-    _NOTHING = contextlib.nullcontext()
-
-    def watch(self, prepared: Any) -> None:
-        pass
-
-    def backward(self) -> contextlib.AbstractContextManager:
-        return self._NOTHING
-
-    def checkpoint(self) -> contextlib.AbstractContextManager:
-        return self._NOTHING
-
-    @property
-    def stats(self) -> dict[str, float]:
-        raise RuntimeError(
-            "accelerator.step_stats is only measured with step timing on, and it is off (the default). Pass "
-            "Accelerator(step_timing=True), or kwargs_handlers=[ThroughputKwargs(...)] to tune it."
-        )
-
-
-def build_step_timer(
-    accelerator: Any, step_timing: bool | None, handler: ThroughputKwargs | None
-) -> StepTimer | NullStepTimer:
-    """The timer for ``accelerator``: a :class:`StepTimer` when switched on, else a do-nothing one.
-
-    Args:
-        accelerator: the Accelerator (its prepared objects, trackers and settings are read lazily).
-        step_timing: ``Accelerator(step_timing=...)``: True switches on, False off, None follows ``handler``.
-        handler: a ``ThroughputKwargs`` from ``kwargs_handlers`` (switches on unless ``step_timing=False``).
-    """
-    if step_timing is not None and not isinstance(step_timing, bool):
-        raise TypeError(f"Accelerator(step_timing={step_timing!r}) is invalid: pass True or False.")
-    if step_timing is False and handler is not None:
-        raise ValueError(
-            "Accelerator(step_timing=False) conflicts with the ThroughputKwargs in kwargs_handlers, which "
-            "switches step timing on: remove one of them."
-        )
-    if not step_timing and handler is None:
-        return NullStepTimer()
-    return StepTimer(
-        handler or ThroughputKwargs(),
-        device=accelerator.device,
-        num_processes=accelerator.num_processes,
-        models=lambda: accelerator._models,
-        optimizers=lambda: accelerator._optimizers,
-        mixed_precision=lambda: accelerator.mixed_precision,
-        log=lambda values, step: accelerator.log(values, step=step),
-        logging_active=lambda: bool(accelerator.trackers),
-    )
