@@ -375,6 +375,31 @@ def test_a_failing_read_leaves_the_accounting_consistent():
         assert figures["time/forward_backward"] > 0.0  # no read left "open" to swallow the training time
 
 
+def test_with_two_optimizers_a_step_ends_when_both_stepped():
+    accelerator = Accelerator(step_timing=True)
+    generator, critic = nn.Linear(FEATURES, FEATURES), nn.Linear(FEATURES, 1)
+    data = DataLoader(SlowDataset(4 * BATCH, 0.0), batch_size=BATCH)
+    generator, critic, g_opt, c_opt, loader = accelerator.prepare(
+        generator,
+        critic,
+        SlowSGD(generator.parameters(), 0.01),
+        SlowSGD(critic.parameters(), 0.02),
+        data,
+    )
+    steps = []
+    for x, _ in loader:
+        accelerator.backward(critic(generator(x).detach()).mean())
+        c_opt.step()
+        steps.append(accelerator.step_stats.get("time/step"))  # the step is not over yet
+        accelerator.backward(-critic(generator(x)).mean())
+        g_opt.step()
+        figures = accelerator.step_stats
+        assert figures["time/optimizer"] >= 0.03  # both optimizers' steps belong to this step
+        assert figures["samples_per_second"] * figures["time/step"] == pytest.approx(BATCH)
+        steps.append(figures["time/step"])
+    assert steps[0] is None and steps[2::2] == steps[1:-1:2]  # nothing ended after the first optimizer
+
+
 def test_step_timing_is_off_by_default_and_says_how_to_switch_it_on():
     accelerator = Accelerator()
     _, optimizer, loader = accelerator.prepare(
