@@ -2,8 +2,8 @@
 
 Off by default. Switch it on with ``Accelerator(step_timing=True)`` (or
 ``kwargs_handlers=[ThroughputKwargs(...)]`` to tune it) and read ``accelerator.step_stats`` after
-``optimizer.step()``; with trackers running, every step's figures are logged too. The keys and what they
-measure are described in :mod:`lockstep.throughput.step_timer`.
+``optimizer.step()``; with trackers running, the figures are logged every 10 steps too. The keys and what
+they measure are described in :mod:`lockstep.throughput.step_timer`.
 
 Example:
     >>> accelerator = Accelerator(step_timing=True, log_with="jsonl", project_dir="runs/a")  # doctest: +SKIP

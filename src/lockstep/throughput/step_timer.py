@@ -31,6 +31,11 @@ of training adds its reading time to ``time/data`` but no samples). ``mfu`` is a
 the peak of the devices, on GPUs of :mod:`lockstep.throughput.peak_flops` only (absent on the CPU).
 
 Times on CUDA are device time, from CUDA events read once per step; on the CPU, ``time.perf_counter``.
+
+Every ``ThroughputKwargs(log_every_n_steps=...)`` steps (10 by default) the figures of those steps (times
+averaged per step, rates over all of them) go to the running trackers through ``accelerator.log``, with
+``step`` = the number of optimizer steps measured so far; ``accelerator.step_stats`` always holds the last
+step's own figures.
 """
 
 from __future__ import annotations
