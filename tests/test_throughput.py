@@ -6,6 +6,7 @@ import itertools
 import json
 import statistics
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,8 @@ from torch.utils.data import DataLoader, Dataset
 from torch.utils.flop_counter import FlopCounterMode
 
 from lockstep import Accelerator, ThroughputKwargs
-from lockstep.throughput import compute_dtype_name, device_peak_flops, peak_flops_per_second
+from lockstep.throughput import StepTimer, compute_dtype_name, device_peak_flops, peak_flops_per_second
+from lockstep.throughput.clock import CpuClock
 from tests.helpers.multiprocess import run_distributed
 
 PHASE_KEYS = ("time/data", "time/forward_backward", "time/optimizer", "time/checkpoint", "time/other")
@@ -500,3 +502,46 @@ def test_the_clock_follows_the_device():
     assert type(clock_for(torch.device("cuda", 0))) is CudaClock  # CUDA events: device time
     mps = clock_for(torch.device("mps"))
     assert type(mps) is SynchronizingClock and mps.synchronize is torch.mps.synchronize
+
+
+class EventLikeClock(CpuClock):
+    """Marks that are objects read only through ``elapsed`` once waited for, like CUDA events."""
+
+    def __init__(self) -> None:
+        self.waited: list[object] = []
+
+    def mark(self):
+        return types.SimpleNamespace(seconds=time.perf_counter())
+
+    def elapsed(self, start, end) -> float:
+        assert self.waited and self.waited[-1].seconds >= end.seconds, "read before the step's last mark"
+        return end.seconds - start.seconds
+
+    def wait(self, mark) -> None:
+        self.waited.append(mark)
+
+
+def test_device_clock_marks_are_read_once_per_step_after_waiting_for_its_end():
+    clock = EventLikeClock()
+    timer = StepTimer(
+        ThroughputKwargs(count_flops=False),
+        device=torch.device("cpu"),
+        num_processes=1,
+        models=list,
+        optimizers=lambda: ["the optimizer"],
+        mixed_precision=lambda: "no",
+        log=lambda values, step: None,
+        logging_active=lambda: False,
+        clock=clock,
+    )
+    batches = [(torch.zeros(BATCH, FEATURES),)] * 3
+    for _ in timer.time_batches(batches):
+        time.sleep(0.01)
+        with timer.backward():
+            time.sleep(0.01)
+        with timer.optimizer_step("the optimizer"):
+            time.sleep(0.005)
+        figures = timer.stats
+        assert sum(figures[key] for key in PHASE_KEYS) == pytest.approx(figures["time/step"])
+        assert figures["time/forward_backward"] >= 0.02 and figures["time/optimizer"] >= 0.005
+    assert len(clock.waited) == 3  # one wait per step, none inside it

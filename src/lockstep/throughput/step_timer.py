@@ -92,6 +92,7 @@ class StepTimer:
         log: ``log(values, step)``, called with the figures of every ``log_every_n_steps`` steps when
             ``logging_active()`` is true.
         logging_active: whether any tracker is running.
+        clock: marks instants (default: the device's, see :func:`~lockstep.throughput.clock.clock_for`).
     """
 
     enabled = True
@@ -107,10 +108,11 @@ class StepTimer:
         mixed_precision: Callable[[], str],
         log: Callable[[dict[str, float], int], None],
         logging_active: Callable[[], bool],
+        clock: CpuClock | None = None,
     ) -> None:
         self.config = config
         self.device = device
-        self.clock = clock_for(device)
+        self.clock = clock_for(device) if clock is None else clock
         self._cpu = type(self.clock) is CpuClock
         self._mark = time.perf_counter if self._cpu else self.clock.mark  # no extra call on the CPU
         self.num_processes = num_processes
