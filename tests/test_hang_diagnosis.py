@@ -124,6 +124,26 @@ def test_report_round_trips_through_plain_data_and_the_line_names_the_folder():
     )
 
 
+def test_text_dump_lists_the_record_the_stacks_and_torchs_flight_recorder():
+    from lockstep.diagnostics.dump import render_text
+
+    entry = _entry("all_reduce", 6, "t.py:43", group="", shapes=[[2]], dtypes=["float32"])
+    entry.update(state="running", seconds=10.25, api=None, error=None)
+    recorder = [
+        {"profiling_name": "gloo:all_reduce", "collective_seq_id": i, "input_sizes": [[4]]} for i in range(70)
+    ]
+    report = RankReport(rank=0, reason="why", in_flight=entry, location="t.py:43 in <module>", steps=5)
+    text = render_text(report, 2, [entry], 'Thread 1 "MainThread" (main):\n  File "t.py", line 43', recorder)
+    assert "lockstep hang report: rank 0 of 2" in text and "reason: why" in text
+    assert "in collective: all_reduce #6 at t.py:43 for 10.2 s" in text
+    assert (
+        "  all_reduce #6                running     10.250  t.py:43                      [2]:float32" in text
+    )
+    assert 'Thread 1 "MainThread" (main):' in text
+    assert "torch flight recorder, last 64 of 70 entries" in text
+    assert "gloo:all_reduce seq 69 sizes [[4]]" in text and "seq 5 sizes" not in text
+
+
 # -- settings ---------------------------------------------------------------------------------------
 def test_env_variable_parsing():
     assert _env.hang_timeout({}) is None

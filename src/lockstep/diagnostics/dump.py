@@ -10,6 +10,9 @@ from typing import Any
 
 from lockstep.diagnostics.hang_summary import RankReport, collective_label
 
+_RECORDER_LINES = 64
+"""How many of torch's flight-recorder entries the text file lists (the JSON file holds them all)."""
+
 
 def flight_recorder_entries() -> list[dict[str, Any]]:
     """torch's flight-recorder entries (empty unless ``TORCH_FR_BUFFER_SIZE`` was set before the group
@@ -65,11 +68,12 @@ def render_text(
     if recorder:
         lines += [
             "",
-            f"torch flight recorder ({len(recorder)} entries, including collectives issued from C++):",
+            f"torch flight recorder, last {min(len(recorder), _RECORDER_LINES)} of {len(recorder)} entries "
+            "(including collectives torch issues from C++):",
         ]
         lines += [
             f"  {e.get('profiling_name', '?')} seq {e.get('collective_seq_id', '?')} sizes {e.get('input_sizes')}"
-            for e in recorder[-len(entries) :]
+            for e in recorder[-_RECORDER_LINES:]
         ]
     return "\n".join(lines) + "\n"
 
