@@ -2,7 +2,9 @@
 
 Every method here is a few lines that delegate: topology to :mod:`lockstep.state`, model wrapping to a
 backend chosen by :mod:`lockstep.backends.registry`, precision to :mod:`lockstep.precision`, data to
-:mod:`lockstep.data`, communication to :mod:`lockstep.collectives`.
+:mod:`lockstep.data`, communication to :mod:`lockstep.collectives`. Read-only properties, process control
+and trackers live in the base classes of ``_accelerator_views``, ``_accelerator_process_control`` and
+``_accelerator_tracking``, so that this file stays one screenful per concern.
 
 Example:
     >>> from lockstep import Accelerator
@@ -21,7 +23,7 @@ import contextlib
 import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 from torch import nn
@@ -29,10 +31,13 @@ from torch.utils.data import DataLoader
 
 from lockstep import _accelerator_setup as setup
 from lockstep import _process_group, collectives
+from lockstep._accelerator_process_control import ProcessControl
+from lockstep._accelerator_tracking import Tracking
+from lockstep._accelerator_views import AcceleratorViews
 from lockstep._checkpointing import Checkpointing, save_model
 from lockstep.backends.registry import select_backend
 from lockstep.config.dataloader import DataLoaderConfiguration
-from lockstep.config.enums import DistributedType, PrecisionType
+from lockstep.config.enums import PrecisionType
 from lockstep.config.kwargs import AutocastKwargs
 from lockstep.config.plugins import GradientAccumulationPlugin, TorchDynamoPlugin
 from lockstep.config.project import ProjectConfiguration
@@ -47,13 +52,12 @@ from lockstep.scheduler import AcceleratedScheduler
 from lockstep.state import AcceleratorState, GradientState
 from lockstep.throughput import build_step_timer
 from lockstep.tracking.base import GeneralTracker
-from lockstep.tracking.registry import DisabledTracker, build_trackers, resolve_log_with
+from lockstep.tracking.registry import resolve_log_with
 
-F = TypeVar("F", bound=Callable[..., Any])
 _LRScheduler = torch.optim.lr_scheduler.LRScheduler
 
 
-class Accelerator:
+class Accelerator(AcceleratorViews, ProcessControl, Tracking):
     """Runs one ordinary training loop on one CPU, one GPU, many processes or many machines.
 
     Args:
@@ -177,124 +181,6 @@ class Accelerator:
         if init is not None:
             kwargs.update(backend=init.backend, timeout=init.timeout, init_method=init.init_method)
         return AcceleratorState(mixed_precision=self.settings.mixed_precision.value, cpu=cpu, **kwargs)
-
-    # -- who am I ---------------------------------------------------------------------------------
-    @property
-    def device(self) -> torch.device:
-        return self.state.device
-
-    @property
-    def distributed_type(self) -> DistributedType:
-        return self.backend.distributed_type
-
-    @property
-    def fsdp_plugin(self) -> Any:
-        """The FSDP settings in force (a ``FullyShardedDataParallelPlugin``, whether passed to the constructor
-        or chosen by the launcher's config), or None when the model is not sharded with FSDP."""
-        return self.settings.fsdp_plugin
-
-    @property
-    def num_processes(self) -> int:
-        return self.state.num_processes
-
-    @property
-    def process_index(self) -> int:
-        return self.state.process_index
-
-    @property
-    def local_process_index(self) -> int:
-        return self.state.local_process_index
-
-    @property
-    def is_main_process(self) -> bool:
-        return self.state.is_main_process
-
-    @property
-    def is_local_main_process(self) -> bool:
-        return self.state.is_local_main_process
-
-    @property
-    def is_last_process(self) -> bool:
-        return self.state.is_last_process
-
-    @property
-    def use_distributed(self) -> bool:
-        return self.state.use_distributed
-
-    @property
-    def mixed_precision(self) -> str:
-        return self.settings.mixed_precision.value
-
-    @property
-    def native_amp(self) -> bool:
-        return self.precision.enabled
-
-    @property
-    def scaler(self) -> torch.amp.GradScaler | None:
-        return self.precision.scaler
-
-    @property
-    def project_configuration(self) -> ProjectConfiguration:
-        return self.settings.project_config
-
-    @property
-    def project_dir(self) -> str | None:
-        return self.settings.project_config.project_dir
-
-    @property
-    def logging_dir(self) -> str | None:
-        return self.settings.project_config.logging_dir
-
-    @property
-    def save_iteration(self) -> int:
-        return self.settings.project_config.iteration
-
-    @property
-    def split_batches(self) -> bool:
-        return self.settings.dataloader_config.split_batches
-
-    @property
-    def dispatch_batches(self) -> bool | None:
-        return self.settings.dataloader_config.dispatch_batches
-
-    @property
-    def even_batches(self) -> bool:
-        return self.settings.dataloader_config.even_batches
-
-    @property
-    def use_seedable_sampler(self) -> bool:
-        return self.settings.dataloader_config.use_seedable_sampler
-
-    @property
-    def non_blocking(self) -> bool:
-        return self.settings.dataloader_config.non_blocking
-
-    @property
-    def rng_types(self) -> list[str]:
-        return [r.value for r in self.settings.rng_types]
-
-    # -- gradient accumulation state --------------------------------------------------------------
-    @property
-    def gradient_accumulation_steps(self) -> int:
-        return self.gradient_state.num_steps
-
-    @gradient_accumulation_steps.setter
-    def gradient_accumulation_steps(self, steps: int) -> None:
-        setup.resolve_accumulation(steps, None, {})
-        self.gradient_state.plugin_kwargs["num_steps"] = steps
-
-    @property
-    def sync_gradients(self) -> bool:
-        return self.gradient_state.sync_gradients
-
-    @sync_gradients.setter
-    def sync_gradients(self, sync_gradients: bool) -> None:
-        self.gradient_state._set_sync_gradients(sync_gradients)
-
-    @property
-    def optimizer_step_was_skipped(self) -> bool:
-        """Whether any prepared optimizer skipped its last step (fp16 overflow)."""
-        return any(optimizer.step_was_skipped for optimizer in self._optimizers)
 
     # -- prepare ----------------------------------------------------------------------------------
     def prepare(self, *args: Any, device_placement: Sequence[bool | None] | None = None) -> Any:
@@ -555,59 +441,6 @@ class Accelerator:
             return True
         return False
 
-    # -- process control --------------------------------------------------------------------------
-    def wait_for_everyone(self) -> None:
-        """A barrier across all processes."""
-        self.state.wait_for_everyone()
-
-    def print(self, *args: Any, **kwargs: Any) -> None:
-        """``print`` on the local main process only."""
-        self.state.print(*args, **kwargs)
-
-    def main_process_first(self) -> contextlib.AbstractContextManager:
-        return self.state.main_process_first()
-
-    def local_main_process_first(self) -> contextlib.AbstractContextManager:
-        return self.state.local_main_process_first()
-
-    def split_between_processes(
-        self, inputs: Any, apply_padding: bool = False
-    ) -> contextlib.AbstractContextManager:
-        return self.state.split_between_processes(inputs, apply_padding=apply_padding)
-
-    def on_main_process(self, function: F) -> F:
-        return self.state.on_main_process(function)
-
-    def on_local_main_process(self, function: F) -> F:
-        return self.state.on_local_main_process(function)
-
-    def on_last_process(self, function: F) -> F:
-        return self.state.on_last_process(function)
-
-    def on_process(self, function: F | None = None, process_index: int | None = None) -> Any:
-        return self.state.on_process(function, process_index=process_index)
-
-    def on_local_process(self, function: F | None = None, local_process_index: int | None = None) -> Any:
-        return self.state.on_local_process(function, local_process_index=local_process_index)
-
-    @contextlib.contextmanager
-    def join_uneven_inputs(
-        self, joinables: Sequence[Any], even_batches: bool | None = None
-    ) -> Iterator[None]:
-        """Let DDP models train on loaders of different lengths per process (``torch.distributed.algorithms.Join``)."""
-        if even_batches is not None:
-            raise ValueError(
-                "join_uneven_inputs(even_batches=...) is not supported: prepare the loaders with "
-                "DataLoaderConfiguration(even_batches=False) instead."
-            )
-        if not self.use_distributed:
-            yield
-            return
-        from torch.distributed.algorithms.join import Join
-
-        with Join(list(joinables)):
-            yield
-
     # -- memory and shutdown ----------------------------------------------------------------------
     def free_memory(self, *objects: Any) -> list[Any]:
         """Drop the Accelerator's references to prepared objects and free cached memory."""
@@ -759,52 +592,6 @@ class Accelerator:
         except FileNotFoundError:
             return None
         return str(root / f"checkpoint_{self.project_configuration.iteration - 1}")
-
-    # -- trackers ---------------------------------------------------------------------------------
-    def init_trackers(
-        self, project_name: str, config: dict | None = None, init_kwargs: dict | None = None
-    ) -> None:
-        """Start the trackers given as ``log_with`` (on the main process) and record ``config``.
-
-        Example:
-            >>> accelerator = Accelerator(log_with="jsonl", project_dir="runs/a")  # doctest: +SKIP
-            >>> accelerator.init_trackers("sentiment", config={"lr": 3e-5})  # doctest: +SKIP
-            >>> accelerator.log({"loss": 0.5}, step=1)  # doctest: +SKIP
-        """
-        self.trackers = build_trackers(
-            self._tracker_specs,
-            project_name,
-            logging_dir=self.logging_dir,
-            init_kwargs=init_kwargs,
-            is_main_process=self.is_main_process,
-        )
-        if config is not None:
-            for tracker in self.trackers:
-                tracker.store_init_configuration(config)
-
-    def log(self, values: dict, step: int | None = None, log_kwargs: dict | None = None) -> None:
-        """Send ``values`` to every started tracker (a no-op on processes that do not log)."""
-        for tracker in self.trackers:
-            tracker.log(values, step=step, **(log_kwargs or {}).get(tracker.name, {}))
-
-    def get_tracker(self, name: str, unwrap: bool = False) -> Any:
-        """The tracker called ``name`` (its underlying object with ``unwrap``); a do-nothing stand-in on
-        processes that do not log."""
-        for tracker in self.trackers:
-            if tracker.name == name:
-                return tracker.tracker if unwrap else tracker
-        if any(spec.name == name for spec in self._tracker_specs):
-            stand_in = DisabledTracker(name)
-            return stand_in.tracker if unwrap else stand_in
-        configured = [spec.name for spec in self._tracker_specs] or "none"
-        raise ValueError(
-            f"get_tracker({name!r}): no such tracker was configured with log_with (configured: {configured})."
-        )
-
-    def _finish_trackers(self) -> None:
-        for tracker in self.trackers:
-            tracker.finish()
-        self.trackers = []
 
 
 def _flat_values(data: Any) -> list[Any]:
