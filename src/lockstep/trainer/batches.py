@@ -16,6 +16,7 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 from torch.utils.data import default_collate
@@ -26,14 +27,21 @@ _LABEL_ALIASES = ("label", "label_ids")
 
 
 def forward_parameters(model: nn.Module) -> list[str] | None:
-    """Names ``model.forward`` accepts, or None when it takes ``**kwargs`` (anything goes)."""
+    """Names ``model.forward`` accepts by keyword, or None when it names none (``forward(**batch)``).
+
+    A ``**kwargs`` next to named arguments does not count, as in transformers' Trainer: transformers models
+    (>= 5) take ``**kwargs`` for attention options, not for data columns.
+    """
     try:
         parameters = inspect.signature(model.forward).parameters
     except (TypeError, ValueError):
         return None
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
-        return None
-    return list(parameters)
+    named = [
+        name
+        for name, p in parameters.items()
+        if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    ]
+    return named or None
 
 
 def default_label_names(model: nn.Module) -> list[str]:
@@ -60,13 +68,22 @@ def default_data_collator(examples: Sequence[Any]) -> Any:
             batch[name] = values
             continue
         try:
-            batch[name] = torch.stack(values) if isinstance(values[0], torch.Tensor) else torch.tensor(values)
+            batch[name] = _stack(values)
         except (ValueError, RuntimeError) as error:
             raise ValueError(
                 f"Cannot stack the values of {key!r} into one batch tensor ({error}); examples of different "
                 "lengths need padding: pass data_collator=DataCollatorWithPadding(tokenizer) (transformers)."
             ) from None
     return batch
+
+
+def _stack(values: list[Any]) -> torch.Tensor:
+    """One tensor from the values of one key: tensors, NumPy arrays (``set_format("numpy")``) or python values."""
+    if isinstance(values[0], torch.Tensor):
+        return torch.stack(values)
+    if isinstance(values[0], np.ndarray):  # torch.tensor() on a list of arrays is slow and warns
+        return torch.from_numpy(np.stack(values))
+    return torch.tensor(values)
 
 
 class RemoveColumnsCollator:
@@ -93,6 +110,15 @@ class RemoveColumnsCollator:
         return self.collator(examples)
 
 
+def columns_to_keep(model: nn.Module, label_names: Sequence[str]) -> list[str] | None:
+    """The example keys (dataset columns) the model can take: its named forward arguments and the labels;
+    None when its forward names none (``forward(**batch)``: every key may be used)."""
+    names = forward_parameters(model)
+    if names is None:
+        return None
+    return [*names, *label_names, *_LABEL_ALIASES]
+
+
 def make_collator(
     model: nn.Module,
     collator: Callable[[list[Any]], Any] | None,
@@ -102,10 +128,10 @@ def make_collator(
 ) -> Callable[[list[Any]], Any]:
     """The collate function of the Trainer's loaders."""
     base = collator if collator is not None else default_data_collator
-    names = forward_parameters(model)
-    if not remove_unused_columns or names is None:
+    keep = columns_to_keep(model, label_names)
+    if not remove_unused_columns or keep is None:
         return base
-    return RemoveColumnsCollator(base, [*names, *label_names, *_LABEL_ALIASES])
+    return RemoveColumnsCollator(base, keep)
 
 
 def split_labels(batch: Any, label_names: Sequence[str], *, pop: bool) -> tuple[Any, Any]:

@@ -26,7 +26,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from lockstep.progress import ProgressBar
 from lockstep.random import set_seed
-from lockstep.trainer import _checkpoints, batches
+from lockstep.trainer import _checkpoints, _hf_datasets, batches
 from lockstep.trainer._evaluation import EvalPrediction, PredictionOutput, evaluation_loop
 from lockstep.trainer._logging import format_log_line
 from lockstep.trainer.accelerator_factory import (
@@ -63,9 +63,11 @@ class Trainer:
         model: a transformers model (the loss comes from ``outputs.loss``; labels travel in the batch) or any
             ``nn.Module`` together with ``compute_loss_func``.
         args: the run's :class:`TrainingArguments` (default: ``TrainingArguments()``).
-        train_dataset: map-style (``__getitem__``/``__len__``, e.g. a Hugging Face ``datasets.Dataset``) or
-            iterable (then ``max_steps`` is required).
-        eval_dataset: examples for :meth:`evaluate`.
+        train_dataset: map-style (``__getitem__``/``__len__``: a torch ``Dataset``, a Hugging Face
+            ``datasets.Dataset``) or iterable (a torch ``IterableDataset``, a ``datasets.IterableDataset``;
+            then ``max_steps`` is required). With ``remove_unused_columns`` (the default) the columns of a
+            ``datasets`` object that the model's forward does not accept are removed before loading.
+        eval_dataset: examples for :meth:`evaluate` (the same kinds).
         data_collator: turns a list of examples into a batch (default: stacks dict or tuple examples).
         compute_metrics: ``fn(EvalPrediction) -> dict`` over the gathered predictions and labels.
         callbacks: :class:`TrainerCallback` instances or classes, called after the default flow callback.
@@ -113,6 +115,9 @@ class Trainer:
             num_processes=self.accelerator.num_processes,
         )
         self.control = TrainerControl()
+        self._keep_columns = (
+            batches.columns_to_keep(model, self.label_names) if self.args.remove_unused_columns else None
+        )
         self._collate = batches.make_collator(
             model,
             data_collator,
@@ -132,6 +137,8 @@ class Trainer:
 
     # -- set-up -----------------------------------------------------------------------------------
     def _check_inputs(self, train_dataset: Any, eval_dataset: Any, optimizers: tuple[Any, Any]) -> None:
+        _hf_datasets.check_dataset(train_dataset, "Trainer(train_dataset=...)")
+        _hf_datasets.check_dataset(eval_dataset, "Trainer(eval_dataset=...)")
         if self.args.eval_strategy != "no" and eval_dataset is None:
             raise ValueError(
                 f"TrainingArguments(eval_strategy={self.args.eval_strategy!r}) needs an evaluation set: pass "
@@ -161,8 +168,9 @@ class Trainer:
         else:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
-    def _loader(self, dataset: Any, *, batch_size: int, train: bool) -> DataLoader:
+    def _loader(self, dataset: Any, *, batch_size: int, train: bool, argument: str) -> DataLoader:
         args = self.args
+        dataset = _hf_datasets.remove_unused_columns(dataset, self._keep_columns, argument)
         iterable = isinstance(dataset, IterableDataset)
         workers = args.dataloader_num_workers
         return DataLoader(
@@ -184,7 +192,10 @@ class Trainer:
             raise ValueError("Trainer.train() needs Trainer(train_dataset=...).")
         if self._train_loader is None:
             loader = self._loader(
-                self.train_dataset, batch_size=self.args.per_device_train_batch_size, train=True
+                self.train_dataset,
+                batch_size=self.args.per_device_train_batch_size,
+                train=True,
+                argument="Trainer(train_dataset=...)",
             )
             self._train_loader = self.accelerator.prepare(loader)
         return self._train_loader
@@ -192,16 +203,22 @@ class Trainer:
     def get_eval_dataloader(self, eval_dataset: Any | None = None) -> DataLoader:
         """The prepared evaluation loader of ``eval_dataset`` (default: the Trainer's), made once per dataset."""
         self._setup()
-        return self._eval_loader(eval_dataset if eval_dataset is not None else self.eval_dataset)
+        return self._eval_loader(eval_dataset, "Trainer.get_eval_dataloader(eval_dataset=...)")
 
-    def _eval_loader(self, dataset: Any) -> DataLoader:
+    def _eval_loader(self, dataset: Any, argument: str) -> DataLoader:
+        """The prepared loader of ``dataset`` as ``argument`` names it; None means the Trainer's eval set."""
+        if dataset is None:
+            dataset, argument = self.eval_dataset, "Trainer(eval_dataset=...)"
         if dataset is None:
             raise ValueError(
                 "Trainer.evaluate() needs an evaluation set: Trainer(eval_dataset=...) or evaluate(ds)."
             )
         cached = self._eval_loaders.get(id(dataset))
         if cached is None:
-            loader = self._loader(dataset, batch_size=self.args.per_device_eval_batch_size, train=False)
+            _hf_datasets.check_dataset(dataset, argument)
+            loader = self._loader(
+                dataset, batch_size=self.args.per_device_eval_batch_size, train=False, argument=argument
+            )
             # The dataset is kept with its loader so that its id() is not reused by another object.
             cached = (dataset, self.accelerator.prepare(loader))
             self._eval_loaders[id(dataset)] = cached
@@ -227,7 +244,7 @@ class Trainer:
         else:
             self.model_wrapped = self.accelerator.prepare(self.model)
         if self.eval_dataset is not None:
-            self._eval_loader(self.eval_dataset)
+            self._eval_loader(None, "Trainer(eval_dataset=...)")
         self.accelerator.register_for_checkpointing(self.state)
         if self.args.report_to:
             self.accelerator.init_trackers(self.args.run_name or "trainer", config=self.args.to_dict())
@@ -520,7 +537,7 @@ class Trainer:
         and timings.
         """
         self._setup()
-        loader = self._eval_loader(eval_dataset if eval_dataset is not None else self.eval_dataset)
+        loader = self._eval_loader(eval_dataset, "Trainer.evaluate(eval_dataset=...)")
         output = self._run_evaluation(loader, metric_key_prefix)
         self.log(dict(output.metrics))
         self.control = self._event("on_evaluate", metrics=output.metrics)
@@ -529,7 +546,11 @@ class Trainer:
     def predict(self, test_dataset: Any, metric_key_prefix: str = "test") -> PredictionOutput:
         """Predictions (NumPy, one row per example, in dataset order), labels and metrics on ``test_dataset``."""
         self._setup()
-        output = self._run_evaluation(self._eval_loader(test_dataset), metric_key_prefix)
+        if test_dataset is None:
+            raise ValueError("Trainer.predict(test_dataset=...) needs a dataset; got None.")
+        output = self._run_evaluation(
+            self._eval_loader(test_dataset, "Trainer.predict(test_dataset=...)"), metric_key_prefix
+        )
         self.control = self._event("on_predict", metrics=output.metrics)
         return output
 
