@@ -40,6 +40,7 @@ _EXPORTS = {
     "skip_first_batches": "lockstep.data",
     "debug_launcher": "lockstep.launcher",
     "notebook_launcher": "lockstep.launcher",
+    "progress_bar": "lockstep.progress",
     "find_executable_batch_size": "lockstep.memory",
     "release_memory": "lockstep.memory",
     "set_seed": "lockstep.random",
@@ -83,6 +84,7 @@ __all__ = [
     "debug_launcher",
     "find_executable_batch_size",
     "notebook_launcher",
+    "progress_bar",
     "release_memory",
     "set_seed",
     "skip_first_batches",
@@ -111,6 +113,7 @@ if TYPE_CHECKING:
     from lockstep.diagnostics import HangDetectionKwargs
     from lockstep.launcher import debug_launcher, notebook_launcher
     from lockstep.memory import find_executable_batch_size, release_memory
+    from lockstep.progress import progress_bar
     from lockstep.random import set_seed
     from lockstep.state import AcceleratorState, GradientState, PartialState
     from lockstep.throughput import ThroughputKwargs

@@ -15,7 +15,8 @@ from __future__ import annotations
 import importlib.util
 import sys
 import time
-from typing import Any
+from collections.abc import Iterable, Iterator
+from typing import IO, Any, TypeVar
 
 from lockstep import _env
 
@@ -31,7 +32,13 @@ class ProgressBar:
     """
 
     def __init__(
-        self, total: int | None, *, enabled: bool = True, description: str = "train", initial: int = 0
+        self,
+        total: int | None,
+        *,
+        enabled: bool = True,
+        description: str = "train",
+        initial: int = 0,
+        file: IO[str] | None = None,
     ) -> None:
         self.enabled = (
             enabled and not _env.progress_bars_disabled() and importlib.util.find_spec("tqdm") is not None
@@ -43,7 +50,11 @@ class ProgressBar:
             from tqdm.auto import tqdm
 
             self._bar = tqdm(
-                total=total, initial=initial, desc=description, dynamic_ncols=True, file=sys.stderr
+                total=total,
+                initial=initial,
+                desc=description,
+                dynamic_ncols=True,
+                file=file if file is not None else sys.stderr,
             )
 
     def update(self, steps: int = 1, *, samples: int = 0) -> None:
@@ -67,3 +78,39 @@ class ProgressBar:
         if self._bar is not None:
             self._bar.close()
             self._bar = None
+
+
+T = TypeVar("T")
+
+
+def progress_bar(
+    batches: Iterable[T],
+    *,
+    description: str = "train",
+    disable: bool = False,
+    file: IO[str] | None = None,
+) -> Iterator[T]:
+    """Iterate over ``batches`` (e.g. a prepared dataloader) with a bar on the main process only.
+
+    The bar counts batches and shows the samples per second of the whole job (this process's batch
+    sizes times the number of processes). Other processes iterate silently, so every rank runs the same
+    code. Off with ``disable=True`` or ``LOCKSTEP_DISABLE_PROGRESS_BARS=1``.
+
+    Example:
+        >>> for batch in progress_bar([[1, 2], [3, 4]], disable=True):
+        ...     pass
+    """
+    from lockstep.data.loader import batch_length
+    from lockstep.state import PartialState
+
+    state = PartialState()
+    total = len(batches) if hasattr(batches, "__len__") else None  # type: ignore[arg-type]
+    bar = ProgressBar(
+        total, enabled=state.is_main_process and not disable, description=description, file=file
+    )
+    try:
+        for batch in batches:
+            yield batch
+            bar.update(1, samples=batch_length(batch) * state.num_processes)
+    finally:
+        bar.close()
