@@ -95,15 +95,18 @@ def describe_failure(rank: int, failure: Any) -> str:
     """One line saying which rank failed and why."""
     exitcode = int(failure.exitcode)
     head = f"rank {rank} (local rank {failure.local_rank}, pid {failure.pid})"
-    if exitcode < 0:
-        return f"{head} was killed by {failure.signal_name()} (exit code {exitcode})"
     message = _recorded_exception(failure)
+    raised = message is not None and not str(message.get("message", "")).startswith("SystemExit")
+    if exitcode < 0 and not (raised and exitcode == -signal.SIGTERM):
+        return f"{head} was killed by {failure.signal_name()} (exit code {exitcode})"
     if message is None:
         return f"{head} exited with code {exitcode}"
     location = message.get("extraInfo", {}).get("lockstep_location", "")
     text = str(message["message"]).strip().splitlines()[0]
     text = text if len(text) <= 240 else text[:237] + "..."
-    return f"{head} failed with exit code {exitcode}: {text}" + (f" ({location})" if location else "")
+    # A rank that raised and was then stopped by the agent while exiting still failed with its exception.
+    how = "failed" if exitcode < 0 else f"failed with exit code {exitcode}"
+    return f"{head} {how}: {text}" + (f" ({location})" if location else "")
 
 
 def _recorded_exception(failure: Any) -> dict[str, Any] | None:
@@ -142,8 +145,12 @@ def report_failures(failures: dict[int, Any]) -> int:
     for rank, failure in ordered:
         print(f"lockstep launch: {describe_failure(rank, failure)}", file=sys.stderr)
     print("lockstep launch: the other workers were stopped.", file=sys.stderr)
-    first = ordered[0][1].exitcode if ordered else 1
-    return 128 - int(first) if first < 0 else int(first) or 1
+    if not ordered:
+        return 1
+    kind, first = _blame_order(ordered[0])[0], int(ordered[0][1].exitcode)
+    if kind == 1 and first < 0:
+        return 1  # the root cause raised an exception; the signal only interrupted its exit
+    return 128 - first if first < 0 else first or 1
 
 
 def report_hang(failures: dict[int, Any]) -> int | None:
