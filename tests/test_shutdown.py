@@ -6,9 +6,10 @@ import sys
 from pathlib import Path
 
 from tests.helpers.multiprocess import free_port
+from tests.helpers.soak import soak_runs
 
 SCRIPT = Path(__file__).parent / "scripts" / "ddp_exit.py"
-RUNS = 20
+RUNS = soak_runs(6)
 
 
 def _run_pair() -> list[tuple[int, str]]:
@@ -41,7 +42,7 @@ def _run_pair() -> list[tuple[int, str]]:
     return results
 
 
-def test_ddp_run_exits_cleanly_twenty_times():
+def test_ddp_run_exits_cleanly_every_time():
     failures = []
     for attempt in range(RUNS):
         for rank, (code, output) in enumerate(_run_pair()):
