@@ -1,9 +1,10 @@
-"""Shared by the benchmarks: run a worker script on 2 CPU processes under torchrun, read its JSON line."""
+"""Shared by the benchmarks: run a worker script on CPU processes under torchrun, read its JSON line."""
 
 from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -17,24 +18,24 @@ def user_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def torchrun_command(script: str | Path, port: int, *args: str, processes: int = 2) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node",
-        str(processes),
-        "--master_port",
-        str(port),
-        str(script),
-        *args,
-    ]
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
-def run_worker(worker: str, port: int, *args: str) -> dict:
-    """Run ``bench/<worker>`` on 2 processes; returns the JSON object rank 0 printed last."""
-    script = Path(__file__).with_name(worker)
-    output = subprocess.run(
-        torchrun_command(script, port, *args), env=user_env(), check=True, capture_output=True, text=True
-    ).stdout
+def run_script(script: str | Path, *args: str, processes: int = 2) -> dict:
+    """Run ``script`` on ``processes`` processes (torchrun when more than one, plain Python for one);
+    returns the JSON object rank 0 printed last."""
+    if processes == 1:
+        command = [sys.executable, str(script), *args]
+    else:
+        launcher = ["-m", "torch.distributed.run", "--nproc_per_node", str(processes)]
+        command = [sys.executable, *launcher, "--master_port", str(free_port()), str(script), *args]
+    output = subprocess.run(command, env=user_env(), check=True, capture_output=True, text=True).stdout
     return json.loads(output.strip().splitlines()[-1])
+
+
+def run_worker(worker: str, *args: str, processes: int = 2) -> dict:
+    """Run ``bench/<worker>`` (see :func:`run_script`)."""
+    return run_script(Path(__file__).with_name(worker), *args, processes=processes)

@@ -15,12 +15,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
-import sys
 import time
-from pathlib import Path
+
+from _torchrun import run_script
 
 
 def worker(blocks: int, steps: int) -> None:
@@ -111,20 +109,7 @@ def main() -> None:
     if args.worker:
         worker(args.blocks, args.steps)
         return
-    repo = Path(__file__).resolve().parents[1]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=f"{repo / 'src'}{os.pathsep}{repo}")
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node",
-        "2",
-        "--master_port",
-        "29533",
-    ]
-    command += [__file__, "--worker", "--blocks", str(args.blocks), "--steps", str(args.steps)]
-    output = subprocess.run(command, env=env, check=True, capture_output=True, text=True).stdout
-    loop = json.loads(output.strip().splitlines()[-1])
+    loop = run_script(__file__, "--worker", "--blocks", str(args.blocks), "--steps", str(args.steps))
     costs = per_call_costs()
     print(
         f"collective-heavy loop, 2 gloo processes: {loop['without'] * 1e3:.3f} ms/step without the record, "

@@ -37,9 +37,7 @@ def import_times(repeats: int) -> tuple[float, float]:
 
 
 def launch_workers(args: argparse.Namespace) -> dict:
-    return run_worker(
-        "_ddp_overhead_worker.py", 29531, "--blocks", str(args.blocks), "--steps", str(args.steps)
-    )
+    return run_worker("_ddp_overhead_worker.py", "--blocks", str(args.blocks), "--steps", str(args.steps))
 
 
 def main() -> None:

@@ -21,7 +21,7 @@ def main() -> None:
     parser.add_argument("--blocks", type=int, default=10)
     parser.add_argument("--steps", type=int, default=10)
     args = parser.parse_args()
-    result = run_worker("_fsdp_worker.py", 29533, "--blocks", str(args.blocks), "--steps", str(args.steps))
+    result = run_worker("_fsdp_worker.py", "--blocks", str(args.blocks), "--steps", str(args.steps))
     world = result["world"]
     print(
         f"step time, {world} CPU processes, {result['parameters'] / 1e6:.1f}M parameters: hand-written "

@@ -17,33 +17,13 @@ training, with and without a jsonl tracker) and printed as a share of the MLP's 
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import socket
-import subprocess
-import sys
-from pathlib import Path
 
-WORKER = str(Path(__file__).with_name("_throughput_overhead_worker.py"))
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from _torchrun import run_worker as run_worker_script
 
 
 def run_worker(processes: int, args: argparse.Namespace) -> dict:
-    env = dict(os.environ, OMP_NUM_THREADS="1")
     flags = ["--blocks", str(args.blocks), "--steps", str(args.steps)]
-    if processes == 1:
-        command = [sys.executable, WORKER, *flags]
-    else:
-        port = str(free_port())
-        launcher = ["-m", "torch.distributed.run", "--nproc_per_node", str(processes), "--master_port", port]
-        command = [sys.executable, *launcher, WORKER, *flags]
-    output = subprocess.run(command, env=env, check=True, capture_output=True, text=True).stdout
-    return json.loads(output.strip().splitlines()[-1])
+    return run_worker_script("_throughput_overhead_worker.py", *flags, processes=processes)
 
 
 def report(processes: int, results: dict) -> None:
