@@ -13,7 +13,7 @@ from torch import nn
 from torch.distributed.fsdp import fully_shard
 
 from lockstep import Accelerator, FullyShardedDataParallelPlugin
-from lockstep.memory_accounting import account_memory
+from lockstep.memory.accounting import account_memory
 
 torch.set_num_threads(1)
 WIDTH, DEPTH, BATCH = 384, 4, 32

@@ -109,7 +109,7 @@ def test_malicious_pickle_is_refused_and_does_not_run(tmp_path):
     optimizer_file = folder / "optimizer.bin"
     optimizer_file.write_bytes(pickle.dumps({"state": _Payload()}))
     manifest = json.loads((folder / "manifest.json").read_text())  # a forger can update the manifest too
-    from lockstep.checkpoint.manifest import sha256_of
+    from lockstep.checkpoint.layout import sha256_of
 
     manifest["files"]["optimizer.bin"] = {
         "size": optimizer_file.stat().st_size,

@@ -11,10 +11,10 @@ import torch
 from transformers import BertConfig, BertModel
 
 from lockstep import Accelerator, FullyShardedDataParallelPlugin
-from lockstep._usage import UsageError
-from lockstep.estimate import TransformerShape, describe_model, estimate_memory
-from lockstep.estimate.formulas import activation_bytes, model_state_bytes
-from lockstep.memory_accounting import account_memory
+from lockstep.errors import UsageError
+from lockstep.memory.accounting import account_memory
+from lockstep.memory.estimate import TransformerShape, describe_model, estimate_memory
+from lockstep.memory.estimate.formulas import activation_bytes, model_state_bytes
 from tests.helpers.cli import lockstep
 from tests.helpers.multiprocess import run_distributed
 

@@ -206,7 +206,7 @@ def test_activation_checkpointing_with_gradient_checkpointing_is_an_error():
 
 
 def _memory(world: int) -> dict:
-    from lockstep.memory_accounting import account_memory
+    from lockstep.memory.accounting import account_memory
 
     accelerator = Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin())
     sizes = {"width": 384, "depth": 4}

@@ -4,7 +4,7 @@ import torch
 from torch import nn
 
 from lockstep import Accelerator
-from lockstep.memory_accounting import account_memory
+from lockstep.memory.accounting import account_memory
 from tests.helpers.multiprocess import run_distributed
 
 

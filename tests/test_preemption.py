@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from lockstep.preemption import PreemptionWatcher, parse_signals
+from lockstep.accelerator.preemption import PreemptionWatcher, parse_signals
 from tests.helpers.cli import SCRIPTS, lockstep, lockstep_popen
 
 SCRIPT = str(SCRIPTS / "resumable_train.py")

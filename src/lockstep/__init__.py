@@ -43,7 +43,7 @@ _EXPORTS = {
     "progress_bar": "lockstep.progress",
     "find_executable_batch_size": "lockstep.memory",
     "release_memory": "lockstep.memory",
-    "set_seed": "lockstep.random",
+    "set_seed": "lockstep.rng",
     "EvalPrediction": "lockstep.trainer",
     "Trainer": "lockstep.trainer",
     "TrainerCallback": "lockstep.trainer",
@@ -114,7 +114,7 @@ if TYPE_CHECKING:
     from lockstep.launcher import debug_launcher, notebook_launcher
     from lockstep.memory import find_executable_batch_size, release_memory
     from lockstep.progress import progress_bar
-    from lockstep.random import set_seed
+    from lockstep.rng import set_seed
     from lockstep.state import AcceleratorState, GradientState, PartialState
     from lockstep.throughput import ThroughputKwargs
     from lockstep.trainer import (

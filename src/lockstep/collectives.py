@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from lockstep._nested import leaves, recursively_apply, slice_batch
+from lockstep.errors import DistributedOperationException
 from lockstep.state import PartialState
 
 REDUCTIONS = ("sum", "mean", "none")
@@ -34,10 +35,6 @@ REDUCTIONS = ("sum", "mean", "none")
 # Device types each backend can run collectives on; anything else is moved to the backend's own device.
 _BACKEND_DEVICES = {"gloo": {"cpu", "cuda"}, "nccl": {"cuda"}, "xccl": {"xpu"}, "mpi": {"cpu"}}
 _BACKEND_HOME = {"gloo": "cpu", "mpi": "cpu", "nccl": "cuda", "xccl": "xpu"}
-
-
-class DistributedOperationException(RuntimeError):
-    """The ranks disagree about a collective (operation, shapes or dtypes); raised on every rank."""
 
 
 # -- topology --------------------------------------------------------------------------------------

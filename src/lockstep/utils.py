@@ -37,7 +37,7 @@ from lockstep.config import (
 )
 from lockstep.memory import find_executable_batch_size, release_memory
 from lockstep.precision import convert_outputs_to_fp32
-from lockstep.random import set_seed, synchronize_rng_state, synchronize_rng_states
+from lockstep.rng import set_seed, synchronize_rng_state, synchronize_rng_states
 from lockstep.state import PartialState
 
 

@@ -9,7 +9,7 @@ import sys
 
 import torch
 
-import lockstep.checkpoint.manifest as layout
+import lockstep.checkpoint.layout as layout
 import lockstep.checkpoint.training_state as files
 from lockstep import Accelerator, ProjectConfiguration
 

@@ -15,11 +15,9 @@ from typing import Any
 
 import torch
 
+from lockstep.errors import UnsafeCheckpointError
+
 _SAFE_LEAVES = (torch.Tensor, int, float, bool, str, bytes, type(None), torch.dtype, torch.device, torch.Size)
-
-
-class UnsafeCheckpointError(ValueError):
-    """A checkpoint file holds Python objects that could run code when loaded; it was refused."""
 
 
 def safe_torch_load(path: Path | str, *, map_location: str | torch.device = "cpu") -> Any:

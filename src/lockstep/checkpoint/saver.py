@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from lockstep.checkpoint import manifest as layout
+from lockstep.checkpoint import layout
 from lockstep.checkpoint import sharded as shards
 from lockstep.checkpoint.async_writer import AsyncCheckpointWriter, rank_work, wait_for_ranks
 from lockstep.checkpoint.model_files import load_model_files

@@ -3,7 +3,7 @@
 With ``SHARDED_STATE_DICT`` every process writes its own shards of model ``i`` into
 ``pytorch_model_fsdp_{i}/`` and of optimizer ``i`` into ``optimizer_{i}/`` (DCP's ``.distcp`` files plus
 its ``.metadata``), inside the checkpoint's staging folder, so the manifest, the atomic rename and
-rotation of :mod:`lockstep.checkpoint.manifest` cover them. DCP records global shapes, so a checkpoint
+rotation of :mod:`lockstep.checkpoint.layout` cover them. DCP records global shapes, so a checkpoint
 saved by N processes loads on M (resharding needs no conversion step).
 
 With ``FULL_STATE_DICT`` the model is gathered into ``model.safetensors`` and the optimizer into

@@ -12,7 +12,7 @@ custom_checkpoint_0.bin, ... objects registered with register_for_checkpointing
 random_states_{rank}.pt      every RNG of every rank
 grads_{rank}.safetensors     gradients accumulated so far, when saved in the middle of an accumulation cycle
 accelerator_state.json       the accumulation position and other counters
-manifest.json                written last (see lockstep.checkpoint.manifest)
+manifest.json                written last (see lockstep.checkpoint.layout)
 ```
 
 Everything but safetensors and JSON is written with ``torch.save`` and read with ``weights_only=True``.

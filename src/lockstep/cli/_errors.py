@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from typing import NoReturn
 
-from lockstep._usage import UsageError
+from lockstep.errors import UsageError
 
 EXIT_USAGE = 2
 

@@ -14,7 +14,7 @@ import argparse
 import json
 from typing import Any
 
-from lockstep._usage import UsageError
+from lockstep.errors import UsageError
 
 _STRATEGY_NOTES = {
     "ddp": "DistributedDataParallel: everything replicated",
@@ -94,7 +94,7 @@ def _settings(pairs: list[str]) -> dict[str, Any]:
 
 
 def run_estimate(args: argparse.Namespace) -> int:
-    from lockstep.estimate.formulas import check_choices
+    from lockstep.memory.estimate.formulas import check_choices
 
     options = {
         "num_processes": _positive_ints(args.num_processes, "--num-processes"),
@@ -107,7 +107,10 @@ def run_estimate(args: argparse.Namespace) -> int:
     check_choices(dtypes=options["dtypes"], strategies=options["strategies"], optimizer=options["optimizer"])
     settings = _settings(args.settings)
 
-    from lockstep.estimate import describe_model, estimate_memory  # imports torch: after the cheap checks
+    from lockstep.memory.estimate import (  # imports torch: after the cheap checks
+        describe_model,
+        estimate_memory,
+    )
 
     try:
         model = describe_model(

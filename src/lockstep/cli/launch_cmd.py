@@ -14,7 +14,7 @@ import argparse
 import os
 from typing import Any
 
-from lockstep._usage import UsageError
+from lockstep.errors import UsageError
 
 # (spellings, argparse keyword arguments); every flag defaults to "not given" so that config files apply.
 LAUNCH_FLAGS: list[tuple[tuple[str, ...], dict[str, Any]]] = [

@@ -16,7 +16,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from lockstep._usage import UsageError
+from lockstep.errors import UsageError
 
 
 def register(subparsers: Any) -> None:

@@ -26,7 +26,7 @@ def run_test(args: argparse.Namespace) -> int:
     )
     code = launch(
         settings,
-        "lockstep.launcher._selftest",
+        "lockstep.cli.selftest_worker",
         ["--expected-processes", str(settings.world_size)],
         module=True,
     )

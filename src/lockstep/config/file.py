@@ -26,12 +26,9 @@ from typing import Any, NamedTuple
 
 from lockstep import _env
 from lockstep.config.enums import DistributedType, DynamoBackend, PrecisionType
+from lockstep.errors import ConfigFileError
 
 CONFIG_FILE_NAME = "default_config.yaml"
-
-
-class ConfigFileError(ValueError):
-    """A config file that cannot be read, or that holds a key or value lockstep cannot use."""
 
 
 Check = Callable[[Any, str], Any]

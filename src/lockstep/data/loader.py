@@ -31,7 +31,7 @@ from torch.utils.data import DataLoader
 
 from lockstep._nested import find_batch_size, send_to_device
 from lockstep.data.samplers import BatchSamplerShard, IterableDatasetShard, SeedableRandomSampler
-from lockstep.random import synchronize_rng_states
+from lockstep.rng import synchronize_rng_states
 from lockstep.state import GradientState
 
 

@@ -11,8 +11,8 @@ import os
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from lockstep._usage import UsageError
 from lockstep.config.enums import DistributedType, DynamoBackend, PrecisionType
+from lockstep.errors import UsageError
 
 DEFAULT_SOURCE = "default"
 FLAG_SOURCE = "flag"

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lockstep._usage import UsageError
+from lockstep.errors import UsageError
 
 METRICS_FILE = "metrics.jsonl"
 

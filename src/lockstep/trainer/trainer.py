@@ -25,7 +25,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from lockstep.progress import ProgressBar
-from lockstep.random import set_seed
+from lockstep.rng import set_seed
 from lockstep.trainer import _checkpoints, _hf_datasets, batches
 from lockstep.trainer._evaluation import EvalPrediction, PredictionOutput, evaluation_loop
 from lockstep.trainer._logging import format_log_line

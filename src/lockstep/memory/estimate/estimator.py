@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from lockstep._usage import UsageError
-from lockstep.estimate.formulas import (
+from lockstep.errors import UsageError
+from lockstep.memory.estimate.formulas import (
     ACTIVATION_FORMULA,
     STRATEGIES,
     RankMemory,
@@ -14,7 +14,7 @@ from lockstep.estimate.formulas import (
     check_choices,
     model_state_bytes,
 )
-from lockstep.estimate.model_source import ModelDescription
+from lockstep.memory.estimate.model_source import ModelDescription
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,7 @@ def estimate_memory(
     """Estimate the training memory each rank needs.
 
     Args:
-        model: from :func:`lockstep.estimate.describe_model`.
+        model: from :func:`lockstep.memory.estimate.describe_model`.
         num_processes: process counts to tabulate.
         dtypes: ``fp32`` (no mixed precision), ``bf16`` / ``fp16`` (mixed precision).
         strategies: any of ``ddp``, ``zero1``, ``zero2``, ``zero3``, ``fsdp``.
@@ -73,7 +73,7 @@ def estimate_memory(
         seq_len: sequence length (activations).
 
     Example:
-        >>> from lockstep.estimate import describe_model
+        >>> from lockstep.memory.estimate import describe_model
         >>> estimate = estimate_memory(describe_model("BertConfig"), num_processes=[2], dtypes=["bf16"])
         >>> [row.model_state // estimate.model.num_parameters for row in estimate.rows]
         [16, 10, 9, 8, 8]

@@ -29,12 +29,15 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from lockstep import _accelerator_setup as setup
 from lockstep import _process_group, collectives
-from lockstep._accelerator_process_control import ProcessControl
-from lockstep._accelerator_tracking import Tracking
-from lockstep._accelerator_views import AcceleratorViews
-from lockstep._checkpointing import Checkpointing, save_model
+from lockstep.accelerator import settings as setup
+from lockstep.accelerator._process_control import ProcessControl
+from lockstep.accelerator._views import AcceleratorViews
+from lockstep.accelerator.checkpoints import Checkpointing, save_model
+from lockstep.accelerator.optimizer import AcceleratedOptimizer
+from lockstep.accelerator.preemption import DEFAULT_SIGNALS, PreemptionWatcher, exit_now
+from lockstep.accelerator.scheduler import AcceleratedScheduler
+from lockstep.accelerator.trackers import Tracking
 from lockstep.backends.registry import select_backend
 from lockstep.config.dataloader import DataLoaderConfiguration
 from lockstep.config.enums import PrecisionType
@@ -43,12 +46,9 @@ from lockstep.config.plugins import GradientAccumulationPlugin, TorchDynamoPlugi
 from lockstep.config.project import ProjectConfiguration
 from lockstep.data import prepare_data_loader
 from lockstep.data import skip_first_batches as _skip_first_batches
-from lockstep.diagnostics import runtime as hang_watchdog
+from lockstep.diagnostics import hang_watchdog
 from lockstep.memory import release_memory
-from lockstep.optimizer import AcceleratedOptimizer
 from lockstep.precision import Precision, remove_forward_wrapper
-from lockstep.preemption import DEFAULT_SIGNALS, PreemptionWatcher, exit_now
-from lockstep.scheduler import AcceleratedScheduler
 from lockstep.state import AcceleratorState, GradientState
 from lockstep.throughput import build_step_timer
 from lockstep.tracking.base import GeneralTracker
@@ -70,7 +70,7 @@ class Accelerator(AcceleratorViews, ProcessControl, Tracking):
         project_dir: the run's folder; shorthand for ``project_config.project_dir``.
         project_config: a ``ProjectConfiguration``.
         gradient_accumulation_plugin: finer accumulation settings (instead of the steps argument).
-        step_scheduler_with_optimizer: prepared schedulers follow the optimizer (see ``lockstep.scheduler``).
+        step_scheduler_with_optimizer: prepared schedulers follow the optimizer (see ``lockstep.accelerator.scheduler``).
         kwargs_handlers: ``DistributedDataParallelKwargs``, ``GradScalerKwargs``, ``InitProcessGroupKwargs``,
             ``AutocastKwargs``, ``HangDetectionKwargs`` (the hang watchdog; see ``lockstep.diagnostics``).
         dynamo_backend: a ``torch.compile`` backend name; the model is compiled before the DDP wrap.
@@ -259,7 +259,7 @@ class Accelerator(AcceleratorViews, ProcessControl, Tracking):
         return prepared
 
     def prepare_scheduler(self, scheduler: Any) -> AcceleratedScheduler:
-        """Wrap an LR scheduler so that it follows the prepared optimizers (see ``lockstep.scheduler``)."""
+        """Wrap an LR scheduler so that it follows the prepared optimizers (see ``lockstep.accelerator.scheduler``)."""
         if isinstance(scheduler, AcceleratedScheduler):
             return scheduler
         inner = getattr(scheduler, "optimizer", None)

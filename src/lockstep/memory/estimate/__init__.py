@@ -3,7 +3,7 @@
 Names are imported on first use, so that the command line can check its options without importing torch.
 
 Example:
-    >>> from lockstep.estimate import describe_model, estimate_memory
+    >>> from lockstep.memory.estimate import describe_model, estimate_memory
     >>> model = describe_model("BertConfig", settings={"num_hidden_layers": 2})
     >>> estimate = estimate_memory(model, num_processes=[1, 8], dtypes=["bf16"], strategies=["zero3"])
     >>> [row.model_state for row in estimate.rows] == [16 * model.num_parameters, 2 * model.num_parameters]
@@ -16,25 +16,25 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 _EXPORTS = {
-    "MemoryEstimate": "lockstep.estimate.estimator",
-    "estimate_memory": "lockstep.estimate.estimator",
-    "STRATEGIES": "lockstep.estimate.formulas",
-    "RankMemory": "lockstep.estimate.formulas",
-    "TransformerShape": "lockstep.estimate.formulas",
-    "ModelDescription": "lockstep.estimate.model_source",
-    "describe_model": "lockstep.estimate.model_source",
+    "MemoryEstimate": "lockstep.memory.estimate.estimator",
+    "estimate_memory": "lockstep.memory.estimate.estimator",
+    "STRATEGIES": "lockstep.memory.estimate.formulas",
+    "RankMemory": "lockstep.memory.estimate.formulas",
+    "TransformerShape": "lockstep.memory.estimate.formulas",
+    "ModelDescription": "lockstep.memory.estimate.model_source",
+    "describe_model": "lockstep.memory.estimate.model_source",
 }
 
 if TYPE_CHECKING:
-    from lockstep.estimate.estimator import MemoryEstimate, estimate_memory
-    from lockstep.estimate.formulas import STRATEGIES, RankMemory, TransformerShape
-    from lockstep.estimate.model_source import ModelDescription, describe_model
+    from lockstep.memory.estimate.estimator import MemoryEstimate, estimate_memory
+    from lockstep.memory.estimate.formulas import STRATEGIES, RankMemory, TransformerShape
+    from lockstep.memory.estimate.model_source import ModelDescription, describe_model
 
 
 def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
-        raise AttributeError(f"module 'lockstep.estimate' has no attribute {name!r}")
+        raise AttributeError(f"module 'lockstep.memory.estimate' has no attribute {name!r}")
     return getattr(importlib.import_module(module), name)
 
 

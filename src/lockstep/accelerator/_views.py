@@ -10,14 +10,14 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from lockstep import _accelerator_setup as setup
+from lockstep.accelerator import settings as setup
 from lockstep.config.enums import DistributedType
 from lockstep.config.project import ProjectConfiguration
 
 if TYPE_CHECKING:
-    from lockstep._accelerator_setup import AcceleratorSettings
+    from lockstep.accelerator.optimizer import AcceleratedOptimizer
+    from lockstep.accelerator.settings import AcceleratorSettings
     from lockstep.backends.base import Backend
-    from lockstep.optimizer import AcceleratedOptimizer
     from lockstep.precision import Precision
     from lockstep.state import AcceleratorState, GradientState
 

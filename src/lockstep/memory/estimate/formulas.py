@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
-from lockstep._usage import UsageError
+from lockstep.errors import UsageError
 
 STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "fsdp")
 """Ways of distributing training, in the order the table shows them."""

@@ -1,7 +1,7 @@
 """The checks ``lockstep test`` runs on every worker of the configured topology.
 
 Each check prints one line on the main process; the main process exits 1 if any failed, so the launcher
-exits non-zero. Run as ``python -m lockstep.launcher._selftest --expected-processes N`` under a launcher.
+exits non-zero. Run as ``python -m lockstep.cli.selftest_worker --expected-processes N`` under a launcher.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from lockstep import Accelerator
 from lockstep.collectives import gather_object
-from lockstep.random import synchronize_rng_states
+from lockstep.rng import synchronize_rng_states
 
 
 def check_ranks(accelerator: Accelerator, expected: int) -> str:

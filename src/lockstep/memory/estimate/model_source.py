@@ -20,8 +20,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from lockstep._usage import UsageError
-from lockstep.estimate.formulas import TransformerShape
+from lockstep.errors import UsageError
+from lockstep.memory.estimate.formulas import TransformerShape
 
 FORMS = (
     "a folder with a transformers config.json, 'module:factory' / 'file.py:factory' (a function returning "

@@ -25,8 +25,8 @@ from torch.distributed.tensor import DTensor
 
 from lockstep import _env
 from lockstep.backends.base import Backend
-from lockstep.backends.fsdp_loading import broadcast_from_main, to_meta
-from lockstep.backends.fsdp_units import ignored_parameters, select_units
+from lockstep.backends.fsdp.loading import broadcast_from_main, to_meta
+from lockstep.backends.fsdp.units import ignored_parameters, select_units
 from lockstep.checkpoint.sharded import ShardedObjects
 from lockstep.config.enums import DistributedType
 from lockstep.config.fsdp import FullyShardedDataParallelPlugin

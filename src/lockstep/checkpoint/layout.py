@@ -20,16 +20,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from lockstep.errors import CheckpointError
+
 MANIFEST_NAME = "manifest.json"
 LATEST_POINTER = "latest"
 FORMAT = "lockstep-checkpoint"
 FORMAT_VERSION = 1
 _AUTOMATIC_NAME = re.compile(r"^checkpoint_(\d+)$")
 _CHUNK = 8 * 1024 * 1024
-
-
-class CheckpointError(ValueError):
-    """A checkpoint folder is missing, incomplete or corrupt."""
 
 
 @dataclass(frozen=True)

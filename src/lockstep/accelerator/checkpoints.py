@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from torch.utils.hooks import RemovableHandle
 
-from lockstep.checkpoint import manifest as layout
+from lockstep.checkpoint import layout
 from lockstep.checkpoint.async_writer import AsyncCheckpointWriter
 from lockstep.checkpoint.model_files import save_model_files
 from lockstep.checkpoint.saver import choose_checkpoint, load_checkpoint, save_checkpoint

@@ -1,0 +1,26 @@
+"""Every error a user of lockstep catches, importable without torch.
+
+Each error is also re-exported where it is raised (``lockstep.config.file.ConfigFileError``,
+``lockstep.checkpoint.CheckpointError``, ``lockstep.utils.DistributedOperationException``), so either
+import path works.
+"""
+
+
+class UsageError(ValueError):
+    """Bad input on the command line or in a config file; the CLI prints it as one line, exit code 2."""
+
+
+class ConfigFileError(ValueError):
+    """A config file that cannot be read, or that holds a key or value lockstep cannot use."""
+
+
+class CheckpointError(ValueError):
+    """A checkpoint folder that is incomplete, corrupted or not a lockstep checkpoint."""
+
+
+class UnsafeCheckpointError(ValueError):
+    """A checkpoint file holds objects that ``torch.load(weights_only=True)`` refuses to unpickle."""
+
+
+class DistributedOperationException(RuntimeError):
+    """A collective was called with inputs that differ across processes (debug mode's shape check)."""
