@@ -89,7 +89,7 @@ def test_prepare_twice_is_a_no_op():
     prepared_model, prepared_optimizer = accelerator.prepare(model, optimizer)
     again_model, again_optimizer = accelerator.prepare(prepared_model, prepared_optimizer)
     assert again_model is prepared_model and again_optimizer is prepared_optimizer
-    assert len(accelerator._models) == 1 and len(accelerator._optimizers) == 1
+    assert len(accelerator._prepared.models) == 1 and len(accelerator._prepared.optimizers) == 1
 
 
 def test_unknown_objects_pass_through():

@@ -7,7 +7,8 @@ import pytest
 import torch
 from torch.distributed.tensor import DTensor
 
-from lockstep import Accelerator, FullyShardedDataParallelPlugin
+from lockstep import Accelerator, FullyShardedDataParallelPlugin, PrecisionType
+from lockstep.backends.fsdp.precision import FSDPPrecision
 from tests.helpers.fsdp_models import (
     data_loader,
     full_params,
@@ -180,8 +181,13 @@ def test_plugin_validation_and_config_section():
     assert plugin.transformer_cls_names_to_wrap == ["LlamaDecoderLayer"]
     assert plugin.cpu_ram_efficient_loading and plugin.reshard_after_forward is True
     assert FullyShardedDataParallelPlugin(sharding_strategy="SHARD_GRAD_OP").reshard_after_forward is False
-    bf16 = FullyShardedDataParallelPlugin().mixed_precision("bf16")
+    bf16 = FSDPPrecision(PrecisionType.BF16, torch.device("cpu")).policy(None)
     assert bf16.param_dtype == torch.bfloat16 and bf16.reduce_dtype == torch.float32
+    assert FSDPPrecision(PrecisionType.NO, torch.device("cpu")).policy(None).param_dtype is None
+    configured = FSDPPrecision(PrecisionType.BF16, torch.device("cpu")).policy({"param_dtype": "fp16"})
+    assert configured.param_dtype == torch.float16 and configured.reduce_dtype is None
+    with pytest.raises(ValueError, match=r"mixed_precision_policy\['param_dtype'\]='int8' is invalid"):
+        FSDPPrecision(PrecisionType.BF16, torch.device("cpu")).policy({"param_dtype": "int8"})
 
 
 class _Checkpointed(torch.nn.Module):

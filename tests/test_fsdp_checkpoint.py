@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 from lockstep import Accelerator, FullyShardedDataParallelPlugin
-from lockstep.checkpoint import manifest
+from lockstep.checkpoint import layout
 from tests.helpers.cli import lockstep
 from tests.helpers.fsdp_models import data_loader, full_params, loss_of, make_transformer
 from tests.helpers.multiprocess import run_distributed
@@ -78,7 +78,7 @@ def test_sharded_checkpoint_reloads_exactly_on_another_world_size(tmp_path, save
     assert {"pytorch_model_fsdp_0", "optimizer_0", "manifest.json"} <= names
     assert "model.safetensors" not in names and "optimizer.bin" not in names
     assert len(list((Path(folder) / "pytorch_model_fsdp_0").glob("*.distcp"))) == save_world
-    manifest.verify(Path(folder))  # every shard is listed in the manifest with its checksum
+    layout.verify(Path(folder))  # every shard is listed in the manifest with its checksum
     for loaded in run_distributed(_load, load_world, load_world, folder, "SHARDED_STATE_DICT"):
         _assert_same(saved, loaded)
 
@@ -96,7 +96,7 @@ def test_full_state_dict_checkpoint_round_trip(tmp_path):
 def test_async_sharded_save_commits_and_reloads(tmp_path):
     folder = str(tmp_path / "ckpt")
     saved = run_distributed(_save, 2, 2, folder, "SHARDED_STATE_DICT", True)[0]
-    manifest.verify(Path(folder))
+    layout.verify(Path(folder))
     _assert_same(saved, run_distributed(_load, 2, 2, folder, "SHARDED_STATE_DICT")[0])
 
 

@@ -132,7 +132,7 @@ def test_missing_tracker_package_is_an_import_error_with_the_pip_line(monkeypatc
     with pytest.raises(ImportError, match=f"log_with='{package}' needs the {package} package: {install}$"):
         Accelerator(log_with=package)
     accelerator = Accelerator(log_with="all")
-    assert package not in [spec.name for spec in accelerator._tracker_specs]
+    assert package not in [spec.name for spec in accelerator._trackers.specs]
 
 
 def test_mlflow_store_without_sqlalchemy_says_what_to_install(monkeypatch, tmp_path):
@@ -142,7 +142,7 @@ def test_mlflow_store_without_sqlalchemy_says_what_to_install(monkeypatch, tmp_p
         ImportError, match=r"local SQLite store, which needs alembic: pip install mlflow-skinny"
     ):
         accelerator.init_trackers("run")
-    assert "mlflow" not in [spec.name for spec in Accelerator(log_with="all")._tracker_specs]
+    assert "mlflow" not in [spec.name for spec in Accelerator(log_with="all")._trackers.specs]
 
 
 def _train_and_log_to_mlflow_and_wandb(project_dir: str) -> list[str]:

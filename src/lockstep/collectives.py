@@ -403,12 +403,41 @@ def gather_for_metrics_truncate(data: Any, remainder: int, *, from_gather_object
     return slice_batch(data, slice(0, remainder))
 
 
+def gather_for_metrics(input_data: Any, gradient_state: Any, use_gather_object: bool = False) -> Any:
+    """Gather like :func:`gather`, then drop the samples repeated to even out the last batch.
+
+    Args:
+        input_data: tensors (nested structures too) or any picklable values of this rank.
+        gradient_state: the process's ``GradientState``, which knows whether the prepared loader being
+            iterated is at its end and how many real samples its last global batch holds.
+        use_gather_object: gather as Python objects even when ``input_data`` holds only tensors.
+    """
+    tensors_only = all(isinstance(x, torch.Tensor) for x in _flat_values(input_data))
+    as_objects = use_gather_object or not tensors_only
+    if as_objects:
+        data = gather_object(input_data if isinstance(input_data, list) else [input_data])
+    else:
+        data = gather(input_data)
+    if not gradient_state.end_of_dataloader:
+        return data
+    return gather_for_metrics_truncate(data, gradient_state.remainder, from_gather_object=as_objects)
+
+
+def _flat_values(data: Any) -> list[Any]:
+    if isinstance(data, dict):
+        return [v for value in data.values() for v in _flat_values(value)]
+    if isinstance(data, (list, tuple)):
+        return [v for value in data for v in _flat_values(value)]
+    return [data]
+
+
 __all__ = [
     "REDUCTIONS",
     "DistributedOperationException",
     "broadcast",
     "broadcast_object_list",
     "gather",
+    "gather_for_metrics",
     "gather_for_metrics_truncate",
     "gather_object",
     "pad_across_processes",

@@ -1,8 +1,8 @@
-"""The Accelerator's checkpoint methods: which objects, which folder, which hooks.
+"""The Accelerator's checkpoint manager: which objects, which folder, which hooks.
 
-The file formats and the crash-consistent protocol live in :mod:`lockstep.checkpoint`; this module
-decides what to save (everything the Accelerator prepared plus registered objects) and where
-(``project_dir/checkpoints/checkpoint_{i}`` with automatic naming).
+The file formats and the crash-consistent protocol live in :mod:`lockstep.checkpoint`; the model and
+optimizer state is the backend's business. This module decides what to save (everything prepared plus
+registered objects) and where (``project_dir/checkpoints/checkpoint_{i}`` with automatic naming).
 """
 
 from __future__ import annotations
@@ -14,20 +14,21 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from torch import nn
 from torch.utils.hooks import RemovableHandle
 
+from lockstep.accelerator.accumulation import GradientAccumulation
+from lockstep.accelerator.prepared import PreparedObjects
+from lockstep.backends.base import Backend
 from lockstep.checkpoint import layout
 from lockstep.checkpoint.async_writer import AsyncCheckpointWriter
 from lockstep.checkpoint.model_files import save_model_files
 from lockstep.checkpoint.saver import choose_checkpoint, load_checkpoint, save_checkpoint
 from lockstep.checkpoint.training_state import TrainingObjects
-
-if TYPE_CHECKING:
-    from torch import nn
-
-    from lockstep.accelerator import Accelerator
+from lockstep.config.project import ProjectConfiguration
+from lockstep.state import PartialState
 
 CHECKPOINTS_FOLDER = "checkpoints"
 logger = logging.getLogger("lockstep.checkpoint")
@@ -45,32 +46,36 @@ class SaveReport:
     asynchronous: bool
 
 
-class Checkpointing:
-    """Registered objects and hooks, and the save/load logic of one Accelerator."""
+class CheckpointManager:
+    """Saves and loads the training state of one Accelerator.
 
-    def __init__(self) -> None:
-        self.custom_objects: list[Any] = []
+    Args:
+        prepared: the prepared and registered objects.
+        backend: the backend that owns model and optimizer state.
+        state: the process state.
+        project: where automatically named checkpoints go, and how many to keep.
+        accumulation: the accumulation position, saved and restored with the state.
+    """
+
+    def __init__(
+        self,
+        *,
+        prepared: PreparedObjects,
+        backend: Backend,
+        state: PartialState,
+        project: ProjectConfiguration,
+        accumulation: GradientAccumulation,
+    ) -> None:
+        self.prepared = prepared
+        self.backend = backend
+        self.state = state
+        self.project = project
+        self.accumulation = accumulation
         # OrderedDicts: torch's RemovableHandle keeps a weak reference to the dict.
         self.save_hooks: OrderedDict[int, Callable[..., Any]] = OrderedDict()
         self.load_hooks: OrderedDict[int, Callable[..., Any]] = OrderedDict()
         self.writer = AsyncCheckpointWriter()
         self.last_save: SaveReport | None = None
-
-    def register(self, objects: tuple[Any, ...]) -> None:
-        invalid = [
-            f"item {index} ({type(obj).__name__})"
-            for index, obj in enumerate(objects)
-            if not (
-                callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))
-            )
-        ]
-        if invalid:
-            raise ValueError(
-                f"register_for_checkpointing() accepts only objects with state_dict() and load_state_dict(); "
-                f"{', '.join(invalid)} {'has' if len(invalid) == 1 else 'have'} none. Wrap them in a class that "
-                "provides both."
-            )
-        self.custom_objects.extend(objects)
 
     def add_hook(self, hooks: dict[int, Callable[..., Any]], hook: Callable[..., Any]) -> RemovableHandle:
         handle = RemovableHandle(hooks)
@@ -78,26 +83,22 @@ class Checkpointing:
         return handle
 
     # -- where ------------------------------------------------------------------------------------
-    @staticmethod
-    def automatic_root(accelerator: Accelerator) -> Path | None:
-        config = accelerator.project_configuration
-        if config.project_dir is None:
+    def automatic_root(self) -> Path | None:
+        """``project_dir/checkpoints``, or None without a project folder."""
+        if self.project.project_dir is None:
             return None
-        return Path(config.project_dir) / CHECKPOINTS_FOLDER
+        return Path(self.project.project_dir) / CHECKPOINTS_FOLDER
 
-    def save_target(
-        self, accelerator: Accelerator, output_dir: str | os.PathLike | None
-    ) -> tuple[Path, bool]:
+    def save_target(self, output_dir: str | os.PathLike | None) -> tuple[Path, bool]:
         """(folder, whether it is automatically named)."""
-        config = accelerator.project_configuration
-        if config.automatic_checkpoint_naming:
-            root = self.automatic_root(accelerator)
+        if self.project.automatic_checkpoint_naming:
+            root = self.automatic_root()
             if root is None:
                 raise ValueError(
                     "ProjectConfiguration(automatic_checkpoint_naming=True) needs a project_dir: pass "
                     "Accelerator(project_dir=...)."
                 )
-            return root / f"checkpoint_{config.iteration}", True
+            return root / f"checkpoint_{self.project.iteration}", True
         if output_dir is None:
             raise ValueError(
                 "save_state() needs output_dir=, or ProjectConfiguration(automatic_checkpoint_naming=True) with a "
@@ -106,111 +107,122 @@ class Checkpointing:
         return Path(output_dir), False
 
     # -- what -------------------------------------------------------------------------------------
-    def objects(self, accelerator: Accelerator) -> TrainingObjects:
+    def _shared_objects(self) -> TrainingObjects:
         return TrainingObjects(
-            models=list(accelerator._models),
-            unwrap=lambda model: accelerator.unwrap_model(model, keep_torch_compile=False),
-            optimizers=list(accelerator._optimizers),
-            schedulers=list(accelerator._schedulers),
-            dataloaders=list(accelerator._dataloaders),
-            scaler=accelerator.scaler,
-            custom=list(self.custom_objects),
-            counters={"step": accelerator.step, "iteration": accelerator.project_configuration.iteration},
-            sharded=accelerator.backend.sharded_objects(),
+            schedulers=list(self.prepared.schedulers),
+            dataloaders=list(self.prepared.dataloaders),
+            scaler=self.backend.precision.scaler,
+            custom=list(self.prepared.custom),
+            counters={"step": self.accumulation.step, "iteration": self.project.iteration},
         )
 
-    # -- save and load ----------------------------------------------------------------------------
-    def save_state(
-        self, accelerator: Accelerator, output_dir: Any, safe_serialization: bool, async_save: bool = False
-    ) -> str:
+    def _writes_shared_files(self) -> bool:
+        return self.state.is_main_process or (
+            self.project.save_on_each_node and self.state.is_local_main_process
+        )
+
+    # -- save -------------------------------------------------------------------------------------
+    def save_state(self, output_dir: Any, safe_serialization: bool, async_save: bool = False) -> str:
+        """Save everything on every rank together; returns the checkpoint folder."""
         started = time.monotonic()
-        folder, automatic = self.save_target(accelerator, output_dir)
-        objects = self.objects(accelerator)
-        in_shards = (
-            objects.sharded_model_indices()
-            if objects.sharded and objects.sharded.sharded_state_dict
-            else set()
-        )
-        if objects.sharded is not None and not accelerator.sync_gradients:
-            logger.warning(
-                "save_state in the middle of a gradient accumulation cycle with FSDP: the gradients of the "
-                "micro-batches so far live inside FSDP and are not saved; save after an optimizer step."
-            )
-        weights: list[Any] = [
-            None if i in in_shards else accelerator.get_state_dict(model)
-            for i, model in enumerate(objects.models)
-        ]
-        models: list[nn.Module] = list(objects.models)
-        for hook in self.save_hooks.values():
-            hook(models, weights, str(folder))
-        # A hook may take models out of `weights` (it saved them itself): keep the remaining ones in place.
-        kept = [weights[i] if i < len(weights) else None for i in range(len(objects.models))]
-        config = accelerator.project_configuration
-        writes_shared = accelerator.is_main_process or (
-            config.save_on_each_node and accelerator.is_local_main_process
-        )
-        limit = config.total_limit
+        folder, automatic = self.save_target(output_dir)
+        objects = self._snapshot_objects(folder)
+        writes_shared = self._writes_shared_files()
+        limit = self.project.total_limit
+        models, optimizers = list(self.prepared.models), list(self.prepared.optimizers)
         nbytes = save_checkpoint(
             objects,
             folder,
-            state=accelerator.state,
-            weights=kept,
+            state=self.state,
             writes_shared_files=writes_shared,
             move_latest_pointer=automatic,
-            step=accelerator.step,
+            step=self.accumulation.step,
             safe_serialization=safe_serialization,
             writer=self.writer if async_save else None,
             after_commit=(lambda: layout.rotate(folder.parent, limit))
             if automatic and writes_shared
             else None,
+            save_shards=lambda staging: self.backend.save_shards(
+                list(enumerate(models)), list(enumerate(optimizers)), staging
+            ),
         )
         if automatic:
-            config.iteration += 1
-        stall = time.monotonic() - started
+            self.project.iteration += 1
+        self._report(folder, time.monotonic() - started, nbytes, async_save)
+        return str(folder)
+
+    def _snapshot_objects(self, folder: Path) -> TrainingObjects:
+        """What this save holds: the backend's model and optimizer state (after the save hooks), the
+        shared objects and this rank's pending gradients."""
+        models: list[nn.Module] = list(self.prepared.models)
+        weights: list[Any] = self.backend.model_state_dicts(models)
+        hooked_models = list(models)
+        for hook in self.save_hooks.values():
+            hook(hooked_models, weights, str(folder))
+        # A hook may take models out of `weights` (it saved them itself): keep the remaining ones in place.
+        objects = self._shared_objects()
+        objects.model_states = [weights[i] if i < len(weights) else None for i in range(len(models))]
+        objects.optimizer_states = self.backend.optimizer_state_dicts(list(self.prepared.optimizers))
+        objects.gradients = self.backend.pending_gradients(
+            models, mid_accumulation=not self.accumulation.gradient_state.sync_gradients
+        )
+        return objects
+
+    def _report(self, folder: Path, stall: float, nbytes: int, asynchronous: bool) -> None:
         self.last_save = SaveReport(
-            folder=str(folder), stall_seconds=stall, nbytes=nbytes, asynchronous=async_save
+            folder=str(folder), stall_seconds=stall, nbytes=nbytes, asynchronous=asynchronous
         )
         logger.info(
             "checkpoint %s: training stalled %.3f s (%d bytes, %s)",
             folder,
             stall,
             nbytes,
-            "written in the background" if async_save else "written",
+            "written in the background" if asynchronous else "written",
         )
-        return str(folder)
 
     def wait(self) -> None:
         """Wait for a background save to be committed (raises its error, if any)."""
         self.writer.wait()
 
-    def load_state(self, accelerator: Accelerator, input_dir: Any) -> None:
+    # -- load -------------------------------------------------------------------------------------
+    def load_state(self, input_dir: Any) -> None:
+        """Restore the chosen checkpoint on every rank together."""
         self.wait()
-        accelerator.wait_for_everyone()  # every rank's background save is committed before choosing
-        root = self.automatic_root(accelerator)
-        folder = choose_checkpoint(accelerator.state, None if input_dir is None else Path(input_dir), root)
-        objects = self.objects(accelerator)
-        models: list[nn.Module] = list(objects.models)
-        for hook in self.load_hooks.values():
-            hook(models, str(folder))
-        to_load = [i for i, model in enumerate(objects.models) if any(model is m for m in models)]
-        counters, _ = load_checkpoint(objects, folder, state=accelerator.state, models_to_load=to_load)
-        accelerator.step = int(counters.get("step", 0))
-        match = layout._AUTOMATIC_NAME.match(folder.name)
-        if accelerator.project_configuration.automatic_checkpoint_naming and match:
-            accelerator.project_configuration.iteration = int(match.group(1)) + 1
-
-
-def save_model(
-    accelerator: Accelerator,
-    model: nn.Module,
-    save_directory: Any,
-    max_shard_size: int | str,
-    safe_serialization: bool,
-) -> None:
-    """Write the unwrapped model's weights as (sharded) safetensors on the main process."""
-    state_dict = accelerator.get_state_dict(model)
-    if accelerator.is_main_process:
-        save_model_files(
-            state_dict, save_directory, max_shard_size=max_shard_size, safe_serialization=safe_serialization
+        self.state.wait_for_everyone()  # every rank's background save is committed before choosing
+        folder = choose_checkpoint(
+            self.state, None if input_dir is None else Path(input_dir), self.automatic_root()
         )
-    accelerator.wait_for_everyone()
+        models: list[nn.Module] = list(self.prepared.models)
+        hooked_models = list(models)
+        for hook in self.load_hooks.values():
+            hook(hooked_models, str(folder))
+        to_load = [(i, model) for i, model in enumerate(models) if any(model is m for m in hooked_models)]
+        optimizers = list(enumerate(self.prepared.optimizers))
+        counters, gradients = load_checkpoint(
+            self._shared_objects(),
+            folder,
+            state=self.state,
+            read_models=lambda: self.backend.read_model_states(to_load, optimizers, folder),
+            apply_models=lambda loaded: self.backend.apply_model_states(to_load, optimizers, loaded),
+        )
+        if gradients is not None:
+            self.backend.restore_gradients(models, gradients)
+        self.accumulation.step = int(counters.get("step", 0))
+        match = layout._AUTOMATIC_NAME.match(folder.name)
+        if self.project.automatic_checkpoint_naming and match:
+            self.project.iteration = int(match.group(1)) + 1
+
+    # -- export -----------------------------------------------------------------------------------
+    def save_model(
+        self, model: nn.Module, save_directory: Any, max_shard_size: int | str, safe_serialization: bool
+    ) -> None:
+        """Write the unwrapped model's weights as (sharded) safetensors on the main process."""
+        state_dict = self.backend.full_state_dict(self.backend.unwrap_model(model, keep_torch_compile=False))
+        if self.state.is_main_process:
+            save_model_files(
+                state_dict,
+                save_directory,
+                max_shard_size=max_shard_size,
+                safe_serialization=safe_serialization,
+            )
+        self.state.wait_for_everyone()

@@ -1,10 +1,12 @@
 """The Accelerator: the facade a training script talks to.
 
-Every method here is a few lines that delegate: topology to :mod:`lockstep.state`, model wrapping to a
-backend chosen by :mod:`lockstep.backends.registry`, precision to :mod:`lockstep.precision`, data to
-:mod:`lockstep.data`, communication to :mod:`lockstep.collectives`. Read-only properties, process control
-and trackers live in the base classes of ``_accelerator_views``, ``_accelerator_process_control`` and
-``_accelerator_tracking``, so that this file stays one screenful per concern.
+Every method is a few lines that delegate to the part that does the work, each built once in
+``__init__`` with exactly what it needs: the resolved settings (:mod:`.settings`), the process state
+(:mod:`lockstep.state`), the backend with its precision (:mod:`lockstep.backends.registry`), the registry
+of prepared objects (:mod:`.prepared`) filled by the :class:`~.preparation.Preparer`, the accumulation
+position (:mod:`.accumulation`), the trackers (:mod:`.trackers`), the step timer
+(:mod:`lockstep.throughput`), the checkpoint manager (:mod:`.checkpoints`, built on first use) and the
+preemption watcher (:mod:`.preemption`). Collectives are :mod:`lockstep.collectives`.
 
 Example:
     >>> from lockstep import Accelerator
@@ -23,7 +25,7 @@ import contextlib
 import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 from torch import nn
@@ -31,33 +33,34 @@ from torch.utils.data import DataLoader
 
 from lockstep import _process_group, collectives
 from lockstep.accelerator import settings as setup
-from lockstep.accelerator._process_control import ProcessControl
-from lockstep.accelerator._views import AcceleratorViews
-from lockstep.accelerator.checkpoints import Checkpointing, save_model
+from lockstep.accelerator.accumulation import GradientAccumulation
 from lockstep.accelerator.optimizer import AcceleratedOptimizer
 from lockstep.accelerator.preemption import DEFAULT_SIGNALS, PreemptionWatcher, exit_now
+from lockstep.accelerator.preparation import Preparer
+from lockstep.accelerator.prepared import PreparedObjects
 from lockstep.accelerator.scheduler import AcceleratedScheduler
-from lockstep.accelerator.trackers import Tracking
+from lockstep.accelerator.trackers import Trackers
 from lockstep.backends.registry import select_backend
 from lockstep.config.dataloader import DataLoaderConfiguration
-from lockstep.config.enums import PrecisionType
+from lockstep.config.enums import DistributedType, PrecisionType
 from lockstep.config.kwargs import AutocastKwargs
 from lockstep.config.plugins import GradientAccumulationPlugin, TorchDynamoPlugin
 from lockstep.config.project import ProjectConfiguration
-from lockstep.data import prepare_data_loader
 from lockstep.data import skip_first_batches as _skip_first_batches
-from lockstep.diagnostics import hang_watchdog
 from lockstep.memory import release_memory
 from lockstep.precision import Precision, remove_forward_wrapper
 from lockstep.state import AcceleratorState, GradientState
-from lockstep.throughput import build_step_timer
-from lockstep.tracking.base import GeneralTracker
-from lockstep.tracking.registry import resolve_log_with
+from lockstep.throughput.build import build_step_timer
 
-_LRScheduler = torch.optim.lr_scheduler.LRScheduler
+if TYPE_CHECKING:
+    from lockstep.accelerator.checkpoints import CheckpointManager, SaveReport
+    from lockstep.backends.base import Backend
+    from lockstep.tracking.base import GeneralTracker
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
-class Accelerator(AcceleratorViews, ProcessControl, Tracking):
+class Accelerator:
     """Runs one ordinary training loop on one CPU, one GPU, many processes or many machines.
 
     Args:
@@ -70,7 +73,7 @@ class Accelerator(AcceleratorViews, ProcessControl, Tracking):
         project_dir: the run's folder; shorthand for ``project_config.project_dir``.
         project_config: a ``ProjectConfiguration``.
         gradient_accumulation_plugin: finer accumulation settings (instead of the steps argument).
-        step_scheduler_with_optimizer: prepared schedulers follow the optimizer (see ``lockstep.accelerator.scheduler``).
+        step_scheduler_with_optimizer: prepared schedulers follow the optimizer (see ``lockstep.scheduler``).
         kwargs_handlers: ``DistributedDataParallelKwargs``, ``GradScalerKwargs``, ``InitProcessGroupKwargs``,
             ``AutocastKwargs``, ``HangDetectionKwargs`` (the hang watchdog; see ``lockstep.diagnostics``).
         dynamo_backend: a ``torch.compile`` backend name; the model is compiled before the DDP wrap.
@@ -143,44 +146,276 @@ class Accelerator(AcceleratorViews, ProcessControl, Tracking):
         self.gradient_state = GradientState(
             gradient_accumulation_plugin=self.settings.gradient_accumulation_plugin
         )
-        self.precision = Precision(
-            self.settings.mixed_precision,
-            self.device,
-            autocast_kwargs=self.settings.handlers.autocast,
-            scaler_kwargs=self.settings.handlers.scaler,
+        self._accumulation = GradientAccumulation(self.gradient_state)
+        self.backend = self._build_backend()
+        self._prepared = PreparedObjects()
+        self._trackers = Trackers(
+            log_with, logging_dir=self.logging_dir, is_main_process=self.is_main_process
         )
-        self.backend = select_backend(
-            self.state,
-            ddp_kwargs=self.settings.handlers.ddp,
-            dynamo_plugin=self.settings.dynamo_plugin,
-            fsdp_plugin=self.settings.fsdp_plugin,
-            mixed_precision=self.settings.mixed_precision.value,
-        )
-        self.state._record(distributed_type=self.backend.distributed_type)
-        self.step = 0
-        self.flag_tensor: torch.Tensor | None = None
-        self._models: list[nn.Module] = []
-        self._optimizers: list[AcceleratedOptimizer] = []
-        self._schedulers: list[AcceleratedScheduler] = []
-        self._dataloaders: list[DataLoader] = []
-        self._checkpointing = Checkpointing()
+        self._step_timer = self._build_step_timer(step_timing)
         self._preemption = PreemptionWatcher(preemption_signals, preemption_grace_period)
-        self._tracker_specs = resolve_log_with(log_with)
-        self.trackers: list[GeneralTracker] = []
-        self._step_timer = build_step_timer(self, step_timing, self.settings.handlers.throughput)
-        hang_watchdog.start(  # lockstep.diagnostics: a hang becomes a report and exit code 124
-            rank=self.process_index,
-            world_size=self.num_processes,
-            handler=self.settings.handlers.hang,
-            logging_dir=self.logging_dir,
-        )
+        self._checkpoints: CheckpointManager | None = None  # built on first use (imports lockstep.checkpoint)
+        self.flag_tensor: torch.Tensor | None = None
+        self._preparer = self._build_preparer(on_optimizer_step=self._start_hang_watchdog())
 
+    # -- build steps ------------------------------------------------------------------------------
     def _build_state(self, *, cpu: bool, debug: bool | None) -> AcceleratorState:
         init = self.settings.handlers.init
         kwargs: dict[str, Any] = {"debug": debug}
         if init is not None:
             kwargs.update(backend=init.backend, timeout=init.timeout, init_method=init.init_method)
         return AcceleratorState(mixed_precision=self.settings.mixed_precision.value, cpu=cpu, **kwargs)
+
+    def _build_backend(self) -> Backend:
+        handlers = self.settings.handlers
+        backend = select_backend(
+            self.state,
+            mixed_precision=self.settings.mixed_precision,
+            autocast_kwargs=handlers.autocast,
+            scaler_kwargs=handlers.scaler,
+            ddp_kwargs=handlers.ddp,
+            dynamo_plugin=self.settings.dynamo_plugin,
+            fsdp_plugin=self.settings.fsdp_plugin,
+        )
+        self.state._record(distributed_type=backend.distributed_type)
+        return backend
+
+    def _build_step_timer(self, step_timing: bool | None) -> Any:
+        return build_step_timer(
+            step_timing,
+            self.settings.handlers.throughput,
+            device=self.device,
+            num_processes=self.num_processes,
+            prepared=self._prepared,
+            mixed_precision=self.mixed_precision,
+            log=lambda values, step: self._trackers.log(values, step=step),
+            logging_active=lambda: self._trackers.active,
+        )
+
+    def _start_hang_watchdog(self) -> Callable[[], None]:
+        """Start lockstep.diagnostics' watchdog (a hang becomes a report and exit code 124); returns the
+        progress note prepared optimizers call on every step."""
+        from lockstep.diagnostics import hang_watchdog
+
+        hang_watchdog.start(
+            rank=self.process_index,
+            world_size=self.num_processes,
+            handler=self.settings.handlers.hang,
+            logging_dir=self.logging_dir,
+        )
+        return hang_watchdog.note_step
+
+    def _build_preparer(self, *, on_optimizer_step: Callable[[], None]) -> Preparer:
+        return Preparer(
+            backend=self.backend,
+            prepared=self._prepared,
+            settings=self.settings,
+            state=self.state,
+            device_placement=self.device_placement,
+            step_scheduler_with_optimizer=self.step_scheduler_with_optimizer,
+            watch=self._step_timer.watch,
+            on_optimizer_step=on_optimizer_step,
+        )
+
+    @property
+    def _checkpointing(self) -> CheckpointManager:
+        if self._checkpoints is None:
+            from lockstep.accelerator.checkpoints import CheckpointManager
+
+            self._checkpoints = CheckpointManager(
+                prepared=self._prepared,
+                backend=self.backend,
+                state=self.state,
+                project=self.project_configuration,
+                accumulation=self._accumulation,
+            )
+        return self._checkpoints
+
+    # -- who am I ---------------------------------------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        return self.state.device
+
+    @property
+    def distributed_type(self) -> DistributedType:
+        return self.backend.distributed_type
+
+    @property
+    def num_processes(self) -> int:
+        return self.state.num_processes
+
+    @property
+    def process_index(self) -> int:
+        return self.state.process_index
+
+    @property
+    def local_process_index(self) -> int:
+        return self.state.local_process_index
+
+    @property
+    def is_main_process(self) -> bool:
+        return self.state.is_main_process
+
+    @property
+    def is_local_main_process(self) -> bool:
+        return self.state.is_local_main_process
+
+    @property
+    def is_last_process(self) -> bool:
+        return self.state.is_last_process
+
+    @property
+    def use_distributed(self) -> bool:
+        return self.state.use_distributed
+
+    # -- resolved settings ------------------------------------------------------------------------
+    @property
+    def fsdp_plugin(self) -> Any:
+        """The FSDP settings in force (a ``FullyShardedDataParallelPlugin``, whether passed to the constructor
+        or chosen by the launcher's config), or None when the model is not sharded with FSDP."""
+        return self.settings.fsdp_plugin
+
+    @property
+    def precision(self) -> Precision:
+        """The backend's mixed-precision object (autocast context, fp16 gradient scaler)."""
+        return self.backend.precision
+
+    @property
+    def mixed_precision(self) -> str:
+        return self.settings.mixed_precision.value
+
+    @property
+    def native_amp(self) -> bool:
+        return self.precision.enabled
+
+    @property
+    def scaler(self) -> torch.amp.GradScaler | None:
+        return self.precision.scaler
+
+    @property
+    def project_configuration(self) -> ProjectConfiguration:
+        return self.settings.project_config
+
+    @property
+    def project_dir(self) -> str | None:
+        return self.settings.project_config.project_dir
+
+    @property
+    def logging_dir(self) -> str | None:
+        return self.settings.project_config.logging_dir
+
+    @property
+    def save_iteration(self) -> int:
+        return self.settings.project_config.iteration
+
+    @property
+    def split_batches(self) -> bool:
+        return self.settings.dataloader_config.split_batches
+
+    @property
+    def dispatch_batches(self) -> bool | None:
+        return self.settings.dataloader_config.dispatch_batches
+
+    @property
+    def even_batches(self) -> bool:
+        return self.settings.dataloader_config.even_batches
+
+    @property
+    def use_seedable_sampler(self) -> bool:
+        return self.settings.dataloader_config.use_seedable_sampler
+
+    @property
+    def non_blocking(self) -> bool:
+        return self.settings.dataloader_config.non_blocking
+
+    @property
+    def rng_types(self) -> list[str]:
+        return [r.value for r in self.settings.rng_types]
+
+    # -- gradient accumulation state --------------------------------------------------------------
+    @property
+    def gradient_accumulation_steps(self) -> int:
+        return self.gradient_state.num_steps
+
+    @gradient_accumulation_steps.setter
+    def gradient_accumulation_steps(self, steps: int) -> None:
+        setup.resolve_accumulation(steps, None, {})
+        self.gradient_state.plugin_kwargs["num_steps"] = steps
+
+    @property
+    def sync_gradients(self) -> bool:
+        return self.gradient_state.sync_gradients
+
+    @sync_gradients.setter
+    def sync_gradients(self, sync_gradients: bool) -> None:
+        self.gradient_state._set_sync_gradients(sync_gradients)
+
+    @property
+    def step(self) -> int:
+        """Micro-batches since the last gradient synchronisation (``accumulate()``'s counter)."""
+        return self._accumulation.step
+
+    @step.setter
+    def step(self, step: int) -> None:
+        self._accumulation.step = step
+
+    @property
+    def optimizer_step_was_skipped(self) -> bool:
+        """Whether any prepared optimizer skipped its last step (fp16 overflow)."""
+        return any(optimizer.step_was_skipped for optimizer in self._prepared.optimizers)
+
+    # -- process control --------------------------------------------------------------------------
+    def wait_for_everyone(self) -> None:
+        """A barrier across all processes."""
+        self.state.wait_for_everyone()
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """``print`` on the local main process only."""
+        self.state.print(*args, **kwargs)
+
+    def main_process_first(self) -> contextlib.AbstractContextManager:
+        return self.state.main_process_first()
+
+    def local_main_process_first(self) -> contextlib.AbstractContextManager:
+        return self.state.local_main_process_first()
+
+    def split_between_processes(
+        self, inputs: Any, apply_padding: bool = False
+    ) -> contextlib.AbstractContextManager:
+        return self.state.split_between_processes(inputs, apply_padding=apply_padding)
+
+    def on_main_process(self, function: F) -> F:
+        return self.state.on_main_process(function)
+
+    def on_local_main_process(self, function: F) -> F:
+        return self.state.on_local_main_process(function)
+
+    def on_last_process(self, function: F) -> F:
+        return self.state.on_last_process(function)
+
+    def on_process(self, function: F | None = None, process_index: int | None = None) -> Any:
+        return self.state.on_process(function, process_index=process_index)
+
+    def on_local_process(self, function: F | None = None, local_process_index: int | None = None) -> Any:
+        return self.state.on_local_process(function, local_process_index=local_process_index)
+
+    @contextlib.contextmanager
+    def join_uneven_inputs(
+        self, joinables: Sequence[Any], even_batches: bool | None = None
+    ) -> Iterator[None]:
+        """Let DDP models train on loaders of different lengths per process (``torch.distributed.algorithms.Join``)."""
+        if even_batches is not None:
+            raise ValueError(
+                "join_uneven_inputs(even_batches=...) is not supported: prepare the loaders with "
+                "DataLoaderConfiguration(even_batches=False) instead."
+            )
+        if not self.use_distributed:
+            yield
+            return
+        from torch.distributed.algorithms.join import Join
+
+        with Join(list(joinables)):
+            yield
 
     # -- prepare ----------------------------------------------------------------------------------
     def prepare(self, *args: Any, device_placement: Sequence[bool | None] | None = None) -> Any:
@@ -191,113 +426,36 @@ class Accelerator(AcceleratorViews, ProcessControl, Tracking):
         Example:
             >>> model, optimizer, loader = accelerator.prepare(model, optimizer, loader)  # doctest: +SKIP
         """
-        placements = list(device_placement) if device_placement is not None else [None] * len(args)
-        if len(placements) != len(args):
-            raise ValueError(
-                f"prepare() got {len(args)} objects but device_placement has {len(placements)} entries; "
-                "give one entry per object."
-            )
-        # Models first (a sharding backend re-binds optimizers to their parameters), schedulers last
-        # (they need the prepared optimizers).
-        first = list(args)
-        for index in sorted(range(len(args)), key=lambda i: not isinstance(args[i], nn.Module)):
-            first[index] = self._prepare_one(args[index], placements[index])
-        result = [self._prepare_scheduler_if_any(obj) for obj in first]
+        result = self._preparer.prepare(args, device_placement)
         return result[0] if len(result) == 1 else tuple(result)
-
-    def _prepare_one(self, obj: Any, placement: bool | None) -> Any:
-        if isinstance(obj, DataLoader):
-            return self.prepare_data_loader(obj, device_placement=placement)
-        if isinstance(obj, nn.Module):
-            return self.prepare_model(obj, device_placement=placement)
-        if isinstance(obj, torch.optim.Optimizer):
-            return self.prepare_optimizer(obj, device_placement=placement)
-        return obj
-
-    def _prepare_scheduler_if_any(self, obj: Any) -> Any:
-        if isinstance(obj, _LRScheduler) and not isinstance(obj, AcceleratedScheduler):
-            return self.prepare_scheduler(obj)
-        return obj
 
     def prepare_model(
         self, model: nn.Module, device_placement: bool | None = None, evaluation_mode: bool = False
     ) -> nn.Module:
-        """Place the model on the device, add autocast under mixed precision and wrap it for the backend.
+        """Place the model on the device, run its forward in the mixed precision and wrap it for the backend.
 
         Args:
             model: the model.
             device_placement: override the Accelerator's ``device_placement`` for this model.
             evaluation_mode: skip the distributed wrapper (for models that are never trained).
         """
-        if any(model is prepared for prepared in self._models):
-            return model
-        if any(model is self.unwrap_model(prepared, keep_fp32_wrapper=True) for prepared in self._models):
-            raise RuntimeError(
-                f"{type(model).__name__} was prepared already; use the object prepare() returned the first time."
-            )
-        placement = self.device_placement if device_placement is None else device_placement
-        self.precision.wrap_forward(model)
-        prepared = self.backend.prepare_model(
-            model, device_placement=placement, evaluation_mode=evaluation_mode
-        )
-        self._models.append(prepared)
-        return prepared
+        return self._preparer.model(model, device_placement, evaluation_mode=evaluation_mode)
 
     def prepare_optimizer(
         self, optimizer: torch.optim.Optimizer, device_placement: bool | None = None
     ) -> AcceleratedOptimizer:
         """Wrap an optimizer so that it steps only on synchronised, non-overflowing gradients."""
-        if isinstance(optimizer, AcceleratedOptimizer):
-            return optimizer
-        placement = self.device_placement if device_placement is None else device_placement
-        optimizer = self.backend.prepare_optimizer(optimizer)
-        prepared = AcceleratedOptimizer(
-            optimizer, placement, scaler=self.precision.scaler, device=self.device
-        )
-        self._optimizers.append(prepared)
-        self._step_timer.watch(prepared)
-        return prepared
+        return self._preparer.optimizer(optimizer, device_placement)
 
     def prepare_scheduler(self, scheduler: Any) -> AcceleratedScheduler:
-        """Wrap an LR scheduler so that it follows the prepared optimizers (see ``lockstep.accelerator.scheduler``)."""
-        if isinstance(scheduler, AcceleratedScheduler):
-            return scheduler
-        inner = getattr(scheduler, "optimizer", None)
-        optimizers = [o for o in self._optimizers if inner is o or inner is o.optimizer] or self._optimizers
-        prepared = AcceleratedScheduler(
-            scheduler,
-            optimizers,
-            step_with_optimizer=self.step_scheduler_with_optimizer,
-            split_batches=self.split_batches,
-            num_processes=self.num_processes,
-        )
-        self._schedulers.append(prepared)
-        return prepared
+        """Wrap an LR scheduler so that it follows the prepared optimizers (see ``lockstep.scheduler``)."""
+        return self._preparer.scheduler(scheduler)
 
     def prepare_data_loader(
         self, data_loader: DataLoader, device_placement: bool | None = None
     ) -> DataLoader:
         """Shard a DataLoader across processes and move its batches to the device."""
-        if data_loader in self._dataloaders:
-            return data_loader
-        config = self.settings.dataloader_config
-        prepared = prepare_data_loader(
-            data_loader,
-            device=self.device,
-            num_processes=self.num_processes,
-            process_index=self.process_index,
-            split_batches=config.split_batches,
-            put_on_device=self.device_placement if device_placement is None else device_placement,
-            rng_types=self.rng_types,
-            dispatch_batches=config.dispatch_batches,
-            even_batches=config.even_batches,
-            use_seedable_sampler=config.use_seedable_sampler,
-            data_seed=config.data_seed,
-            non_blocking=config.non_blocking,
-        )
-        self._dataloaders.append(prepared)
-        self._step_timer.watch(prepared)
-        return prepared
+        return self._preparer.data_loader(data_loader, device_placement)
 
     def skip_first_batches(self, dataloader: DataLoader, num_batches: int = 0) -> DataLoader:
         """A loader that starts after ``num_batches`` batches of the current epoch."""
@@ -310,15 +468,7 @@ class Accelerator(AcceleratorViews, ProcessControl, Tracking):
         if steps > 1:
             loss = loss / steps
         with self._step_timer.backward():
-            self.precision.backward(loss, **kwargs)
-
-    def _do_sync(self) -> None:
-        if self.gradient_state.sync_with_dataloader and self.gradient_state.end_of_dataloader:
-            self.step = 0
-            self.gradient_state._set_sync_gradients(True)
-        else:
-            self.step += 1
-            self.gradient_state._set_sync_gradients(self.step % self.gradient_accumulation_steps == 0)
+            self.backend.backward(loss, **kwargs)
 
     @contextlib.contextmanager
     def accumulate(self, *models: nn.Module) -> Iterator[None]:
@@ -334,7 +484,7 @@ class Accelerator(AcceleratorViews, ProcessControl, Tracking):
             ...         optimizer.step()
             ...         optimizer.zero_grad()
         """
-        self._do_sync()
+        self._accumulation.advance()
         sync_anyway = self.use_distributed and self.gradient_state.sync_each_batch
         with contextlib.ExitStack() as stack:
             if not (self.sync_gradients or sync_anyway):
@@ -354,7 +504,7 @@ class Accelerator(AcceleratorViews, ProcessControl, Tracking):
         """Divide gradients by the fp16 loss scale (once per step; a no-op otherwise)."""
         if self.precision.scaler is None or not self.sync_gradients:
             return
-        optimizers = self._optimizers if optimizer is None else optimizer
+        optimizers = self._prepared.optimizers if optimizer is None else optimizer
         if not isinstance(optimizers, Sequence):
             optimizers = [optimizers]
         for opt in optimizers:
@@ -405,17 +555,7 @@ class Accelerator(AcceleratorViews, ProcessControl, Tracking):
         Over a whole prepared evaluation loader, the gathered values are exactly the dataset's, in order,
         so metrics computed on them equal single-process metrics.
         """
-        tensors_only = all(isinstance(x, torch.Tensor) for x in _flat_values(input_data))
-        as_objects = use_gather_object or not tensors_only
-        if as_objects:
-            data = collectives.gather_object(input_data if isinstance(input_data, list) else [input_data])
-        else:
-            data = collectives.gather(input_data)
-        if not self.gradient_state.end_of_dataloader:
-            return data
-        return collectives.gather_for_metrics_truncate(
-            data, self.gradient_state.remainder, from_gather_object=as_objects
-        )
+        return collectives.gather_for_metrics(input_data, self.gradient_state, use_gather_object)
 
     def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
         """Reduce tensors across processes: ``"sum"``, ``"mean"`` or ``"none"`` (this rank's value)."""
@@ -441,13 +581,41 @@ class Accelerator(AcceleratorViews, ProcessControl, Tracking):
             return True
         return False
 
+    # -- trackers ---------------------------------------------------------------------------------
+    def init_trackers(
+        self, project_name: str, config: dict | None = None, init_kwargs: dict | None = None
+    ) -> None:
+        """Start the trackers given as ``log_with`` (on the main process) and record ``config``.
+
+        Example:
+            >>> accelerator = Accelerator(log_with="jsonl", project_dir="runs/a")  # doctest: +SKIP
+            >>> accelerator.init_trackers("sentiment", config={"lr": 3e-5})  # doctest: +SKIP
+            >>> accelerator.log({"loss": 0.5}, step=1)  # doctest: +SKIP
+        """
+        self._trackers.start(project_name, config=config, init_kwargs=init_kwargs)
+
+    @property
+    def trackers(self) -> list[GeneralTracker]:
+        """The trackers started on this process (empty on processes that do not log)."""
+        return self._trackers.started
+
+    @trackers.setter
+    def trackers(self, trackers: list[GeneralTracker]) -> None:
+        self._trackers.started = list(trackers)
+
+    def log(self, values: dict, step: int | None = None, log_kwargs: dict | None = None) -> None:
+        """Send ``values`` to every started tracker (a no-op on processes that do not log)."""
+        self._trackers.log(values, step=step, log_kwargs=log_kwargs)
+
+    def get_tracker(self, name: str, unwrap: bool = False) -> Any:
+        """The tracker called ``name`` (its underlying object with ``unwrap``); a do-nothing stand-in on
+        processes that do not log."""
+        return self._trackers.get(name, unwrap=unwrap)
+
     # -- memory and shutdown ----------------------------------------------------------------------
     def free_memory(self, *objects: Any) -> list[Any]:
         """Drop the Accelerator's references to prepared objects and free cached memory."""
-        self._models.clear()
-        self._optimizers.clear()
-        self._schedulers.clear()
-        self._dataloaders.clear()
+        self._prepared.forget_prepared()
         self.step = 0
         return release_memory(*objects)
 
@@ -455,8 +623,11 @@ class Accelerator(AcceleratorViews, ProcessControl, Tracking):
 
     def end_training(self) -> None:
         """Finish the run: close trackers, finish background saves, tear the process group down safely."""
-        self._finish_trackers()
-        self._checkpointing.wait()
+        from lockstep.diagnostics import hang_watchdog
+
+        self._trackers.finish()
+        if self._checkpoints is not None:
+            self._checkpoints.wait()
         self.free_memory()
         _process_group.shutdown(barrier=True)
         hang_watchdog.stop()
@@ -495,7 +666,7 @@ class Accelerator(AcceleratorViews, ProcessControl, Tracking):
             >>> accelerator.save_state()  # runs/a/checkpoints/checkpoint_0  # doctest: +SKIP
         """
         with self._step_timer.checkpoint():
-            return self._checkpointing.save_state(self, output_dir, safe_serialization, async_save)
+            return self._checkpointing.save_state(output_dir, safe_serialization, async_save)
 
     def wait_for_checkpoint(self) -> None:
         """Block until a background (``async_save=True``) checkpoint is written and committed."""
@@ -503,9 +674,9 @@ class Accelerator(AcceleratorViews, ProcessControl, Tracking):
             self._checkpointing.wait()
 
     @property
-    def last_save_report(self) -> Any:
+    def last_save_report(self) -> SaveReport | None:
         """Folder, training stall in seconds, bytes and mode of the last ``save_state`` (None before one)."""
-        return self._checkpointing.last_save
+        return None if self._checkpoints is None else self._checkpoints.last_save
 
     @property
     def step_stats(self) -> dict[str, float]:
@@ -520,11 +691,11 @@ class Accelerator(AcceleratorViews, ProcessControl, Tracking):
     def load_state(self, input_dir: str | None = None, **kwargs: Any) -> None:
         """Restore a checkpoint written by :meth:`save_state`; prepared dataloaders continue at the next
         unseen batch. Without ``input_dir``, loads the newest valid checkpoint of the project."""
-        self._checkpointing.load_state(self, input_dir)
+        self._checkpointing.load_state(input_dir)
 
     def register_for_checkpointing(self, *objects: Any) -> None:
         """Save and load these objects (anything with ``state_dict``/``load_state_dict``) with the state."""
-        self._checkpointing.register(objects)
+        self._prepared.register_for_checkpointing(objects)
 
     def register_save_state_pre_hook(self, hook: Callable[..., Any]) -> Any:
         """Call ``hook(models, weights, output_dir)`` before saving; it may pop weights it saved itself."""
@@ -542,7 +713,7 @@ class Accelerator(AcceleratorViews, ProcessControl, Tracking):
         safe_serialization: bool = True,
     ) -> None:
         """Write the unwrapped model as (sharded) safetensors plus an index, on the main process."""
-        save_model(self, model, save_directory, max_shard_size, safe_serialization)
+        self._checkpointing.save_model(model, save_directory, max_shard_size, safe_serialization)
 
     # -- preemption and restarts -------------------------------------------------------------------
     @property
@@ -581,7 +752,7 @@ class Accelerator(AcceleratorViews, ProcessControl, Tracking):
         Example:
             >>> accelerator.resume_from_latest_checkpoint()  # doctest: +SKIP
         """
-        root = self._checkpointing.automatic_root(self)
+        root = self._checkpointing.automatic_root()
         if root is None:
             raise ValueError(
                 "resume_from_latest_checkpoint() needs Accelerator(project_dir=...) (checkpoints are looked for "
@@ -592,11 +763,3 @@ class Accelerator(AcceleratorViews, ProcessControl, Tracking):
         except FileNotFoundError:
             return None
         return str(root / f"checkpoint_{self.project_configuration.iteration - 1}")
-
-
-def _flat_values(data: Any) -> list[Any]:
-    if isinstance(data, dict):
-        return [v for value in data.values() for v in _flat_values(value)]
-    if isinstance(data, (list, tuple)):
-        return [v for value in data for v in _flat_values(value)]
-    return [data]

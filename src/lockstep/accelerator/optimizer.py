@@ -8,7 +8,6 @@ from typing import Any
 import torch
 
 from lockstep._nested import send_to_device
-from lockstep.diagnostics import hang_watchdog
 from lockstep.state import GradientState
 
 
@@ -24,6 +23,8 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         device_placement: move loaded state to ``device``.
         scaler: the fp16 GradScaler, if any.
         device: the training device.
+        on_step: called after every real (synchronised) step is started; the Accelerator passes the hang
+            watchdog's progress note.
     """
 
     def __init__(
@@ -32,6 +33,8 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         device_placement: bool = True,
         scaler: torch.amp.GradScaler | None = None,
         device: torch.device | None = None,
+        *,
+        on_step: Callable[[], None] | None = None,
     ) -> None:
         # The wrapped optimizer owns param_groups and state; the base __init__ is deliberately not called.
         self.optimizer = optimizer
@@ -40,6 +43,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         self.device = device
         self.gradient_state = GradientState()
         self._is_overflow = False
+        self._on_step = on_step
 
     # torch.optim.Optimizer reads these attributes directly.
     @property
@@ -96,6 +100,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         if hasattr(self.optimizer, "eval"):
             self.optimizer.eval()
 
+    _on_step: Callable[[], None] | None = None
     _step_observer: Any = None  # the Accelerator's step timer (lockstep.throughput), when step timing is on
 
     def step(self, closure: Callable[[], float] | None = None) -> Any:
@@ -107,7 +112,8 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         return self._synchronized_step(closure)
 
     def _synchronized_step(self, closure: Callable[[], float] | None) -> Any:
-        hang_watchdog.note_step()  # progress for the hang watchdog (lockstep.diagnostics)
+        if self._on_step is not None:
+            self._on_step()  # progress for the hang watchdog (lockstep.diagnostics)
         if self.scaler is None:
             self._is_overflow = False
             return self.optimizer.step(closure) if closure is not None else self.optimizer.step()

@@ -100,6 +100,9 @@ class AcceleratorSettings:
     rng_types: list[RNGType]
     handlers: KwargsHandlers = field(default_factory=KwargsHandlers)
     fsdp_plugin: FullyShardedDataParallelPlugin | None = None
+    launcher: dict[str, Any] = field(default_factory=dict)
+    """What the launcher asked for (``lockstep launch`` flags and config file, as the workers received
+    them); empty when the script was not started by ``lockstep launch``. Explicit arguments override it."""
 
 
 def resolve_fsdp(
@@ -218,4 +221,5 @@ def resolve_settings(
         rng_types=resolve_rng_types(rng_types, dataloader_config),
         handlers=sort_kwargs_handlers(kwargs_handlers),
         fsdp_plugin=resolve_fsdp(fsdp_plugin, deepspeed_plugin, launch),
+        launcher=dict(launch),
     )

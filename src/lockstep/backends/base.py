@@ -1,62 +1,102 @@
 """The interface every way of distributing a model implements.
 
-A backend answers: how to wrap a model (and its optimizers) for this topology, how to skip gradient
-synchronisation, how to clip gradients, and how to get the user's model back. The Accelerator calls
-these methods and never asks which backend it has; only :mod:`lockstep.backends.registry` chooses.
+A backend is the one place that knows its strategy. It answers:
+
+* **models and optimizers**: place, compile and wrap a model (:meth:`Backend.prepare_model`); adapt an
+  optimizer to the wrapped model (:meth:`Backend.prepare_optimizer`); give the user's module back;
+* **precision**: it owns its :class:`~lockstep.precision.Precision` (the forward autocast context, the fp16
+  gradient scaler, :meth:`Backend.backward`); a sharding backend derives its own policy from the same object;
+* **gradient synchronisation**: :meth:`Backend.no_sync` (used by ``accumulate()``), :meth:`Backend.clip_grad_norm_`;
+* **checkpoints**: which model and optimizer state goes into a checkpoint folder and how it comes back
+  (full state dicts written as ordinary files by default; a sharding backend writes its own shards).
+
+The Accelerator and :mod:`lockstep.checkpoint` call these methods and never ask which backend they have;
+only :mod:`lockstep.backends.registry` chooses. A capability a backend lacks is a method that does nothing.
 """
 
 from __future__ import annotations
 
 import contextlib
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
 
-from lockstep.checkpoint.sharded import ShardedObjects
+from lockstep.checkpoint.model_files import load_model_weights
+from lockstep.checkpoint.training_state import load_each, model_folder
 from lockstep.config.enums import DistributedType
 from lockstep.config.plugins import TorchDynamoPlugin
+from lockstep.precision import Precision
 from lockstep.state import PartialState
+
+Indexed = Sequence[tuple[int, Any]]
+"""``(index, object)`` pairs: the position of a model or optimizer among those prepared, and the object."""
 
 
 class Backend(ABC):
-    """How models are placed, wrapped and synchronised.
+    """How models are placed, wrapped, synchronised and checkpointed.
 
     Args:
         state: the process state (rank, world size, device).
-        dynamo_plugin: ``torch.compile`` settings, applied before any distributed wrapper.
+        precision: the mixed-precision setting this backend trains with.
+        dynamo_plugin: ``torch.compile`` settings.
     """
 
     distributed_type: DistributedType
 
-    def __init__(self, state: PartialState, *, dynamo_plugin: TorchDynamoPlugin | None = None) -> None:
+    def __init__(
+        self,
+        state: PartialState,
+        *,
+        precision: Precision,
+        dynamo_plugin: TorchDynamoPlugin | None = None,
+    ) -> None:
         self.state = state
+        self.precision = precision
         self.dynamo_plugin = dynamo_plugin
 
     @property
     def device(self) -> torch.device:
         return self.state.device
 
+    # -- models and optimizers --------------------------------------------------------------------
     def prepare_model(
         self, model: nn.Module, *, device_placement: bool, evaluation_mode: bool = False
     ) -> nn.Module:
-        """Place, compile and wrap ``model``; returns the module the user trains."""
-        if device_placement:
-            model = model.to(self.device)
-        if self.dynamo_plugin is not None and self.dynamo_plugin.enabled:
-            model = torch.compile(model, **self.dynamo_plugin.compile_kwargs())  # type: ignore[assignment]
+        """Run the forward pass in this backend's precision, then place, compile and wrap ``model``.
+
+        Args:
+            model: the user's module.
+            device_placement: move it to this process's device.
+            evaluation_mode: skip the distributed wrapper (a model that is never trained).
+
+        Returns:
+            The module the user trains.
+        """
+        self.precision.wrap_forward(model)
         if evaluation_mode:
+            return self._compiled(self._placed(model, device_placement))
+        return self._prepare_for_training(model, device_placement=device_placement)
+
+    def _prepare_for_training(self, model: nn.Module, *, device_placement: bool) -> nn.Module:
+        # Compiled before the distributed wrapper: torch.compile(DDP(m)) silently runs eager
+        # (docs/torch-notes.md, "torch.compile").
+        return self.wrap_model(self._compiled(self._placed(model, device_placement)))
+
+    def _placed(self, model: nn.Module, device_placement: bool) -> nn.Module:
+        return model.to(self.device) if device_placement else model
+
+    def _compiled(self, model: nn.Module) -> nn.Module:
+        if self.dynamo_plugin is None or not self.dynamo_plugin.enabled:
             return model
-        return self.wrap_model(model)
+        return torch.compile(model, **self.dynamo_plugin.compile_kwargs())  # type: ignore[return-value]
 
     @abstractmethod
     def wrap_model(self, model: nn.Module) -> nn.Module:
         """Apply this backend's distributed wrapper to a placed (and maybe compiled) model."""
-
-    def is_wrapped(self, model: nn.Module) -> bool:
-        """Whether ``model`` carries this backend's wrapper."""
-        return False
 
     def unwrap_model(self, model: nn.Module, *, keep_torch_compile: bool = True) -> nn.Module:
         """Strip distributed wrappers (and the ``torch.compile`` wrapper unless kept)."""
@@ -72,17 +112,14 @@ class Backend(ABC):
         """Adapt an optimizer to the wrapped models (FSDP re-binds it to the sharded parameters)."""
         return optimizer
 
-    def model_of(self, optimizer: object) -> nn.Module | None:
-        """The sharded model an optimizer updates, for backends whose checkpoints need it (else None)."""
-        return None
-
-    def sharded_objects(self) -> ShardedObjects | None:
-        """How sharded models and their optimizers are checkpointed (None: this backend shards nothing)."""
-        return None
-
     def full_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
         """The whole (unwrapped) model's weights; sharding backends gather them on the main process."""
         return model.state_dict()
+
+    # -- training step ----------------------------------------------------------------------------
+    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        """``loss.backward()`` in this backend's precision (scaled under fp16)."""
+        self.precision.backward(loss, **kwargs)
 
     def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager:
         """A context in which backward passes do not synchronise gradients."""
@@ -93,3 +130,64 @@ class Backend(ABC):
     ) -> torch.Tensor:
         """Clip the global gradient norm; returns the norm before clipping."""
         return nn.utils.clip_grad_norm_(list(parameters), max_norm, norm_type=norm_type)
+
+    # -- checkpoints: saving ------------------------------------------------------------------------
+    def model_state_dicts(self, models: Sequence[nn.Module]) -> list[dict[str, torch.Tensor] | None]:
+        """Each model's weights for the checkpoint's model files (written by the main process), or None for
+        a model this backend writes itself in :meth:`save_shards`. Called on every rank together."""
+        return [self.full_state_dict(self.unwrap_model(m, keep_torch_compile=False)) for m in models]
+
+    def optimizer_state_dicts(self, optimizers: Sequence[Any]) -> list[Any]:
+        """Each optimizer's state for ``optimizer_N.bin``, or None for one this backend writes itself.
+        Called on every rank together."""
+        return [optimizer.state_dict() for optimizer in optimizers]
+
+    def pending_gradients(
+        self, models: Sequence[nn.Module], *, mid_accumulation: bool
+    ) -> dict[str, torch.Tensor]:
+        """This rank's gradients accumulated so far, as CPU copies keyed ``"<model index>.<parameter>"``.
+
+        Args:
+            models: the prepared models.
+            mid_accumulation: the save happens between two optimizer steps of an accumulation cycle.
+        """
+        return {
+            f"{index}.{name}": parameter.grad.detach().to("cpu", copy=True).contiguous()
+            for index, model in enumerate(models)
+            if self._holds_own_gradients(model)
+            for name, parameter in self.unwrap_model(model, keep_torch_compile=False).named_parameters()
+            if parameter.grad is not None
+        }
+
+    def _holds_own_gradients(self, model: nn.Module) -> bool:
+        """Whether ``model``'s pending gradients are plain ``.grad`` tensors that a checkpoint can carry."""
+        return True
+
+    def save_shards(self, models: Indexed, optimizers: Indexed, folder: Path) -> None:
+        """Write the state that every process writes itself into ``folder`` (a collective); none here."""
+        return None
+
+    # -- checkpoints: loading -----------------------------------------------------------------------
+    def read_model_states(self, models: Indexed, optimizers: Indexed, folder: Path) -> Any:
+        """Read this process's files and restore what needs no communication; the result goes to
+        :meth:`apply_model_states`. Runs inside the checkpoint's error agreement, so a missing or bad file
+        on one rank is raised on every rank."""
+        for index, model in models:
+            load_model_weights(
+                self.unwrap_model(model, keep_torch_compile=False), model_folder(folder, index)
+            )
+        load_each(optimizers, folder, "optimizer", ".bin")
+        return None
+
+    def apply_model_states(self, models: Indexed, optimizers: Indexed, loaded: Any) -> None:
+        """Restore what needs every process together (e.g. sharded state); nothing here."""
+        return None
+
+    def restore_gradients(self, models: Sequence[nn.Module], gradients: dict[str, torch.Tensor]) -> None:
+        """Put saved pending gradients back (parameters without a saved gradient get none)."""
+        for index, model in enumerate(models):
+            if not self._holds_own_gradients(model):
+                continue
+            for name, parameter in self.unwrap_model(model, keep_torch_compile=False).named_parameters():
+                saved = gradients.get(f"{index}.{name}")
+                parameter.grad = None if saved is None else saved.to(self.device, dtype=parameter.dtype)

@@ -13,6 +13,7 @@ from lockstep.backends.base import Backend
 from lockstep.config.enums import DDPCommunicationHookType
 from lockstep.config.kwargs import DistributedDataParallelKwargs
 from lockstep.config.plugins import TorchDynamoPlugin
+from lockstep.precision import Precision
 from lockstep.state import PartialState
 
 _COMPRESSION_HOOKS = {
@@ -34,6 +35,7 @@ class DDPBackend(Backend):
 
     Args:
         state: the process state.
+        precision: the mixed-precision setting (autocast forward, fp16 gradient scaling).
         ddp_kwargs: the user's ``DistributedDataParallelKwargs``; None means torch's defaults.
         dynamo_plugin: ``torch.compile`` settings (the model is compiled *before* the DDP wrap, because
             ``torch.compile(DDP(m))`` silently runs eager).
@@ -43,10 +45,11 @@ class DDPBackend(Backend):
         self,
         state: PartialState,
         *,
+        precision: Precision,
         ddp_kwargs: DistributedDataParallelKwargs | None = None,
         dynamo_plugin: TorchDynamoPlugin | None = None,
     ) -> None:
-        super().__init__(state, dynamo_plugin=dynamo_plugin)
+        super().__init__(state, precision=precision, dynamo_plugin=dynamo_plugin)
         self.explicit_kwargs = ddp_kwargs is not None
         self.ddp_kwargs = ddp_kwargs or DistributedDataParallelKwargs()
         self.distributed_type = state.distributed_type
@@ -89,9 +92,6 @@ class DDPBackend(Backend):
         if wrapper_type != DDPCommunicationHookType.NO:
             hook = _WRAPPERS[wrapper_type](hook)
         model.register_comm_hook(state, hook)
-
-    def is_wrapped(self, model: nn.Module) -> bool:
-        return isinstance(model, nn.parallel.DistributedDataParallel)
 
     def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager:
         if isinstance(model, nn.parallel.DistributedDataParallel):

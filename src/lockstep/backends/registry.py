@@ -1,35 +1,54 @@
-"""The one place that decides which backend distributes the model."""
+"""The one place that decides which backend distributes the model, and builds it with its precision.
+
+Adding a backend means adding its folder under ``backends/`` and one branch here; nothing else in
+lockstep asks which backend is active.
+"""
 
 from __future__ import annotations
 
 from lockstep.backends.base import Backend
 from lockstep.backends.ddp import DDPBackend
 from lockstep.backends.single import SingleProcessBackend
+from lockstep.config.enums import PrecisionType
 from lockstep.config.fsdp import FullyShardedDataParallelPlugin
-from lockstep.config.kwargs import DistributedDataParallelKwargs
+from lockstep.config.kwargs import AutocastKwargs, DistributedDataParallelKwargs, GradScalerKwargs
 from lockstep.config.plugins import TorchDynamoPlugin
+from lockstep.precision import Precision
 from lockstep.state import PartialState
 
 
 def select_backend(
     state: PartialState,
     *,
+    mixed_precision: PrecisionType = PrecisionType.NO,
+    autocast_kwargs: AutocastKwargs | None = None,
+    scaler_kwargs: GradScalerKwargs | None = None,
     ddp_kwargs: DistributedDataParallelKwargs | None = None,
     dynamo_plugin: TorchDynamoPlugin | None = None,
     fsdp_plugin: FullyShardedDataParallelPlugin | None = None,
-    mixed_precision: str = "no",
 ) -> Backend:
-    """Pick the backend for this process's topology and the user's plugins.
+    """Pick the backend for this process's topology and the user's plugins, with its precision.
 
     FSDP is used whenever its plugin is given, even with one process (a mesh of one), so that
     checkpoints have the same sharded format whatever the number of processes.
+
+    Example:
+        >>> from lockstep.state import PartialState
+        >>> type(select_backend(PartialState(cpu=True))).__name__
+        'SingleProcessBackend'
     """
+    precision_kwargs = {"autocast_kwargs": autocast_kwargs, "scaler_kwargs": scaler_kwargs}
     if fsdp_plugin is not None:
         from lockstep.backends.fsdp import FSDPBackend
+        from lockstep.backends.fsdp.precision import FSDPPrecision
 
         return FSDPBackend(
-            state, plugin=fsdp_plugin, mixed_precision=mixed_precision, dynamo_plugin=dynamo_plugin
+            state,
+            plugin=fsdp_plugin,
+            precision=FSDPPrecision(mixed_precision, state.device, **precision_kwargs),
+            dynamo_plugin=dynamo_plugin,
         )
+    precision = Precision(mixed_precision, state.device, **precision_kwargs)
     if state.num_processes > 1:
-        return DDPBackend(state, ddp_kwargs=ddp_kwargs, dynamo_plugin=dynamo_plugin)
-    return SingleProcessBackend(state, dynamo_plugin=dynamo_plugin)
+        return DDPBackend(state, precision=precision, ddp_kwargs=ddp_kwargs, dynamo_plugin=dynamo_plugin)
+    return SingleProcessBackend(state, precision=precision, dynamo_plugin=dynamo_plugin)

@@ -3,36 +3,33 @@
 The protocol (every rank calls these functions together):
 
 1. The main process empties a staging folder next to the destination; barrier.
-2. The main process writes the shared files, every rank its own RNG and gradient files.
+2. The main process writes the shared files, every rank its own RNG and gradient files; a sharding
+   backend writes its shards (every rank together, through ``save_shards``).
 3. All ranks agree that every write succeeded (one small collective), so an error on one rank is
    raised on every rank instead of leaving the others in a barrier.
 4. The main process writes the manifest, renames the folder into place and moves the ``latest`` pointer;
    barrier.
 
 Loading: the main process picks the folder (the newest valid one when none is named) and verifies its
-manifest; the choice, or the error, is sent to every rank; then each rank restores its state.
+manifest; the choice, or the error, is sent to every rank; then each rank restores its state, reading its
+files inside the error agreement and then restoring what needs every rank together (sharded state).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from lockstep.checkpoint import layout
-from lockstep.checkpoint import sharded as shards
 from lockstep.checkpoint.async_writer import AsyncCheckpointWriter, rank_work, wait_for_ranks
-from lockstep.checkpoint.model_files import load_model_files
-from lockstep.checkpoint.safe_load import safe_torch_load
 from lockstep.checkpoint.training_state import (
     Snapshot,
     TrainingObjects,
-    indexed,
     load_rank_files,
     load_shared_files,
-    model_folder,
     snapshot_rank,
     snapshot_shared,
     write_snapshot,
@@ -70,17 +67,18 @@ def save_checkpoint(
     final_dir: Path,
     *,
     state: PartialState,
-    weights: Sequence[dict[str, torch.Tensor] | None],
     writes_shared_files: bool,
     move_latest_pointer: bool,
     step: int,
     safe_serialization: bool = True,
     writer: AsyncCheckpointWriter | None = None,
     after_commit: Callable[[], None] | None = None,
+    save_shards: Callable[[Path], None] | None = None,
 ) -> int:
     """Write a checkpoint to ``final_dir`` on every rank together; returns the bytes snapshotted.
 
     With ``writer``, only the snapshot happens now and the files are written in the background.
+    ``save_shards(staging)`` is the backend's collective write of its own shards, done now in any case.
     """
     if writer is not None:
         writer.wait()
@@ -91,28 +89,17 @@ def save_checkpoint(
         "Preparing the save",
     )
     snapshots: list[Snapshot] = []
-    optimizer_states = _gather_full_optimizer_states(objects)
 
     def snapshot() -> None:
-        copy = writer is not None
         if writes_shared_files:
-            snapshots.append(
-                snapshot_shared(
-                    objects,
-                    weights=weights,
-                    safe_serialization=safe_serialization,
-                    copy=copy,
-                    optimizer_states=optimizer_states,
-                )
-            )
+            copy = writer is not None
+            snapshots.append(snapshot_shared(objects, safe_serialization=safe_serialization, copy=copy))
         snapshots.append(snapshot_rank(objects, rank=state.process_index))
 
     agree(state, _attempt(snapshot), f"Saving the checkpoint {final_dir}")
-    if objects.sharded is not None and objects.sharded.sharded_state_dict:
-        # DCP is a collective: every process writes its own shards now, in parallel (also when the rest of
-        # the checkpoint is written in the background). DCP raises on every rank if one fails.
-        models, optimizers = _sharded_pairs(objects)
-        shards.save_sharded(models, optimizers, staging)
+    if save_shards is not None:
+        # A collective (also when the rest is written in the background); DCP raises on every rank if one fails.
+        save_shards(staging)
 
     def commit() -> None:
         if writes_shared_files:
@@ -169,77 +156,30 @@ def choose_checkpoint(state: PartialState, input_dir: Path | None, automatic_roo
 
 
 def load_checkpoint(
-    objects: TrainingObjects, folder: Path, *, state: PartialState, models_to_load: Sequence[int]
-) -> tuple[dict[str, Any], bool]:
-    """Restore every object from ``folder`` on every rank; returns (counters, rank state found)."""
-    result: dict[str, Any] = {}
-    full_states: dict[str, dict[int, Any]] = {"models": {}, "optimizers": {}}
-
-    def read() -> None:
-        result["counters"] = load_shared_files(objects, folder, models_to_load=models_to_load)
-        result["rank_found"] = load_rank_files(objects, folder, rank=state.process_index, device=state.device)
-        if objects.sharded is not None and not objects.sharded.sharded_state_dict and state.is_main_process:
-            full_states.update(_read_full_states(objects, folder, models_to_load))
-
-    agree(state, _attempt(read), f"Loading the checkpoint {folder}")
-    if objects.sharded is not None:
-        _load_sharded_objects(objects, folder, state, models_to_load, full_states)
-    return result["counters"], result["rank_found"]
-
-
-# -- sharded (FSDP) models and optimizers ------------------------------------------------------------
-def _sharded_pairs(
-    objects: TrainingObjects, models_to_load: Sequence[int] | None = None
-) -> tuple[list[tuple[int, Any]], list[tuple[int, Any, Any]]]:
-    assert objects.sharded is not None
-    chosen = objects.sharded_model_indices()
-    if models_to_load is not None:
-        chosen &= set(models_to_load)
-    models = [(i, objects.models[i]) for i in sorted(chosen)]
-    optimizers = [
-        (i, objects.sharded.model_of(o), o)
-        for i, o in enumerate(objects.optimizers)
-        if i in objects.sharded_optimizer_indices()
-    ]
-    return models, optimizers
-
-
-def _gather_full_optimizer_states(objects: TrainingObjects) -> dict[int, Any]:
-    """FULL_STATE_DICT: every sharded optimizer's whole state on the main process (a collective)."""
-    if objects.sharded is None or objects.sharded.sharded_state_dict:
-        return {}
-    _, optimizers = _sharded_pairs(objects)
-    return {i: shards.full_optimizer_state(model, optimizer) for i, model, optimizer in optimizers}
-
-
-def _read_full_states(
-    objects: TrainingObjects, folder: Path, models_to_load: Sequence[int]
-) -> dict[str, dict[int, Any]]:
-    models, optimizers = _sharded_pairs(objects, models_to_load)
-    return {
-        "models": {i: load_model_files(model_folder(folder, i)) for i, _ in models},
-        "optimizers": {
-            i: safe_torch_load(folder / indexed("optimizer", i, ".bin")) for i, _, _ in optimizers
-        },
-    }
-
-
-def _load_sharded_objects(
     objects: TrainingObjects,
     folder: Path,
+    *,
     state: PartialState,
-    models_to_load: Sequence[int],
-    full_states: dict[str, dict[int, Any]],
-) -> None:
-    assert objects.sharded is not None
-    models, optimizers = _sharded_pairs(objects, models_to_load)
-    if objects.sharded.sharded_state_dict:
-        shards.load_sharded(models, optimizers, folder)
-        return
-    distributed = state.use_distributed
-    for i, model in models:
-        shards.load_full_model(model, full_states["models"].get(i, {}), distributed=distributed)
-    for i, model, optimizer in optimizers:
-        shards.load_full_optimizer(
-            model, optimizer, full_states["optimizers"].get(i, {}), distributed=distributed
-        )
+    read_models: Callable[[], Any],
+    apply_models: Callable[[Any], None],
+) -> tuple[dict[str, Any], dict[str, torch.Tensor] | None]:
+    """Restore every object from ``folder`` on every rank; returns (counters, this rank's saved gradients,
+    None when the checkpoint has no files for this rank).
+
+    Args:
+        objects: the schedulers, loaders, scaler and registered objects to restore.
+        folder: the chosen checkpoint.
+        state: the process state.
+        read_models: the backend's reading of model and optimizer files (local; errors are agreed).
+        apply_models: the backend's restoring of what needs every rank together, given what was read.
+    """
+    result: dict[str, Any] = {}
+
+    def read() -> None:
+        result["models"] = read_models()
+        result["counters"] = load_shared_files(objects, folder)
+        result["gradients"] = load_rank_files(folder, rank=state.process_index)
+
+    agree(state, _attempt(read), f"Loading the checkpoint {folder}")
+    apply_models(result["models"])
+    return result["counters"], result["gradients"]

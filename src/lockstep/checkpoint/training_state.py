@@ -21,19 +21,17 @@ Everything but safetensors and JSON is written with ``torch.save`` and read with
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
-from torch import nn
 
-from lockstep.checkpoint.model_files import load_model_weights, save_model_files
+from lockstep.checkpoint.model_files import save_model_files
 from lockstep.checkpoint.rng import capture_rng_state, restore_rng_state
 from lockstep.checkpoint.safe_load import check_loadable, safe_torch_load
-from lockstep.checkpoint.sharded import ShardedObjects
 
 ACCELERATOR_STATE = "accelerator_state.json"
 
@@ -49,28 +47,20 @@ def model_folder(root: Path, index: int) -> Path:
 
 @dataclass
 class TrainingObjects:
-    """Everything the Accelerator prepared or was asked to checkpoint."""
+    """Everything a checkpoint's shared files hold, as the Accelerator and its backend hand it over."""
 
-    models: list[nn.Module]
-    unwrap: Callable[[nn.Module], nn.Module]
-    optimizers: list[Any]
-    schedulers: list[Any]
-    dataloaders: list[Any]
-    scaler: torch.amp.GradScaler | None
-    custom: list[Any]
+    schedulers: list[Any] = field(default_factory=list)
+    dataloaders: list[Any] = field(default_factory=list)
+    scaler: torch.amp.GradScaler | None = None
+    custom: list[Any] = field(default_factory=list)
+    """Objects registered with ``register_for_checkpointing``."""
     counters: dict[str, Any] = field(default_factory=dict)
-    sharded: ShardedObjects | None = None
-    """Set when a backend shards models (FSDP): those models and their optimizers are saved differently."""
-
-    def sharded_optimizer_indices(self) -> set[int]:
-        if self.sharded is None:
-            return set()
-        return {i for i, o in enumerate(self.optimizers) if self.sharded.is_sharded_optimizer(o)}
-
-    def sharded_model_indices(self) -> set[int]:
-        if self.sharded is None:
-            return set()
-        return {i for i, m in enumerate(self.models) if self.sharded.is_sharded_model(m)}
+    model_states: Sequence[dict[str, torch.Tensor] | None] = ()
+    """Weights written as model files, one per prepared model (None: the backend writes that model itself)."""
+    optimizer_states: Sequence[Any] = ()
+    """State dicts written as optimizer files, one per prepared optimizer (None: written by the backend)."""
+    gradients: dict[str, torch.Tensor] = field(default_factory=dict)
+    """This rank's pending gradients (``"<model index>.<parameter>"``), written to its own file."""
 
 
 @dataclass
@@ -105,33 +95,17 @@ def _detached(value: Any, copy: bool) -> Any:
 
 
 def snapshot_shared(
-    objects: TrainingObjects,
-    *,
-    weights: Sequence[dict[str, torch.Tensor] | None],
-    safe_serialization: bool = True,
-    copy: bool = False,
-    optimizer_states: dict[int, Any] | None = None,
+    objects: TrainingObjects, *, safe_serialization: bool = True, copy: bool = False
 ) -> Snapshot:
-    """The files written once (by the main process): weights, optimizers, schedulers, loaders, objects.
-
-    ``optimizer_states`` replaces ``state_dict()`` for the optimizers it names (gathered full states of
-    sharded optimizers); optimizers of sharded models saved as DCP shards are left out.
-    """
-    optimizer_states = optimizer_states or {}
-    in_shards = objects.sharded_optimizer_indices() - set(optimizer_states)
+    """The files written once (by the main process): weights, optimizers, schedulers, loaders, objects."""
     snap = Snapshot(safe_serialization=safe_serialization)
-    for index, state_dict in enumerate(weights):
+    for index, state_dict in enumerate(objects.model_states):
         if state_dict is not None:
             snap.models.append((Path("." if index == 0 else f"model_{index}"), _detached(state_dict, copy)))
-    entries: list[tuple[str, Any, str]] = []
-    entries += [
-        (
-            indexed("optimizer", i, ".bin"),
-            _Given(optimizer_states[i]) if i in optimizer_states else o,
-            f"optimizer {i}",
-        )
-        for i, o in enumerate(objects.optimizers)
-        if i not in in_shards
+    entries: list[tuple[str, Any, str]] = [
+        (indexed("optimizer", i, ".bin"), _Given(state), f"optimizer {i}")
+        for i, state in enumerate(objects.optimizer_states)
+        if state is not None
     ]
     entries += [
         (indexed("scheduler", i, ".bin"), s, f"scheduler {i}") for i, s in enumerate(objects.schedulers)
@@ -156,16 +130,8 @@ def snapshot_rank(objects: TrainingObjects, *, rank: int) -> Snapshot:
     """The files every rank writes: its RNG states and its not-yet-synchronised gradients."""
     snap = Snapshot()
     snap.torch_files.append((f"random_states_{rank}.pt", capture_rng_state()))
-    sharded = objects.sharded_model_indices()  # their pending gradients live inside FSDP, unsaved
-    gradients = {
-        f"{index}.{name}": parameter.grad.detach().to("cpu", copy=True).contiguous()
-        for index, model in enumerate(objects.models)
-        if index not in sharded
-        for name, parameter in objects.unwrap(model).named_parameters()
-        if parameter.grad is not None
-    }
-    if gradients:
-        snap.safetensors_files.append((f"grads_{rank}.safetensors", gradients))
+    if objects.gradients:
+        snap.safetensors_files.append((f"grads_{rank}.safetensors", objects.gradients))
     return snap
 
 
@@ -191,24 +157,16 @@ def write_snapshot(snap: Snapshot, folder: Path) -> None:
         (folder / name).write_text(json.dumps(value, indent=1))
 
 
-def load_shared_files(
-    objects: TrainingObjects, folder: Path, *, models_to_load: Sequence[int]
-) -> dict[str, Any]:
-    """Restore weights, optimizers, schedulers, scaler, loaders and registered objects; returns the counters.
+def load_shared_files(objects: TrainingObjects, folder: Path) -> dict[str, Any]:
+    """Restore schedulers, scaler, loaders and registered objects; returns the counters.
 
-    Sharded models and their optimizers are left to :mod:`lockstep.checkpoint.sharded`.
+    Models and optimizers are the backend's (:meth:`lockstep.backends.base.Backend.read_model_states`).
     """
-    sharded_models = objects.sharded_model_indices()
-    for index in models_to_load:
-        if index not in sharded_models:
-            load_model_weights(objects.unwrap(objects.models[index]), model_folder(folder, index))
-    _load_each(objects.optimizers, folder, "optimizer", ".bin", skip=objects.sharded_optimizer_indices())
-    _load_each(objects.schedulers, folder, "scheduler", ".bin")
+    load_each(list(enumerate(objects.schedulers)), folder, "scheduler", ".bin")
     if objects.scaler is not None and (folder / "scaler.pt").is_file():
         objects.scaler.load_state_dict(safe_torch_load(folder / "scaler.pt"))
-    _load_each(
-        [dl for dl in objects.dataloaders if hasattr(dl, "load_state_dict")], folder, "dataloader", ".bin"
-    )
+    loaders = [dl for dl in objects.dataloaders if hasattr(dl, "load_state_dict")]
+    load_each(list(enumerate(loaders)), folder, "dataloader", ".bin")
     for index, obj in enumerate(objects.custom):
         path = folder / f"custom_checkpoint_{index}.bin"
         if not path.is_file():
@@ -221,12 +179,9 @@ def load_shared_files(
     return json.loads(counters_path.read_text()) if counters_path.is_file() else {}
 
 
-def _load_each(
-    targets: Sequence[Any], folder: Path, name: str, suffix: str, skip: set[int] | None = None
-) -> None:
-    for index, target in enumerate(targets):
-        if skip and index in skip:
-            continue
+def load_each(targets: Sequence[tuple[int, Any]], folder: Path, name: str, suffix: str) -> None:
+    """``target.load_state_dict`` from ``name_<index><suffix>`` for each ``(index, target)``."""
+    for index, target in targets:
         path = folder / indexed(name, index, suffix)
         if not path.is_file():
             raise FileNotFoundError(
@@ -236,19 +191,12 @@ def _load_each(
         target.load_state_dict(safe_torch_load(path))
 
 
-def load_rank_files(objects: TrainingObjects, folder: Path, *, rank: int, device: torch.device) -> bool:
-    """Restore this rank's RNG states and pending gradients; False when the checkpoint has none for it."""
+def load_rank_files(folder: Path, *, rank: int) -> dict[str, torch.Tensor] | None:
+    """Restore this rank's RNG states; returns its saved pending gradients (None: the checkpoint has no
+    files for this rank, e.g. it was saved by fewer processes)."""
     rng_path = folder / f"random_states_{rank}.pt"
     if not rng_path.is_file():
-        return False
+        return None
     restore_rng_state(safe_torch_load(rng_path))
     gradients_path = folder / f"grads_{rank}.safetensors"
-    gradients = load_file(str(gradients_path)) if gradients_path.is_file() else {}
-    sharded = objects.sharded_model_indices()
-    for index, model in enumerate(objects.models):
-        if index in sharded:
-            continue
-        for name, parameter in objects.unwrap(model).named_parameters():
-            saved = gradients.get(f"{index}.{name}")
-            parameter.grad = None if saved is None else saved.to(device=device, dtype=parameter.dtype)
-    return True
+    return load_file(str(gradients_path)) if gradients_path.is_file() else {}

@@ -52,8 +52,8 @@ def register(subparsers: Any) -> None:
 
 
 def run_merge(args: argparse.Namespace) -> int:
+    from lockstep.backends.fsdp.checkpoint import read_full_weights, sharded_model_folder
     from lockstep.checkpoint.model_files import save_model_files
-    from lockstep.checkpoint.sharded import read_full_weights, sharded_model_folder
 
     checkpoint = Path(args.checkpoint_dir)
     if not checkpoint.is_dir():

@@ -14,10 +14,22 @@ Example:
     ...     print(accelerator.step_stats["time/data"], accelerator.step_stats["samples_per_second"])
 """
 
-from lockstep.throughput.build import NullStepTimer, build_step_timer
-from lockstep.throughput.config import ThroughputKwargs
-from lockstep.throughput.peak_flops import compute_dtype_name, device_peak_flops, peak_flops_per_second
-from lockstep.throughput.step_timer import StepTimer
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# Loaded on first use: the Accelerator imports this package for ThroughputKwargs, and the timer itself is
+# needed only when step timing is switched on.
+_EXPORTS = {
+    "NullStepTimer": "lockstep.throughput.build",
+    "build_step_timer": "lockstep.throughput.build",
+    "ThroughputKwargs": "lockstep.throughput.config",
+    "compute_dtype_name": "lockstep.throughput.peak_flops",
+    "device_peak_flops": "lockstep.throughput.peak_flops",
+    "peak_flops_per_second": "lockstep.throughput.peak_flops",
+    "StepTimer": "lockstep.throughput.step_timer",
+}
 
 __all__ = [
     "NullStepTimer",
@@ -28,3 +40,16 @@ __all__ = [
     "device_peak_flops",
     "peak_flops_per_second",
 ]
+
+if TYPE_CHECKING:
+    from lockstep.throughput.build import NullStepTimer, build_step_timer
+    from lockstep.throughput.config import ThroughputKwargs
+    from lockstep.throughput.peak_flops import compute_dtype_name, device_peak_flops, peak_flops_per_second
+    from lockstep.throughput.step_timer import StepTimer
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'lockstep.throughput' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from lockstep.throughput.config import ThroughputKwargs
-from lockstep.throughput.step_timer import StepTimer
+
+if TYPE_CHECKING:
+    import torch
+
+    from lockstep.throughput.step_timer import StepTimer
 
 
 class NullStepTimer:
@@ -33,14 +38,28 @@ class NullStepTimer:
 
 
 def build_step_timer(
-    accelerator: Any, step_timing: bool | None, handler: ThroughputKwargs | None
+    step_timing: bool | None,
+    handler: ThroughputKwargs | None,
+    *,
+    device: torch.device,
+    num_processes: int,
+    prepared: Any,
+    mixed_precision: str,
+    log: Callable[[dict[str, float], int], None],
+    logging_active: Callable[[], bool],
 ) -> StepTimer | NullStepTimer:
-    """The timer for ``accelerator``: a :class:`StepTimer` when switched on, else a do-nothing one.
+    """A :class:`StepTimer` when step timing is switched on, else a do-nothing one (the timer's module is
+    imported only then).
 
     Args:
-        accelerator: the Accelerator (its prepared objects, trackers and settings are read lazily).
         step_timing: ``Accelerator(step_timing=...)``: True switches on, False off, None follows ``handler``.
         handler: a ``ThroughputKwargs`` from ``kwargs_handlers`` (switches on unless ``step_timing=False``).
+        device: the training device (its clock times the steps).
+        num_processes: the world size (samples/s count every process).
+        prepared: the registry of prepared objects (its ``models`` and ``optimizers`` are read at each step).
+        mixed_precision: the training precision (for the peak FLOP/s of MFU).
+        log: where figures go (the Accelerator's trackers).
+        logging_active: whether any tracker was started.
     """
     if step_timing is not None and not isinstance(step_timing, bool):
         raise TypeError(f"Accelerator(step_timing={step_timing!r}) is invalid: pass True or False.")
@@ -51,13 +70,15 @@ def build_step_timer(
         )
     if not step_timing and handler is None:
         return NullStepTimer()
+    from lockstep.throughput.step_timer import StepTimer
+
     return StepTimer(
         handler or ThroughputKwargs(),
-        device=accelerator.device,
-        num_processes=accelerator.num_processes,
-        models=lambda: accelerator._models,
-        optimizers=lambda: accelerator._optimizers,
-        mixed_precision=lambda: accelerator.mixed_precision,
-        log=lambda values, step: accelerator.log(values, step=step),
-        logging_active=lambda: bool(accelerator.trackers),
+        device=device,
+        num_processes=num_processes,
+        models=lambda: prepared.models,
+        optimizers=lambda: prepared.optimizers,
+        mixed_precision=lambda: mixed_precision,
+        log=log,
+        logging_active=logging_active,
     )

@@ -3,7 +3,8 @@
 Each process keeps 1/N of every parameter, gradient and optimizer state (a DTensor sharded on dim 0);
 parameters are all-gathered per unit for forward and backward, and gradients are reduce-scattered.
 This module decides the units, applies torch's ``fully_shard`` to them, re-binds optimizers built
-before sharding, and implements the backend interface (gradient sync switch, global-norm clipping).
+before sharding, and implements the backend interface: gradient sync switch, global-norm clipping
+(:mod:`.clipping`), precision (:mod:`.precision`) and checkpoints (:mod:`.checkpoint`).
 """
 
 from __future__ import annotations
@@ -11,23 +12,26 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import math
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, OffloadPolicy, fully_shard
-from torch.distributed.tensor import DTensor
 
 from lockstep import _env
-from lockstep.backends.base import Backend
+from lockstep.backends.base import Backend, Indexed
+from lockstep.backends.fsdp import checkpoint as shards
+from lockstep.backends.fsdp.clipping import clip_sharded_gradients
 from lockstep.backends.fsdp.loading import broadcast_from_main, to_meta
-from lockstep.backends.fsdp.units import ignored_parameters, select_units
-from lockstep.checkpoint.sharded import ShardedObjects
+from lockstep.backends.fsdp.precision import FSDPPrecision
+from lockstep.backends.fsdp.units import checkpoint_activations, ignored_parameters, select_units
+from lockstep.checkpoint.model_files import load_model_files
+from lockstep.checkpoint.safe_load import safe_torch_load
+from lockstep.checkpoint.training_state import indexed, model_folder
 from lockstep.config.enums import DistributedType
 from lockstep.config.fsdp import FullyShardedDataParallelPlugin
 from lockstep.config.plugins import TorchDynamoPlugin
@@ -42,8 +46,8 @@ class FSDPBackend(Backend):
     Args:
         state: the process state.
         plugin: the FSDP settings.
-        mixed_precision: the Accelerator's ``mixed_precision`` (``no``, ``bf16``, ``fp16``), which becomes
-            the ``MixedPrecisionPolicy`` unless the plugin sets one.
+        precision: the Accelerator's mixed precision; it wraps the forward in autocast like every backend's
+            and becomes the ``MixedPrecisionPolicy`` unless the plugin sets one.
         dynamo_plugin: ``torch.compile`` settings (applied to the sharded model).
     """
 
@@ -54,12 +58,12 @@ class FSDPBackend(Backend):
         state: PartialState,
         *,
         plugin: FullyShardedDataParallelPlugin,
-        mixed_precision: str = "no",
+        precision: FSDPPrecision,
         dynamo_plugin: TorchDynamoPlugin | None = None,
     ) -> None:
-        super().__init__(state, dynamo_plugin=dynamo_plugin)
+        super().__init__(state, precision=precision, dynamo_plugin=dynamo_plugin)
         self.plugin = plugin
-        self.mp_policy = plugin.mixed_precision(mixed_precision)
+        self.mp_policy = precision.policy(plugin.mixed_precision_policy)
         # Pinned memory needs an accelerator; on a CPU-only machine the offload path runs unpinned.
         pinned = self.device.type != "cpu"
         self.offload_policy: OffloadPolicy = (
@@ -79,15 +83,8 @@ class FSDPBackend(Backend):
         return self._mesh
 
     # -- models -----------------------------------------------------------------------------------
-    def prepare_model(
-        self, model: nn.Module, *, device_placement: bool, evaluation_mode: bool = False
-    ) -> nn.Module:
-        if evaluation_mode:
-            return super().prepare_model(model, device_placement=device_placement, evaluation_mode=True)
-        model = self.wrap_model(model, device_placement=device_placement)
-        if self.dynamo_plugin is not None and self.dynamo_plugin.enabled:
-            model = torch.compile(model, **self.dynamo_plugin.compile_kwargs())  # type: ignore[assignment]
-        return model
+    def _prepare_for_training(self, model: nn.Module, *, device_placement: bool) -> nn.Module:
+        return self._compiled(self.wrap_model(model, device_placement=device_placement))
 
     def wrap_model(self, model: nn.Module, *, device_placement: bool = True) -> nn.Module:
         self._check_wrappable(model)
@@ -100,7 +97,7 @@ class FSDPBackend(Backend):
             model = model.to(self.device)
         units = select_units(model, self.plugin)
         if self.plugin.activation_checkpointing:
-            units = _checkpoint_activations(model, units)
+            units = checkpoint_activations(model, units)
         owners = _parameter_owners(model)
         shard = functools.partial(
             fully_shard,
@@ -191,17 +188,10 @@ class FSDPBackend(Backend):
                 return model
         return None
 
-    def sharded_objects(self) -> ShardedObjects:
-        return ShardedObjects(
-            sharded_state_dict=self.plugin.state_dict_type == "SHARDED_STATE_DICT",
-            model_of=self.model_of,
-            models={id(model) for model in self.sharded_models},
-        )
+    def _is_sharded(self, model: nn.Module) -> bool:
+        return any(model is m or getattr(model, "_orig_mod", None) is m for m in self.sharded_models)
 
     # -- training step ----------------------------------------------------------------------------
-    def is_wrapped(self, model: nn.Module) -> bool:
-        return isinstance(getattr(model, "_orig_mod", model), FSDPModule)
-
     def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager:
         target = getattr(model, "_orig_mod", model)
         if isinstance(target, FSDPModule):
@@ -211,15 +201,7 @@ class FSDPBackend(Backend):
     def clip_grad_norm_(
         self, parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float = 2.0
     ) -> torch.Tensor:
-        parameters = list(parameters)
-        grads = [p.grad for p in parameters if p.grad is not None]
-        total = global_grad_norm(grads, float(norm_type), self.state)
-        coefficient = torch.clamp(max_norm / (total + 1e-6), max=1.0)
-        with torch.no_grad():
-            for grad in grads:
-                local = grad.to_local() if isinstance(grad, DTensor) else grad
-                local.mul_(coefficient.to(device=local.device, dtype=local.dtype))
-        return total
+        return clip_sharded_gradients(list(parameters), max_norm, norm_type, self.state)
 
     def full_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
         """The whole model's weights gathered on the main process (an empty dict on the others)."""
@@ -229,6 +211,90 @@ class FSDPBackend(Backend):
         if not isinstance(target, FSDPModule):
             return target.state_dict()
         return get_model_state_dict(target, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+    # -- checkpoints ------------------------------------------------------------------------------
+    @property
+    def _writes_shards(self) -> bool:
+        """SHARDED_STATE_DICT: every process writes its own DCP shards (else one full copy on the main one)."""
+        return self.plugin.state_dict_type == "SHARDED_STATE_DICT"
+
+    def model_state_dicts(self, models: Sequence[nn.Module]) -> list[dict[str, torch.Tensor] | None]:
+        return [
+            None
+            if self._writes_shards and self._is_sharded(model)
+            else self.full_state_dict(self.unwrap_model(model, keep_torch_compile=False))
+            for model in models
+        ]
+
+    def optimizer_state_dicts(self, optimizers: Sequence[Any]) -> list[Any]:
+        states: list[Any] = []
+        for optimizer in optimizers:
+            model = self.model_of(optimizer)
+            if model is None:
+                states.append(optimizer.state_dict())
+            else:  # FULL_STATE_DICT gathers the whole state on the main process (a collective)
+                states.append(None if self._writes_shards else shards.full_optimizer_state(model, optimizer))
+        return states
+
+    def pending_gradients(
+        self, models: Sequence[nn.Module], *, mid_accumulation: bool
+    ) -> dict[str, torch.Tensor]:
+        if mid_accumulation and any(self._is_sharded(model) for model in models):
+            logger.warning(
+                "save_state in the middle of a gradient accumulation cycle with FSDP: the gradients of the "
+                "micro-batches so far live inside FSDP and are not saved; save after an optimizer step."
+            )
+        return super().pending_gradients(models, mid_accumulation=mid_accumulation)
+
+    def _holds_own_gradients(self, model: nn.Module) -> bool:
+        return not self._is_sharded(model)
+
+    def _split(self, models: Indexed, optimizers: Indexed) -> tuple[Indexed, Indexed, Indexed, Indexed]:
+        """(sharded models, their optimizers as (index, model, optimizer), other models, other optimizers)."""
+        sharded_models = [(i, m) for i, m in models if self._is_sharded(m)]
+        pairs = [(i, self.model_of(o), o) for i, o in optimizers]
+        sharded_optimizers = [(i, model, o) for i, model, o in pairs if model is not None]
+        other_models = [(i, m) for i, m in models if not self._is_sharded(m)]
+        other_optimizers = [(i, o) for i, model, o in pairs if model is None]
+        return sharded_models, sharded_optimizers, other_models, other_optimizers
+
+    def save_shards(self, models: Indexed, optimizers: Indexed, folder: Path) -> None:
+        if self._writes_shards:  # DCP is a collective: every process writes its own shards now, in parallel
+            sharded_models, sharded_optimizers, _, _ = self._split(models, optimizers)
+            shards.save_sharded(sharded_models, sharded_optimizers, folder)
+
+    def read_model_states(self, models: Indexed, optimizers: Indexed, folder: Path) -> Any:
+        sharded_models, sharded_optimizers, other_models, other_optimizers = self._split(models, optimizers)
+        super().read_model_states(other_models, other_optimizers, folder)
+        if self._writes_shards:
+            for index, _ in sharded_models:
+                shards.require_shards(folder / shards.MODEL_FOLDER.format(index=index), f"model {index}")
+            for index, _, _ in sharded_optimizers:
+                shards.require_shards(
+                    folder / shards.OPTIMIZER_FOLDER.format(index=index), f"optimizer {index}"
+                )
+            return folder  # the shards are read in apply_model_states, by every process together
+        if not self.state.is_main_process:  # FULL_STATE_DICT: the main process reads, the others receive
+            return {"models": {}, "optimizers": {}}
+        return {
+            "models": {i: load_model_files(model_folder(folder, i)) for i, _ in sharded_models},
+            "optimizers": {
+                i: safe_torch_load(folder / indexed("optimizer", i, ".bin")) for i, _, _ in sharded_optimizers
+            },
+        }
+
+    def apply_model_states(self, models: Indexed, optimizers: Indexed, loaded: Any) -> None:
+        sharded_models, sharded_optimizers, _, _ = self._split(models, optimizers)
+        if self._writes_shards:
+            shards.load_sharded(sharded_models, sharded_optimizers, loaded)
+            return
+        distributed = self.state.use_distributed
+        for i, model in sharded_models:
+            shards.load_full_model(model, loaded["models"].get(i, {}), distributed=distributed)
+        for i, model, optimizer in sharded_optimizers:
+            shards.load_full_optimizer(
+                model, optimizer, loaded["optimizers"].get(i, {}), distributed=distributed
+            )
 
 
 @contextlib.contextmanager
@@ -240,30 +306,6 @@ def _gradient_sync_off(model: FSDPModule) -> Iterator[None]:
         model.set_requires_gradient_sync(True)
 
 
-def global_grad_norm(grads: list[torch.Tensor], norm_type: float, state: PartialState) -> torch.Tensor:
-    """The norm of all gradients together: sharded (DTensor) parts are reduced over processes, replicated
-    parts (ignored modules) are counted once."""
-    device = grads[0].device if grads else state.device
-    sharded = [g.to_local() for g in grads if isinstance(g, DTensor)]
-    replicated = [g for g in grads if not isinstance(g, DTensor)]
-    if math.isinf(norm_type):
-        local = torch.zeros((), device=device, dtype=torch.float32)
-        for grad in sharded + replicated:
-            if grad.numel():
-                local = torch.maximum(local, grad.detach().abs().max().float().to(device))
-        if state.use_distributed and sharded:
-            dist.all_reduce(local, op=dist.ReduceOp.MAX)
-        return local
-    shard_sum = torch.zeros((), device=device, dtype=torch.float32)
-    for grad in sharded:
-        shard_sum += torch.linalg.vector_norm(grad.detach().float(), norm_type).to(device) ** norm_type
-    if state.use_distributed:
-        dist.all_reduce(shard_sum)
-    for grad in replicated:
-        shard_sum += torch.linalg.vector_norm(grad.detach().float(), norm_type).to(device) ** norm_type
-    return shard_sum ** (1.0 / norm_type)
-
-
 def _parameter_owners(model: nn.Module) -> list[tuple[weakref.ref, nn.Module, str]]:
     return [
         (weakref.ref(parameter), module, name)
@@ -271,34 +313,3 @@ def _parameter_owners(model: nn.Module) -> list[tuple[weakref.ref, nn.Module, st
         for name, parameter in module._parameters.items()
         if parameter is not None
     ]
-
-
-def _checkpoint_activations(model: nn.Module, units: list[nn.Module]) -> list[nn.Module]:
-    """Wrap each unit in torch's activation-checkpoint wrapper; returns the wrappers (the new units)."""
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
-        CheckpointImpl,
-        CheckpointWrapper,
-        apply_activation_checkpointing,
-        checkpoint_wrapper,
-    )
-
-    if not units:
-        raise ValueError(
-            f"FSDP activation_checkpointing=True needs layers to checkpoint, but the wrap policy selects no "
-            f"submodule of {type(model).__name__}. Set auto_wrap_policy (e.g. TRANSFORMER_BASED_WRAP with "
-            "transformer_cls_names_to_wrap) so that the repeated layers become units."
-        )
-    chosen = {id(unit) for unit in units}
-    apply_activation_checkpointing(
-        model,
-        checkpoint_wrapper_fn=functools.partial(
-            checkpoint_wrapper, checkpoint_impl=CheckpointImpl.NO_REENTRANT
-        ),
-        check_fn=lambda module: id(module) in chosen,
-    )
-    wrappers = [
-        m
-        for m in model.modules()
-        if isinstance(m, CheckpointWrapper) and id(m._checkpoint_wrapped_module) in chosen
-    ]
-    return wrappers[::-1]  # descendants before their ancestors, as fully_shard needs

@@ -1,4 +1,4 @@
-"""Checkpoints of sharded (FSDP2) models and optimizers, on ``torch.distributed.checkpoint`` (DCP).
+"""The FSDP backend's checkpoint format: sharded (FSDP2) models and optimizers on ``torch.distributed.checkpoint``.
 
 With ``SHARDED_STATE_DICT`` every process writes its own shards of model ``i`` into
 ``pytorch_model_fsdp_{i}/`` and of optimizer ``i`` into ``optimizer_{i}/`` (DCP's ``.distcp`` files plus
@@ -13,8 +13,7 @@ process its shards from the main process.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,24 +23,6 @@ from torch import nn
 MODEL_FOLDER = "pytorch_model_fsdp_{index}"
 OPTIMIZER_FOLDER = "optimizer_{index}"
 DCP_METADATA = ".metadata"
-
-
-@dataclass
-class ShardedObjects:
-    """The sharded models and optimizers of a training state, and how they are stored."""
-
-    sharded_state_dict: bool
-    """True: DCP folders (each process writes its shards); False: full files on the main process."""
-    model_of: Callable[[Any], nn.Module | None]
-    """The sharded model an optimizer updates (None: it is not sharded)."""
-    models: set[int]
-    """``id()`` of every sharded model."""
-
-    def is_sharded_model(self, model: nn.Module) -> bool:
-        return id(getattr(model, "_orig_mod", model)) in self.models or id(model) in self.models
-
-    def is_sharded_optimizer(self, optimizer: Any) -> bool:
-        return self.model_of(optimizer) is not None
 
 
 def _options(*, full: bool, broadcast: bool = False) -> Any:
@@ -99,7 +80,7 @@ def save_sharded(
         dcp.save({"optimizer": state}, checkpoint_id=folder / OPTIMIZER_FOLDER.format(index=index))
 
 
-def _require(path: Path, what: str) -> None:
+def require_shards(path: Path, what: str) -> None:
     if not (path / DCP_METADATA).is_file():
         raise FileNotFoundError(
             f"{path.parent} has no sharded {what} ({path.name}/{DCP_METADATA} is missing). It was saved with a "
@@ -122,13 +103,13 @@ def load_sharded(
 
     for index, model in models:
         path = folder / MODEL_FOLDER.format(index=index)
-        _require(path, f"model {index}")
+        require_shards(path, f"model {index}")
         state = get_model_state_dict(_model(model))
         dcp.load(state, checkpoint_id=path)
         set_model_state_dict(_model(model), state)
     for index, model, optimizer in optimizers:
         path = folder / OPTIMIZER_FOLDER.format(index=index)
-        _require(path, f"optimizer {index}")
+        require_shards(path, f"optimizer {index}")
         holder = {"optimizer": get_optimizer_state_dict(_model(model), _inner(optimizer))}
         dcp.load(holder, checkpoint_id=path)
         set_optimizer_state_dict(_model(model), _inner(optimizer), holder["optimizer"])

@@ -1,0 +1,165 @@
+"""``Accelerator.prepare``: turning the user's objects into prepared ones and registering them.
+
+Models go to the backend (placement, precision, compile, distributed wrapper), optimizers are adapted by
+the backend and wrapped so that they step only on synchronised gradients, schedulers follow their
+optimizers, dataloaders are sharded. Every prepared object is recorded in :class:`PreparedObjects`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+
+from lockstep.accelerator.optimizer import AcceleratedOptimizer
+from lockstep.accelerator.prepared import PreparedObjects
+from lockstep.accelerator.scheduler import AcceleratedScheduler
+from lockstep.accelerator.settings import AcceleratorSettings
+from lockstep.backends.base import Backend
+from lockstep.data import prepare_data_loader
+from lockstep.state import PartialState
+
+_LRScheduler = torch.optim.lr_scheduler.LRScheduler
+
+
+class Preparer:
+    """Prepares objects for one Accelerator.
+
+    Args:
+        backend: how models and optimizers are distributed.
+        prepared: where prepared objects are recorded.
+        settings: the resolved Accelerator settings (dataloader configuration, RNG types).
+        state: the process state.
+        device_placement: the Accelerator's default for moving objects to the device.
+        step_scheduler_with_optimizer: prepared schedulers follow the optimizer (see ``lockstep.scheduler``).
+        watch: told about every prepared optimizer and dataloader (the step timer).
+        on_optimizer_step: called on every real optimizer step (the hang watchdog's progress note).
+    """
+
+    def __init__(
+        self,
+        *,
+        backend: Backend,
+        prepared: PreparedObjects,
+        settings: AcceleratorSettings,
+        state: PartialState,
+        device_placement: bool,
+        step_scheduler_with_optimizer: bool,
+        watch: Callable[[Any], None],
+        on_optimizer_step: Callable[[], None] | None,
+    ) -> None:
+        self.backend = backend
+        self.prepared = prepared
+        self.settings = settings
+        self.state = state
+        self.device_placement = device_placement
+        self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
+        self.watch = watch
+        self.on_optimizer_step = on_optimizer_step
+
+    def _placement(self, override: bool | None) -> bool:
+        return self.device_placement if override is None else override
+
+    def prepare(self, args: Sequence[Any], device_placement: Sequence[bool | None] | None) -> list[Any]:
+        """Prepare ``args`` in the order that works (models, then optimizers and loaders, then schedulers);
+        returns them in the given order."""
+        placements = list(device_placement) if device_placement is not None else [None] * len(args)
+        if len(placements) != len(args):
+            raise ValueError(
+                f"prepare() got {len(args)} objects but device_placement has {len(placements)} entries; "
+                "give one entry per object."
+            )
+        # Models first (a sharding backend re-binds optimizers to their parameters), schedulers last
+        # (they need the prepared optimizers).
+        first = list(args)
+        for index in sorted(range(len(args)), key=lambda i: not isinstance(args[i], nn.Module)):
+            first[index] = self._prepare_one(args[index], placements[index])
+        return [self._scheduler_if_any(obj) for obj in first]
+
+    def _prepare_one(self, obj: Any, placement: bool | None) -> Any:
+        if isinstance(obj, DataLoader):
+            return self.data_loader(obj, device_placement=placement)
+        if isinstance(obj, nn.Module):
+            return self.model(obj, device_placement=placement)
+        if isinstance(obj, torch.optim.Optimizer):
+            return self.optimizer(obj, device_placement=placement)
+        return obj
+
+    def _scheduler_if_any(self, obj: Any) -> Any:
+        if isinstance(obj, _LRScheduler) and not isinstance(obj, AcceleratedScheduler):
+            return self.scheduler(obj)
+        return obj
+
+    def model(
+        self, model: nn.Module, device_placement: bool | None, evaluation_mode: bool = False
+    ) -> nn.Module:
+        """The backend's prepared model (the same object when it was prepared already)."""
+        if self.prepared.has_model(model):
+            return model
+        unwrap = self.backend.unwrap_model
+        if any(model is unwrap(prepared) for prepared in self.prepared.models):
+            raise RuntimeError(
+                f"{type(model).__name__} was prepared already; use the object prepare() returned the first time."
+            )
+        prepared = self.backend.prepare_model(
+            model, device_placement=self._placement(device_placement), evaluation_mode=evaluation_mode
+        )
+        self.prepared.models.append(prepared)
+        return prepared
+
+    def optimizer(
+        self, optimizer: torch.optim.Optimizer, device_placement: bool | None
+    ) -> AcceleratedOptimizer:
+        """An optimizer that steps only on synchronised, non-overflowing gradients."""
+        if isinstance(optimizer, AcceleratedOptimizer):
+            return optimizer
+        prepared = AcceleratedOptimizer(
+            self.backend.prepare_optimizer(optimizer),
+            self._placement(device_placement),
+            scaler=self.backend.precision.scaler,
+            device=self.state.device,
+            on_step=self.on_optimizer_step,
+        )
+        self.prepared.optimizers.append(prepared)
+        self.watch(prepared)
+        return prepared
+
+    def scheduler(self, scheduler: Any) -> AcceleratedScheduler:
+        """A scheduler that follows the prepared optimizers it drives."""
+        if isinstance(scheduler, AcceleratedScheduler):
+            return scheduler
+        prepared = AcceleratedScheduler(
+            scheduler,
+            self.prepared.optimizers_of(scheduler),
+            step_with_optimizer=self.step_scheduler_with_optimizer,
+            split_batches=self.settings.dataloader_config.split_batches,
+            num_processes=self.state.num_processes,
+        )
+        self.prepared.schedulers.append(prepared)
+        return prepared
+
+    def data_loader(self, data_loader: DataLoader, device_placement: bool | None) -> DataLoader:
+        """A loader sharded across processes whose batches arrive on the device."""
+        if self.prepared.has_dataloader(data_loader):
+            return data_loader
+        config = self.settings.dataloader_config
+        prepared = prepare_data_loader(
+            data_loader,
+            device=self.state.device,
+            num_processes=self.state.num_processes,
+            process_index=self.state.process_index,
+            split_batches=config.split_batches,
+            put_on_device=self._placement(device_placement),
+            rng_types=[r.value for r in self.settings.rng_types],
+            dispatch_batches=config.dispatch_batches,
+            even_batches=config.even_batches,
+            use_seedable_sampler=config.use_seedable_sampler,
+            data_seed=config.data_seed,
+            non_blocking=config.non_blocking,
+        )
+        self.prepared.dataloaders.append(prepared)
+        self.watch(prepared)
+        return prepared

@@ -1,0 +1,63 @@
+"""The registry of everything an Accelerator prepared or was asked to checkpoint.
+
+One object, handed to the parts that work on these objects (the checkpoint manager, the step timer),
+so that none of them reaches into the facade.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import nn
+
+
+@dataclass
+class PreparedObjects:
+    """Prepared models, optimizers, schedulers and dataloaders, in the order they were prepared, and the
+    objects registered with ``register_for_checkpointing``."""
+
+    models: list[nn.Module] = field(default_factory=list)
+    optimizers: list[Any] = field(default_factory=list)
+    """``AcceleratedOptimizer`` objects."""
+    schedulers: list[Any] = field(default_factory=list)
+    """``AcceleratedScheduler`` objects."""
+    dataloaders: list[Any] = field(default_factory=list)
+    custom: list[Any] = field(default_factory=list)
+    """Objects with ``state_dict``/``load_state_dict`` saved and loaded with the training state."""
+
+    def has_model(self, model: nn.Module) -> bool:
+        return any(model is prepared for prepared in self.models)
+
+    def has_dataloader(self, dataloader: Any) -> bool:
+        return any(dataloader is prepared for prepared in self.dataloaders)
+
+    def optimizers_of(self, scheduler: Any) -> list[Any]:
+        """The prepared optimizers a scheduler drives (all of them when it names none of them)."""
+        inner = getattr(scheduler, "optimizer", None)
+        chosen = [o for o in self.optimizers if inner is o or inner is getattr(o, "optimizer", None)]
+        return chosen or list(self.optimizers)
+
+    def register_for_checkpointing(self, objects: tuple[Any, ...]) -> None:
+        """Add objects to save with the state; each needs ``state_dict`` and ``load_state_dict``."""
+        invalid = [
+            f"item {index} ({type(obj).__name__})"
+            for index, obj in enumerate(objects)
+            if not (
+                callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))
+            )
+        ]
+        if invalid:
+            raise ValueError(
+                f"register_for_checkpointing() accepts only objects with state_dict() and load_state_dict(); "
+                f"{', '.join(invalid)} {'has' if len(invalid) == 1 else 'have'} none. Wrap them in a class that "
+                "provides both."
+            )
+        self.custom.extend(objects)
+
+    def forget_prepared(self) -> None:
+        """Drop the references to prepared objects (registered objects stay registered)."""
+        self.models.clear()
+        self.optimizers.clear()
+        self.schedulers.clear()
+        self.dataloaders.clear()
