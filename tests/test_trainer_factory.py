@@ -150,6 +150,35 @@ def test_arguments_that_contradict_the_launchers_fsdp_config_are_an_error():
         check_launcher_agreement(TrainingArguments(deepspeed={"a": 1}), launch)
 
 
+def test_launcher_agreement_compares_in_the_plugins_form():
+    # The launcher writes the file's spellings (FSDP1 strategy names, comma-separated classes); the
+    # arguments use transformers'. Both become plugin fields through the key table before comparing.
+    launch = {
+        "distributed_type": "FSDP",
+        "fsdp_config": {
+            "fsdp_reshard_after_forward": "SHARD_GRAD_OP",
+            "fsdp_transformer_layer_cls_to_wrap": "A,B",
+            "fsdp_cpu_offload": False,
+            "fsdp_sharding_strategy": "SHARD_GRAD_OP",
+        },
+    }
+    agreeing = TrainingArguments(
+        fsdp="shard_grad_op auto_wrap", fsdp_config={"transformer_cls_names_to_wrap": ["A", "B"]}
+    )
+    check_launcher_agreement(agreeing, launch)
+    contradicting = TrainingArguments(
+        fsdp="full_shard auto_wrap", fsdp_config={"transformer_layer_cls_to_wrap": "A"}
+    )
+    with pytest.raises(ValueError) as caught:
+        check_launcher_agreement(contradicting, launch)
+    assert str(caught.value) == (
+        "TrainingArguments(fsdp/fsdp_config) contradict the launcher's FSDP config (reshard_after_forward: "
+        "arguments True, launcher config False; transformer_cls_names_to_wrap: arguments ['A'], launcher config "
+        "['A', 'B']). The launcher's config already enables FSDP: drop fsdp/fsdp_config from the arguments, or "
+        "make them agree."
+    )
+
+
 def test_non_blocking_without_pinned_memory_logs_a_performance_warning(caplog, tmp_path):
     args = TrainingArguments(
         output_dir=str(tmp_path), accelerator_config={"non_blocking": True}, dataloader_pin_memory=False

@@ -12,12 +12,31 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Iterable
 from typing import Any
 
+from lockstep.config.fsdp_keys import FSDP_KEYS
+from lockstep.config.keys import SettingKey, flag_keys
+from lockstep.config.plugins import DYNAMO_KEYS
 from lockstep.errors import UsageError
 
-# (spellings, argparse keyword arguments); every flag defaults to "not given" so that config files apply.
-LAUNCH_FLAGS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
+Flag = tuple[tuple[str, ...], dict[str, Any]]
+"""A flag's spellings and its argparse keyword arguments."""
+
+FSDP_FLAGS: dict[str, SettingKey] = flag_keys(FSDP_KEYS)
+"""The ``--fsdp-*`` flags by argparse ``dest`` (the ``fsdp_config`` key each one sets)."""
+
+
+def table_flags(table: Iterable[SettingKey], *, label: str | None = None) -> list[Flag]:
+    """The launch flags of a key table: each flag key's spellings, with its help (after ``label: ``)."""
+    return [
+        (entry.flag_spellings, {"dest": entry.key, "help": f"{label}: {entry.help}" if label else entry.help})
+        for entry in flag_keys(table).values()
+    ]
+
+
+# Every flag defaults to "not given" so that config files apply.
+LAUNCH_FLAGS: list[Flag] = [
     (
         ("--config-file", "--config_file"),
         {"dest": "config_file", "help": "YAML config (Accelerate's schema)"},
@@ -50,27 +69,14 @@ LAUNCH_FLAGS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
         ("--gradient-accumulation-steps", "--gradient_accumulation_steps"),
         {"type": int, "help": "micro-batches per step"},
     ),
-    (("--dynamo-backend", "--dynamo_backend"), {"help": "torch.compile backend (no, eager, inductor, ...)"}),
+    *table_flags(DYNAMO_KEYS),
     (("--gpu-ids", "--gpu_ids"), {"help": "comma-separated GPU indices, or all"}),
     (("--debug",), {"action": "store_true", "help": "check collectives across ranks (LOCKSTEP_DEBUG)"}),
     (
         ("--use-fsdp", "--use_fsdp"),
         {"dest": "use_fsdp", "action": "store_true", "help": "shard the model with FSDP2"},
     ),
-    *[
-        ((f"--{name.replace('_', '-')}", f"--{name}"), {"dest": name, "help": help_text})
-        for name, help_text in (
-            ("fsdp_version", "FSDP: 2 (1 runs on FSDP2)"),
-            ("fsdp_auto_wrap_policy", "FSDP: TRANSFORMER_BASED_WRAP, SIZE_BASED_WRAP or NO_WRAP"),
-            ("fsdp_transformer_layer_cls_to_wrap", "FSDP: comma-separated layer classes to wrap"),
-            ("fsdp_min_num_params", "FSDP: parameter threshold of SIZE_BASED_WRAP"),
-            ("fsdp_state_dict_type", "FSDP: SHARDED_STATE_DICT or FULL_STATE_DICT"),
-            ("fsdp_reshard_after_forward", "FSDP: true or false"),
-            ("fsdp_offload_params", "FSDP: keep parameters on the CPU (true or false)"),
-            ("fsdp_cpu_ram_efficient_loading", "FSDP: load weights on the main process only (true or false)"),
-            ("fsdp_activation_checkpointing", "FSDP: recompute layer activations (true or false)"),
-        )
-    ],
+    *table_flags(FSDP_KEYS, label="FSDP"),
     (
         ("--use-deepspeed", "--use_deepspeed"),
         {"dest": "use_deepspeed", "action": "store_true", "help": "DeepSpeed (not yet)"},
@@ -101,7 +107,7 @@ def given_flags(args: argparse.Namespace) -> dict[str, Any]:
         if flags.get("use_fsdp"):
             raise UsageError("--use-fsdp and --use-deepspeed both shard the model and cannot be combined.")
         raise UsageError("--use-deepspeed is not supported yet: DeepSpeed is not part of this version.")
-    fsdp_flags = {name: flags.pop(name) for name in list(flags) if name.startswith("fsdp_")}
+    fsdp_flags = {name: flags.pop(name) for name in list(flags) if name in FSDP_FLAGS}
     if fsdp_flags:
         flags["fsdp_config"] = {name: _fsdp_flag_value(name, value) for name, value in fsdp_flags.items()}
     if flags.pop("use_fsdp", False) or fsdp_flags:
@@ -114,16 +120,16 @@ def given_flags(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _fsdp_flag_value(name: str, value: str) -> Any:
-    """A ``--fsdp-*`` flag's text as the config file's type (checked like a config file value)."""
-    from lockstep.config.file import FSDP_CONFIG_KEYS
-
+    """A ``--fsdp-*`` flag's text, checked and normalized by its key's check (as in a config file)."""
+    entry = FSDP_FLAGS[name]
     try:
-        return FSDP_CONFIG_KEYS[name].check(_typed(value), f"--{name.replace('_', '-')}")
+        return entry.check(_typed(value), entry.flag_spellings[0])
     except ValueError as error:
         raise UsageError(str(error)) from None
 
 
 def _typed(value: str) -> Any:
+    """Flag text as YAML would read it: ``true``/``false`` as bools, digits as ints, the rest as text."""
     lowered = value.strip().lower()
     if lowered in ("true", "false"):
         return lowered == "true"

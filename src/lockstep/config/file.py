@@ -19,244 +19,34 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import MISSING, Field, dataclass, field, fields
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 from lockstep import _env
-from lockstep.config.enums import DistributedType, DynamoBackend, PrecisionType
+from lockstep.config import checks
+from lockstep.config.deepspeed import DEEPSPEED_KEYS
+from lockstep.config.enums import DistributedType, PrecisionType
+from lockstep.config.fsdp_keys import FSDP_KEYS
+from lockstep.config.keys import Check, SettingKey, file_keys
+from lockstep.config.plugins import DYNAMO_KEYS
 from lockstep.errors import ConfigFileError
 
 CONFIG_FILE_NAME = "default_config.yaml"
 
 
-Check = Callable[[Any, str], Any]
-"""Turns a raw YAML value at a key path into its normalized form, or raises ValueError naming the path."""
+ConfigKey = SettingKey
+"""One key of a config section (the name before :class:`~lockstep.config.keys.SettingKey`)."""
 
+# --- the sections, derived from the key table next to each dataclass ---------------------------------
 
-class ConfigKey(NamedTuple):
-    """One key of a config section: how its value is checked, and its help text."""
-
-    check: Check
-    help: str
-
-
-# --- value checks: each takes (value, key path) and returns the normalized value ----------------------
-
-_TRUE = {"true", "yes", "on", "1"}
-_FALSE = {"false", "no", "off", "0"}
-
-
-def _bool(value: Any, key: str) -> bool:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, int) and value in (0, 1):
-        return bool(value)
-    if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
-        return value.strip().lower() in _TRUE
-    raise ValueError(f"{key} must be true or false, got {value!r}")
-
-
-def _int(value: Any, key: str) -> int:
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    number: float | None = None
-    if isinstance(value, float):
-        number = value
-    elif isinstance(value, str):
-        try:
-            number = float(value.strip())  # also takes '1e8', which YAML 1.1 leaves as a string
-        except ValueError:
-            number = None
-    if number is not None and number.is_integer():
-        return int(number)
-    raise ValueError(f"{key} must be an integer, got {value!r}")
-
-
-def _str(value: Any, key: str) -> str:
-    if not isinstance(value, str) or not value.strip():
-        raise ValueError(f"{key} must be a non-empty string, got {value!r}")
-    return value.strip()
-
-
-def _int_range(low: int, high: int | None = None) -> Check:
-    def check(value: Any, key: str) -> int:
-        number = _int(value, key)
-        if number < low or (high is not None and number > high):
-            bounds = f">= {low}" if high is None else f"between {low} and {high}"
-            raise ValueError(f"{key} must be {bounds}, got {number}")
-        return number
-
-    return check
-
-
-def _choice(*choices: str) -> Check:
-    def check(value: Any, key: str) -> str:
-        for choice in choices:
-            if str(value).strip().lower() == choice.lower():
-                return choice
-        raise ValueError(f"{key} must be one of {', '.join(choices)}, got {value!r}")
-
-    return check
-
-
-def _auto_or(check: Check) -> Check:
-    def auto_or(value: Any, key: str) -> Any:
-        if isinstance(value, str) and value.strip().lower() == "auto":
-            return "auto"
-        return check(value, key)
-
-    return auto_or
-
-
-def _non_negative_float(value: Any, key: str) -> float:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        number = -1.0
-    if isinstance(value, bool) or not number >= 0:
-        raise ValueError(f"{key} must be a number >= 0, got {value!r}")
-    return number
-
-
-def _class_names(value: Any, key: str) -> str | list[str]:
-    if isinstance(value, list) and value and all(isinstance(item, str) and item for item in value):
-        return list(value)
-    if isinstance(value, str) and value.strip():
-        return value.strip()
-    raise ValueError(f"{key} must be class names, comma-separated or as a list, got {value!r}")
-
-
-_SHARDING_STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2")
-
-
-def _sharding_strategy(value: Any, key: str) -> str:
-    # Accelerate < 0.20 wrote the strategy as its 1-based number.
-    if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= len(_SHARDING_STRATEGIES):
-        return _SHARDING_STRATEGIES[value - 1]
-    return _choice(*_SHARDING_STRATEGIES)(value, key)
-
-
-def _reshard_after_forward(value: Any, key: str) -> bool | str:
-    # FSDP2 takes a bool; Accelerate writes the FSDP1 sharding strategy under the same key.
-    try:
-        return _bool(value, key)
-    except ValueError:
-        pass
-    try:
-        return _choice(*_SHARDING_STRATEGIES)(value, key)
-    except ValueError:
-        raise ValueError(
-            f"{key} must be true or false (FSDP2) or one of {', '.join(_SHARDING_STRATEGIES)} (FSDP1), "
-            f"got {value!r}"
-        ) from None
-
-
-def _dynamo_backend(value: Any, key: str) -> str:
-    try:
-        return DynamoBackend.parse(value, argument=key).name  # Accelerate writes the upper-case name
-    except ValueError:
-        choices = ", ".join(member.value for member in DynamoBackend)
-        raise ValueError(f"{key} must be one of {choices}, got {value!r}") from None
-
-
-def _section(schema: Mapping[str, ConfigKey]) -> Check:
-    def check(value: Any, key: str) -> dict[str, Any]:
-        if value is None:
-            return {}
-        if not isinstance(value, Mapping):
-            raise ValueError(f"{key} must be a mapping of settings, got {value!r}")
-        result: dict[str, Any] = {}
-        for name, item in value.items():
-            if name not in schema:
-                raise ValueError(f"{key}.{name} is not a known key (known: {', '.join(sorted(schema))})")
-            result[name] = None if item is None else schema[name].check(item, f"{key}.{name}")
-        return result
-
-    return check
-
-
-def _open_section(value: Any, key: str) -> dict[str, Any]:
-    if value is None:
-        return {}
-    if not isinstance(value, Mapping) or not all(isinstance(name, str) for name in value):
-        raise ValueError(f"{key} must be a mapping of settings, got {value!r}")
-    return dict(value)
-
-
-# --- the sections Accelerate writes --------------------------------------------------------------------
-
-DYNAMO_CONFIG_KEYS: dict[str, ConfigKey] = {
-    "dynamo_backend": ConfigKey(_dynamo_backend, "torch.compile backend, e.g. INDUCTOR; NO turns it off."),
-    "dynamo_mode": ConfigKey(
-        _choice("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"),
-        "torch.compile mode.",
-    ),
-    "dynamo_use_fullgraph": ConfigKey(_bool, "Compile the whole model as one graph (error on graph breaks)."),
-    "dynamo_use_dynamic": ConfigKey(_bool, "Trace with dynamic shapes."),
-    "dynamo_use_regional_compilation": ConfigKey(_bool, "Compile each repeated block once and reuse it."),
-}
-
-FSDP_CONFIG_KEYS: dict[str, ConfigKey] = {
-    "fsdp_version": ConfigKey(
-        _int_range(1, 2), "1: FullyShardedDataParallel; 2: fully_shard (per-parameter)."
-    ),
-    "fsdp_reshard_after_forward": ConfigKey(
-        _reshard_after_forward, "FSDP2: free gathered parameters after forward; FSDP1: the sharding strategy."
-    ),
-    "fsdp_cpu_offload": ConfigKey(_bool, "Keep parameters and gradients on the CPU between uses."),
-    "fsdp_offload_params": ConfigKey(_bool, "Keep parameters and gradients on the CPU between uses."),
-    "fsdp_auto_wrap_policy": ConfigKey(
-        _choice("TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP"), "Which submodules become FSDP units."
-    ),
-    "fsdp_transformer_layer_cls_to_wrap": ConfigKey(
-        _class_names, "Layer classes to wrap with TRANSFORMER_BASED_WRAP, e.g. LlamaDecoderLayer."
-    ),
-    "fsdp_min_num_params": ConfigKey(
-        _int_range(0), "Smallest module (in parameters) that SIZE_BASED_WRAP wraps."
-    ),
-    "fsdp_cpu_ram_efficient_loading": ConfigKey(_bool, "Load weights on rank 0 only, then broadcast."),
-    "fsdp_activation_checkpointing": ConfigKey(_bool, "Recompute activations of wrapped layers in backward."),
-    "fsdp_state_dict_type": ConfigKey(
-        _choice("SHARDED_STATE_DICT", "FULL_STATE_DICT", "LOCAL_STATE_DICT"),
-        "How checkpoints store the model.",
-    ),
-    "fsdp_sharding_strategy": ConfigKey(_sharding_strategy, "FSDP1 sharding strategy, e.g. FULL_SHARD."),
-    "fsdp_backward_prefetch": ConfigKey(
-        _choice("BACKWARD_PRE", "BACKWARD_POST", "NO_PREFETCH"),
-        "FSDP1: when to gather the next unit in backward.",
-    ),
-    "fsdp_backward_prefetch_policy": ConfigKey(
-        _choice("BACKWARD_PRE", "BACKWARD_POST", "NO_PREFETCH"), "Old name of fsdp_backward_prefetch."
-    ),
-    "fsdp_forward_prefetch": ConfigKey(_bool, "FSDP1: gather the next unit during forward."),
-    "fsdp_sync_module_states": ConfigKey(_bool, "FSDP1: broadcast rank 0's weights when wrapping."),
-    "fsdp_use_orig_params": ConfigKey(_bool, "FSDP1: keep the original parameters visible to the optimizer."),
-}
-
-DEEPSPEED_CONFIG_KEYS: dict[str, ConfigKey] = {
-    "deepspeed_config_file": ConfigKey(_str, "Path of a DeepSpeed JSON config; replaces the keys below."),
-    "zero_stage": ConfigKey(
-        _int_range(0, 3), "ZeRO stage: 0 off, 1 optimizer, 2 + gradients, 3 + parameters."
-    ),
-    "gradient_accumulation_steps": ConfigKey(_auto_or(_int_range(1)), "Micro-batches per optimizer step."),
-    "gradient_clipping": ConfigKey(_auto_or(_non_negative_float), "Clip the global gradient norm to this."),
-    "offload_optimizer_device": ConfigKey(_choice("none", "cpu", "nvme"), "Where optimizer states live."),
-    "offload_param_device": ConfigKey(_choice("none", "cpu", "nvme"), "Where parameters live (ZeRO-3)."),
-    "offload_optimizer_nvme_path": ConfigKey(_str, "NVMe folder for offloaded optimizer states."),
-    "offload_param_nvme_path": ConfigKey(_str, "NVMe folder for offloaded parameters."),
-    "zero3_init_flag": ConfigKey(_bool, "Build the model already sharded (deepspeed.zero.Init)."),
-    "zero3_save_16bit_model": ConfigKey(_bool, "ZeRO-3: also save the gathered 16-bit weights."),
-    "deepspeed_multinode_launcher": ConfigKey(
-        _choice("pdsh", "standard", "openmpi", "mvapich", "mpich", "nossh"),
-        "How DeepSpeed starts other machines.",
-    ),
-    "deepspeed_hostfile": ConfigKey(_str, "Hostfile listing machines and their slots."),
-    "deepspeed_exclusion_filter": ConfigKey(_str, "Hosts or devices to leave out."),
-    "deepspeed_inclusion_filter": ConfigKey(_str, "Hosts or devices to use."),
-    "deepspeed_moe_layer_cls_names": ConfigKey(_str, "Comma-separated mixture-of-experts layer classes."),
-}
+DYNAMO_CONFIG_KEYS: dict[str, SettingKey] = file_keys(DYNAMO_KEYS)
+"""``dynamo_config`` keys, from :data:`lockstep.config.plugins.DYNAMO_KEYS`."""
+FSDP_CONFIG_KEYS: dict[str, SettingKey] = file_keys(FSDP_KEYS)
+"""``fsdp_config`` keys, from :data:`lockstep.config.fsdp_keys.FSDP_KEYS`."""
+DEEPSPEED_CONFIG_KEYS: dict[str, SettingKey] = file_keys(DEEPSPEED_KEYS)
+"""``deepspeed_config`` keys, from :data:`lockstep.config.deepspeed.DEEPSPEED_KEYS`."""
 
 # Accelerate keys for hardware and services lockstep does not drive: accepted, warned about, ignored.
 IGNORED_KEYS = frozenset(
@@ -266,83 +56,34 @@ IGNORED_KEYS = frozenset(
 )
 _IGNORED_PREFIXES = ("sagemaker_",)
 
-
-# --- top-level checks ---------------------------------------------------------------------------------
-
-
-def _compute_environment(value: Any, key: str) -> str:
-    if str(value).strip().upper() == "AMAZON_SAGEMAKER":
-        raise ValueError(
-            f"{key} AMAZON_SAGEMAKER is not supported: lockstep launches on machines you reach yourself. "
-            "Set it to LOCAL_MACHINE (or run `lockstep config`) and start the job with `lockstep launch`"
-        )
-    return _choice("LOCAL_MACHINE")(value, key)
-
-
-def _enum(enum: type[DistributedType] | type[PrecisionType]) -> Check:
-    def check(value: Any, key: str) -> Any:
-        try:
-            return enum.parse(value, argument=key)
-        except ValueError:
-            choices = ", ".join(member.value for member in enum)
-            raise ValueError(f"{key} must be one of {choices}, got {value!r}") from None
-
-    return check
-
-
-def _optional(check: Check) -> Check:
-    def optional(value: Any, key: str) -> Any:
-        return None if value is None else check(value, key)
-
-    return optional
-
-
-def _num_processes(value: Any, key: str) -> int | None:
-    number = _int(value, key)
-    if number == -1:  # what Accelerate writes for "decide at launch"
-        return None
-    if number < 1:
-        raise ValueError(f"{key} must be >= 1 (or -1 to decide at launch), got {number}")
-    return number
-
-
-def _gpu_ids(value: Any, key: str) -> str:
-    text = str(value).strip() if isinstance(value, str | int) and not isinstance(value, bool) else ""
-    if text.lower() == "all":
-        return "all"
-    parts = [part.strip() for part in text.split(",")]
-    if not text or not all(part.isdigit() for part in parts):
-        raise ValueError(f"{key} must be 'all' or GPU numbers such as '0,1', got {value!r}")
-    return ",".join(parts)
-
-
 _FIELD_CHECKS: dict[str, Check] = {
-    "compute_environment": _compute_environment,
-    "distributed_type": _enum(DistributedType),
-    "mixed_precision": _enum(PrecisionType),
-    "use_cpu": _bool,
-    "debug": _bool,
-    "num_processes": _optional(_num_processes),
-    "num_machines": _int_range(1),
-    "machine_rank": _int_range(0),
-    "gpu_ids": _optional(_gpu_ids),
-    "main_process_ip": _optional(_str),
-    "main_process_port": _optional(_int_range(1, 65535)),
-    "rdzv_backend": _choice("static", "c10d", "etcd", "etcd-v2"),
-    "same_network": _bool,
-    "main_training_function": _str,
-    "enable_cpu_affinity": _bool,
-    "downcast_bf16": _bool,
-    "gradient_accumulation_steps": _optional(_int_range(1)),
-    "dynamo_config": _section(DYNAMO_CONFIG_KEYS),
-    "fsdp_config": _section(FSDP_CONFIG_KEYS),
-    "deepspeed_config": _section(DEEPSPEED_CONFIG_KEYS),
-    "megatron_lm_config": _open_section,
-    "parallelism_config": _open_section,
-    "tp_config": _open_section,
-    "fp8_config": _open_section,
-    "mpirun_config": _open_section,
+    "compute_environment": checks.compute_environment,
+    "distributed_type": checks.enum_value(DistributedType),
+    "mixed_precision": checks.enum_value(PrecisionType),
+    "use_cpu": checks.boolean,
+    "debug": checks.boolean,
+    "num_processes": checks.optional(checks.num_processes),
+    "num_machines": checks.int_range(1),
+    "machine_rank": checks.int_range(0),
+    "gpu_ids": checks.optional(checks.gpu_ids),
+    "main_process_ip": checks.optional(checks.string),
+    "main_process_port": checks.optional(checks.int_range(1, 65535)),
+    "rdzv_backend": checks.choice("static", "c10d", "etcd", "etcd-v2"),
+    "same_network": checks.boolean,
+    "main_training_function": checks.string,
+    "enable_cpu_affinity": checks.boolean,
+    "downcast_bf16": checks.boolean,
+    "gradient_accumulation_steps": checks.optional(checks.int_range(1)),
+    "dynamo_config": checks.section(DYNAMO_CONFIG_KEYS),
+    "fsdp_config": checks.section(FSDP_CONFIG_KEYS),
+    "deepspeed_config": checks.section(DEEPSPEED_CONFIG_KEYS),
+    "megatron_lm_config": checks.open_section,
+    "parallelism_config": checks.open_section,
+    "tp_config": checks.open_section,
+    "fp8_config": checks.open_section,
+    "mpirun_config": checks.open_section,
 }
+"""Every top-level key of the file -> its check (the fields of :class:`ClusterConfig`)."""
 
 
 def _check_consistency(values: Mapping[str, Any]) -> None:
@@ -387,7 +128,7 @@ class ClusterConfig:
         >>> ClusterConfig(distributed_type="MULTI_GPU", num_processes=-1, mixed_precision="bf16").num_processes
         >>> ClusterConfig.from_dict({"num_processes": "two"})
         Traceback (most recent call last):
-        lockstep.config.file.ConfigFileError: <dict>: num_processes must be an integer, got 'two'
+        lockstep.errors.ConfigFileError: <dict>: num_processes must be an integer, got 'two'
     """
 
     compute_environment: str = "LOCAL_MACHINE"
@@ -458,7 +199,7 @@ class ClusterConfig:
             data = _upgrade_legacy_keys(data)
             # Before the key checks: a SageMaker file has many keys we do not know.
             if data.get("compute_environment") is not None:
-                _compute_environment(data["compute_environment"], "compute_environment")
+                checks.compute_environment(data["compute_environment"], "compute_environment")
         except ValueError as error:
             raise ConfigFileError(f"{source}: {error}") from None
         _reject_unknown_keys(data, source)
@@ -510,7 +251,7 @@ def _upgrade_legacy_keys(data: Mapping[str, Any]) -> dict[str, Any]:
     data = dict(data)
     if "fp16" in data:
         fp16 = data.pop("fp16")
-        if "mixed_precision" not in data and fp16 is not None and _bool(fp16, "fp16"):
+        if "mixed_precision" not in data and fp16 is not None and checks.boolean(fp16, "fp16"):
             data["mixed_precision"] = "fp16"
     if "dynamo_backend" in data:
         backend = data.pop("dynamo_backend")

@@ -17,28 +17,21 @@ from __future__ import annotations
 
 import logging
 import warnings
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, fields
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from lockstep.config.fsdp_keys import FSDP1_RESHARD, LEGACY_FIELDS, WRAP_POLICIES, plugin_kwargs
 
 if TYPE_CHECKING:  # torch is imported where it is used, so that the command line starts fast
     from torch import nn
 
 logger = logging.getLogger("lockstep.fsdp")
 
-WRAP_POLICIES = ("TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP")
 STATE_DICT_TYPES = ("SHARDED_STATE_DICT", "FULL_STATE_DICT")
-_FSDP1_SHARDING = {"FULL_SHARD": True, "SHARD_GRAD_OP": False}
-_FSDP1_ONLY = (
-    "sharding_strategy",
-    "backward_prefetch",
-    "forward_prefetch",
-    "limit_all_gathers",
-    "use_orig_params",
-    "sync_module_states",
-    "state_dict_config",
-    "optim_state_dict_config",
-)
+_FSDP1_SHARDING = FSDP1_RESHARD
+# The FSDP1-only keys of the table (lockstep.config.fsdp_keys), and two FSDP1 fields no config file sets.
+_FSDP1_ONLY = (*LEGACY_FIELDS, "state_dict_config", "optim_state_dict_config")
 _DEFAULT_MIN_NUM_PARAMS = 100_000_000
 """torch's default threshold for size-based wrapping."""
 
@@ -217,23 +210,22 @@ class FullyShardedDataParallelPlugin:
         return MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
 
     @classmethod
-    def from_config_section(cls, section: dict[str, Any]) -> FullyShardedDataParallelPlugin:
-        """Build the plugin from a config file's ``fsdp_config`` (keys with the ``fsdp_`` prefix)."""
-        renames = {
-            "fsdp_transformer_layer_cls_to_wrap": "transformer_cls_names_to_wrap",
-            "fsdp_offload_params": "cpu_offload",
-            "fsdp_backward_prefetch_policy": "backward_prefetch",
-        }
-        known = {f.name for f in fields(cls)}
-        kwargs: dict[str, Any] = {}
-        for key, value in section.items():
-            if value is None:
-                continue
-            name = renames.get(key, key.removeprefix("fsdp_") if key != "fsdp_version" else key)
-            if name not in known:
-                raise ValueError(f"fsdp_config.{key} is not a setting of FullyShardedDataParallelPlugin.")
-            kwargs[name] = value
-        return cls(**kwargs)
+    def from_config_section(cls, section: Mapping[str, Any]) -> FullyShardedDataParallelPlugin:
+        """Build the plugin from a config file's ``fsdp_config``.
+
+        Keys are renamed to fields by the key table (:data:`lockstep.config.fsdp_keys.FSDP_KEYS`); the
+        ``fsdp_`` prefix is optional. None values are left out.
+
+        Raises:
+            ValueError: a key of no FSDP setting, or a value the plugin rejects.
+
+        Example:
+            >>> FullyShardedDataParallelPlugin.from_config_section(
+            ...     {"fsdp_offload_params": True, "fsdp_auto_wrap_policy": "NO_WRAP"}
+            ... ).cpu_offload
+            True
+        """
+        return cls(**plugin_kwargs(section))
 
 
 def _dtype(key: str, value: Any) -> Any:

@@ -1,11 +1,20 @@
-"""Plugins: settings objects that switch on a feature of the Accelerator."""
+"""Plugins: settings objects that switch on a feature of the Accelerator.
+
+:data:`DYNAMO_KEYS` is the vocabulary of the config file's ``dynamo_config`` section, next to
+:class:`TorchDynamoPlugin` (see :mod:`lockstep.config.keys`).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
+from lockstep.config import checks
 from lockstep.config.enums import DynamoBackend
+from lockstep.config.keys import SettingKey
+
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+"""The ``torch.compile`` modes."""
 
 
 @dataclass(kw_only=True)
@@ -59,7 +68,7 @@ class TorchDynamoPlugin:
 
     def __post_init__(self) -> None:
         self.backend = DynamoBackend.parse(self.backend, argument="TorchDynamoPlugin(backend=...)")
-        modes = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+        modes = (None, *COMPILE_MODES)
         if self.mode not in modes:
             raise ValueError(f"TorchDynamoPlugin(mode={self.mode!r}) is invalid: it must be one of {modes}.")
 
@@ -77,3 +86,39 @@ class TorchDynamoPlugin:
         if self.options:
             kwargs["options"] = self.options
         return kwargs
+
+
+DYNAMO_KEYS: tuple[SettingKey, ...] = (
+    SettingKey(
+        key="dynamo_backend",
+        field="backend",
+        check=checks.dynamo_backend,
+        help="torch.compile backend (no, eager, inductor, ...)",
+        flag=True,
+    ),
+    SettingKey(
+        key="dynamo_mode",
+        field="mode",
+        check=checks.choice(*COMPILE_MODES),
+        help="torch.compile mode: default, reduce-overhead, max-autotune or max-autotune-no-cudagraphs",
+    ),
+    SettingKey(
+        key="dynamo_use_fullgraph",
+        field="fullgraph",
+        check=checks.boolean,
+        help="compile the whole model as one graph (an error on graph breaks)",
+    ),
+    SettingKey(
+        key="dynamo_use_dynamic", field="dynamic", check=checks.boolean, help="trace with dynamic shapes"
+    ),
+    SettingKey(
+        key="dynamo_use_regional_compilation",
+        field=None,
+        check=checks.boolean,
+        help="compile each repeated block once and reuse it (accepted; lockstep compiles the whole model)",
+    ),
+)
+"""Every ``dynamo_config`` key: file key -> TorchDynamoPlugin field -> check -> help -> launch flag.
+
+``--dynamo-backend`` sets the launcher's ``dynamo_backend`` directly (Accelerate's flag), not a section.
+"""

@@ -32,13 +32,9 @@ from lockstep.config import (
     TorchDynamoPlugin,
 )
 from lockstep.config.fsdp import FullyShardedDataParallelPlugin
+from lockstep.config.fsdp_keys import plugin_fields
 from lockstep.trainer.arguments import TrainingArguments
-from lockstep.trainer.fsdp_options import (
-    KNOWN_CONFIG_KEYS,
-    config_fields,
-    fsdp_plugin_kwargs,
-    normalize_fsdp_config,
-)
+from lockstep.trainer.fsdp_options import fsdp_plugin_kwargs
 
 logger = logging.getLogger("lockstep.trainer")
 
@@ -121,12 +117,7 @@ def check_launcher_agreement(args: TrainingArguments, launch: Mapping[str, Any])
     if selected != DistributedType.FSDP or not args.fsdp:
         return
     ours = fsdp_plugin_kwargs(args.fsdp, args.fsdp_config, no_split_modules=["?"])  # type: ignore[arg-type]
-    section = {
-        key: value
-        for key, value in dict(launch.get("fsdp_config") or {}).items()
-        if value is not None and key.removeprefix("fsdp_") in KNOWN_CONFIG_KEYS
-    }
-    theirs = config_fields(normalize_fsdp_config(section))
+    theirs = plugin_fields(launch.get("fsdp_config") or {})
     conflicts = [
         f"{key}: arguments {ours.get(key)!r}, launcher config {value!r}"
         for key, value in sorted(theirs.items())

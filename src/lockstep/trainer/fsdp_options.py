@@ -2,7 +2,10 @@
 
 transformers describes FSDP with a list of options (``"full_shard auto_wrap offload"``) plus a config
 dict whose keys may carry an ``fsdp_`` prefix. lockstep's :class:`FullyShardedDataParallelPlugin` uses
-Accelerate's field names. This module is the pure mapping between the two; it imports nothing heavy.
+Accelerate's field names. This module is the pure mapping between the two; it imports nothing heavy. The
+``fsdp_config`` names, the field each one sets and the check of its value come from the key table
+(:data:`lockstep.config.fsdp_keys.FSDP_KEYS`): every key with or without the ``fsdp_`` prefix, and its
+aliases; FSDP1-only keys are accepted and dropped with one warning.
 
 Example:
     >>> fsdp_plugin_kwargs(["full_shard", "auto_wrap"], {"transformer_layer_cls_to_wrap": ["BertLayer"]})
@@ -15,6 +18,8 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+from lockstep.config.fsdp_keys import PREFIX, SPELLINGS, fsdp_key
+from lockstep.config.keys import SettingKey
 from lockstep.trainer._values import name_list
 
 logger = logging.getLogger("lockstep.trainer")
@@ -23,41 +28,9 @@ SHARDING_OPTIONS = ("full_shard", "shard_grad_op", "hybrid_shard", "hybrid_shard
 MODIFIER_OPTIONS = ("offload", "auto_wrap")
 FSDP_OPTIONS = SHARDING_OPTIONS + MODIFIER_OPTIONS
 
-# fsdp_config keys (without the "fsdp_" prefix) and the plugin field each one sets.
-_PLUGIN_KEYS = {
-    "version": "fsdp_version",
-    "reshard_after_forward": "reshard_after_forward",
-    "offload_params": "cpu_offload",
-    "cpu_offload": "cpu_offload",
-    "auto_wrap_policy": "auto_wrap_policy",
-    "transformer_layer_cls_to_wrap": "transformer_cls_names_to_wrap",
-    "transformer_cls_names_to_wrap": "transformer_cls_names_to_wrap",
-    "min_num_params": "min_num_params",
-    "state_dict_type": "state_dict_type",
-    "cpu_ram_efficient_loading": "cpu_ram_efficient_loading",
-    "activation_checkpointing": "activation_checkpointing",
-    "ignored_modules": "ignored_modules",
-}
-# FSDP1 knobs that FSDP2 does not have: accepted (configs written for transformers carry them) and ignored.
-_FSDP1_ONLY_KEYS = (
-    "backward_prefetch",
-    "backward_prefetch_policy",
-    "forward_prefetch",
-    "limit_all_gathers",
-    "use_orig_params",
-    "sync_module_states",
-    "sharding_strategy",
-)
-KNOWN_CONFIG_KEYS = frozenset(_PLUGIN_KEYS) | frozenset(_FSDP1_ONLY_KEYS)
-"""``fsdp_config`` keys (without the prefix) that the mapping understands."""
+KNOWN_CONFIG_KEYS = frozenset(SPELLINGS)
+"""``fsdp_config`` keys (without the prefix) that the mapping understands, from the key table."""
 _XLA_KEYS = ("xla", "xla_fsdp_v2", "xla_fsdp_grad_ckpt", "xla_fsdp_settings")
-AUTO_WRAP_POLICIES = ("TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP")
-_BOOL_FIELDS = (
-    "reshard_after_forward",
-    "cpu_offload",
-    "cpu_ram_efficient_loading",
-    "activation_checkpointing",
-)
 
 
 def parse_fsdp_options(value: Any) -> list[str]:
@@ -86,16 +59,15 @@ def normalize_fsdp_config(config: dict[str, Any] | None) -> dict[str, Any]:
     """Strip the ``fsdp_`` prefix from every key and reject keys FSDP does not know."""
     normalized: dict[str, Any] = {}
     for key, value in (config or {}).items():
-        name = key[len("fsdp_") :] if key.startswith("fsdp_") else key
+        name = key.removeprefix(PREFIX)
         if name in _XLA_KEYS:
             raise NotImplementedError(
                 f"TrainingArguments(fsdp_config) key {key!r}: FSDP on XLA/TPU is not supported by lockstep."
             )
-        if name not in _PLUGIN_KEYS and name not in _FSDP1_ONLY_KEYS:
-            known = sorted(set(_PLUGIN_KEYS) | set(_FSDP1_ONLY_KEYS))
+        if name not in SPELLINGS:
             raise ValueError(
                 f"TrainingArguments(fsdp_config) has an unknown key {key!r}. Known keys (with or without the "
-                f"'fsdp_' prefix): {', '.join(known)}."
+                f"'fsdp_' prefix): {', '.join(sorted(SPELLINGS))}."
             )
         if name in normalized:
             raise ValueError(
@@ -107,56 +79,43 @@ def normalize_fsdp_config(config: dict[str, Any] | None) -> dict[str, Any]:
 
 
 def config_fields(config: dict[str, Any]) -> dict[str, Any]:
-    """The plugin fields that a normalized ``fsdp_config`` sets explicitly (FSDP1-only keys dropped)."""
-    fields: dict[str, Any] = {}
-    ignored = [key for key in config if key in _FSDP1_ONLY_KEYS]
+    """The plugin fields that a normalized ``fsdp_config`` sets explicitly (FSDP1-only keys dropped).
+
+    Each value is checked by its key's check (as in a config file) and put in the plugin's form; an empty
+    value (None, ``""``, ``[]``) leaves its field unset.
+    """
+    entries = {name: _entry(name) for name in config}
+    ignored = [name for name, entry in entries.items() if entry.legacy]
     if ignored:
         logger.warning(
             "fsdp_config keys %s only apply to FSDP1 and are ignored: lockstep shards with FSDP2.", ignored
         )
-    for key, value in config.items():
-        if key not in _PLUGIN_KEYS:
+    fields: dict[str, Any] = {}
+    for name, value in config.items():
+        entry = entries[name]
+        if entry.legacy or entry.field is None or _is_empty(value):
             continue
-        target = _PLUGIN_KEYS[key]
-        if target in fields and fields[target] != value:
+        value = entry.field_value(value, f"fsdp_config.{name}")
+        if entry.field in fields and fields[entry.field] != value:
             raise ValueError(
-                f"TrainingArguments(fsdp_config) sets {target} twice with different values ({fields[target]!r} "
-                f"and {value!r}); keep one key."
+                f"TrainingArguments(fsdp_config) sets {entry.field} twice with different values "
+                f"({fields[entry.field]!r} and {value!r}); keep one key."
             )
-        fields[target] = value
-    for name in _BOOL_FIELDS:
-        if name in fields:
-            fields[name] = _as_bool(fields[name], name)
-    if "transformer_cls_names_to_wrap" in fields:
-        fields["transformer_cls_names_to_wrap"] = name_list(
-            fields["transformer_cls_names_to_wrap"], argument="fsdp_config.transformer_layer_cls_to_wrap"
-        )
-    if "min_num_params" in fields:
-        fields["min_num_params"] = int(fields["min_num_params"])
-    if "fsdp_version" in fields:
-        fields["fsdp_version"] = int(fields["fsdp_version"])
-    if "auto_wrap_policy" in fields:
-        policy = str(fields["auto_wrap_policy"]).upper()
-        if policy not in AUTO_WRAP_POLICIES:
-            raise ValueError(
-                f"fsdp_config auto_wrap_policy={fields['auto_wrap_policy']!r} is invalid: use one of "
-                f"{', '.join(AUTO_WRAP_POLICIES)}."
-            )
-        fields["auto_wrap_policy"] = policy
+        fields[entry.field] = value
     return fields
 
 
-def _as_bool(value: Any, name: str) -> bool:
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if name == "reshard_after_forward" and text in ("full_shard", "shard_grad_op"):
-        return text == "full_shard"  # the FSDP1 spelling that Accelerate's config files use
-    if text in ("true", "1", "yes"):
-        return True
-    if text in ("false", "0", "no"):
-        return False
-    raise ValueError(f"fsdp_config {name}={value!r} is invalid: it must be true or false.")
+def _entry(name: str) -> SettingKey:
+    entry = fsdp_key(name)
+    if entry is None:  # normalize_fsdp_config rejects unknown keys first
+        raise ValueError(f"fsdp_config.{name} is not a known key (known: {', '.join(sorted(SPELLINGS))})")
+    return entry
+
+
+def _is_empty(value: Any) -> bool:
+    if isinstance(value, str):
+        return not value.strip()
+    return value is None or (isinstance(value, list | tuple) and not value)
 
 
 def fsdp_plugin_kwargs(

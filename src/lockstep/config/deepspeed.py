@@ -1,0 +1,112 @@
+"""The DeepSpeed vocabulary: every key of the config file's ``deepspeed_config`` section.
+
+lockstep has no DeepSpeed backend yet: a file with ``distributed_type: DEEPSPEED`` loads (so that
+Accelerate's files are checked and can be shown), and launching it is refused. :data:`DEEPSPEED_KEYS` is
+the table a ``DeepSpeedPlugin`` will be derived from; its fields name the fields of Accelerate's
+``DeepSpeedPlugin``, and keys read by the launcher (hostfile, multi-node launcher) have none. See
+:mod:`lockstep.config.keys` for the shape.
+
+This module must not import torch.
+"""
+
+from __future__ import annotations
+
+from lockstep.config import checks
+from lockstep.config.keys import SettingKey
+
+_OFFLOAD_DEVICES = ("none", "cpu", "nvme")
+_MULTINODE_LAUNCHERS = ("pdsh", "standard", "openmpi", "mvapich", "mpich", "nossh")
+
+DEEPSPEED_KEYS: tuple[SettingKey, ...] = (
+    SettingKey(
+        key="deepspeed_config_file",
+        field="hf_ds_config",
+        check=checks.string,
+        help="path of a DeepSpeed JSON config; replaces the keys below",
+    ),
+    SettingKey(
+        key="zero_stage",
+        field="zero_stage",
+        check=checks.int_range(0, 3),
+        help="ZeRO stage: 0 off, 1 optimizer states, 2 + gradients, 3 + parameters",
+    ),
+    SettingKey(
+        key="gradient_accumulation_steps",
+        field="gradient_accumulation_steps",
+        check=checks.auto_or(checks.int_range(1)),
+        help="micro-batches per optimizer step, or auto",
+    ),
+    SettingKey(
+        key="gradient_clipping",
+        field="gradient_clipping",
+        check=checks.auto_or(checks.non_negative_float),
+        help="clip the global gradient norm to this, or auto",
+    ),
+    SettingKey(
+        key="offload_optimizer_device",
+        field="offload_optimizer_device",
+        check=checks.choice(*_OFFLOAD_DEVICES),
+        help="where optimizer states live: none, cpu or nvme",
+    ),
+    SettingKey(
+        key="offload_param_device",
+        field="offload_param_device",
+        check=checks.choice(*_OFFLOAD_DEVICES),
+        help="where parameters live (ZeRO-3): none, cpu or nvme",
+    ),
+    SettingKey(
+        key="offload_optimizer_nvme_path",
+        field="offload_optimizer_nvme_path",
+        check=checks.string,
+        help="NVMe folder for offloaded optimizer states",
+    ),
+    SettingKey(
+        key="offload_param_nvme_path",
+        field="offload_param_nvme_path",
+        check=checks.string,
+        help="NVMe folder for offloaded parameters",
+    ),
+    SettingKey(
+        key="zero3_init_flag",
+        field="zero3_init_flag",
+        check=checks.boolean,
+        help="build the model already sharded (deepspeed.zero.Init)",
+    ),
+    SettingKey(
+        key="zero3_save_16bit_model",
+        field="zero3_save_16bit_model",
+        check=checks.boolean,
+        help="ZeRO-3: also save the gathered 16-bit weights",
+    ),
+    SettingKey(
+        key="deepspeed_moe_layer_cls_names",
+        field="transformer_moe_cls_names",
+        check=checks.string,
+        help="comma-separated mixture-of-experts layer classes",
+    ),
+    SettingKey(
+        key="deepspeed_multinode_launcher",
+        field=None,
+        check=checks.choice(*_MULTINODE_LAUNCHERS),
+        help="how DeepSpeed starts the other machines (read by the launcher)",
+    ),
+    SettingKey(
+        key="deepspeed_hostfile",
+        field=None,
+        check=checks.string,
+        help="hostfile listing machines and their slots (read by the launcher)",
+    ),
+    SettingKey(
+        key="deepspeed_exclusion_filter",
+        field=None,
+        check=checks.string,
+        help="hosts or devices to leave out (read by the launcher)",
+    ),
+    SettingKey(
+        key="deepspeed_inclusion_filter",
+        field=None,
+        check=checks.string,
+        help="hosts or devices to use (read by the launcher)",
+    ),
+)
+"""Every ``deepspeed_config`` key: file key -> DeepSpeedPlugin field (Accelerate's) -> check -> help."""
