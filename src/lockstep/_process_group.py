@@ -1,6 +1,7 @@
 """Creating and tearing down the default process group.
 
-Two torch traps are handled here, measured on torch 2.13 (see shared/TORCH-CPU-NOTES.md):
+Two torch traps are handled here, measured on torch 2.13 (docs/torch-notes.md, "Elastic restarts" and
+"Abort at exit"):
 
 * After an elastic restart a new gloo group can read the previous attempt's addresses from the shared
   store and fail with ``connectFullMesh ... Connection refused`` or hang. Every group is therefore built on

@@ -8,7 +8,9 @@ logging method (``debug``, ``info``, ``warning``, ...) takes two extra keyword a
   with a barrier between processes. Every process must make the call, or the others wait for it.
 
 Example:
+    >>> from lockstep import PartialState
     >>> from lockstep.logging import get_logger
+    >>> state = PartialState()  # (or the Accelerator) first: the logger asks it which process is the main one
     >>> logger = get_logger(__name__, log_level="INFO")
     >>> logger.info("loaded the data set")  # main process only
     >>> logger.info("my shard is ready", main_process_only=False, in_order=True)  # rank 0, then 1, ...
@@ -45,6 +47,8 @@ class MultiProcessAdapter(logging.LoggerAdapter):
     Create it with :func:`get_logger`. An Accelerator or PartialState must exist before the first call.
 
     Example:
+        >>> from lockstep import PartialState
+        >>> state = PartialState()
         >>> logger = get_logger(__name__)
         >>> logger.warning("loss is NaN on this rank", main_process_only=False)
     """
@@ -98,6 +102,8 @@ class MultiProcessAdapter(logging.LoggerAdapter):
         """``warning()``, but a given message (with its arguments) is emitted only once per process.
 
         Example:
+            >>> from lockstep import PartialState
+            >>> state = PartialState()
             >>> get_logger(__name__).warning_once("gradient checkpointing is off")
         """
         key = (self.logger.name, str(msg), repr(args))
@@ -132,6 +138,8 @@ def get_logger(name: str, log_level: str | int | None = None) -> MultiProcessAda
         ValueError: when the level is not a logging level name.
 
     Example:
+        >>> from lockstep import PartialState
+        >>> state = PartialState()
         >>> logger = get_logger(__name__, log_level="INFO")
         >>> logger.info("epoch %d done", 3)  # main process only
     """

@@ -66,7 +66,8 @@ class DDPBackend(Backend):
         device_ids = [self.device.index] if self.device.type in ("cuda", "xpu") else None
         with warnings.catch_warnings():
             # broadcast_buffers=False keeps Accelerate's meaning (no buffer sync at all); torch 2.13 warns
-            # that the argument is deprecated, which is ours to handle, not the user's.
+            # that the argument is deprecated, which is ours to handle, not the user's
+            # (docs/torch-notes.md, "Deprecated DDP argument").
             warnings.filterwarnings(
                 "ignore", message=".*broadcast_buffers. is deprecated", category=FutureWarning
             )

@@ -7,7 +7,12 @@ Example:
     >>> import torch
     >>> optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
     >>> scheduler = get_scheduler("linear", optimizer, num_warmup_steps=2, num_training_steps=10)
-    >>> [round(scheduler.get_last_lr()[0], 3) for _ in range(3) if not scheduler.step()]
+    >>> rates = []
+    >>> for _ in range(3):
+    ...     optimizer.step()
+    ...     scheduler.step()
+    ...     rates.append(round(scheduler.get_last_lr()[0], 3))
+    >>> rates
     [0.5, 1.0, 0.875]
 """
 
