@@ -38,6 +38,7 @@ from lockstep.accelerator.optimizer import AcceleratedOptimizer
 from lockstep.accelerator.preemption import DEFAULT_SIGNALS, PreemptionWatcher, exit_now
 from lockstep.accelerator.preparation import Preparer
 from lockstep.accelerator.prepared import PreparedObjects
+from lockstep.accelerator.process_view import ProcessView
 from lockstep.accelerator.scheduler import AcceleratedScheduler
 from lockstep.accelerator.trackers import Trackers
 from lockstep.backends.registry import select_backend
@@ -60,7 +61,7 @@ if TYPE_CHECKING:
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-class Accelerator:
+class Accelerator(ProcessView):
     """Runs one ordinary training loop on one CPU, one GPU, many processes or many machines.
 
     Args:
@@ -140,7 +141,7 @@ class Accelerator:
             kwargs_handlers=kwargs_handlers,
             fsdp_plugin=fsdp_plugin,
         )
-        self.state = self._build_state(cpu=cpu, debug=debug)
+        super().__init__(self._build_state(cpu=cpu, debug=debug))
         self.device_placement = device_placement
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
         self.gradient_state = GradientState(
@@ -231,44 +232,11 @@ class Accelerator:
             )
         return self._checkpoints
 
-    # -- who am I ---------------------------------------------------------------------------------
-    @property
-    def device(self) -> torch.device:
-        return self.state.device
-
+    # -- resolved settings ------------------------------------------------------------------------
     @property
     def distributed_type(self) -> DistributedType:
         return self.backend.distributed_type
 
-    @property
-    def num_processes(self) -> int:
-        return self.state.num_processes
-
-    @property
-    def process_index(self) -> int:
-        return self.state.process_index
-
-    @property
-    def local_process_index(self) -> int:
-        return self.state.local_process_index
-
-    @property
-    def is_main_process(self) -> bool:
-        return self.state.is_main_process
-
-    @property
-    def is_local_main_process(self) -> bool:
-        return self.state.is_local_main_process
-
-    @property
-    def is_last_process(self) -> bool:
-        return self.state.is_last_process
-
-    @property
-    def use_distributed(self) -> bool:
-        return self.state.use_distributed
-
-    # -- resolved settings ------------------------------------------------------------------------
     @property
     def fsdp_plugin(self) -> Any:
         """The FSDP settings in force (a ``FullyShardedDataParallelPlugin``, whether passed to the constructor
@@ -363,59 +331,6 @@ class Accelerator:
     def optimizer_step_was_skipped(self) -> bool:
         """Whether any prepared optimizer skipped its last step (fp16 overflow)."""
         return any(optimizer.step_was_skipped for optimizer in self._prepared.optimizers)
-
-    # -- process control --------------------------------------------------------------------------
-    def wait_for_everyone(self) -> None:
-        """A barrier across all processes."""
-        self.state.wait_for_everyone()
-
-    def print(self, *args: Any, **kwargs: Any) -> None:
-        """``print`` on the local main process only."""
-        self.state.print(*args, **kwargs)
-
-    def main_process_first(self) -> contextlib.AbstractContextManager:
-        return self.state.main_process_first()
-
-    def local_main_process_first(self) -> contextlib.AbstractContextManager:
-        return self.state.local_main_process_first()
-
-    def split_between_processes(
-        self, inputs: Any, apply_padding: bool = False
-    ) -> contextlib.AbstractContextManager:
-        return self.state.split_between_processes(inputs, apply_padding=apply_padding)
-
-    def on_main_process(self, function: F) -> F:
-        return self.state.on_main_process(function)
-
-    def on_local_main_process(self, function: F) -> F:
-        return self.state.on_local_main_process(function)
-
-    def on_last_process(self, function: F) -> F:
-        return self.state.on_last_process(function)
-
-    def on_process(self, function: F | None = None, process_index: int | None = None) -> Any:
-        return self.state.on_process(function, process_index=process_index)
-
-    def on_local_process(self, function: F | None = None, local_process_index: int | None = None) -> Any:
-        return self.state.on_local_process(function, local_process_index=local_process_index)
-
-    @contextlib.contextmanager
-    def join_uneven_inputs(
-        self, joinables: Sequence[Any], even_batches: bool | None = None
-    ) -> Iterator[None]:
-        """Let DDP models train on loaders of different lengths per process (``torch.distributed.algorithms.Join``)."""
-        if even_batches is not None:
-            raise ValueError(
-                "join_uneven_inputs(even_batches=...) is not supported: prepare the loaders with "
-                "DataLoaderConfiguration(even_batches=False) instead."
-            )
-        if not self.use_distributed:
-            yield
-            return
-        from torch.distributed.algorithms.join import Join
-
-        with Join(list(joinables)):
-            yield
 
     # -- prepare ----------------------------------------------------------------------------------
     def prepare(self, *args: Any, device_placement: Sequence[bool | None] | None = None) -> Any:

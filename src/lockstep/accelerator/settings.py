@@ -12,7 +12,7 @@ from typing import Any
 
 from lockstep import _env
 from lockstep.config.dataloader import DataLoaderConfiguration
-from lockstep.config.enums import DistributedType, PrecisionType, RNGType
+from lockstep.config.enums import PrecisionType, RNGType
 from lockstep.config.fsdp import FullyShardedDataParallelPlugin
 from lockstep.config.kwargs import (
     AutocastKwargs,
@@ -23,6 +23,7 @@ from lockstep.config.kwargs import (
 )
 from lockstep.config.plugins import GradientAccumulationPlugin, TorchDynamoPlugin
 from lockstep.config.project import ProjectConfiguration
+from lockstep.config.topology import config_section
 from lockstep.diagnostics.settings import HangDetectionKwargs
 from lockstep.precision import parse_mixed_precision
 from lockstep.throughput.config import ThroughputKwargs
@@ -120,7 +121,7 @@ def resolve_fsdp(
                 f"fsdp_plugin must be a lockstep FullyShardedDataParallelPlugin, got {type(plugin).__name__}."
             )
         return plugin
-    if launch.get("distributed_type") == DistributedType.FSDP.value:
+    if config_section(launch.get("distributed_type")) == "fsdp_config":
         return FullyShardedDataParallelPlugin.from_config_section(launch.get("fsdp_config") or {})
     return None
 

@@ -18,6 +18,7 @@ import sys
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -31,16 +32,32 @@ from lockstep.config.file import (
     load_config_file,
     save_config_file,
 )
+from lockstep.config.topology import data_parallel_type
 
 T = TypeVar("T")
 
 MAX_TRIES = 3
 """How often the wizard asks a question before giving up on bad answers."""
 DEFAULT_PORT = 29500
+
+
+@dataclass(frozen=True)
+class MachineKind:
+    """An answer to the wizard's first question: how many processes, on which devices."""
+
+    distributed: bool
+    """Several processes (the wizard asks about machines and process counts)."""
+    cpu: bool
+    """The processes train on CPUs."""
+
+    def distributed_type(self, processes: int) -> DistributedType:
+        return data_parallel_type(processes=processes if self.distributed else 1, cpu=self.cpu)
+
+
 MACHINE_KINDS = {
-    "no": DistributedType.NO,
-    "multi-cpu": DistributedType.MULTI_CPU,
-    "multi-gpu": DistributedType.MULTI_GPU,
+    "no": MachineKind(distributed=False, cpu=False),
+    "multi-cpu": MachineKind(distributed=True, cpu=True),
+    "multi-gpu": MachineKind(distributed=True, cpu=False),
 }
 WIZARD_PRECISIONS = ("no", "fp16", "bf16")
 WIZARD_DYNAMO_BACKENDS = ("no", "eager", "aot_eager", "inductor")
@@ -174,14 +191,12 @@ def detect_config(
     gpus = 0 if cpu else _cuda_device_count()
     if gpus:
         count = gpus if num_processes is None else num_processes
-        kind = DistributedType.MULTI_GPU if count > 1 else DistributedType.NO
     else:
         count = (2 if (os.cpu_count() or 1) >= 2 else 1) if num_processes is None else num_processes
-        kind = DistributedType.MULTI_CPU if count > 1 else DistributedType.NO
     return ClusterConfig(
-        distributed_type=kind,
+        distributed_type=data_parallel_type(processes=count, cpu=not gpus),
         num_processes=count,
-        use_cpu=cpu or kind == DistributedType.MULTI_CPU,
+        use_cpu=cpu or (not gpus and count > 1),
         mixed_precision=PrecisionType.parse(mixed_precision, argument="--mixed-precision"),
     )
 
@@ -294,9 +309,9 @@ def _ask_machines(prompter: _Prompter) -> dict[str, Any]:
     }
 
 
-def _ask_num_processes(prompter: _Prompter, kind: DistributedType, machines: int) -> int:
-    per_machine = 2 if kind == DistributedType.MULTI_CPU else max(2, _cuda_device_count())
-    unit = "CPU processes" if kind == DistributedType.MULTI_CPU else "GPU processes"
+def _ask_num_processes(prompter: _Prompter, kind: MachineKind, machines: int) -> int:
+    per_machine = 2 if kind.cpu else max(2, _cuda_device_count())
+    unit = "CPU processes" if kind.cpu else "GPU processes"
 
     def parse(answer: str) -> int:
         number = _parse_int(1)(answer)
@@ -316,16 +331,16 @@ def _ask_config(prompter: _Prompter) -> ClusterConfig:
             _parse_choice(tuple(MACHINE_KINDS)),
         )
     ]
-    settings: dict[str, Any] = {"distributed_type": kind, "num_processes": 1}
-    if kind != DistributedType.NO:
+    settings: dict[str, Any] = {"distributed_type": kind.distributed_type(processes=1), "num_processes": 1}
+    if kind.distributed:
         settings.update(_ask_machines(prompter))
         settings["num_processes"] = _ask_num_processes(prompter, kind, settings["num_machines"])
-    if kind == DistributedType.NO:
+        settings["distributed_type"] = kind.distributed_type(processes=2)  # data parallel, whatever the count
+        settings["use_cpu"] = kind.cpu
+    else:
         settings["use_cpu"] = prompter.ask(
             "Train on the CPU only, even if a GPU is present (yes/no)?", "no", _parse_yes_no
         )
-    else:
-        settings["use_cpu"] = kind == DistributedType.MULTI_CPU
     settings["mixed_precision"] = prompter.ask(
         "Mixed precision (no, fp16, bf16)?", "no", _parse_choice(WIZARD_PRECISIONS)
     )

@@ -153,10 +153,7 @@ def load_settings(args: argparse.Namespace) -> Any:
             file_config = load_config_file(path)
         except ConfigFileError as error:
             raise UsageError(str(error)) from None
-    settings = resolve(flags, file_config, path)
-    if settings.distributed_type == "MULTI_GPU" and settings.use_cpu:
-        raise UsageError("--multi-gpu and --cpu contradict each other; pick one.")
-    return settings
+    return resolve(flags, file_config, path)
 
 
 def run_launch(args: argparse.Namespace) -> int:

@@ -12,16 +12,17 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from lockstep.config.enums import DistributedType, DynamoBackend, PrecisionType
+from lockstep.config.topology import (
+    check_device_agreement,
+    checked_distributed_type,
+    config_section,
+    data_parallel_type,
+    is_plain,
+)
 from lockstep.errors import UsageError
 
 DEFAULT_SOURCE = "default"
 FLAG_SOURCE = "flag"
-
-_UNBUILT_TYPES = {
-    DistributedType.DEEPSPEED: "the DeepSpeed backend",
-    DistributedType.MEGATRON_LM: "the Megatron-LM backend",
-    DistributedType.XLA: "TPUs (XLA)",
-}
 
 
 @dataclass(kw_only=True)
@@ -86,7 +87,7 @@ class LaunchSettings:
             "debug": self.debug,
             "distributed_type": self.distributed_type,
             "fsdp_config": dict(self.fsdp_config)
-            if self.distributed_type == DistributedType.FSDP.value
+            if config_section(self.distributed_type) == "fsdp_config"
             else {},
         }
 
@@ -174,18 +175,11 @@ def _fill_topology_defaults(merged: dict[str, Any], sources: dict[str, str]) -> 
         merged["main_process_port"] = 29500
     if merged.get("same_network") is False and "rdzv_backend" not in merged:
         merged["rdzv_backend"], sources["rdzv_backend"] = "c10d", "derived"
-    requested = merged.get("distributed_type")
+    requested = checked_distributed_type(merged.get("distributed_type"))
     world_size = int(merged["num_processes"])
-    if requested is not None:
-        requested = DistributedType.parse(requested, argument="distributed_type")
-        if requested in _UNBUILT_TYPES:
-            raise UsageError(
-                f"distributed_type {requested.value} is not supported yet: {_UNBUILT_TYPES[requested]} is not part "
-                "of this version of lockstep. Use MULTI_CPU or MULTI_GPU (DDP)."
-            )
-    if world_size > 1 and requested in (None, DistributedType.NO):
-        cpu = merged.get("use_cpu") or _device_count() == 0
-        merged["distributed_type"] = (DistributedType.MULTI_CPU if cpu else DistributedType.MULTI_GPU).value
+    if world_size > 1 and is_plain(requested):
+        cpu = bool(merged.get("use_cpu")) or _device_count() == 0
+        merged["distributed_type"] = data_parallel_type(processes=world_size, cpu=cpu).value
         sources["distributed_type"] = "derived"
     elif requested is not None:
         merged["distributed_type"] = requested.value
@@ -232,7 +226,8 @@ def _validate(s: LaunchSettings) -> None:
         except ValueError as error:
             raise UsageError(str(error)) from None
     _check(s.mixed_precision != "fp8", "--mixed-precision fp8 is not supported yet; use bf16 or fp16.")
-    if s.distributed_type == DistributedType.FSDP.value:
+    check_device_agreement(s.distributed_type, use_cpu=s.use_cpu)
+    if config_section(s.distributed_type) == "fsdp_config":
         _validate_fsdp(s.fsdp_config)
 
 

@@ -20,12 +20,10 @@ from typing import Any
 
 from torch import nn
 
-from lockstep import _env
 from lockstep.accelerator import Accelerator
 from lockstep.config import (
     DataLoaderConfiguration,
     DistributedDataParallelKwargs,
-    DistributedType,
     GradientAccumulationPlugin,
     InitProcessGroupKwargs,
     ProjectConfiguration,
@@ -33,6 +31,7 @@ from lockstep.config import (
 )
 from lockstep.config.fsdp import FullyShardedDataParallelPlugin
 from lockstep.config.fsdp_keys import plugin_fields
+from lockstep.config.topology import config_section
 from lockstep.trainer.arguments import TrainingArguments
 from lockstep.trainer.fsdp_options import fsdp_plugin_kwargs
 
@@ -103,18 +102,18 @@ def check_launcher_agreement(args: TrainingArguments, launch: Mapping[str, Any])
     A launcher config that selected FSDP makes ``fsdp``/``fsdp_config`` unnecessary; giving them anyway
     is allowed only when every FSDP setting they name agrees with the launcher's.
     """
-    selected = str(launch.get("distributed_type", "")).upper()
-    if selected == DistributedType.DEEPSPEED and args.fsdp:
+    section = config_section(launch.get("distributed_type") or None)
+    if section == "deepspeed_config" and args.fsdp:
         raise ValueError(
             "The launcher's config selected DeepSpeed, but TrainingArguments(fsdp=...) asks for FSDP. Remove fsdp "
             "from the arguments or change the launcher's config."
         )
-    if selected == DistributedType.FSDP and args.deepspeed:
+    if section == "fsdp_config" and args.deepspeed:
         raise ValueError(
             "The launcher's config selected FSDP, but TrainingArguments(deepspeed=...) asks for DeepSpeed. Remove "
             "deepspeed from the arguments or change the launcher's config."
         )
-    if selected != DistributedType.FSDP or not args.fsdp:
+    if section != "fsdp_config" or not args.fsdp:
         return
     ours = fsdp_plugin_kwargs(args.fsdp, args.fsdp_config, no_split_modules=["?"])  # type: ignore[arg-type]
     theirs = plugin_fields(launch.get("fsdp_config") or {})
@@ -159,9 +158,6 @@ def create_accelerator_and_postprocess(
             "TrainingArguments(deepspeed=...) is not supported yet: this version of lockstep has no DeepSpeed "
             "backend. Remove deepspeed (use DDP, or fsdp once available)."
         )
-    launch = _env.launch_settings()
-    check_launcher_agreement(args, launch)
-    check_accumulation(args, launch)
     fsdp_plugin = build_fsdp_plugin(args, model)
     _check_activation_checkpointing(args, fsdp_plugin)
     accelerator = Accelerator(
@@ -179,6 +175,9 @@ def create_accelerator_and_postprocess(
         log_with=list(args.report_to) or None,  # type: ignore[arg-type]
         step_scheduler_with_optimizer=False,  # the Trainer steps its scheduler once per optimizer step
     )
+    launch = accelerator.settings.launcher  # what lockstep launch asked for (empty otherwise)
+    check_launcher_agreement(args, launch)
+    check_accumulation(args, launch)
     _postprocess(args, accelerator)
     return accelerator
 
@@ -193,7 +192,7 @@ def _check_activation_checkpointing(args: TrainingArguments, fsdp_plugin: Any) -
 
 
 def _postprocess(args: TrainingArguments, accelerator: Accelerator) -> None:
-    if accelerator.distributed_type == DistributedType.FSDP:  # also when the launcher's config chose FSDP
+    if accelerator.fsdp_plugin is not None:  # also when the launcher's config chose FSDP
         _check_activation_checkpointing(args, accelerator.fsdp_plugin)
     if accelerator.non_blocking and not args.dataloader_pin_memory:
         logger.warning(

@@ -1,0 +1,121 @@
+"""Who this process is, and coordination with the other processes of the job.
+
+A base of :class:`lockstep.Accelerator` that stands on its own: it needs only a process state
+(``ProcessView(PartialState())`` works), and every member reads or delegates to that state. Accelerate
+puts these members on the Accelerator, so lockstep does too.
+
+Example:
+    >>> from lockstep.state import PartialState
+    >>> view = ProcessView(PartialState(cpu=True))
+    >>> view.num_processes, view.is_main_process
+    (1, True)
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeVar
+
+import torch
+
+from lockstep.state import PartialState
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class ProcessView:
+    """Rank, world size and device of this process, barriers, per-process printing and decorators.
+
+    Args:
+        state: the process state (an ``AcceleratorState`` in an Accelerator).
+    """
+
+    def __init__(self, state: PartialState) -> None:
+        self.state = state
+
+    # -- who am I ---------------------------------------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        return self.state.device
+
+    @property
+    def num_processes(self) -> int:
+        return self.state.num_processes
+
+    @property
+    def process_index(self) -> int:
+        return self.state.process_index
+
+    @property
+    def local_process_index(self) -> int:
+        return self.state.local_process_index
+
+    @property
+    def is_main_process(self) -> bool:
+        return self.state.is_main_process
+
+    @property
+    def is_local_main_process(self) -> bool:
+        return self.state.is_local_main_process
+
+    @property
+    def is_last_process(self) -> bool:
+        return self.state.is_last_process
+
+    @property
+    def use_distributed(self) -> bool:
+        return self.state.use_distributed
+
+    # -- process control --------------------------------------------------------------------------
+    def wait_for_everyone(self) -> None:
+        """A barrier across all processes."""
+        self.state.wait_for_everyone()
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """``print`` on the local main process only."""
+        self.state.print(*args, **kwargs)
+
+    def main_process_first(self) -> contextlib.AbstractContextManager:
+        return self.state.main_process_first()
+
+    def local_main_process_first(self) -> contextlib.AbstractContextManager:
+        return self.state.local_main_process_first()
+
+    def split_between_processes(
+        self, inputs: Any, apply_padding: bool = False
+    ) -> contextlib.AbstractContextManager:
+        return self.state.split_between_processes(inputs, apply_padding=apply_padding)
+
+    def on_main_process(self, function: F) -> F:
+        return self.state.on_main_process(function)
+
+    def on_local_main_process(self, function: F) -> F:
+        return self.state.on_local_main_process(function)
+
+    def on_last_process(self, function: F) -> F:
+        return self.state.on_last_process(function)
+
+    def on_process(self, function: F | None = None, process_index: int | None = None) -> Any:
+        return self.state.on_process(function, process_index=process_index)
+
+    def on_local_process(self, function: F | None = None, local_process_index: int | None = None) -> Any:
+        return self.state.on_local_process(function, local_process_index=local_process_index)
+
+    @contextlib.contextmanager
+    def join_uneven_inputs(
+        self, joinables: Sequence[Any], even_batches: bool | None = None
+    ) -> Iterator[None]:
+        """Let DDP models train on loaders of different lengths per process (``torch.distributed.algorithms.Join``)."""
+        if even_batches is not None:
+            raise ValueError(
+                "join_uneven_inputs(even_batches=...) is not supported: prepare the loaders with "
+                "DataLoaderConfiguration(even_batches=False) instead."
+            )
+        if not self.use_distributed:
+            yield
+            return
+        from torch.distributed.algorithms.join import Join
+
+        with Join(list(joinables)):
+            yield

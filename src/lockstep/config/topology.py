@@ -1,0 +1,96 @@
+"""What a configured ``distributed_type`` means: the one table of distributed types outside the backend
+registry.
+
+The launcher, the config wizard, the Accelerator's settings and the Trainer ask these functions instead
+of comparing ``DistributedType`` members themselves; :mod:`lockstep.backends.registry` turns the result
+into a backend. A new way of distributing adds its row here.
+
+This module must not import torch: ``lockstep launch`` and ``lockstep config`` read it at start-up.
+
+Example:
+    >>> data_parallel_type(processes=2, cpu=True)
+    <DistributedType.MULTI_CPU: 'MULTI_CPU'>
+    >>> config_section("FSDP")
+    'fsdp_config'
+    >>> checked_distributed_type("DEEPSPEED")
+    Traceback (most recent call last):
+    lockstep.errors.UsageError: distributed_type DEEPSPEED is not supported yet: the DeepSpeed backend is not part of this version of lockstep. Use MULTI_CPU or MULTI_GPU (DDP).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lockstep.config.enums import DistributedType
+from lockstep.errors import UsageError
+
+
+@dataclass(frozen=True)
+class _Kind:
+    section: str | None = None
+    """The config section that configures it (``fsdp_config`` for FSDP)."""
+    not_built: str | None = None
+    """What is missing, for types this version of lockstep does not run."""
+    gpu_only: bool = False
+
+
+_KINDS: dict[DistributedType, _Kind] = {
+    DistributedType.FSDP: _Kind(section="fsdp_config"),
+    DistributedType.DEEPSPEED: _Kind(section="deepspeed_config", not_built="the DeepSpeed backend"),
+    DistributedType.MEGATRON_LM: _Kind(section="megatron_lm_config", not_built="the Megatron-LM backend"),
+    DistributedType.XLA: _Kind(not_built="TPUs (XLA)"),
+    DistributedType.MULTI_GPU: _Kind(gpu_only=True),
+}
+_DATA_PARALLEL = {True: DistributedType.MULTI_CPU, False: DistributedType.MULTI_GPU}
+
+
+def _kind(distributed_type: str | DistributedType | None) -> _Kind:
+    if distributed_type is None:
+        return _Kind()
+    return _KINDS.get(DistributedType.parse(distributed_type, argument="distributed_type"), _Kind())
+
+
+def checked_distributed_type(requested: str | DistributedType | None) -> DistributedType | None:
+    """The requested ``distributed_type`` as a member (None stays None).
+
+    Raises:
+        UsageError: an unknown type, or one this version of lockstep does not run.
+    """
+    if requested is None:
+        return None
+    try:
+        chosen = DistributedType.parse(requested, argument="distributed_type")
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    missing = _kind(chosen).not_built
+    if missing is not None:
+        raise UsageError(
+            f"distributed_type {chosen.value} is not supported yet: {missing} is not part of this version of "
+            "lockstep. Use MULTI_CPU or MULTI_GPU (DDP)."
+        )
+    return chosen
+
+
+def is_plain(distributed_type: str | DistributedType | None) -> bool:
+    """Whether nothing beyond the process count was asked for (no type, or NO): the launcher then derives
+    data parallel on CPUs or GPUs for more than one process."""
+    return distributed_type is None or DistributedType.parse(
+        distributed_type, argument="distributed_type"
+    ) in (DistributedType.NO,)
+
+
+def config_section(distributed_type: str | DistributedType | None) -> str | None:
+    """The config file section that configures ``distributed_type`` (``fsdp_config`` for FSDP), or None."""
+    return _kind(distributed_type).section
+
+
+def check_device_agreement(distributed_type: str | DistributedType | None, *, use_cpu: bool) -> None:
+    """Raise when a GPU-only type (``--multi-gpu``) is combined with ``--cpu``."""
+    if use_cpu and _kind(distributed_type).gpu_only:
+        raise UsageError("--multi-gpu and --cpu contradict each other; pick one.")
+
+
+def data_parallel_type(*, processes: int, cpu: bool) -> DistributedType:
+    """What the config wizard writes for ``processes`` plain data-parallel processes: NO for one process,
+    else MULTI_CPU or MULTI_GPU."""
+    return _DATA_PARALLEL[cpu] if processes > 1 else DistributedType.NO
