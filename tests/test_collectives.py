@@ -109,6 +109,7 @@ def _expected(n: int) -> dict[str, Any]:
     }
 
 
+@pytest.mark.distributed
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_collectives_in_a_real_group(world_size: int) -> None:
     results = run_distributed(_collectives_worker, world_size, timeout=60)
@@ -150,6 +151,7 @@ def _debug_worker() -> dict[str, Any]:
     return out
 
 
+@pytest.mark.distributed
 def test_debug_mode_names_every_rank_shapes_instead_of_hanging() -> None:
     results = run_distributed(_debug_worker, 2, timeout=30, env={"LOCKSTEP_DEBUG": "1"})
     tail = (

@@ -16,8 +16,10 @@ import pytest
 
 import lockstep
 
-# Modules whose import needs an optional package; their examples run where it is installed.
+# Modules whose import or examples need an optional package; their examples run where it is installed.
 _OPTIONAL = {
+    "lockstep.memory.estimate": "transformers",
+    "lockstep.memory.estimate.estimator": "transformers",
     "lockstep.tracking.mlflow": "mlflow",
     "lockstep.tracking.tensorboard": "tensorboard",
     "lockstep.tracking.wandb": "wandb",

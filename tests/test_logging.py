@@ -63,6 +63,7 @@ def _logging_worker() -> list[tuple[str, float]]:
     return [(record.getMessage(), record.created) for record in handler.records]
 
 
+@pytest.mark.distributed
 def test_main_process_only_and_in_order_in_two_processes() -> None:
     rank0, rank1 = run_distributed(_logging_worker, 2, timeout=30)
     assert [message for message, _ in rank0] == [

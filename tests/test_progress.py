@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import io
 
+import pytest
+
 from lockstep import Accelerator, progress_bar
 from tests.helpers.multiprocess import run_distributed
 from tests.helpers.training import loader
+
+pytestmark = pytest.mark.distributed
 
 
 def _iterate(world: int) -> dict:

@@ -1,0 +1,126 @@
+"""FSDP checkpoints: sharded DCP saves reload exactly on another number of processes (2->1, 1->2, 2->3),
+full state dicts round-trip, async saves commit, and merge-weights rebuilds the whole model offline."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from lockstep import Accelerator, FullyShardedDataParallelPlugin
+from lockstep.checkpoint import layout
+from tests.helpers.cli import lockstep
+from tests.helpers.fsdp_models import data_loader, full_params, loss_of, make_transformer
+from tests.helpers.multiprocess import run_distributed
+
+
+def _full_optimizer_state(model, optimizer) -> dict:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    state = get_optimizer_state_dict(
+        model, optimizer.optimizer, options=StateDictOptions(full_state_dict=True)
+    )
+    return {
+        f"{name}.{key}": value.clone()
+        for name, entry in state["state"].items()
+        for key, value in entry.items()
+    }
+
+
+def _setup(state_dict_type: str, seed: int = 0):
+    accelerator = Accelerator(
+        fsdp_plugin=FullyShardedDataParallelPlugin(
+            transformer_cls_names_to_wrap=["TinyDecoderLayer"], state_dict_type=state_dict_type
+        )
+    )
+    model = make_transformer(seed=seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    return accelerator, model, optimizer
+
+
+def _save(world: int, folder: str, state_dict_type: str, async_save: bool = False) -> dict:
+    accelerator, model, optimizer = _setup(state_dict_type)
+    for batch in data_loader(24, 4):
+        accelerator.backward(loss_of(model, batch))
+        optimizer.step()
+        optimizer.zero_grad()
+    accelerator.save_state(folder, async_save=async_save)
+    accelerator.wait_for_checkpoint()
+    full = accelerator.get_state_dict(model)
+    return {"params": full_params(model), "optimizer": _full_optimizer_state(model, optimizer), "full": full}
+
+
+def _load(world: int, folder: str, state_dict_type: str) -> dict:
+    accelerator, model, optimizer = _setup(state_dict_type, seed=7)  # different weights before loading
+    accelerator.load_state(folder)
+    loaded = {"params": full_params(model), "optimizer": _full_optimizer_state(model, optimizer)}
+    batch = next(iter(data_loader(8, 4)))
+    accelerator.backward(loss_of(model, batch))
+    optimizer.step()  # the loaded optimizer state is usable
+    return loaded
+
+
+def _assert_same(saved: dict, loaded: dict) -> None:
+    assert torch.equal(saved["params"], loaded["params"])
+    assert saved["optimizer"].keys() == loaded["optimizer"].keys()
+    for key, value in saved["optimizer"].items():
+        assert torch.equal(value, loaded["optimizer"][key]), key
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize(("save_world", "load_world"), [(2, 1), (1, 2), (2, 3)])
+def test_sharded_checkpoint_reloads_exactly_on_another_world_size(tmp_path, save_world, load_world):
+    folder = str(tmp_path / "ckpt")
+    saved = run_distributed(_save, save_world, save_world, folder, "SHARDED_STATE_DICT")[0]
+    names = {p.name for p in Path(folder).iterdir()}
+    assert {"pytorch_model_fsdp_0", "optimizer_0", "manifest.json"} <= names
+    assert "model.safetensors" not in names and "optimizer.bin" not in names
+    assert len(list((Path(folder) / "pytorch_model_fsdp_0").glob("*.distcp"))) == save_world
+    layout.verify(Path(folder))  # every shard is listed in the manifest with its checksum
+    for loaded in run_distributed(_load, load_world, load_world, folder, "SHARDED_STATE_DICT"):
+        _assert_same(saved, loaded)
+
+
+@pytest.mark.distributed
+def test_full_state_dict_checkpoint_round_trip(tmp_path):
+    folder = str(tmp_path / "ckpt")
+    saved = run_distributed(_save, 2, 2, folder, "FULL_STATE_DICT")[0]
+    assert {"model.safetensors", "optimizer.bin"} <= {p.name for p in Path(folder).iterdir()}
+    on_disk = load_file(str(Path(folder) / "model.safetensors"))
+    assert on_disk.keys() == saved["full"].keys()
+    for loaded in run_distributed(_load, 3, 3, folder, "FULL_STATE_DICT"):
+        _assert_same(saved, loaded)
+
+
+@pytest.mark.distributed
+def test_async_sharded_save_commits_and_reloads(tmp_path):
+    folder = str(tmp_path / "ckpt")
+    saved = run_distributed(_save, 2, 2, folder, "SHARDED_STATE_DICT", True)[0]
+    layout.verify(Path(folder))
+    _assert_same(saved, run_distributed(_load, 2, 2, folder, "SHARDED_STATE_DICT")[0])
+
+
+@pytest.mark.distributed
+def test_merge_weights_equals_the_gathered_state_dict(tmp_path):
+    folder = tmp_path / "ckpt"
+    saved = run_distributed(_save, 2, 2, str(folder), "SHARDED_STATE_DICT")[0]
+    result = lockstep("merge-weights", str(folder), str(tmp_path / "merged"))
+    assert result.returncode == 0, result.stderr
+    merged = load_file(str(tmp_path / "merged" / "model.safetensors"))
+    assert merged.keys() == saved["full"].keys()
+    for key, value in saved["full"].items():
+        assert torch.equal(merged[key], value), key
+    model = make_transformer(seed=3)
+    model.load_state_dict(merged)  # loads into the plain architecture
+    assert torch.equal(full_params(model), saved["params"])
+
+
+def test_merge_weights_bad_input_exits_2(tmp_path):
+    result = lockstep("merge-weights", str(tmp_path), str(tmp_path / "out"))
+    assert result.returncode == 2
+    assert "is not a sharded checkpoint" in result.stderr
+    result = lockstep("merge-weights", str(tmp_path / "missing"), str(tmp_path / "out"))
+    assert result.returncode == 2 and "is not a folder" in result.stderr

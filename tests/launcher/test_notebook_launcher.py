@@ -1,0 +1,99 @@
+"""notebook_launcher in a real Jupyter kernel (nbclient + ipykernel), and debug_launcher."""
+
+import os
+
+import pytest
+
+from lockstep import debug_launcher, notebook_launcher
+
+nbformat = pytest.importorskip("nbformat")
+NotebookClient = pytest.importorskip("nbclient").NotebookClient
+
+TRAIN_CELL = """
+import torch
+from lockstep import Accelerator, notebook_launcher
+
+def training_function(steps):
+    accelerator = Accelerator()
+    model = torch.nn.Linear(3, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    for _ in range(steps):
+        accelerator.backward(model(torch.ones(4, 3)).pow(2).mean())
+        optimizer.step()
+        optimizer.zero_grad()
+    total = accelerator.reduce(torch.tensor([1.0]), reduction="sum").item()
+    accelerator.print(f"trained on {accelerator.num_processes} processes ({accelerator.distributed_type}), reduce={total:.0f}, precision={accelerator.mixed_precision}")
+
+notebook_launcher(training_function, args=(3,), num_processes=2, mixed_precision="bf16")
+"""
+
+FAILING_CELL = """
+def failing_function():
+    from lockstep import Accelerator
+    accelerator = Accelerator()
+    if accelerator.process_index == 1:
+        raise KeyError("missing column 'label' on rank one")
+    accelerator.wait_for_everyone()
+
+try:
+    notebook_launcher(failing_function, num_processes=2)
+except RuntimeError as error:
+    print("CAUGHT", error)
+"""
+
+
+def _run_notebook(*cells: str) -> list[str]:
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(cell) for cell in cells])
+    env_threads = os.environ.get("OMP_NUM_THREADS")
+    NotebookClient(notebook, timeout=180, kernel_name="python3").execute()
+    assert os.environ.get("OMP_NUM_THREADS") == env_threads
+    texts = []
+    for cell in notebook.cells:
+        texts.append(
+            "".join(
+                output.get("text", "") for output in cell.outputs if output.get("output_type") == "stream"
+            )
+        )
+    return texts
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_notebook_launcher_in_a_real_kernel():
+    train_output, failure_output = _run_notebook(TRAIN_CELL, FAILING_CELL)
+    assert "trained on 2 processes (MULTI_CPU), reduce=2, precision=bf16" in train_output
+    assert "CAUGHT A worker process failed:" in failure_output
+    assert (
+        "rank 1" in failure_output
+        and "KeyError" in failure_output
+        and "missing column 'label'" in failure_output
+    )
+
+
+def _sum_ranks(path):
+    from lockstep import Accelerator
+
+    accelerator = Accelerator()
+    import torch
+
+    total = accelerator.reduce(torch.tensor([accelerator.process_index + 1.0]), reduction="sum")
+    if accelerator.is_main_process:
+        with open(path, "w") as handle:
+            handle.write(f"{accelerator.num_processes} {total.item():.0f} {accelerator.device}")
+
+
+@pytest.mark.distributed
+def test_debug_launcher_runs_cpu_processes(tmp_path):
+    path = tmp_path / "result.txt"
+    debug_launcher(_sum_ranks, args=(str(path),), num_processes=3)
+    assert path.read_text() == "3 6 cpu"
+
+
+@pytest.mark.distributed
+def test_launchers_reject_bad_process_counts():
+    with pytest.raises(ValueError, match=r"notebook_launcher\(num_processes=0\) is invalid"):
+        notebook_launcher(print, num_processes=0)
+    with pytest.raises(ValueError, match=r"debug_launcher\(num_processes=0\) is invalid"):
+        debug_launcher(print, num_processes=0)
+    with pytest.raises(ValueError, match="mixed_precision='fp32' is invalid"):
+        notebook_launcher(print, num_processes=2, mixed_precision="fp32")
