@@ -124,3 +124,38 @@ def test_merge_weights_bad_input_exits_2(tmp_path):
     assert "is not a sharded checkpoint" in result.stderr
     result = lockstep("merge-weights", str(tmp_path / "missing"), str(tmp_path / "out"))
     assert result.returncode == 2 and "is not a folder" in result.stderr
+
+
+def _save_mid_cycle(world: int, folder: str) -> list[str]:
+    import logging
+
+    messages: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: messages.append(record.getMessage())  # type: ignore[method-assign]
+    logging.getLogger("lockstep.fsdp").addHandler(handler)
+    accelerator = Accelerator(
+        gradient_accumulation_steps=2,
+        fsdp_plugin=FullyShardedDataParallelPlugin(transformer_cls_names_to_wrap=["TinyDecoderLayer"]),
+    )
+    model = accelerator.prepare(make_transformer())
+    batch = next(iter(data_loader(8, 4)))
+    with accelerator.accumulate(model):  # the first micro-batch: gradients pending inside FSDP
+        accelerator.backward(loss_of(model, batch))
+    accelerator.save_state(folder)
+    mid_cycle = list(messages)
+    messages.clear()
+    with accelerator.accumulate(model):  # the cycle ends: nothing is pending
+        accelerator.backward(loss_of(model, batch))
+    accelerator.save_state(folder + "_synced")
+    return [*mid_cycle, "--", *messages]
+
+
+@pytest.mark.distributed
+def test_saving_in_the_middle_of_an_accumulation_cycle_with_fsdp_warns_that_gradients_are_not_saved(tmp_path):
+    messages = run_distributed(_save_mid_cycle, 1, 1, str(tmp_path / "ckpt"))[0]
+    assert messages == [
+        "save_state in the middle of a gradient accumulation cycle with FSDP: the gradients of the "
+        "micro-batches so far live inside FSDP and are not saved; save after an optimizer step.",
+        "--",
+    ]
+    assert not list((tmp_path / "ckpt").glob("grads_*"))  # no file pretends to hold them

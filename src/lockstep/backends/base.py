@@ -25,8 +25,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from lockstep.checkpoint.model_files import load_model_weights
-from lockstep.checkpoint.training_state import load_each, model_folder
 from lockstep.config.enums import DistributedType
 from lockstep.config.plugins import TorchDynamoPlugin
 from lockstep.precision import Precision
@@ -172,6 +170,9 @@ class Backend(ABC):
         """Read this process's files and restore what needs no communication; the result goes to
         :meth:`apply_model_states`. Runs inside the checkpoint's error agreement, so a missing or bad file
         on one rank is raised on every rank."""
+        from lockstep.checkpoint.model_files import load_model_weights  # checkpoints load on first use
+        from lockstep.checkpoint.training_state import load_each, model_folder
+
         for index, model in models:
             load_model_weights(
                 self.unwrap_model(model, keep_torch_compile=False), model_folder(folder, index)

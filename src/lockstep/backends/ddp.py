@@ -7,7 +7,6 @@ import warnings
 from typing import Any
 
 from torch import nn
-from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 
 from lockstep.backends.base import Backend
 from lockstep.config.enums import DDPCommunicationHookType
@@ -16,18 +15,29 @@ from lockstep.config.plugins import TorchDynamoPlugin
 from lockstep.precision import Precision
 from lockstep.state import PartialState
 
-_COMPRESSION_HOOKS = {
-    DDPCommunicationHookType.FP16: default_hooks.fp16_compress_hook,
-    DDPCommunicationHookType.BF16: default_hooks.bf16_compress_hook,
-}
-_POWER_SGD_HOOKS = {
-    DDPCommunicationHookType.POWER_SGD: powerSGD_hook.powerSGD_hook,
-    DDPCommunicationHookType.BATCHED_POWER_SGD: powerSGD_hook.batched_powerSGD_hook,
-}
-_WRAPPERS = {
-    DDPCommunicationHookType.FP16: default_hooks.fp16_compress_wrapper,
-    DDPCommunicationHookType.BF16: default_hooks.bf16_compress_wrapper,
-}
+
+def _comm_hook(
+    hook_type: DDPCommunicationHookType, wrapper_type: DDPCommunicationHookType
+) -> tuple[Any, bool]:
+    """torch's hook for ``hook_type`` (wrapped by ``wrapper_type``), and whether it is a PowerSGD hook.
+    Imported here: the hooks cost an import most runs never use."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+
+    hooks = {
+        DDPCommunicationHookType.FP16: default_hooks.fp16_compress_hook,
+        DDPCommunicationHookType.BF16: default_hooks.bf16_compress_hook,
+        DDPCommunicationHookType.POWER_SGD: powerSGD_hook.powerSGD_hook,
+        DDPCommunicationHookType.BATCHED_POWER_SGD: powerSGD_hook.batched_powerSGD_hook,
+    }
+    wrappers = {
+        DDPCommunicationHookType.FP16: default_hooks.fp16_compress_wrapper,
+        DDPCommunicationHookType.BF16: default_hooks.bf16_compress_wrapper,
+    }
+    hook = hooks[hook_type]
+    if wrapper_type != DDPCommunicationHookType.NO:
+        hook = wrappers[wrapper_type](hook)
+    power_sgd = hook_type in (DDPCommunicationHookType.POWER_SGD, DDPCommunicationHookType.BATCHED_POWER_SGD)
+    return hook, power_sgd
 
 
 class DDPBackend(Backend):
@@ -84,14 +94,12 @@ class DDPBackend(Backend):
         hook_type, wrapper_type = self.ddp_kwargs.comm_hook, self.ddp_kwargs.comm_wrapper
         if hook_type == DDPCommunicationHookType.NO:
             return
+        hook, power_sgd = _comm_hook(hook_type, wrapper_type)
         state: Any = None
-        if hook_type in _POWER_SGD_HOOKS:
+        if power_sgd:
+            from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
+
             state = powerSGD_hook.PowerSGDState(process_group=None, **self.ddp_kwargs.comm_state_option)
-            hook = _POWER_SGD_HOOKS[hook_type]
-        else:
-            hook = _COMPRESSION_HOOKS[hook_type]
-        if wrapper_type != DDPCommunicationHookType.NO:
-            hook = _WRAPPERS[wrapper_type](hook)
         model.register_comm_hook(state, hook)
 
     def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager:
