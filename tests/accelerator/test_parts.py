@@ -11,6 +11,7 @@ from lockstep.accelerator.prepared import PreparedObjects
 from lockstep.accelerator.process_view import ProcessView
 from lockstep.accelerator.trackers import Trackers
 from lockstep.config.plugins import GradientAccumulationPlugin
+from lockstep.config.project import ProjectConfiguration
 from lockstep.state import GradientState, PartialState
 from lockstep.tracking.base import GeneralTracker
 
@@ -80,7 +81,7 @@ def test_accumulation_synchronises_every_n_micro_batches_and_at_the_end_of_the_l
 
 def test_trackers_start_log_and_finish_on_their_own():
     recorder = _Recorder()
-    trackers = Trackers(recorder, logging_dir=None, is_main_process=True)
+    trackers = Trackers(recorder, project=ProjectConfiguration(), is_main_process=True)
     assert not trackers.active
     trackers.start("run")
     trackers.log({"loss": 0.5}, step=3)
@@ -104,3 +105,35 @@ def test_process_view_needs_only_a_process_state():
     with pytest.raises(ValueError, match="join_uneven_inputs\\(even_batches=...\\) is not supported"):
         with view.join_uneven_inputs([], even_batches=True):
             pass
+
+
+def test_settings_changed_after_construction_apply_to_later_calls(tmp_path):
+    from lockstep import Accelerator
+
+    accelerator = Accelerator(log_with="jsonl")
+    accelerator.project_configuration.set_directories(str(tmp_path))  # folders set after the constructor
+    accelerator.init_trackers("run")
+    accelerator.log({"loss": 1.0}, step=1)
+    accelerator.end_training()
+    assert (tmp_path / "run" / "metrics.jsonl").is_file()
+
+    accelerator = Accelerator()
+    accelerator.step_scheduler_with_optimizer = False
+    accelerator.device_placement = False
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scheduler = accelerator.prepare_scheduler(torch.optim.lr_scheduler.StepLR(optimizer, step_size=1))
+    assert scheduler.step_with_optimizer is False
+    assert accelerator.prepare_optimizer(optimizer).device_placement is False
+
+
+def test_prepare_goes_through_the_prepare_methods_a_subclass_overrides():
+    from lockstep import Accelerator
+
+    class Tagging(Accelerator):
+        def prepare_model(self, model, device_placement=None, evaluation_mode=False):
+            model.tagged = True
+            return super().prepare_model(model, device_placement, evaluation_mode)
+
+    model = Tagging().prepare(torch.nn.Linear(2, 2))
+    assert model.tagged is True

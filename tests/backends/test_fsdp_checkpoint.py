@@ -132,7 +132,7 @@ def _save_mid_cycle(world: int, folder: str) -> list[str]:
     messages: list[str] = []
     handler = logging.Handler()
     handler.emit = lambda record: messages.append(record.getMessage())  # type: ignore[method-assign]
-    logging.getLogger("lockstep.fsdp").addHandler(handler)
+    logging.getLogger("lockstep.checkpoint").addHandler(handler)
     accelerator = Accelerator(
         gradient_accumulation_steps=2,
         fsdp_plugin=FullyShardedDataParallelPlugin(transformer_cls_names_to_wrap=["TinyDecoderLayer"]),

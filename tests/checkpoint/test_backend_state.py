@@ -22,6 +22,7 @@ from lockstep.config.enums import PrecisionType
 from lockstep.config.project import ProjectConfiguration
 from lockstep.precision import Precision
 from lockstep.state import GradientState, PartialState
+from tests.helpers.multiprocess import run_distributed
 
 OWN_FOLDER = "own_state"
 
@@ -99,3 +100,34 @@ def test_a_missing_file_of_the_backend_is_an_error_before_anything_is_applied(tm
     with pytest.raises(layout.CheckpointError, match="model_0.pt"):
         manager.load_state(folder)  # the manifest names the missing file
     assert backend.applied == []
+
+
+class _StateOnTheMainProcessOnly(torch.optim.SGD):
+    """Like ZeroRedundancyOptimizer after consolidate_state_dict(to=0): only rank 0 has the whole state."""
+
+    def state_dict(self):
+        if torch.distributed.get_rank() != 0:
+            raise RuntimeError("Optimizer state has not been consolidated on this rank.")
+        return super().state_dict()
+
+
+def _save_with_main_only_state(world: int, folder: str) -> bool:
+    from lockstep import Accelerator
+
+    accelerator = Accelerator()
+    model = torch.nn.Linear(3, 2)
+    model, optimizer = accelerator.prepare(model, _StateOnTheMainProcessOnly(model.parameters(), lr=0.1))
+    accelerator.backward(model(torch.ones(4, 3)).sum())
+    optimizer.step()
+    accelerator.save_state(folder)
+    return (Path(folder) / "optimizer.bin").is_file()
+
+
+@pytest.mark.distributed
+def test_optimizer_state_is_taken_only_where_it_is_written(tmp_path):
+    """The optimizer's state_dict() runs on the processes that write the shared files, as in Accelerate;
+    calling it on every rank would raise on rank 1 here and leave rank 0 waiting."""
+    assert run_distributed(_save_with_main_only_state, 2, 2, str(tmp_path / "ckpt"), timeout=60) == [
+        True,
+        True,
+    ]

@@ -162,10 +162,9 @@ class CheckpointManager:
         # A hook may take models out of `weights` (it saved them itself): keep the remaining ones in place.
         objects = self._shared_objects()
         objects.model_states = [weights[i] if i < len(weights) else None for i in range(len(models))]
-        objects.optimizer_states = self.backend.optimizer_state_dicts(list(self.prepared.optimizers))
-        objects.gradients = self.backend.pending_gradients(
-            models, mid_accumulation=not self.accumulation.gradient_state.sync_gradients
-        )
+        objects.optimizer_states = self.backend.optimizer_states(list(self.prepared.optimizers))
+        mid_accumulation = not self.accumulation.gradient_state.sync_gradients
+        objects.gradients = lambda: self.backend.pending_gradients(models, mid_accumulation=mid_accumulation)
         return objects
 
     def _report(self, folder: Path, stall: float, nbytes: int, asynchronous: bool) -> None:

@@ -36,7 +36,7 @@ from lockstep.accelerator import settings as setup
 from lockstep.accelerator.accumulation import GradientAccumulation
 from lockstep.accelerator.optimizer import AcceleratedOptimizer
 from lockstep.accelerator.preemption import DEFAULT_SIGNALS, PreemptionWatcher, exit_now
-from lockstep.accelerator.preparation import Preparer
+from lockstep.accelerator.preparation import Preparer, is_unprepared_scheduler, models_first
 from lockstep.accelerator.prepared import PreparedObjects
 from lockstep.accelerator.process_view import ProcessView
 from lockstep.accelerator.scheduler import AcceleratedScheduler
@@ -142,8 +142,6 @@ class Accelerator(ProcessView):
             fsdp_plugin=fsdp_plugin,
         )
         super().__init__(self._build_state(cpu=cpu, debug=debug))
-        self.device_placement = device_placement
-        self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
         self.gradient_state = GradientState(
             gradient_accumulation_plugin=self.settings.gradient_accumulation_plugin
         )
@@ -151,13 +149,17 @@ class Accelerator(ProcessView):
         self.backend = self._build_backend()
         self._prepared = PreparedObjects()
         self._trackers = Trackers(
-            log_with, logging_dir=self.logging_dir, is_main_process=self.is_main_process
+            log_with, project=self.project_configuration, is_main_process=self.is_main_process
         )
         self._step_timer = self._build_step_timer(step_timing)
         self._preemption = PreemptionWatcher(preemption_signals, preemption_grace_period)
         self._checkpoints: CheckpointManager | None = None  # built on first use (imports lockstep.checkpoint)
         self.flag_tensor: torch.Tensor | None = None
-        self._preparer = self._build_preparer(on_optimizer_step=self._start_hang_watchdog())
+        self._preparer = self._build_preparer(
+            device_placement=device_placement,
+            step_scheduler_with_optimizer=step_scheduler_with_optimizer,
+            on_optimizer_step=self._start_hang_watchdog(),
+        )
 
     # -- build steps ------------------------------------------------------------------------------
     def _build_state(self, *, cpu: bool, debug: bool | None) -> AcceleratorState:
@@ -206,14 +208,20 @@ class Accelerator(ProcessView):
         )
         return hang_watchdog.note_step
 
-    def _build_preparer(self, *, on_optimizer_step: Callable[[], None]) -> Preparer:
+    def _build_preparer(
+        self,
+        *,
+        device_placement: bool,
+        step_scheduler_with_optimizer: bool,
+        on_optimizer_step: Callable[[], None],
+    ) -> Preparer:
         return Preparer(
             backend=self.backend,
             prepared=self._prepared,
             settings=self.settings,
             state=self.state,
-            device_placement=self.device_placement,
-            step_scheduler_with_optimizer=self.step_scheduler_with_optimizer,
+            device_placement=device_placement,
+            step_scheduler_with_optimizer=step_scheduler_with_optimizer,
             watch=self._step_timer.watch,
             on_optimizer_step=on_optimizer_step,
         )
@@ -231,6 +239,25 @@ class Accelerator(ProcessView):
                 accumulation=self._accumulation,
             )
         return self._checkpoints
+
+    # -- preparation settings (may be changed between prepare calls, as in Accelerate) ---------------
+    @property
+    def device_placement(self) -> bool:
+        """Move prepared models and batches to ``self.device`` (the default of ``prepare``'s objects)."""
+        return self._preparer.device_placement
+
+    @device_placement.setter
+    def device_placement(self, device_placement: bool) -> None:
+        self._preparer.device_placement = device_placement
+
+    @property
+    def step_scheduler_with_optimizer(self) -> bool:
+        """Schedulers prepared from now on follow the optimizer (see ``lockstep.scheduler``)."""
+        return self._preparer.step_scheduler_with_optimizer
+
+    @step_scheduler_with_optimizer.setter
+    def step_scheduler_with_optimizer(self, step_with_optimizer: bool) -> None:
+        self._preparer.step_scheduler_with_optimizer = step_with_optimizer
 
     # -- resolved settings ------------------------------------------------------------------------
     @property
@@ -341,8 +368,23 @@ class Accelerator(ProcessView):
         Example:
             >>> model, optimizer, loader = accelerator.prepare(model, optimizer, loader)  # doctest: +SKIP
         """
-        result = self._preparer.prepare(args, device_placement)
+        placements = self._preparer.placements(len(args), device_placement)
+        result = list(args)
+        # Models first (a sharding backend re-binds optimizers to their parameters), schedulers last
+        # (they need the prepared optimizers); each through the prepare_* method a subclass may override.
+        for index in models_first(args):
+            result[index] = self._prepare_one(args[index], placements[index])
+        result = [self.prepare_scheduler(obj) if is_unprepared_scheduler(obj) else obj for obj in result]
         return result[0] if len(result) == 1 else tuple(result)
+
+    def _prepare_one(self, obj: Any, placement: bool | None) -> Any:
+        if isinstance(obj, DataLoader):
+            return self.prepare_data_loader(obj, device_placement=placement)
+        if isinstance(obj, nn.Module):
+            return self.prepare_model(obj, device_placement=placement)
+        if isinstance(obj, torch.optim.Optimizer):
+            return self.prepare_optimizer(obj, device_placement=placement)
+        return obj
 
     def prepare_model(
         self, model: nn.Module, device_placement: bool | None = None, evaluation_mode: bool = False
@@ -516,7 +558,7 @@ class Accelerator(ProcessView):
 
     @trackers.setter
     def trackers(self, trackers: list[GeneralTracker]) -> None:
-        self._trackers.started = list(trackers)
+        self._trackers.started = trackers
 
     def log(self, values: dict, step: int | None = None, log_kwargs: dict | None = None) -> None:
         """Send ``values`` to every started tracker (a no-op on processes that do not log)."""

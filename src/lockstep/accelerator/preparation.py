@@ -1,4 +1,4 @@
-"""``Accelerator.prepare``: turning the user's objects into prepared ones and registering them.
+"""``Accelerator.prepare_*``: turning the user's objects into prepared ones and registering them.
 
 Models go to the backend (placement, precision, compile, distributed wrapper), optimizers are adapted by
 the backend and wrapped so that they step only on synchronised gradients, schedulers follow their
@@ -23,6 +23,17 @@ from lockstep.data import prepare_data_loader
 from lockstep.state import PartialState
 
 _LRScheduler = torch.optim.lr_scheduler.LRScheduler
+
+
+def models_first(objects: Sequence[Any]) -> list[int]:
+    """The positions of ``objects`` in the order they are prepared: models first (a sharding backend
+    re-binds optimizers to their parameters), then the rest in the given order."""
+    return sorted(range(len(objects)), key=lambda i: not isinstance(objects[i], nn.Module))
+
+
+def is_unprepared_scheduler(obj: Any) -> bool:
+    """An LR scheduler not prepared yet (schedulers are prepared last: they need the prepared optimizers)."""
+    return isinstance(obj, _LRScheduler) and not isinstance(obj, AcceleratedScheduler)
 
 
 class Preparer:
@@ -63,35 +74,16 @@ class Preparer:
     def _placement(self, override: bool | None) -> bool:
         return self.device_placement if override is None else override
 
-    def prepare(self, args: Sequence[Any], device_placement: Sequence[bool | None] | None) -> list[Any]:
-        """Prepare ``args`` in the order that works (models, then optimizers and loaders, then schedulers);
-        returns them in the given order."""
-        placements = list(device_placement) if device_placement is not None else [None] * len(args)
-        if len(placements) != len(args):
+    @staticmethod
+    def placements(count: int, device_placement: Sequence[bool | None] | None) -> list[bool | None]:
+        """One device-placement override per object given to ``prepare`` (None: the default)."""
+        placements = list(device_placement) if device_placement is not None else [None] * count
+        if len(placements) != count:
             raise ValueError(
-                f"prepare() got {len(args)} objects but device_placement has {len(placements)} entries; "
+                f"prepare() got {count} objects but device_placement has {len(placements)} entries; "
                 "give one entry per object."
             )
-        # Models first (a sharding backend re-binds optimizers to their parameters), schedulers last
-        # (they need the prepared optimizers).
-        first = list(args)
-        for index in sorted(range(len(args)), key=lambda i: not isinstance(args[i], nn.Module)):
-            first[index] = self._prepare_one(args[index], placements[index])
-        return [self._scheduler_if_any(obj) for obj in first]
-
-    def _prepare_one(self, obj: Any, placement: bool | None) -> Any:
-        if isinstance(obj, DataLoader):
-            return self.data_loader(obj, device_placement=placement)
-        if isinstance(obj, nn.Module):
-            return self.model(obj, device_placement=placement)
-        if isinstance(obj, torch.optim.Optimizer):
-            return self.optimizer(obj, device_placement=placement)
-        return obj
-
-    def _scheduler_if_any(self, obj: Any) -> Any:
-        if isinstance(obj, _LRScheduler) and not isinstance(obj, AcceleratedScheduler):
-            return self.scheduler(obj)
-        return obj
+        return placements
 
     def model(
         self, model: nn.Module, device_placement: bool | None, evaluation_mode: bool = False

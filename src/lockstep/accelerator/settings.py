@@ -106,6 +106,13 @@ class AcceleratorSettings:
     them); empty when the script was not started by ``lockstep launch``. Explicit arguments override it."""
 
 
+def launcher_settings() -> dict[str, Any]:
+    """What ``lockstep launch`` asked the workers for (mixed precision, accumulation, the FSDP section...),
+    or an empty dict when the script was started some other way. The Accelerator resolves its settings
+    against it; the Trainer checks its arguments against it before building the Accelerator."""
+    return dict(_env.launch_settings())
+
+
 def resolve_fsdp(
     plugin: FullyShardedDataParallelPlugin | None, deepspeed_plugin: Any, launch: dict[str, Any]
 ) -> FullyShardedDataParallelPlugin | None:
@@ -205,7 +212,7 @@ def resolve_settings(
     deepspeed_plugin: Any = None,
 ) -> AcceleratorSettings:
     """Validate and resolve the Accelerator's arguments against the launcher's settings."""
-    launch = _env.launch_settings()
+    launch = launcher_settings()
     dataloader_config = dataloader_config if dataloader_config is not None else DataLoaderConfiguration()
     if not isinstance(dataloader_config, DataLoaderConfiguration):
         raise TypeError(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from lockstep.config.project import ProjectConfiguration
 from lockstep.tracking.base import GeneralTracker
 from lockstep.tracking.registry import DisabledTracker, build_trackers, resolve_log_with
 
@@ -17,13 +18,14 @@ class Trackers:
 
     Args:
         log_with: the Accelerator's ``log_with`` (names, ``"all"``, tracker objects or a list of them).
-        logging_dir: the folder file-based trackers write under.
+        project: the run's folders; file-based trackers write under its ``logging_dir`` as it is when they
+            start (a script may set the folders after building the Accelerator).
         is_main_process: whether this process logs (trackers may also log on every process).
     """
 
-    def __init__(self, log_with: Any, *, logging_dir: str | None, is_main_process: bool) -> None:
+    def __init__(self, log_with: Any, *, project: ProjectConfiguration, is_main_process: bool) -> None:
         self.specs = resolve_log_with(log_with)
-        self.logging_dir = logging_dir
+        self.project = project
         self.is_main_process = is_main_process
         self.started: list[GeneralTracker] = []
 
@@ -37,7 +39,7 @@ class Trackers:
         self.started = build_trackers(
             self.specs,
             project_name,
-            logging_dir=self.logging_dir,
+            logging_dir=self.project.logging_dir,
             init_kwargs=init_kwargs,
             is_main_process=self.is_main_process,
         )

@@ -135,10 +135,11 @@ class Backend(ABC):
         a model this backend writes itself in :meth:`save_shards`. Called on every rank together."""
         return [self.full_state_dict(self.unwrap_model(m, keep_torch_compile=False)) for m in models]
 
-    def optimizer_state_dicts(self, optimizers: Sequence[Any]) -> list[Any]:
-        """Each optimizer's state for ``optimizer_N.bin``, or None for one this backend writes itself.
-        Called on every rank together."""
-        return [optimizer.state_dict() for optimizer in optimizers]
+    def optimizer_states(self, optimizers: Sequence[Any]) -> list[Any]:
+        """What becomes each ``optimizer_N.bin``: an object whose ``state_dict()`` the main process takes
+        while it snapshots (the optimizer itself here; a ``GivenState`` for state gathered beforehand), or
+        None for an optimizer this backend writes itself. Called on every rank together, so it may gather."""
+        return list(optimizers)
 
     def pending_gradients(
         self, models: Sequence[nn.Module], *, mid_accumulation: bool

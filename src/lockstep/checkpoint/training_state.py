@@ -21,7 +21,7 @@ Everything but safetensors and JSON is written with ``torch.save`` and read with
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -58,9 +58,12 @@ class TrainingObjects:
     model_states: Sequence[dict[str, torch.Tensor] | None] = ()
     """Weights written as model files, one per prepared model (None: the backend writes that model itself)."""
     optimizer_states: Sequence[Any] = ()
-    """State dicts written as optimizer files, one per prepared optimizer (None: written by the backend)."""
-    gradients: dict[str, torch.Tensor] = field(default_factory=dict)
-    """This rank's pending gradients (``"<model index>.<parameter>"``), written to its own file."""
+    """One per prepared optimizer: an object whose ``state_dict()`` is written as its optimizer file (the
+    optimizer itself, or a :class:`GivenState`), or None when the backend writes it. ``state_dict()`` is
+    called by the processes that write shared files only, inside the save's error agreement."""
+    gradients: Callable[[], dict[str, torch.Tensor]] = dict
+    """This rank's pending gradients (``"<model index>.<parameter>"``), taken inside the save's error
+    agreement and written to its own file."""
 
 
 @dataclass
@@ -103,9 +106,9 @@ def snapshot_shared(
         if state_dict is not None:
             snap.models.append((Path("." if index == 0 else f"model_{index}"), _detached(state_dict, copy)))
     entries: list[tuple[str, Any, str]] = [
-        (indexed("optimizer", i, ".bin"), _Given(state), f"optimizer {i}")
-        for i, state in enumerate(objects.optimizer_states)
-        if state is not None
+        (indexed("optimizer", i, ".bin"), owner, f"optimizer {i}")
+        for i, owner in enumerate(objects.optimizer_states)
+        if owner is not None
     ]
     entries += [
         (indexed("scheduler", i, ".bin"), s, f"scheduler {i}") for i, s in enumerate(objects.schedulers)
@@ -130,14 +133,16 @@ def snapshot_rank(objects: TrainingObjects, *, rank: int) -> Snapshot:
     """The files every rank writes: its RNG states and its not-yet-synchronised gradients."""
     snap = Snapshot()
     snap.torch_files.append((f"random_states_{rank}.pt", capture_rng_state()))
-    if objects.gradients:
-        snap.safetensors_files.append((f"grads_{rank}.safetensors", objects.gradients))
+    gradients = objects.gradients()
+    if gradients:
+        snap.safetensors_files.append((f"grads_{rank}.safetensors", gradients))
     return snap
 
 
 @dataclass
-class _Given:
-    """A state dict computed beforehand, in the place of an object whose ``state_dict()`` is not used."""
+class GivenState:
+    """A state dict computed beforehand (e.g. gathered from shards), in the place of an object whose
+    ``state_dict()`` would not give the whole state."""
 
     state: Any
 

@@ -45,9 +45,12 @@ _DATA_PARALLEL = {True: DistributedType.MULTI_CPU, False: DistributedType.MULTI_
 
 
 def _kind(distributed_type: str | DistributedType | None) -> _Kind:
-    if distributed_type is None:
+    """The row of a distributed type; unknown names have none (checked_distributed_type rejects them)."""
+    try:
+        member = DistributedType.parse(distributed_type, argument="distributed_type")
+    except ValueError:
         return _Kind()
-    return _KINDS.get(DistributedType.parse(distributed_type, argument="distributed_type"), _Kind())
+    return _KINDS.get(member, _Kind())
 
 
 def checked_distributed_type(requested: str | DistributedType | None) -> DistributedType | None:

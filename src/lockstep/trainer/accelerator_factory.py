@@ -21,6 +21,7 @@ from typing import Any
 from torch import nn
 
 from lockstep.accelerator import Accelerator
+from lockstep.accelerator.settings import launcher_settings
 from lockstep.config import (
     DataLoaderConfiguration,
     DistributedDataParallelKwargs,
@@ -158,6 +159,9 @@ def create_accelerator_and_postprocess(
             "TrainingArguments(deepspeed=...) is not supported yet: this version of lockstep has no DeepSpeed "
             "backend. Remove deepspeed (use DDP, or fsdp once available)."
         )
+    launch = launcher_settings()  # the Accelerator's reading of what lockstep launch asked for
+    check_launcher_agreement(args, launch)
+    check_accumulation(args, launch)
     fsdp_plugin = build_fsdp_plugin(args, model)
     _check_activation_checkpointing(args, fsdp_plugin)
     accelerator = Accelerator(
@@ -175,9 +179,6 @@ def create_accelerator_and_postprocess(
         log_with=list(args.report_to) or None,  # type: ignore[arg-type]
         step_scheduler_with_optimizer=False,  # the Trainer steps its scheduler once per optimizer step
     )
-    launch = accelerator.settings.launcher  # what lockstep launch asked for (empty otherwise)
-    check_launcher_agreement(args, launch)
-    check_accumulation(args, launch)
     _postprocess(args, accelerator)
     return accelerator
 

@@ -31,13 +31,14 @@ from lockstep.backends.fsdp.precision import FSDPPrecision
 from lockstep.backends.fsdp.units import checkpoint_activations, ignored_parameters, select_units
 from lockstep.checkpoint.model_files import load_model_files
 from lockstep.checkpoint.safe_load import safe_torch_load
-from lockstep.checkpoint.training_state import indexed, model_folder
+from lockstep.checkpoint.training_state import GivenState, indexed, model_folder
 from lockstep.config.enums import DistributedType
 from lockstep.config.fsdp import FullyShardedDataParallelPlugin
 from lockstep.config.plugins import TorchDynamoPlugin
 from lockstep.state import PartialState
 
 logger = logging.getLogger("lockstep.fsdp")
+checkpoint_logger = logging.getLogger("lockstep.checkpoint")
 
 
 class FSDPBackend(Backend):
@@ -226,21 +227,23 @@ class FSDPBackend(Backend):
             for model in models
         ]
 
-    def optimizer_state_dicts(self, optimizers: Sequence[Any]) -> list[Any]:
+    def optimizer_states(self, optimizers: Sequence[Any]) -> list[Any]:
         states: list[Any] = []
         for optimizer in optimizers:
             model = self.model_of(optimizer)
             if model is None:
-                states.append(optimizer.state_dict())
+                states.append(optimizer)
+            elif self._writes_shards:
+                states.append(None)
             else:  # FULL_STATE_DICT gathers the whole state on the main process (a collective)
-                states.append(None if self._writes_shards else shards.full_optimizer_state(model, optimizer))
+                states.append(GivenState(shards.full_optimizer_state(model, optimizer)))
         return states
 
     def pending_gradients(
         self, models: Sequence[nn.Module], *, mid_accumulation: bool
     ) -> dict[str, torch.Tensor]:
         if mid_accumulation and any(self._is_sharded(model) for model in models):
-            logger.warning(
+            checkpoint_logger.warning(
                 "save_state in the middle of a gradient accumulation cycle with FSDP: the gradients of the "
                 "micro-batches so far live inside FSDP and are not saved; save after an optimizer step."
             )
