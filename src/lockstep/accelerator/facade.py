@@ -32,7 +32,6 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from lockstep import _process_group, collectives
-from lockstep.accelerator import settings as setup
 from lockstep.accelerator.accumulation import GradientAccumulation
 from lockstep.accelerator.optimizer import AcceleratedOptimizer
 from lockstep.accelerator.preemption import DEFAULT_SIGNALS, PreemptionWatcher, exit_now
@@ -40,6 +39,12 @@ from lockstep.accelerator.preparation import Preparer, is_unprepared_scheduler, 
 from lockstep.accelerator.prepared import PreparedObjects
 from lockstep.accelerator.process_view import ProcessView
 from lockstep.accelerator.scheduler import AcceleratedScheduler
+from lockstep.accelerator.settings import (
+    reject_unbuilt_features,
+    resolve_accumulation,
+    resolve_fsdp,
+    resolve_settings,
+)
 from lockstep.accelerator.trackers import Trackers
 from lockstep.backends.registry import select_backend
 from lockstep.config.dataloader import DataLoaderConfiguration
@@ -120,15 +125,15 @@ class Accelerator(ProcessView):
         step_timing: bool | None = None,
     ) -> None:
         if fsdp_plugin is not None and deepspeed_plugin is not None:
-            setup.resolve_fsdp(fsdp_plugin, deepspeed_plugin, {})  # raises: they cannot be combined
-        setup.reject_unbuilt_features(
+            resolve_fsdp(fsdp_plugin, deepspeed_plugin, {})  # raises: they cannot be combined
+        reject_unbuilt_features(
             deepspeed_plugin=deepspeed_plugin,
             deepspeed_plugins=deepspeed_plugins,
             torch_tp_plugin=torch_tp_plugin,
             megatron_lm_plugin=megatron_lm_plugin,
             parallelism_config=parallelism_config,
         )
-        self.settings = setup.resolve_settings(
+        self.settings = resolve_settings(
             mixed_precision=mixed_precision,
             gradient_accumulation_steps=gradient_accumulation_steps,
             gradient_accumulation_plugin=gradient_accumulation_plugin,
@@ -334,7 +339,7 @@ class Accelerator(ProcessView):
 
     @gradient_accumulation_steps.setter
     def gradient_accumulation_steps(self, steps: int) -> None:
-        setup.resolve_accumulation(steps, None, {})
+        resolve_accumulation(steps, None, {})
         self.gradient_state.plugin_kwargs["num_steps"] = steps
 
     @property
