@@ -178,7 +178,8 @@ def test_hooks_see_models_and_may_take_over(tmp_path):
     calls = []
 
     def save_hook(models, weights, output_dir):
-        calls.append(("save", len(models), len(weights), Path(output_dir).name))
+        # output_dir is the folder being written, renamed into place when the save commits
+        calls.append(("save", len(models), len(weights), Path(output_dir).name, Path(output_dir).is_dir()))
         weights.pop()  # this hook saves the model itself
 
     def load_hook(models, input_dir):
@@ -190,7 +191,7 @@ def test_hooks_see_models_and_may_take_over(tmp_path):
     folder = Path(accelerator.save_state(str(tmp_path / "ckpt")))
     assert not (folder / "model.safetensors").exists()
     accelerator.load_state(str(folder))
-    assert calls == [("save", 1, 1, "ckpt"), ("load", 1, "ckpt")]
+    assert calls == [("save", 1, 1, "ckpt", True), ("load", 1, "ckpt")]
     handle.remove()
     accelerator.save_state(str(tmp_path / "ckpt"))
     assert len(calls) == 2 and (folder / "model.safetensors").exists()

@@ -126,12 +126,12 @@ class CheckpointManager:
         """Save everything on every rank together; returns the checkpoint folder."""
         started = time.monotonic()
         folder, automatic = self.save_target(output_dir)
-        objects = self._snapshot_objects(folder)
+        models, optimizers = list(self.prepared.models), list(self.prepared.optimizers)
+        weights: list[Any] = self.backend.model_state_dicts(models)  # may be a collective: every rank, now
         writes_shared = self._writes_shared_files()
         limit = self.project.total_limit
-        models, optimizers = list(self.prepared.models), list(self.prepared.optimizers)
         nbytes = save_checkpoint(
-            objects,
+            lambda staging: self._collect(models, weights, staging),
             folder,
             state=self.state,
             writes_shared_files=writes_shared,
@@ -151,14 +151,16 @@ class CheckpointManager:
         self._report(folder, time.monotonic() - started, nbytes, async_save)
         return str(folder)
 
-    def _snapshot_objects(self, folder: Path) -> TrainingObjects:
+    def _collect(self, models: list[nn.Module], weights: list[Any], staging: Path) -> TrainingObjects:
         """What this save holds: the backend's model and optimizer state (after the save hooks), the
-        shared objects and this rank's pending gradients."""
-        models: list[nn.Module] = list(self.prepared.models)
-        weights: list[Any] = self.backend.model_state_dicts(models)
+        shared objects and this rank's pending gradients.
+
+        The save hooks get the staging folder as ``output_dir``: files they write there (a model saved in
+        its own format, say) are committed, checksummed and rotated with the checkpoint.
+        """
         hooked_models = list(models)
         for hook in self.save_hooks.values():
-            hook(hooked_models, weights, str(folder))
+            hook(hooked_models, weights, str(staging))
         # A hook may take models out of `weights` (it saved them itself): keep the remaining ones in place.
         objects = self._shared_objects()
         objects.model_states = [weights[i] if i < len(weights) else None for i in range(len(models))]

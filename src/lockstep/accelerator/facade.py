@@ -660,7 +660,18 @@ class Accelerator(ProcessView):
         self._prepared.register_for_checkpointing(objects)
 
     def register_save_state_pre_hook(self, hook: Callable[..., Any]) -> Any:
-        """Call ``hook(models, weights, output_dir)`` before saving; it may pop weights it saved itself."""
+        """Call ``hook(models, weights, output_dir)`` before saving; it may pop weights it saved itself.
+
+        ``output_dir`` is the folder being written (renamed into place when the save commits): files the
+        hook writes there are part of the checkpoint, covered by its manifest and rotated with it.
+
+        Example:
+            >>> def save_unet(models, weights, output_dir):  # doctest: +SKIP
+            ...     if accelerator.is_main_process:
+            ...         models[0].save_pretrained(os.path.join(output_dir, "unet"))
+            ...     weights.pop()
+            >>> accelerator.register_save_state_pre_hook(save_unet)  # doctest: +SKIP
+        """
         return self._checkpointing.add_hook(self._checkpointing.save_hooks, hook)
 
     def register_load_state_pre_hook(self, hook: Callable[..., Any]) -> Any:

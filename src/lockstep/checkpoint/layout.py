@@ -1,7 +1,7 @@
 """Crash-consistent checkpoint folders: staging, manifest, atomic rename, "latest" pointer, rotation.
 
 A save writes every file into a hidden staging folder next to the destination
-(``.checkpoint_3.incomplete``), then the main process writes ``manifest.json`` (every file with its size
+(``.incomplete/checkpoint_3``), then the main process writes ``manifest.json`` (every file with its size
 and SHA-256, the world size and the step), renames the staging folder into place with one atomic
 ``os.replace`` and only then moves the ``latest`` pointer. A folder without a valid manifest is never
 loaded, so ``kill -9`` at any moment of a save leaves the previous checkpoint loadable.
@@ -9,6 +9,7 @@ loaded, so ``kill -9`` at any moment of a save leaves the previous checkpoint lo
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -58,9 +59,15 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
+STAGING_PARENT = ".incomplete"
+"""Hidden folder, next to the checkpoints, that holds the saves in progress."""
+
+
 def staging_dir_for(final_dir: Path) -> Path:
-    """The hidden folder a save writes into before it is renamed to ``final_dir``."""
-    return final_dir.parent / f".{final_dir.name}.incomplete"
+    """The folder a save writes into before it is renamed to ``final_dir``: hidden, on the same file
+    system, and with the same name as ``final_dir`` (save hooks that read the folder's name see the
+    checkpoint's)."""
+    return final_dir.parent / STAGING_PARENT / final_dir.name
 
 
 def prepare_staging(final_dir: Path) -> Path:
@@ -111,6 +118,8 @@ def commit(staging: Path, final_dir: Path, *, move_latest_pointer: bool) -> None
         os.replace(final_dir, previous)
     os.replace(staging, final_dir)
     _fsync_path(final_dir.parent)
+    with contextlib.suppress(OSError):  # another save may still be in progress there
+        staging.parent.rmdir()
     if previous is not None:
         shutil.rmtree(previous, ignore_errors=True)
     if move_latest_pointer:

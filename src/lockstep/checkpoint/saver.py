@@ -63,7 +63,7 @@ def _attempt(function: Callable[[], Any]) -> BaseException | None:
 
 
 def save_checkpoint(
-    objects: TrainingObjects,
+    collect: Callable[[Path], TrainingObjects],
     final_dir: Path,
     *,
     state: PartialState,
@@ -77,8 +77,11 @@ def save_checkpoint(
 ) -> int:
     """Write a checkpoint to ``final_dir`` on every rank together; returns the bytes snapshotted.
 
-    With ``writer``, only the snapshot happens now and the files are written in the background.
-    ``save_shards(staging)`` is the backend's collective write of its own shards, done now in any case.
+    ``collect(staging)`` gives what the checkpoint holds, once the staging folder exists: the Accelerator's
+    save hooks run there and may write files of their own into ``staging``, which are committed (and
+    covered by the manifest) with the rest. With ``writer``, only the snapshot happens now and the files
+    are written in the background. ``save_shards(staging)`` is the backend's collective write of its own
+    shards, done now in any case.
     """
     if writer is not None:
         writer.wait()
@@ -88,6 +91,11 @@ def save_checkpoint(
         _attempt(lambda: layout.prepare_staging(final_dir)) if writes_shared_files else None,
         "Preparing the save",
     )
+    collected: list[TrainingObjects] = []
+    agree(
+        state, _attempt(lambda: collected.append(collect(staging))), f"Collecting the state for {final_dir}"
+    )
+    objects = collected[0]
     snapshots: list[Snapshot] = []
 
     def snapshot() -> None:
