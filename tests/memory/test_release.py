@@ -16,26 +16,43 @@ from tests.helpers.multiprocess import run_distributed
 CUDA_OOM = "CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 15.78 GiB total capacity)"
 
 
-def test_halves_after_each_out_of_memory_error() -> None:
+def _halve(batch_size: int) -> int:
+    return batch_size // 2
+
+
+def test_multiplies_by_accelerates_factor_after_each_out_of_memory_error() -> None:
     tried: list[int] = []
 
     @find_executable_batch_size(starting_batch_size=128)
     def train(batch_size: int, model: str, *, lr: float) -> tuple[int, str, float]:
         tried.append(batch_size)
-        if batch_size > 20:
+        if batch_size > 100:
             raise torch.OutOfMemoryError(CUDA_OOM)
         return batch_size, model, lr
 
-    assert train("mlp", lr=0.1) == (16, "mlp", 0.1)
-    assert tried == [128, 64, 32, 16]
-    assert train("mlp", lr=0.1) == (16, "mlp", 0.1)  # the size found is kept, as in Accelerate
-    assert tried == [128, 64, 32, 16, 16]
+    assert train("mlp", lr=0.1) == (92, "mlp", 0.1)
+    assert tried == [128, 115, 103, 92]  # int(size * 0.9), as Accelerate 1.15
+    assert train("mlp", lr=0.1) == (92, "mlp", 0.1)  # the size found is kept, as in Accelerate
+    assert tried == [128, 115, 103, 92, 92]
+
+
+def test_the_decorator_form_keeps_a_custom_reduction() -> None:
+    tried: list[int] = []
+
+    @find_executable_batch_size(starting_batch_size=64, reduce_batch_size_fn=lambda size: size // 4)
+    def train(batch_size: int) -> int:
+        tried.append(batch_size)
+        if batch_size > 8:
+            raise torch.OutOfMemoryError(CUDA_OOM)
+        return batch_size
+
+    assert train() == 4 and tried == [64, 16, 4]
 
 
 def test_real_cpu_allocation_failure_is_retried() -> None:
     tried: list[int] = []
 
-    @find_executable_batch_size(starting_batch_size=64)
+    @find_executable_batch_size(starting_batch_size=64, reduce_batch_size_fn=_halve)
     def train(batch_size: int) -> int:
         tried.append(batch_size)
         if batch_size > 16:
@@ -69,7 +86,7 @@ def test_reaching_zero_is_an_error() -> None:
 
     with pytest.raises(RuntimeError, match=r"^No executable batch size found, reached zero\.$"):
         train()
-    assert tried == [8, 4, 2, 1]
+    assert tried == [8, 7, 6, 5, 4, 3, 2, 1]  # int(1 * 0.9) == 0
 
 
 @pytest.mark.parametrize(
@@ -143,7 +160,7 @@ def _agreement_worker() -> dict[str, Any]:
     rank = state.process_index
     tried: list[int] = []
 
-    @find_executable_batch_size(starting_batch_size=128)
+    @find_executable_batch_size(starting_batch_size=128, reduce_batch_size_fn=_halve)
     def train(batch_size: int) -> int:
         tried.append(batch_size)
         if batch_size > 64 or (rank == 1 and batch_size == 64):
@@ -179,7 +196,7 @@ def _cpu_allocation_agreement_worker() -> dict[str, Any]:
     rank = PartialState().process_index
     tried: list[int] = []
 
-    @find_executable_batch_size(starting_batch_size=64)
+    @find_executable_batch_size(starting_batch_size=64, reduce_batch_size_fn=_halve)
     def train(batch_size: int) -> int:
         tried.append(batch_size)
         if rank == 0 and batch_size > 32:

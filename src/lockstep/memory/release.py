@@ -1,6 +1,7 @@
 """Freeing memory and finding a batch size that fits.
 
-:func:`find_executable_batch_size` retries a training function with half the batch size whenever it runs
+:func:`find_executable_batch_size` retries a training function with 0.9 times the batch size (Accelerate's
+factor: 128, 115, 103, ...) whenever it runs
 out of memory. In a process group the ranks agree after every attempt (one small all-reduce), so that when
 any rank runs out of memory all of them retry with the same smaller batch size, and when any rank fails
 for another reason the others stop too instead of waiting for it forever.
@@ -32,6 +33,8 @@ _OOM_MESSAGES = (
 )
 
 _OK, _OOM, _FAILED = 0, 1, 2
+DEFAULT_REDUCTION = 0.9
+"""The batch size is multiplied by this after an out-of-memory error (Accelerate 1.15's factor)."""
 
 
 def clear_device_cache(garbage_collection: bool = False) -> None:
@@ -164,7 +167,7 @@ class _BatchSizeSearch:
 
     def _next_batch_size(self) -> int:
         if self.reduce_fn is None:
-            return self.batch_size // 2
+            return int(self.batch_size * DEFAULT_REDUCTION)
         if _positional_parameters(self.reduce_fn):
             return int(self.reduce_fn(self.batch_size))
         return int(self.reduce_fn())
@@ -200,7 +203,8 @@ def find_executable_batch_size(
     starting_batch_size: int = 128,
     reduce_batch_size_fn: Callable[..., int] | None = None,
 ) -> Any:
-    """Decorator: call ``function(batch_size, ...)``, halving the batch size after out-of-memory errors.
+    """Decorator: call ``function(batch_size, ...)``, with 0.9 times the batch size after each out-of-memory
+    error (128, 115, 103, 92, ...: Accelerate's factor).
 
     The decorated function receives the batch size as its first argument; call it without that argument.
     Errors that are not out-of-memory (see :func:`should_reduce_batch_size`) propagate unchanged. As in
@@ -212,7 +216,8 @@ def find_executable_batch_size(
         starting_batch_size: the first batch size to try.
         reduce_batch_size_fn: the next batch size after an out-of-memory error, called with no argument
             (Accelerate's convention) or with the current batch size if it takes a positional parameter.
-            Halving when None.
+            ``int(batch_size * 0.9)`` when None. Unlike Accelerate 1.15, the decorator form
+            (``@find_executable_batch_size(reduce_batch_size_fn=...)``) keeps it.
 
     Returns:
         The decorated function (or a decorator when ``function`` is None).
