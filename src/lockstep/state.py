@@ -386,6 +386,12 @@ class AcceleratorState(PartialState):
     def distributed_type(self) -> DistributedType:
         return self._ctx.accelerator_settings.get("distributed_type", super().distributed_type)
 
+    @distributed_type.setter
+    def distributed_type(self, distributed_type: DistributedType | str) -> None:
+        """Record another distributed type, as Accelerate lets code do (tests, integrations). It changes what
+        the state reports, not the backend an existing Accelerator already prepared objects with."""
+        self._record(distributed_type=DistributedType.parse(distributed_type, argument="distributed_type"))
+
     def _record(self, **settings: Any) -> None:
         self._ctx.accelerator_settings.update(settings)
 

@@ -97,3 +97,29 @@ def test_launchers_reject_bad_process_counts():
         debug_launcher(print, num_processes=0)
     with pytest.raises(ValueError, match="mixed_precision='fp32' is invalid"):
         notebook_launcher(print, num_processes=2, mixed_precision="fp32")
+
+
+def _fail_on_rank_one():
+    from lockstep import Accelerator
+
+    accelerator = Accelerator()
+    if accelerator.process_index == 1:
+        raise KeyError("missing column 'label' on rank one")
+    accelerator.wait_for_everyone()
+
+
+@pytest.mark.distributed
+def test_a_failing_worker_raises_torchs_child_failed_error_with_lockstep_message():
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    from lockstep.launcher import WorkerFailedError
+
+    with pytest.raises(ChildFailedError) as caught:  # what Accelerate's launchers raise
+        debug_launcher(_fail_on_rank_one, num_processes=2)
+    error = caught.value
+    assert isinstance(error, WorkerFailedError) and isinstance(error, RuntimeError)
+    assert list(error.failures) == [1] and error.get_first_failure()[0] == 1
+    text = str(error)
+    assert text.startswith("A worker process failed:\nrank 1 (local rank 1, pid ")
+    assert "KeyError" in text and "missing column 'label' on rank one" in text
+    assert "FAILED" not in text  # lockstep's lines, not torch's banner

@@ -40,6 +40,8 @@ from lockstep.accelerator.prepared import PreparedObjects
 from lockstep.accelerator.process_view import ProcessView
 from lockstep.accelerator.scheduler import AcceleratedScheduler
 from lockstep.accelerator.settings import (
+    NOT_GIVEN,
+    apply_deprecated_dataloader_arguments,
     reject_unbuilt_features,
     resolve_accumulation,
     resolve_fsdp,
@@ -93,6 +95,8 @@ class Accelerator(ProcessView):
             ``"all"`` (those installed), GeneralTracker objects, or a list of them.
         fsdp_plugin: shard the model with FSDP2 (``FullyShardedDataParallelPlugin``); also selected by the
             launcher's ``distributed_type: FSDP``.
+        split_batches, dispatch_batches, even_batches, use_seedable_sampler: Accelerate's deprecated
+            spellings of the ``DataLoaderConfiguration`` fields: applied, with a FutureWarning.
         deepspeed_plugin, deepspeed_plugins, torch_tp_plugin, megatron_lm_plugin,
             parallelism_config: features not built yet; passing them raises NotImplementedError.
     """
@@ -100,6 +104,7 @@ class Accelerator(ProcessView):
     def __init__(
         self,
         device_placement: bool = True,
+        split_batches: bool = NOT_GIVEN,
         mixed_precision: str | PrecisionType | None = None,
         gradient_accumulation_steps: int | None = None,
         cpu: bool = False,
@@ -123,6 +128,9 @@ class Accelerator(ProcessView):
         preemption_signals: Sequence[str] = DEFAULT_SIGNALS,
         preemption_grace_period: float = 30.0,
         step_timing: bool | None = None,
+        dispatch_batches: bool | None = NOT_GIVEN,
+        even_batches: bool = NOT_GIVEN,
+        use_seedable_sampler: bool = NOT_GIVEN,
     ) -> None:
         if fsdp_plugin is not None and deepspeed_plugin is not None:
             resolve_fsdp(fsdp_plugin, deepspeed_plugin, {})  # raises: they cannot be combined
@@ -132,6 +140,15 @@ class Accelerator(ProcessView):
             torch_tp_plugin=torch_tp_plugin,
             megatron_lm_plugin=megatron_lm_plugin,
             parallelism_config=parallelism_config,
+        )
+        dataloader_config = apply_deprecated_dataloader_arguments(
+            dataloader_config,
+            {
+                "split_batches": split_batches,
+                "dispatch_batches": dispatch_batches,
+                "even_batches": even_batches,
+                "use_seedable_sampler": use_seedable_sampler,
+            },
         )
         self.settings = resolve_settings(
             mixed_precision=mixed_precision,
@@ -267,7 +284,8 @@ class Accelerator(ProcessView):
     # -- resolved settings ------------------------------------------------------------------------
     @property
     def distributed_type(self) -> DistributedType:
-        return self.backend.distributed_type
+        """How the processes share the work; the backend's, unless code set ``state.distributed_type``."""
+        return self.state.distributed_type
 
     @property
     def fsdp_plugin(self) -> Any:
@@ -309,6 +327,11 @@ class Accelerator(ProcessView):
         return self.settings.project_config.iteration
 
     @property
+    def dataloader_config(self) -> DataLoaderConfiguration:
+        """How prepared dataloaders split and deliver data (the ``DataLoaderConfiguration`` in force)."""
+        return self.settings.dataloader_config
+
+    @property
     def split_batches(self) -> bool:
         return self.settings.dataloader_config.split_batches
 
@@ -319,6 +342,11 @@ class Accelerator(ProcessView):
     @property
     def even_batches(self) -> bool:
         return self.settings.dataloader_config.even_batches
+
+    @even_batches.setter
+    def even_batches(self, even_batches: bool) -> None:
+        """Loaders prepared from now on fill (True) or do not fill (False) the short last batch."""
+        self.settings.dataloader_config.even_batches = even_batches
 
     @property
     def use_seedable_sampler(self) -> bool:

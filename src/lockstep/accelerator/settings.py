@@ -6,6 +6,7 @@ Precedence: an explicit constructor argument > the launcher's serialized setting
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -77,6 +78,49 @@ def sort_kwargs_handlers(handlers: Iterable[Any] | None) -> KwargsHandlers:
             raise ValueError(f"kwargs_handlers holds more than one {type(handler).__name__}; pass it once.")
         setattr(result, slot, handler)
     return result
+
+
+_DEPRECATED_DATALOADER_ARGUMENTS = (
+    "split_batches",
+    "dispatch_batches",
+    "even_batches",
+    "use_seedable_sampler",
+)
+
+
+def apply_deprecated_dataloader_arguments(
+    dataloader_config: DataLoaderConfiguration | None, given: dict[str, Any]
+) -> DataLoaderConfiguration | None:
+    """``Accelerator(split_batches=..., dispatch_batches=..., even_batches=..., use_seedable_sampler=...)``,
+    Accelerate's older spelling: applied to the dataloader configuration with a FutureWarning that shows
+    the ``DataLoaderConfiguration`` to write instead. (Accelerate 1.x keeps ``split_batches`` in its
+    signature but ignores the value; lockstep applies it.)"""
+    given = {name: value for name, value in given.items() if value is not _NOT_GIVEN}
+    if not given:
+        return dataloader_config
+    config = dataloader_config if dataloader_config is not None else DataLoaderConfiguration()
+    for name, value in given.items():
+        setattr(config, name, value)
+    config.__post_init__()  # the values are checked like the configuration's own
+    spelled = ", ".join(f"{name}={value!r}" for name, value in given.items())
+    warnings.warn(
+        f"Passing {', '.join(given)} to Accelerator() is deprecated (as in Accelerate): pass "
+        f"Accelerator(dataloader_config=DataLoaderConfiguration({spelled})) instead. The values are applied.",
+        FutureWarning,
+        stacklevel=3,
+    )
+    return config
+
+
+class _NotGiven:
+    """The default of a deprecated argument, so that an explicit False or None is told apart from none."""
+
+    def __repr__(self) -> str:
+        return "<not given>"
+
+
+_NOT_GIVEN: Any = _NotGiven()
+NOT_GIVEN: Any = _NOT_GIVEN
 
 
 def reject_unbuilt_features(**arguments: Any) -> None:

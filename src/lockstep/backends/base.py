@@ -31,6 +31,13 @@ from lockstep.precision import Precision
 from lockstep.state import PartialState
 
 Indexed = Sequence[tuple[int, Any]]
+
+
+def _compiled_like(compiled: nn.Module, module: nn.Module) -> nn.Module:
+    """A ``torch.compile`` wrapper around ``module`` with ``compiled``'s compile settings."""
+    return type(compiled)(module, compiled.dynamo_ctx)  # type: ignore[call-arg, attr-defined]
+
+
 """``(index, object)`` pairs: the position of a model or optimizer among those prepared, and the object."""
 
 
@@ -97,12 +104,21 @@ class Backend(ABC):
         """Apply this backend's distributed wrapper to a placed (and maybe compiled) model."""
 
     def unwrap_model(self, model: nn.Module, *, keep_torch_compile: bool = True) -> nn.Module:
-        """Strip distributed wrappers (and the ``torch.compile`` wrapper unless kept)."""
+        """Strip distributed wrappers (and the ``torch.compile`` wrapper unless kept).
+
+        A model compiled *around* its distributed wrapper (``torch.compile(prepared)``) comes back, with
+        ``keep_torch_compile``, as a compiled module around the unwrapped model, as in Accelerate. Unlike
+        Accelerate, the training model is left as it is (Accelerate re-points its ``_orig_mod``, so the
+        compiled model it trains stops synchronising gradients); a new compiled wrapper is returned.
+        """
         while True:
             if isinstance(model, nn.parallel.DistributedDataParallel | nn.DataParallel):
                 model = model.module
-            elif not keep_torch_compile and isinstance(getattr(model, "_orig_mod", None), nn.Module):
-                model = model._orig_mod
+            elif isinstance(getattr(model, "_orig_mod", None), nn.Module):
+                inner = self.unwrap_model(model._orig_mod, keep_torch_compile=keep_torch_compile)
+                if not keep_torch_compile:
+                    return inner
+                return model if inner is model._orig_mod else _compiled_like(model, inner)
             else:
                 return model
 

@@ -8,15 +8,21 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__all__ = ["debug_launcher", "notebook_launcher"]
+__all__ = ["WorkerFailedError", "debug_launcher", "notebook_launcher"]
+_MODULES = {
+    "WorkerFailedError": "lockstep.launcher.failures",
+    "debug_launcher": "lockstep.launcher.notebook",
+    "notebook_launcher": "lockstep.launcher.notebook",
+}
 
 if TYPE_CHECKING:
+    from lockstep.launcher.failures import WorkerFailedError
     from lockstep.launcher.notebook import debug_launcher, notebook_launcher
 
 
 def __getattr__(name: str) -> Any:
     if name not in __all__:
         raise AttributeError(f"module 'lockstep.launcher' has no attribute {name!r}")
-    value = getattr(importlib.import_module("lockstep.launcher.notebook"), name)
+    value = getattr(importlib.import_module(_MODULES[name]), name)
     globals()[name] = value
     return value

@@ -2,7 +2,8 @@
 
 Both launchers hand the processes to torch's elastic agent with the ``fork`` start method, so functions
 defined in a notebook (which cannot be pickled) work. A failing worker's exception text is raised in the
-calling process.
+calling process, as a :class:`~lockstep.launcher.failures.WorkerFailedError` (torch's ``ChildFailedError``,
+as Accelerate raises, and a ``RuntimeError``).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from lockstep import _env
-from lockstep.launcher.elastic import describe_failure, free_port, quiet_agent_logs, torch_launch_config
+from lockstep.launcher.elastic import free_port, quiet_agent_logs, torch_launch_config
 from lockstep.launcher.settings import LaunchSettings, cpu_threads_per_process
 
 
@@ -95,8 +96,9 @@ def _run_forked(
         try:
             elastic_launch(config, _fresh_process_entry(function))(*args)
         except ChildFailedError as error:
-            lines = [describe_failure(rank, failure) for rank, failure in sorted(error.failures.items())]
-            raise RuntimeError("A worker process failed:\n" + "\n".join(lines)) from None
+            from lockstep.launcher.failures import WorkerFailedError
+
+            raise WorkerFailedError(error.name, error.failures) from None
 
 
 def notebook_launcher(
