@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+import warnings
 from collections import namedtuple
 from typing import Any
 
@@ -9,7 +11,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
+import lockstep.utils
 from lockstep.collectives import (
+    CannotPadNestedTensorWarning,
     DistributedOperationException,
     broadcast,
     broadcast_object_list,
@@ -198,17 +202,120 @@ def test_world_size_one_needs_no_process_group() -> None:
     assert broadcast_object_list(objects) is objects
     assert pad_across_processes(data) is data
     value = torch.tensor([1.0, 4.0])
-    for reduction in ("sum", "mean", "none"):
+    for reduction in ("sum", "mean", "max", "min", "none"):
         reduced = reduce(value, reduction, scale=2.0)
         assert reduced.tolist() == [2.0, 8.0] and reduced is not value
     assert reduce(torch.tensor([3]), "mean").tolist() == [3]
 
 
-def test_reduce_rejects_unknown_reduction() -> None:
+@pytest.mark.parametrize("reduction", ["avg", "MAX", "prod"])
+def test_reduce_rejects_unknown_reduction(reduction: str) -> None:
     with pytest.raises(
-        ValueError, match=r"reduce\(reduction='max'\) is invalid: choose one of 'sum', 'mean', 'none'"
+        ValueError,
+        match=(
+            rf"^reduce\(reduction='{reduction}'\) on rank 0 of world size 1 is invalid: it is not a known "
+            r"reduction. Choose one of 'sum', 'mean', 'max', 'min', 'none'.$"
+        ),
     ):
-        reduce(torch.ones(1), reduction="max")
+        reduce(torch.ones(1), reduction=reduction)
+
+
+def _reductions_worker() -> dict[str, Any]:
+    rank = PartialState().process_index
+    # Each rank holds the larger value at some positions and the smaller at others.
+    floats = torch.tensor([1.0, 5.0, -2.0]) if rank == 0 else torch.tensor([3.0, 2.0, -7.0])
+    ints = torch.tensor([[4, 0]]) if rank == 0 else torch.tensor([[1, 9]])
+    nested = {"f": floats, "rest": [Pair(ints, floats[:1])]}
+    out: dict[str, Any] = {}
+    for reduction in ("sum", "mean", "max", "min", "none"):
+        reduced = reduce(nested, reduction)
+        pair = reduced["rest"][0]
+        out[reduction] = (reduced["f"].tolist(), pair.a.tolist(), pair.b.tolist(), type(pair).__name__)
+        out[f"{reduction}_dtype"] = str(pair.a.dtype)
+    out["max_scaled"] = reduce(floats, "max", scale=2.0).tolist()
+    out["min_scaled"] = reduce(floats, "min", scale=0.5).tolist()
+    out["input_untouched"] = (floats.tolist(), ints.tolist())
+    return out
+
+
+@pytest.mark.distributed
+def test_every_reduction_in_a_real_group() -> None:
+    results = run_distributed(_reductions_worker, 2, timeout=60)
+    expected = {
+        "sum": ([4.0, 7.0, -9.0], [[5, 9]], [4.0], "Pair"),
+        "mean": ([2.0, 3.5, -4.5], [[2.5, 4.5]], [2.0], "Pair"),
+        "max": ([3.0, 5.0, -2.0], [[4, 9]], [3.0], "Pair"),
+        "min": ([1.0, 2.0, -7.0], [[1, 0]], [1.0], "Pair"),
+        "max_scaled": [6.0, 10.0, -4.0],
+        "min_scaled": [0.5, 1.0, -3.5],
+        "mean_dtype": "torch.float32",
+        "max_dtype": "torch.int64",
+        "min_dtype": "torch.int64",
+        "sum_dtype": "torch.int64",
+    }
+    own = [([1.0, 5.0, -2.0], [[4, 0]], [1.0], "Pair"), ([3.0, 2.0, -7.0], [[1, 9]], [3.0], "Pair")]
+    for rank, out in enumerate(results):
+        for key, value in expected.items():
+            assert out[key] == value, (rank, key)
+        assert out["none"] == own[rank]  # lockstep's "none": this rank's own values, no communication
+        assert out["input_untouched"] == own[rank][:2]
+
+
+def _nested_tensor(*lengths: int, layout: torch.layout = torch.jagged) -> torch.Tensor:
+    with warnings.catch_warnings():  # torch warns that the strided layout is a prototype
+        warnings.filterwarnings("ignore", "The PyTorch API of nested tensors is in prototype stage")
+        return torch.nested.nested_tensor([torch.ones(n, 2) for n in lengths], layout=layout)
+
+
+NESTED_WARNING = (
+    "pad_across_processes() cannot pad nested tensors without more information: got a nested 3-d "
+    "torch.float32 tensor (torch.nested), whose components differ in size. Leaving it unprocessed. To pad "
+    "it, turn it into a regular tensor first with tensor.to_padded_tensor(pad_index)."
+)
+
+
+@pytest.mark.parametrize("layout", [torch.jagged, torch.strided])
+def test_pad_leaves_a_nested_tensor_alone_with_a_warning(layout: torch.layout) -> None:
+    nested = _nested_tensor(1, 3, layout=layout)
+    with pytest.warns(CannotPadNestedTensorWarning, match=f"^{re.escape(NESTED_WARNING)}$") as caught:
+        assert pad_across_processes(nested, dim=1) is nested
+    assert [w.filename for w in caught] == [__file__]  # points at the call, not at lockstep
+
+
+def test_pad_warns_once_per_nested_tensor_in_a_structure() -> None:
+    data = {"nested": [_nested_tensor(1, 2), _nested_tensor(3)], "plain": torch.ones(2)}
+    with pytest.warns(CannotPadNestedTensorWarning) as caught:
+        assert pad_across_processes(data) is data
+    assert [str(w.message) for w in caught] == [NESTED_WARNING, NESTED_WARNING]
+
+
+def test_cannot_pad_nested_tensor_warning_is_exported_like_accelerate() -> None:
+    assert lockstep.utils.CannotPadNestedTensorWarning is CannotPadNestedTensorWarning
+    assert issubclass(CannotPadNestedTensorWarning, UserWarning)
+    assert "CannotPadNestedTensorWarning" in lockstep.utils.__all__
+
+
+def _pad_nested_worker() -> dict[str, Any]:
+    rank = PartialState().process_index
+    nested = _nested_tensor(*range(1, rank + 3))  # rank 0: 2 components, rank 1: 3
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        padded = pad_across_processes({"n": nested, "t": torch.ones(rank + 1, 2)}, pad_index=-1)
+    return {
+        "warnings": [(w.category.__name__, str(w.message)) for w in caught],
+        "nested_untouched": padded["n"] is nested,
+        "t": padded["t"].tolist(),
+    }
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("env", [{}, {"LOCKSTEP_DEBUG": "1"}], ids=["plain", "debug"])
+def test_pad_skips_nested_tensors_and_pads_the_rest_in_a_real_group(env: dict[str, str]) -> None:
+    results = run_distributed(_pad_nested_worker, 2, timeout=60, env=env)
+    for rank, out in enumerate(results):
+        assert out["warnings"] == [("CannotPadNestedTensorWarning", NESTED_WARNING)]
+        assert out["nested_untouched"] is True
+        assert out["t"] == [[1.0, 1.0]] * (rank + 1) + [[-1.0, -1.0]] * (1 - rank)
 
 
 def test_reduce_rejects_non_tensor_leaves() -> None:

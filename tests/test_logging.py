@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
+import os
+import sys
 import time
 from collections.abc import Iterator
+from types import FrameType
 from typing import Any
 
 import pytest
 
+import lockstep.logging
 from lockstep.logging import MultiProcessAdapter, get_logger
 from lockstep.state import PartialState
 from tests.helpers.multiprocess import run_distributed
@@ -136,3 +141,103 @@ def test_unknown_level_is_rejected(
         monkeypatch.setenv("LOCKSTEP_LOG_LEVEL", env)
     with pytest.raises(ValueError, match=f"{source} is not a logging level: use DEBUG, INFO, WARNING"):
         get_logger(NAME, **kwargs)
+
+
+def _find_caller_py310(
+    self: logging.Logger, stack_info: bool = False, stacklevel: int = 1
+) -> tuple[str, int, str, str | None]:
+    """``Logger.findCaller`` as CPython 3.10 has it: ``stacklevel`` counts logging's own frames too.
+
+    3.11 changed it to skip them (bpo-45171); lockstep supports both, and the tests run on one.
+    """
+    frame: FrameType | None = sys._getframe(2)  # Logger.log, below findCaller and Logger._log
+    frame = frame.f_back if frame is not None else None
+    start = frame
+    while frame is not None and stacklevel > 1:
+        frame, stacklevel = frame.f_back, stacklevel - 1
+    frame = frame or start
+    while frame is not None and os.path.normcase(frame.f_code.co_filename) == logging._srcfile:
+        frame = frame.f_back
+    assert frame is not None
+    return frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name, None
+
+
+@pytest.fixture(params=["this python", "python 3.10"])
+def find_caller(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run a test with this interpreter's ``findCaller`` and with Python 3.10's."""
+    if request.param == "python 3.10":
+        monkeypatch.setattr(logging.Logger, "findCaller", _find_caller_py310)
+    monkeypatch.setattr(lockstep.logging, "_warned_once", set())
+
+
+def _line() -> int:
+    """The line number of the caller's current line."""
+    frame = inspect.currentframe()
+    assert frame is not None and frame.f_back is not None
+    return frame.f_back.f_lineno
+
+
+def _log_from_a_helper(logger: MultiProcessAdapter, stacklevel: int) -> int:
+    logger.info("from the helper, stacklevel=%d", stacklevel, stacklevel=stacklevel)
+    return _line() - 1
+
+
+def _where(handler: _ListHandler) -> list[tuple[str, str, int, str]]:
+    return [(r.getMessage(), r.filename, r.lineno, r.funcName) for r in handler.records]
+
+
+def test_records_name_the_calling_line(find_caller: None) -> None:
+    PartialState()
+    logger = get_logger(NAME, log_level="DEBUG")
+    handler = _capture(logger)
+    first = _line() + 1
+    logger.info("info")
+    logger.debug("debug", stacklevel=1)
+    logger.warning("warning", main_process_only=False)
+    logger.error("error", main_process_only=False, in_order=True)
+    logger.critical("critical")
+    logger.exception("exception")
+    logger.log(logging.INFO, "log")
+    logger.log(logging.INFO, "log, stacklevel=1", stacklevel=1)
+    here = [
+        (message, "test_logging.py", first + i, "test_records_name_the_calling_line")
+        for i, message in enumerate(
+            ["info", "debug", "warning", "error", "critical", "exception", "log", "log, stacklevel=1"]
+        )
+    ]
+    assert _where(handler) == here
+
+
+def test_stacklevel_counts_frames_from_the_calling_line(find_caller: None) -> None:
+    PartialState()
+    logger = get_logger(NAME, log_level="INFO")
+    handler = _capture(logger)
+    helper_line = _log_from_a_helper(logger, stacklevel=1)
+    call_line = _line() + 1
+    _log_from_a_helper(logger, stacklevel=2)  # the helper's caller: this line
+    _log_from_a_helper(logger, stacklevel=0)  # below 1 counts as 1, as if not given
+    assert _where(handler) == [
+        ("from the helper, stacklevel=1", "test_logging.py", helper_line, "_log_from_a_helper"),
+        (
+            "from the helper, stacklevel=2",
+            "test_logging.py",
+            call_line,
+            "test_stacklevel_counts_frames_from_the_calling_line",
+        ),
+        ("from the helper, stacklevel=0", "test_logging.py", helper_line, "_log_from_a_helper"),
+    ]
+
+
+def test_warning_once_names_the_calling_line(find_caller: None) -> None:
+    PartialState()
+    logger = get_logger(NAME, log_level="INFO")
+    handler = _capture(logger)
+    first = _line() + 1
+    logger.warning_once("once")
+    logger.warning_once("once")
+    logger.warning_once("once with stacklevel=%d", 1, stacklevel=1)
+    name = "test_warning_once_names_the_calling_line"
+    assert _where(handler) == [
+        ("once", "test_logging.py", first, name),
+        ("once with stacklevel=1", "test_logging.py", first + 2, name),
+    ]

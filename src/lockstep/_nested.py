@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -115,6 +115,81 @@ def slice_batch(data: Any, index: slice) -> Any:
         except TypeError:
             return sliced
     return data
+
+
+def concatenate(data: Sequence[Any], dim: int = 0) -> Any:
+    """Concatenate a list of batches of the same structure along ``dim``, as ``accelerate.utils.concatenate``.
+
+    Tensors are concatenated with :func:`torch.cat`; lists, tuples (namedtuples too) and dicts are walked
+    position by position and key by key, so a list is a structure here, never a list of samples. Other
+    items cannot be concatenated: a single batch is returned as it is (its lists and dicts rebuilt), and
+    several batches holding them raise a TypeError, as in Accelerate. Batches of different lengths or
+    keys raise a ValueError (Accelerate fails with an IndexError or KeyError, or drops the extra items).
+
+    Args:
+        data: the batches, a list or tuple of tensors or of nested lists / tuples / dicts of tensors.
+        dim: the dimension along which tensors are concatenated.
+
+    Returns:
+        One batch of the same structure.
+
+    Raises:
+        TypeError: when ``data`` is not a list or tuple, or when several batches hold something other
+            than tensors at the same place.
+        ValueError: when ``data`` is empty, or when its batches differ in length or keys.
+
+    Example:
+        >>> import torch
+        >>> concatenate([{"x": torch.zeros(1, 2)}, {"x": torch.ones(2, 2)}])["x"].shape
+        torch.Size([3, 2])
+        >>> concatenate([[1, "a"]])  # one batch: returned as it is
+        [1, 'a']
+    """
+    if not isinstance(data, (list, tuple)):
+        raise TypeError(
+            f"concatenate() needs a list of batches, got a {type(data).__name__}. Wrap a single batch in a "
+            "list: concatenate([batch])."
+        )
+    if not data:
+        raise ValueError("concatenate([]) got no batches: pass a list holding at least one batch.")
+    first = data[0]
+    if isinstance(first, (tuple, list)):
+        _check_same("lengths", data, [len(d) if isinstance(d, (tuple, list)) else None for d in data])
+        return honor_type(first, (concatenate([d[i] for d in data], dim=dim) for i in range(len(first))))
+    if isinstance(first, Mapping):
+        _check_same("keys", data, [set(d) if isinstance(d, Mapping) else None for d in data])
+        merged = {k: concatenate([d[k] for d in data], dim=dim) for k in first}
+        try:
+            return type(first)(merged)
+        except TypeError:  # mapping types without a dict constructor
+            return merged
+    if isinstance(first, torch.Tensor):
+        return torch.cat(list(data), dim=dim)
+    if len(data) == 1:
+        return first
+    raise TypeError(
+        f"concatenate() can only concatenate tensors, but got {len(data)} batches holding a "
+        f"{type(first).__name__} ({first!r:.60}) at the same place. Collect such values with "
+        "gather_object() or in a Python list; a single batch is returned as it is."
+    )
+
+
+def _check_same(what: str, data: Sequence[Any], values: list[Any]) -> None:
+    """Raise when the batches' ``values`` (their lengths or key sets) differ."""
+    if any(value != values[0] for value in values):
+        layouts = ", ".join(f"batch {i} has {_layout(batch)}" for i, batch in enumerate(data))
+        raise ValueError(
+            f"concatenate() needs batches of the same structure, but their {what} differ: {layouts}. "
+            "Give every batch the same items."
+        )
+
+
+def _layout(batch: Any) -> str:
+    if isinstance(batch, (tuple, list)):
+        return f"{len(batch)} items"
+    if isinstance(batch, Mapping):
+        return f"keys {list(batch)}"
+    return f"a {type(batch).__name__}"
 
 
 def concatenate_batches(batches: list[Any]) -> Any:

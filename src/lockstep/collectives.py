@@ -20,6 +20,7 @@ Example:
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -27,10 +28,19 @@ import torch
 import torch.distributed as dist
 
 from lockstep._nested import leaves, recursively_apply, slice_batch
-from lockstep.errors import DistributedOperationException
+from lockstep.errors import CannotPadNestedTensorWarning, DistributedOperationException
 from lockstep.state import PartialState
 
-REDUCTIONS = ("sum", "mean", "none")
+REDUCTIONS = ("sum", "mean", "max", "min", "none")
+"""The ``reduction`` values :func:`reduce` accepts: Accelerate's four, ``"min"``, and lockstep's ``"none"``."""
+
+# The all_reduce op behind each reduction that communicates ("mean" is a sum divided afterwards).
+_REDUCE_OPS = {
+    "sum": dist.ReduceOp.SUM,
+    "mean": dist.ReduceOp.SUM,
+    "max": dist.ReduceOp.MAX,
+    "min": dist.ReduceOp.MIN,
+}
 
 # Device types each backend can run collectives on; anything else is moved to the backend's own device.
 _BACKEND_DEVICES = {"gloo": {"cpu", "cuda"}, "nccl": {"cuda"}, "xccl": {"xpu"}, "mpi": {"cpu"}}
@@ -80,7 +90,8 @@ def _to_comm(tensor: torch.Tensor) -> torch.Tensor:
 
 # -- debug-mode verification -----------------------------------------------------------------------
 def _describe(data: Any) -> tuple[list[tuple[int, ...]], list[str]]:
-    tensors = leaves(data)
+    # Nested tensors have no fixed shape (reading it raises); pad_across_processes leaves them alone.
+    tensors = [t for t in leaves(data) if not t.is_nested]
     return [tuple(t.shape) for t in tensors], [str(t.dtype) for t in tensors]
 
 
@@ -271,7 +282,7 @@ def _reduce_one(tensor: torch.Tensor, reduction: str, scale: float, world_size: 
     result = tensor.clone()
     if world_size > 1:
         buffer = _to_comm(result)
-        dist.all_reduce(buffer, op=dist.ReduceOp.SUM)
+        dist.all_reduce(buffer, op=_REDUCE_OPS[reduction])
         result = buffer.to(tensor.device)
         if reduction == "mean":
             result = result / world_size
@@ -281,14 +292,17 @@ def _reduce_one(tensor: torch.Tensor, reduction: str, scale: float, world_size: 
 def reduce(tensor: Any, reduction: str = "mean", scale: float = 1.0) -> Any:
     """Reduce tensors across processes; every process gets the result.
 
-    ``reduction="none"`` differs from Accelerate on purpose: Accelerate's ``"none"`` silently sums across
-    processes, ours does no communication and returns this process's own values (times ``scale``).
-    ``scale`` multiplies the result of every reduction (Accelerate applies it on XLA only). A ``"mean"``
-    of integer tensors is returned as floating point.
+    ``"sum"``, ``"mean"`` and ``"max"`` are Accelerate's; ``"min"`` is the element-wise minimum
+    (Accelerate documents no ``"min"`` and sums instead). ``reduction="none"`` differs from Accelerate on
+    purpose: Accelerate's ``"none"`` silently sums across processes, ours does no communication and
+    returns this process's own values (times ``scale``). An unknown ``reduction`` is an error (Accelerate
+    sums). ``scale`` multiplies the result of every reduction (Accelerate applies it on XLA only). A
+    ``"mean"`` of integer tensors is returned as floating point; ``"max"`` and ``"min"`` keep the dtype.
 
     Args:
         tensor: a tensor or a nested structure of tensors, of the same shapes on every process.
-        reduction: ``"sum"``, ``"mean"`` or ``"none"``.
+        reduction: ``"sum"``, ``"mean"``, ``"max"``, ``"min"`` (element-wise across processes) or
+            ``"none"``.
         scale: a factor applied after the reduction.
 
     Returns:
@@ -301,12 +315,15 @@ def reduce(tensor: Any, reduction: str = "mean", scale: float = 1.0) -> Any:
         >>> import torch
         >>> reduce(torch.tensor([2.0]), reduction="sum")  # on 2 processes with [2.] and [4.]: tensor([6.])
         tensor([2.])
+        >>> reduce(torch.tensor([2.0, 5.0]), reduction="max")  # with [4., 1.] on rank 1: tensor([4., 5.])
+        tensor([2., 5.])
     """
+    state = _state()
     if reduction not in REDUCTIONS:
         raise ValueError(
-            f"reduce(reduction={reduction!r}) is invalid: choose one of {', '.join(map(repr, REDUCTIONS))}."
+            f"reduce(reduction={reduction!r}) on {_where(state)} is invalid: it is not a known reduction. "
+            f"Choose one of {', '.join(map(repr, REDUCTIONS))}."
         )
-    state = _state()
     _require_tensors("reduce", tensor, state)
     world_size = 1 if reduction == "none" else state.num_processes
     if world_size > 1:
@@ -336,10 +353,26 @@ def _largest_sizes(tensors: list[torch.Tensor], dims: list[int | None], world_si
     return torch.stack(parts).amax(dim=0).tolist()
 
 
+def _warn_nested(tensors: list[torch.Tensor]) -> None:
+    """Warn once per nested tensor: it has no size in ``dim`` to pad to (Accelerate warns the same)."""
+    for tensor in tensors:
+        if tensor.is_nested:
+            warnings.warn(
+                f"pad_across_processes() cannot pad nested tensors without more information: got a nested "
+                f"{tensor.dim()}-d {tensor.dtype} tensor (torch.nested), whose components differ in size. "
+                "Leaving it unprocessed. To pad it, turn it into a regular tensor first with "
+                "tensor.to_padded_tensor(pad_index).",
+                CannotPadNestedTensorWarning,
+                stacklevel=3,
+            )
+
+
 def pad_across_processes(tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False) -> Any:
     """Pad every tensor in dimension ``dim`` to the largest size that dimension has on any process.
 
-    Tensors with fewer than ``dim + 1`` dimensions are returned unchanged, as Accelerate does.
+    Tensors with fewer than ``dim + 1`` dimensions are returned unchanged, as Accelerate does. So are
+    nested tensors (``torch.nested``), with a :class:`~lockstep.errors.CannotPadNestedTensorWarning`, on any
+    number of processes, as Accelerate does.
 
     Args:
         tensor: a tensor or a nested structure of tensors.
@@ -350,16 +383,20 @@ def pad_across_processes(tensor: Any, dim: int = 0, pad_index: int = 0, pad_firs
     Returns:
         The same structure with padded tensors (tensors already at the largest size are returned as is).
 
+    Warns:
+        CannotPadNestedTensorWarning: for each nested tensor in ``tensor``.
+
     Example:
         >>> import torch
         >>> pad_across_processes(torch.ones(2))  # with rank 1 holding 3 values: tensor([1., 1., 0.])
         tensor([1., 1.])
     """
+    _warn_nested(leaves(tensor))
     state = _prepare("pad_across_processes", tensor, same_shapes=False)
     if state is None:
         return tensor
     tensors = leaves(tensor)
-    dims = [_normalize_dim(dim, t.dim()) for t in tensors]
+    dims = [None if t.is_nested else _normalize_dim(dim, t.dim()) for t in tensors]
     if not tensors:
         return tensor
     sizes = iter(zip(_largest_sizes(tensors, dims, state.num_processes), dims))
@@ -433,6 +470,7 @@ def _flat_values(data: Any) -> list[Any]:
 
 __all__ = [
     "REDUCTIONS",
+    "CannotPadNestedTensorWarning",
     "DistributedOperationException",
     "broadcast",
     "broadcast_object_list",

@@ -1,7 +1,7 @@
 """Every error a user of lockstep catches, importable without torch.
 
 Each error is also re-exported where it is raised (``lockstep.config.file.ConfigFileError``,
-``lockstep.checkpoint.CheckpointError``, ``lockstep.utils.DistributedOperationException``), so either
+``lockstep.checkpoint.CheckpointError``, ``lockstep.collectives.DistributedOperationException``), so either
 import path works.
 """
 
@@ -24,3 +24,7 @@ class UnsafeCheckpointError(ValueError):
 
 class DistributedOperationException(RuntimeError):
     """A collective was called with inputs that differ across processes (debug mode's shape check)."""
+
+
+class CannotPadNestedTensorWarning(UserWarning):
+    """``pad_across_processes`` met a nested tensor (``torch.nested``) and left it unpadded."""

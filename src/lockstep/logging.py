@@ -7,6 +7,11 @@ logging method (``debug``, ``info``, ``warning``, ...) takes two extra keyword a
 * ``in_order`` (default False): with ``main_process_only=False``, log process by process in rank order,
   with a barrier between processes. Every process must make the call, or the others wait for it.
 
+Records name the line that called the logger (``%(filename)s:%(lineno)d``), not this module, as
+Accelerate's adapter does. An explicit ``stacklevel`` keeps its :mod:`logging` meaning, counted from that
+line (1: the calling line, 2: its caller). Accelerate counts its own frame there, so its ``stacklevel=n``
+is lockstep's ``n - 1`` (and its ``stacklevel=1`` names a line inside Accelerate).
+
 Example:
     >>> from lockstep import PartialState
     >>> from lockstep.logging import get_logger
@@ -32,6 +37,16 @@ LOG_LEVEL_ENV = _env.LOCKSTEP_LOG_LEVEL
 _warned_once: set[tuple[str, str, str]] = set()
 
 
+def _up(kwargs: dict[str, Any], frames: int) -> dict[str, Any]:
+    """``kwargs`` with ``stacklevel`` raised past ``frames`` wrapper frames of this module.
+
+    A caller's ``stacklevel=1`` (the default) means the line that called the logging method, as for a
+    plain :class:`logging.Logger`; values below 1 count as 1.
+    """
+    kwargs["stacklevel"] = max(kwargs.get("stacklevel", 1), 1) + frames
+    return kwargs
+
+
 def _require_state() -> PartialState:
     if PartialState._context is None:
         raise RuntimeError(
@@ -45,6 +60,11 @@ class MultiProcessAdapter(logging.LoggerAdapter):
     """A logger adapter that logs on the main process only, on every process, or in rank order.
 
     Create it with :func:`get_logger`. An Accelerator or PartialState must exist before the first call.
+
+    Every logging method is defined here, so that only frames of this module lie between the caller and
+    :meth:`logging.Logger.log`, each adding 1 to ``stacklevel``: :mod:`logging` counts the frames of its
+    own methods (such as ``LoggerAdapter.info``) on Python 3.10 and skips them on 3.11+, so going through
+    them would point one frame too far on one of the two.
 
     Example:
         >>> from lockstep import PartialState
@@ -79,8 +99,7 @@ class MultiProcessAdapter(logging.LoggerAdapter):
         state = _require_state()
         if not self.isEnabledFor(level):
             return
-        # stacklevel 1 means the caller of log(); two of our frames (log, _emit) lie in between.
-        kwargs["stacklevel"] = kwargs.get("stacklevel", 1) + 2
+        _up(kwargs, 2)  # log() and _emit() lie between the caller and Logger.log
         if main_process_only:
             if state.is_main_process:
                 self._emit(level, msg, args, kwargs)
@@ -98,6 +117,30 @@ class MultiProcessAdapter(logging.LoggerAdapter):
         msg, kwargs = self.process(msg, kwargs)
         self.logger.log(level, msg, *args, **kwargs)
 
+    def debug(self, msg: object, *args: object, **kwargs: Any) -> None:
+        """``log(logging.DEBUG, msg, *args, **kwargs)``."""
+        self.log(logging.DEBUG, msg, *args, **_up(kwargs, 1))
+
+    def info(self, msg: object, *args: object, **kwargs: Any) -> None:
+        """``log(logging.INFO, msg, *args, **kwargs)``."""
+        self.log(logging.INFO, msg, *args, **_up(kwargs, 1))
+
+    def warning(self, msg: object, *args: object, **kwargs: Any) -> None:
+        """``log(logging.WARNING, msg, *args, **kwargs)``."""
+        self.log(logging.WARNING, msg, *args, **_up(kwargs, 1))
+
+    def error(self, msg: object, *args: object, **kwargs: Any) -> None:
+        """``log(logging.ERROR, msg, *args, **kwargs)``."""
+        self.log(logging.ERROR, msg, *args, **_up(kwargs, 1))
+
+    def exception(self, msg: object, *args: object, exc_info: Any = True, **kwargs: Any) -> None:
+        """``error()`` with the exception being handled (``exc_info=True``) appended to the record."""
+        self.log(logging.ERROR, msg, *args, exc_info=exc_info, **_up(kwargs, 1))
+
+    def critical(self, msg: object, *args: object, **kwargs: Any) -> None:
+        """``log(logging.CRITICAL, msg, *args, **kwargs)``."""
+        self.log(logging.CRITICAL, msg, *args, **_up(kwargs, 1))
+
     def warning_once(self, msg: object, *args: object, **kwargs: Any) -> None:
         """``warning()``, but a given message (with its arguments) is emitted only once per process.
 
@@ -110,8 +153,7 @@ class MultiProcessAdapter(logging.LoggerAdapter):
         if key in _warned_once:
             return
         _warned_once.add(key)
-        kwargs["stacklevel"] = kwargs.get("stacklevel", 1) + 1
-        self.warning(msg, *args, **kwargs)
+        self.warning(msg, *args, **_up(kwargs, 1))
 
 
 def _level(log_level: str | int, source: str) -> int | str:

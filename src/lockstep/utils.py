@@ -1,9 +1,7 @@
 """Compatibility namespace mirroring ``accelerate.utils``: the utility names, re-exported."""
 
 from lockstep._nested import (
-    concatenate_batches as concatenate,
-)
-from lockstep._nested import (
+    concatenate,
     find_batch_size,
     honor_type,
     is_namedtuple,
@@ -11,6 +9,7 @@ from lockstep._nested import (
     send_to_device,
 )
 from lockstep.collectives import (
+    CannotPadNestedTensorWarning,
     broadcast,
     broadcast_object_list,
     gather,
@@ -48,6 +47,7 @@ def wait_for_everyone() -> None:
 
 __all__ = [
     "AutocastKwargs",
+    "CannotPadNestedTensorWarning",
     "DDPCommunicationHookType",
     "DataLoaderConfiguration",
     "DistributedDataParallelKwargs",

@@ -548,7 +548,8 @@ class Accelerator(ProcessView):
         return collectives.gather_for_metrics(input_data, self.gradient_state, use_gather_object)
 
     def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
-        """Reduce tensors across processes: ``"sum"``, ``"mean"`` or ``"none"`` (this rank's value)."""
+        """Reduce tensors across processes: ``"sum"``, ``"mean"``, ``"max"``, ``"min"`` or ``"none"`` (this
+        rank's value times ``scale``; Accelerate sums instead)."""
         return collectives.reduce(tensor, reduction=reduction, scale=scale)
 
     def pad_across_processes(
