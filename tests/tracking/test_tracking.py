@@ -106,9 +106,14 @@ def test_user_tracker_and_log_kwargs():
 def test_tracker_errors(tmp_path):
     with pytest.raises(ValueError, match="log_with='nope' is invalid: it must be one of"):
         Accelerator(log_with="nope")
-    accelerator = Accelerator(log_with="jsonl")
-    with pytest.raises(ValueError, match="The jsonl tracker writes files and needs a logging directory"):
+    accelerator = Accelerator(log_with="jsonl")  # lockstep's own file trackers take the folder at start
+    with pytest.raises(
+        ValueError,
+        match=r"Logging with `jsonl` requires a `logging_dir` to be passed in: log_with='jsonl' writes files "
+        r"under logging_dir/project_name and no folder is set\. Pass Accelerator\(project_dir=\.\.\.\)",
+    ):
         accelerator.init_trackers("run")
+    assert accelerator.trackers == []
     with pytest.raises(ValueError, match=r"get_tracker\('csv'\): no such tracker was configured"):
         accelerator.get_tracker("csv")
 
@@ -136,7 +141,8 @@ def test_missing_tracker_package_is_an_import_error_with_the_pip_line(monkeypatc
     with pytest.raises(ImportError, match=f"log_with='{package}' needs the {package} package: {install}$"):
         Accelerator(log_with=package)
     accelerator = Accelerator(log_with="all")
-    assert package not in [spec.name for spec in accelerator._trackers.specs]
+    names = accelerator._trackers.names
+    assert names[:2] == ["jsonl", "csv"] and package not in names
 
 
 @requires("mlflow")
@@ -147,7 +153,7 @@ def test_mlflow_store_without_sqlalchemy_says_what_to_install(monkeypatch, tmp_p
         ImportError, match=r"local SQLite store, which needs alembic: pip install mlflow-skinny"
     ):
         accelerator.init_trackers("run")
-    assert "mlflow" not in [spec.name for spec in Accelerator(log_with="all")._trackers.specs]
+    assert "mlflow" not in Accelerator(log_with="all")._trackers.names
 
 
 def _train_and_log_to_mlflow_and_wandb(project_dir: str) -> list[str]:

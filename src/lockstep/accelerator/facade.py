@@ -656,8 +656,9 @@ class Accelerator(ProcessView):
             ...     project_dir="runs/a", automatic_checkpoint_naming=True, total_limit=3))
             >>> accelerator.save_state()  # runs/a/checkpoints/checkpoint_0  # doctest: +SKIP
         """
+        checkpoints = self._checkpointing  # built (and its modules imported) before the save is timed
         with self._step_timer.checkpoint():
-            return self._checkpointing.save_state(output_dir, safe_serialization, async_save)
+            return checkpoints.save_state(output_dir, safe_serialization, async_save)
 
     def wait_for_checkpoint(self) -> None:
         """Block until a background (``async_save=True``) checkpoint is written and committed."""

@@ -10,24 +10,30 @@ from typing import Any
 
 from lockstep.config.project import ProjectConfiguration
 from lockstep.tracking.base import GeneralTracker
-from lockstep.tracking.registry import DisabledTracker, build_trackers, resolve_log_with
+from lockstep.tracking.registry import DisabledTracker, build_trackers, filter_trackers, spec_name
 
 
 class Trackers:
     """The trackers of one Accelerator.
 
     Args:
-        log_with: the Accelerator's ``log_with`` (names, ``"all"``, tracker objects or a list of them).
+        log_with: the Accelerator's ``log_with`` (names, ``"all"``, tracker objects or a list of them),
+            checked as Accelerate's ``filter_trackers`` does against the logging folder known now.
         project: the run's folders; file-based trackers write under its ``logging_dir`` as it is when they
             start (a script may set the folders after building the Accelerator).
         is_main_process: whether this process logs (trackers may also log on every process).
     """
 
     def __init__(self, log_with: Any, *, project: ProjectConfiguration, is_main_process: bool) -> None:
-        self.specs = resolve_log_with(log_with)
+        self.specs = filter_trackers(log_with, project.logging_dir)
         self.project = project
         self.is_main_process = is_main_process
         self.started: list[GeneralTracker] = []
+
+    @property
+    def names(self) -> list[str]:
+        """The names of the configured trackers, in ``log_with`` order."""
+        return [spec_name(spec) for spec in self.specs]
 
     @property
     def active(self) -> bool:
@@ -35,14 +41,22 @@ class Trackers:
         return bool(self.started)
 
     def start(self, project_name: str, config: dict | None = None, init_kwargs: dict | None = None) -> None:
-        """Start the configured trackers and record ``config`` in each."""
-        self.started = build_trackers(
+        """Build the trackers this process runs, call ``start()`` on each, then record ``config`` in each.
+
+        As in Accelerate: every tracker is built (or taken from ``log_with``) first, then started, then
+        given the configuration. Trackers that do not run on this process are neither built nor started.
+        """
+        trackers = build_trackers(
             self.specs,
             project_name,
             logging_dir=self.project.logging_dir,
             init_kwargs=init_kwargs,
             is_main_process=self.is_main_process,
         )
+        self.started = []
+        for tracker in trackers:
+            tracker.start()
+            self.started.append(tracker)  # one by one: end_training closes those that did start
         if config is not None:
             for tracker in self.started:
                 tracker.store_init_configuration(config)
@@ -58,10 +72,10 @@ class Trackers:
         for tracker in self.started:
             if tracker.name == name:
                 return tracker.tracker if unwrap else tracker
-        if any(spec.name == name for spec in self.specs):
+        if name in self.names:
             stand_in = DisabledTracker(name)
             return stand_in.tracker if unwrap else stand_in
-        configured = [spec.name for spec in self.specs] or "none"
+        configured = self.names or "none"
         raise ValueError(
             f"get_tracker({name!r}): no such tracker was configured with log_with (configured: {configured})."
         )

@@ -2,35 +2,53 @@
 
 from __future__ import annotations
 
+import functools
 from abc import ABC, abstractmethod
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 class GeneralTracker(ABC):
     """Base of experiment trackers; subclass it for your own.
 
+    ``init_trackers`` builds (or takes from ``log_with``) each tracker, then calls ``start()`` on every
+    one, then ``store_init_configuration(config)``. Open files, runs and connections in ``start()`` rather
+    than in ``__init__``: a tracker built before the process group exists then costs nothing, and one
+    that does not run on this process (``main_process_only`` on the other ranks) never opens anything.
+    A tracker that opens everything in ``__init__`` keeps working: ``start()`` does nothing by default.
+
     Attributes:
         name: the name ``get_tracker`` finds it by.
         requires_logging_directory: whether it needs ``logging_dir`` (the project's logging folder).
-        main_process_only: log on the main process only (the default; every built-in tracker does).
+        main_process_only: start and log on the main process only (the default; every built-in tracker
+            does). False starts and logs it on every process.
 
     Example:
         >>> class PrintTracker(GeneralTracker):
         ...     name = "print"
         ...     requires_logging_directory = False
-        ...     def __init__(self, run_name: str):
-        ...         self.run_name = run_name
+        ...     def __init__(self, path: str):
+        ...         self.path = path
+        ...     def start(self):
+        ...         self.file = open(self.path, "a")
         ...     @property
         ...     def tracker(self):
-        ...         return None
+        ...         return self.file
         ...     def log(self, values, step=None, **kwargs):
-        ...         print(step, values)
-        >>> # Accelerator(log_with=[PrintTracker("run")])
+        ...         print(step, values, file=self.file)
+        ...     def finish(self):
+        ...         self.file.close()
+        >>> # Accelerator(log_with=[PrintTracker("metrics.txt")])
     """
 
     name: str = ""
     requires_logging_directory: bool = False
     main_process_only: bool = True
+
+    def start(self) -> None:  # noqa: B027 (optional hook)
+        """Open the tracker's resources (called once by ``init_trackers``, before the configuration)."""
 
     @property
     @abstractmethod
@@ -38,7 +56,7 @@ class GeneralTracker(ABC):
         """The underlying object (a SummaryWriter, a file, ...)."""
 
     def store_init_configuration(self, values: dict[str, Any]) -> None:  # noqa: B027 (optional hook)
-        """Record the run's hyperparameters (called once by ``init_trackers``)."""
+        """Record the run's hyperparameters (called once by ``init_trackers``, after ``start``)."""
 
     @abstractmethod
     def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
@@ -46,6 +64,37 @@ class GeneralTracker(ABC):
 
     def finish(self) -> None:  # noqa: B027 (optional hook)
         """Flush and close (called by ``end_training``)."""
+
+
+def on_main_process(method: F) -> F:
+    """Decorator for tracker methods: run only on the main process when the tracker is ``main_process_only``.
+
+    The tracker's ``main_process_only`` is read at call time, so the process group is not touched when
+    the tracker is built. Elsewhere the call does nothing and returns None. For trackers used on their
+    own; trackers given to ``Accelerator(log_with=...)`` are already only started on the processes that
+    log.
+
+    Example:
+        >>> class RankZeroTracker(GeneralTracker):
+        ...     name = "rank0"
+        ...     @property
+        ...     def tracker(self):
+        ...         return None
+        ...     @on_main_process
+        ...     def log(self, values, step=None, **kwargs):
+        ...         print(step, values)
+    """
+
+    @functools.wraps(method)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if getattr(self, "main_process_only", False):
+            from lockstep.state import PartialState
+
+            if not PartialState().is_main_process:
+                return None
+        return method(self, *args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
 
 
 def plain_value(value: Any) -> Any:
@@ -56,3 +105,11 @@ def plain_value(value: Any) -> Any:
         except (ValueError, RuntimeError):
             pass
     return value
+
+
+def not_started(tracker: GeneralTracker) -> RuntimeError:
+    """The error a built-in tracker raises when used before ``start()``."""
+    return RuntimeError(
+        f"The {tracker.name} tracker was used before it was started: call tracker.start() first "
+        "(Accelerator.init_trackers does this for the trackers given as log_with)."
+    )

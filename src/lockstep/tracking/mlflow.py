@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import json
 import logging
 import os
 import warnings
@@ -18,11 +19,51 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from lockstep.tracking.base import GeneralTracker, plain_value
+from lockstep.tracking.base import GeneralTracker, not_started, plain_value
 
 logger = logging.getLogger("lockstep.tracking")
 
 _INSTALL = "pip install mlflow-skinny sqlalchemy alembic"
+
+
+# MLflow's own environment variables that Accelerate's MLflowTracker reads (MLflow reads
+# MLFLOW_TRACKING_URI itself). Only this tracker looks at them.
+_EXPERIMENT_NAME = "MLFLOW_EXPERIMENT_NAME"
+_RUN_ID = "MLFLOW_RUN_ID"
+_TAGS = "MLFLOW_TAGS"
+_NESTED_RUN = "MLFLOW_NESTED_RUN"
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off", "")
+
+
+def _nested_run(default: bool) -> bool:
+    """``MLFLOW_NESTED_RUN`` as a bool when it is set, else ``default``."""
+    text = os.environ.get(_NESTED_RUN)
+    if text is None:
+        return bool(default)
+    if text.strip().lower() in _TRUE:
+        return True
+    if text.strip().lower() in _FALSE:
+        return False
+    raise ValueError(
+        f"{_NESTED_RUN}={text!r} is invalid: it must be true or false (or 1 or 0). Set it to true to "
+        "start lockstep's MLflow run nested in the active run, or unset it."
+    )
+
+
+def _tags(tags: dict[str, Any] | str | None) -> dict[str, Any] | None:
+    """The run's tags from a dict or its JSON text (``MLFLOW_TAGS``)."""
+    if not isinstance(tags, str):
+        return tags
+    try:
+        parsed = json.loads(tags)
+    except json.JSONDecodeError:
+        parsed = None
+    if not isinstance(parsed, dict):
+        raise ValueError(
+            f"MLflow tags {tags!r} are invalid: given as text (tags=... or {_TAGS}) they must be a JSON "
+            'object such as \'{"team": "nlp"}\'. Pass a dict or a JSON object.'
+        )
+    return parsed
 
 
 def _import_mlflow() -> Any:
@@ -76,14 +117,20 @@ class MLflowTracker(GeneralTracker):
 
     Args:
         experiment_name: the MLflow experiment (the project name given to ``init_trackers``).
-        logging_dir: the project's logging folder; the store goes to ``logging_dir/experiment_name``.
+            ``MLFLOW_EXPERIMENT_NAME`` has priority over it.
+        logging_dir: the project's logging folder; the store goes to ``logging_dir/experiment_name``
+            (the name passed here, even when ``MLFLOW_EXPERIMENT_NAME`` renames the experiment).
             None (and no ``tracking_uri``) leaves MLflow's own default or ``MLFLOW_TRACKING_URI``.
-        run_id: resume this existing run instead of starting a new one.
-        tags: tags of the run.
-        nested_run: start the run nested in the active one.
+        run_id: resume this existing run instead of starting a new one. ``MLFLOW_RUN_ID`` has priority.
+        tags: tags of the run, as a dict or its JSON text. ``MLFLOW_TAGS`` (JSON) has priority.
+        nested_run: start the run nested in the active one. ``MLFLOW_NESTED_RUN`` (``true``/``false``,
+            ``1``/``0``) has priority; the result is the ``nested_run`` attribute.
         run_name: the run's display name.
         description: the run's description.
         tracking_uri: a store or server to use instead of the local SQLite store.
+
+    Nothing is opened until ``start()`` (``init_trackers`` calls it): then the store is set up and the
+    run started; the configuration and every metric go to that one run.
 
     Example:
         >>> accelerator = Accelerator(log_with="mlflow", project_dir="runs")  # doctest: +SKIP
@@ -99,28 +146,41 @@ class MLflowTracker(GeneralTracker):
         experiment_name: str | None = None,
         logging_dir: str | os.PathLike | None = None,
         run_id: str | None = None,
-        tags: dict[str, Any] | None = None,
+        tags: dict[str, Any] | str | None = None,
         nested_run: bool = False,
         run_name: str | None = None,
         description: str | None = None,
         *,
         tracking_uri: str | None = None,
     ) -> None:
+        project = experiment_name or "Default"
+        self.folder = Path(logging_dir) / project if logging_dir is not None else None
+        # MLflow's own variables win over the arguments, as in Accelerate's MLflowTracker.
+        self.experiment_name = os.environ.get(_EXPERIMENT_NAME) or project
+        self.requested_run_id = os.environ.get(_RUN_ID) or run_id
+        self.tags = _tags(os.environ.get(_TAGS, tags))
+        self.nested_run = _nested_run(nested_run)
+        self.run_name = run_name
+        self.description = description
+        self._tracking_uri = tracking_uri
+        self.tracking_uri: str | None = None
+        self.active_run: Any = None
+        self._dropped: set[str] = set()
+
+    def start(self) -> None:
+        """Set up the store and the experiment, and start (or resume) the run."""
         mlflow = _import_mlflow()
-        self.experiment_name = experiment_name or "Default"
-        self.folder = Path(logging_dir) / self.experiment_name if logging_dir is not None else None
         with _quiet_store_setup():
-            self.tracking_uri = self._set_tracking_uri(mlflow, tracking_uri)
+            self.tracking_uri = self._set_tracking_uri(mlflow, self._tracking_uri)
             experiment_id = self._experiment_id(mlflow)
             self.active_run = mlflow.start_run(
-                run_id=run_id,
+                run_id=self.requested_run_id,
                 experiment_id=experiment_id,
-                run_name=run_name,
-                nested=nested_run,
-                tags=tags,
-                description=description,
+                run_name=self.run_name,
+                nested=self.nested_run,
+                tags=self.tags,
+                description=self.description,
             )
-        self._dropped: set[str] = set()
 
     def _set_tracking_uri(self, mlflow: Any, tracking_uri: str | None) -> str:
         """Point MLflow at ``tracking_uri``, else ``MLFLOW_TRACKING_URI``, else the local store; return it."""
@@ -186,6 +246,9 @@ class MLflowTracker(GeneralTracker):
 
     @property
     def run_id(self) -> str:
+        """The id of the started run."""
+        if self.active_run is None:
+            raise not_started(self)
         return self.active_run.info.run_id
 
     def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
@@ -240,6 +303,8 @@ class MLflowTracker(GeneralTracker):
         """End the run (status FINISHED)."""
         import mlflow
 
+        if self.active_run is None:
+            return
         active = mlflow.active_run()
         if active is not None and active.info.run_id == self.run_id:
             mlflow.end_run()

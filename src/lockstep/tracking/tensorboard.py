@@ -6,45 +6,67 @@ import os
 from pathlib import Path
 from typing import Any
 
-from lockstep.tracking.base import GeneralTracker, plain_value
+from lockstep.tracking.base import GeneralTracker, not_started, plain_value
+
+_INSTALL = "pip install tensorboard"
 
 
 class TensorBoardTracker(GeneralTracker):
-    """Scalars (and text, and dicts of scalars) as TensorBoard events in ``logging_dir/run_name``."""
+    """Scalars (and text, and dicts of scalars) as TensorBoard events in ``logging_dir/run_name``.
+
+    Args:
+        run_name: the run's folder under ``logging_dir`` (the project name given to ``init_trackers``).
+        logging_dir: the project's logging folder.
+        **kwargs: passed to ``SummaryWriter`` (``flush_secs``, ``max_queue``...).
+
+    The ``SummaryWriter`` (and its folder) is made by ``start()``, which ``init_trackers`` calls.
+    """
 
     name = "tensorboard"
     requires_logging_directory = True
 
     def __init__(self, run_name: str, logging_dir: str | os.PathLike, **kwargs: Any) -> None:
+        self.run_name = run_name
+        self.logging_dir = Path(logging_dir) / run_name
+        self.init_kwargs = kwargs
+        self.writer: Any = None
+
+    def start(self) -> None:
+        """Open the ``SummaryWriter``."""
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:
-            raise ImportError(
-                "log_with='tensorboard' needs the tensorboard package: pip install tensorboard"
-            ) from None
-        self.logging_dir = Path(logging_dir) / run_name
-        self.writer = SummaryWriter(str(self.logging_dir), **kwargs)
+            raise ImportError(f"log_with='tensorboard' needs the tensorboard package: {_INSTALL}") from None
+        self.writer = SummaryWriter(str(self.logging_dir), **self.init_kwargs)
 
     @property
     def tracker(self) -> Any:
         return self.writer
 
+    def _started_writer(self) -> Any:
+        if self.writer is None:
+            raise not_started(self)
+        return self.writer
+
     def store_init_configuration(self, values: dict[str, Any]) -> None:
+        writer = self._started_writer()
         plain = {k: plain_value(v) for k, v in values.items()}
         hparams = {k: v if isinstance(v, (int, float, str, bool)) else str(v) for k, v in plain.items()}
-        self.writer.add_hparams(hparams, metric_dict={}, run_name=".")
-        self.writer.flush()
+        writer.add_hparams(hparams, metric_dict={}, run_name=".")
+        writer.flush()
 
     def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        writer = self._started_writer()
         for key, value in values.items():
             value = plain_value(value)
             if isinstance(value, (int, float)):
-                self.writer.add_scalar(key, value, global_step=step, **kwargs)
+                writer.add_scalar(key, value, global_step=step, **kwargs)
             elif isinstance(value, str):
-                self.writer.add_text(key, value, global_step=step, **kwargs)
+                writer.add_text(key, value, global_step=step, **kwargs)
             elif isinstance(value, dict):
-                self.writer.add_scalars(key, {k: plain_value(v) for k, v in value.items()}, global_step=step)
-        self.writer.flush()
+                writer.add_scalars(key, {k: plain_value(v) for k, v in value.items()}, global_step=step)
+        writer.flush()
 
     def finish(self) -> None:
-        self.writer.close()
+        if self.writer is not None:
+            self.writer.close()

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from lockstep.tracking.base import GeneralTracker
+from lockstep.tracking.base import GeneralTracker, not_started
 
 _INSTALL = "pip install wandb"
 
@@ -33,6 +33,8 @@ class WandBTracker(GeneralTracker):
         logging_dir: the project's logging folder; wandb's files go to ``logging_dir/run_name/wandb``.
         **kwargs: passed to ``wandb.init`` (``mode="offline"``, ``entity``, ``name``, ``tags``, ``dir``...).
 
+    The run is started by ``start()``, which ``init_trackers`` calls.
+
     Example:
         >>> accelerator = Accelerator(log_with="wandb", project_dir="runs")  # doctest: +SKIP
         >>> accelerator.init_trackers("exp", config={"lr": 3e-5},
@@ -43,32 +45,44 @@ class WandBTracker(GeneralTracker):
     requires_logging_directory = False
 
     def __init__(self, run_name: str, logging_dir: str | os.PathLike | None = None, **kwargs: Any) -> None:
-        wandb = _import_wandb()
         self.run_name = run_name
-        if logging_dir is not None and "dir" not in kwargs:
-            folder = Path(logging_dir) / run_name
+        self.logging_dir = logging_dir
+        self.init_kwargs = kwargs
+        self.run: Any = None
+
+    def start(self) -> None:
+        """Start the wandb run (``wandb.init``), its files under ``logging_dir/run_name/wandb``."""
+        wandb = _import_wandb()
+        kwargs = dict(self.init_kwargs)
+        if self.logging_dir is not None and "dir" not in kwargs:
+            folder = Path(self.logging_dir) / self.run_name
             folder.mkdir(parents=True, exist_ok=True)
             kwargs["dir"] = str(folder)
         kwargs.setdefault("settings", wandb.Settings(silent=True, console="off"))
-        self.run = wandb.init(project=run_name, **kwargs)
+        self.run = wandb.init(project=self.run_name, **kwargs)
 
     @property
     def tracker(self) -> Any:
         return self.run
 
+    def _started_run(self) -> Any:
+        if self.run is None:
+            raise not_started(self)
+        return self.run
+
     def store_init_configuration(self, values: dict[str, Any]) -> None:
         """Add ``values`` to the run's config."""
-        self.run.config.update(values, allow_val_change=True)
+        self._started_run().config.update(values, allow_val_change=True)
 
     def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
         """Log ``values`` (numbers, text, wandb media) as one history row at ``step``."""
-        self.run.log(values, step=step, **kwargs)
+        self._started_run().log(values, step=step, **kwargs)
 
     def log_images(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
         """Log images (arrays, tensors or PIL images, by name) at ``step``."""
         import wandb
 
-        self.run.log(
+        self._started_run().log(
             {key: [wandb.Image(image) for image in images] for key, images in values.items()},
             step=step,
             **kwargs,
@@ -87,12 +101,14 @@ class WandBTracker(GeneralTracker):
         import wandb
 
         table = wandb.Table(columns=columns, data=data, dataframe=dataframe)
-        self.run.log({table_name: table}, step=step, **kwargs)
+        self._started_run().log({table_name: table}, step=step, **kwargs)
 
     def finish(self) -> None:
         """Finish the run, then stop wandb's service process if no other run is open."""
         import wandb
 
+        if self.run is None:
+            return
         self.run.finish()
         if wandb.run is None:
             # Otherwise the service outlives the run until interpreter exit, and forked or os._exit()-ing
