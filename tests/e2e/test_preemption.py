@@ -62,7 +62,7 @@ def test_preempted_run_saves_exits_143_and_resumes_exactly(tmp_path, uninterrupt
     latest = (tmp_path / "checkpoints" / "latest").read_text().strip()
     import torch
 
-    saved = torch.load(tmp_path / "checkpoints" / latest / "custom_checkpoint_0.bin", weights_only=True)
+    saved = torch.load(tmp_path / "checkpoints" / latest / "custom_checkpoint_0.pkl", weights_only=True)
     assert saved["done"] == stopped_at  # the checkpoint is at the step where the run stopped
     result = lockstep("launch", "--num-processes", "2", SCRIPT, str(tmp_path))
     assert result.returncode == 0, result.stderr[-3000:]

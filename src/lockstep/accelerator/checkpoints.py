@@ -199,6 +199,13 @@ class CheckpointManager:
             hook(hooked_models, str(folder))
         to_load = [(i, model) for i, model in enumerate(models) if any(model is m for m in hooked_models)]
         optimizers = list(enumerate(self.prepared.optimizers))
+        if layout.written_by_accelerate(folder) and self.state.is_main_process:
+            logger.warning(
+                "%s was written by Hugging Face Accelerate: it is loaded without lockstep's guarantees: no "
+                "manifest (files are not checksummed), and no dataloader positions (prepared loaders start the "
+                "epoch from its beginning; skip the batches already seen with skip_first_batches).",
+                folder,
+            )
         counters, gradients = load_checkpoint(
             self._shared_objects(),
             folder,

@@ -188,11 +188,11 @@ class Backend(ABC):
         :meth:`apply_model_states`. Runs inside the checkpoint's error agreement, so a missing or bad file
         on one rank is raised on every rank."""
         from lockstep.checkpoint.model_files import load_model_weights  # checkpoints load on first use
-        from lockstep.checkpoint.training_state import load_each, model_folder
+        from lockstep.checkpoint.training_state import load_each, model_location
 
         for index, model in models:
             load_model_weights(
-                self.unwrap_model(model, keep_torch_compile=False), model_folder(folder, index)
+                self.unwrap_model(model, keep_torch_compile=False), model_location(folder, index)
             )
         load_each(optimizers, folder, "optimizer", ".bin")
         return None

@@ -178,6 +178,27 @@ def verify(folder: Path, *, checksums: bool = True) -> Manifest:
     return manifest
 
 
+ACCELERATE_FILES = ("random_states_0.pkl", "model.safetensors", "pytorch_model.bin", "optimizer.bin")
+"""Files whose presence, without a manifest, marks a folder written by Hugging Face Accelerate."""
+
+
+def written_by_accelerate(folder: Path) -> bool:
+    """A checkpoint folder Accelerate's ``save_state`` wrote: Accelerate's files, and neither a manifest nor
+    ``accelerator_state.json`` (which every lockstep save writes: a lockstep folder that lost its manifest
+    stays refused)."""
+    folder = Path(folder)
+    if (
+        not folder.is_dir()
+        or (folder / MANIFEST_NAME).exists()
+        or (folder / "accelerator_state.json").exists()
+    ):
+        return False
+    return (
+        any((folder / name).exists() for name in ACCELERATE_FILES)
+        or (folder / "pytorch_model_fsdp_0").is_dir()
+    )
+
+
 def automatic_checkpoints(root: Path) -> list[tuple[int, Path]]:
     """``checkpoint_{i}`` folders under ``root``, oldest first."""
     if not root.is_dir():

@@ -1,36 +1,73 @@
-"""Capturing and restoring every random number generator in forms that load with ``weights_only``."""
+"""Every random number generator of a rank, saved in the file Accelerate writes and reads.
+
+``random_states_<rank>.pkl`` holds the dict Accelerate's ``save_state`` writes (``step``,
+``random_state``, ``numpy_random_seed``, ``torch_manual_seed``, and ``torch_cuda_manual_seed`` when CUDA
+is in use), so either library resumes from the other's checkpoint. NumPy's state is a tuple holding a
+``uint32`` array: it loads with ``torch.load(weights_only=True)`` once NumPy's array reconstruction is
+allowed (:func:`lockstep.checkpoint.safe_load.safe_torch_load` with ``numpy=True``, as Accelerate does);
+nothing else is unpickled. Checkpoints of earlier lockstep versions (``random_states_<rank>.pt``, NumPy
+state as tensors) are still read.
+"""
 
 from __future__ import annotations
 
 import random
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+RNG_FILE = "random_states_{rank}.pkl"
+"""Accelerate's name, written and read by lockstep."""
+LEGACY_RNG_FILE = "random_states_{rank}.pt"
+"""What lockstep wrote before (read only)."""
 
-def capture_rng_state() -> dict[str, Any]:
-    """Python, NumPy, torch CPU and (when present) CUDA generator states, as tensors and numbers."""
-    version, internal, gauss = random.getstate()
-    kind, keys, position, has_gauss, cached = np.random.get_state()
+
+def capture_rng_state(step: int) -> dict[str, Any]:
+    """This rank's Python, NumPy, torch CPU and (when in use) CUDA generator states, and the accumulation
+    step, in Accelerate's layout."""
     state: dict[str, Any] = {
-        "python": {"version": version, "state": torch.tensor(internal, dtype=torch.int64), "gauss": gauss},
-        "numpy": {
-            "kind": str(kind),
-            "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)),
-            "position": int(position),
-            "has_gauss": int(has_gauss),
-            "cached_gaussian": float(cached),
-        },
-        "torch": torch.get_rng_state(),
+        "step": int(step),
+        "random_state": random.getstate(),
+        "numpy_random_seed": np.random.get_state(),
+        "torch_manual_seed": torch.get_rng_state(),
     }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+        state["torch_cuda_manual_seed"] = torch.cuda.get_rng_state_all()
     return state
 
 
-def restore_rng_state(state: dict[str, Any]) -> None:
-    """Undo :func:`capture_rng_state`."""
+def restore_rng_state(state: dict[str, Any]) -> int | None:
+    """Set every generator from a state in Accelerate's layout (or lockstep's earlier one); returns the
+    saved accumulation step, if the file has one."""
+    if "python" in state:
+        _restore_legacy(state)
+        return None
+    random.setstate(_python_state(state["random_state"]))
+    np.random.set_state(state["numpy_random_seed"])
+    torch.set_rng_state(state["torch_manual_seed"])
+    cuda = state.get("torch_cuda_manual_seed")
+    if cuda is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(cuda)
+    return int(state["step"]) if "step" in state else None
+
+
+def _python_state(value: Any) -> tuple:
+    version, internal, gauss = value
+    return version, tuple(int(x) for x in internal), gauss
+
+
+def rng_file(folder: Path, rank: int) -> Path | None:
+    """This rank's RNG file in ``folder`` (Accelerate's name first), or None when there is none."""
+    for name in (RNG_FILE, LEGACY_RNG_FILE):
+        path = folder / name.format(rank=rank)
+        if path.is_file():
+            return path
+    return None
+
+
+def _restore_legacy(state: dict[str, Any]) -> None:
     python = state["python"]
     random.setstate((python["version"], tuple(int(x) for x in python["state"].tolist()), python["gauss"]))
     numpy_state = state["numpy"]

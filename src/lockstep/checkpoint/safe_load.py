@@ -20,15 +20,38 @@ from lockstep.errors import UnsafeCheckpointError
 _SAFE_LEAVES = (torch.Tensor, int, float, bool, str, bytes, type(None), torch.dtype, torch.device, torch.Size)
 
 
-def safe_torch_load(path: Path | str, *, map_location: str | torch.device = "cpu") -> Any:
+def _numpy_array_globals() -> list[Any]:
+    """What unpickling a plain NumPy array needs (the globals Accelerate allows for its RNG files)."""
+    import codecs
+
+    import numpy as np
+
+    core = np._core if hasattr(np, "_core") else np.core  # NumPy 2 renamed np.core
+    allowed: list[Any] = [core.multiarray._reconstruct, np.ndarray, np.dtype, codecs.encode]
+    allowed += [getattr(np.dtypes, name) for name in ("UInt32DType", "Int64DType") if hasattr(np, "dtypes")]
+    return allowed
+
+
+def safe_torch_load(
+    path: Path | str, *, map_location: str | torch.device = "cpu", numpy: bool = False
+) -> Any:
     """``torch.load(path, weights_only=True)``, with a clear error for files that need more.
+
+    Args:
+        path: the file.
+        map_location: where tensors go.
+        numpy: also allow plain NumPy arrays (as in Accelerate's ``random_states_<rank>.pkl``). Arrays of
+            Python objects still need globals that stay refused.
 
     Raises:
         UnsafeCheckpointError: the file carries arbitrary pickled objects (its payload is not run).
         FileNotFoundError: the file does not exist.
     """
     try:
-        with warnings.catch_warnings():
+        with (
+            warnings.catch_warnings(),
+            torch.serialization.safe_globals(_numpy_array_globals() if numpy else []),
+        ):
             # A raw pickle (not torch's zip format) makes torch warn about the protocol before refusing it.
             warnings.filterwarnings("ignore", message="Detected pickle protocol", category=UserWarning)
             return torch.load(path, map_location=map_location, weights_only=True)

@@ -142,7 +142,8 @@ def choose_checkpoint(state: PartialState, input_dir: Path | None, automatic_roo
     if state.is_main_process:
         try:
             if input_dir is not None:
-                layout.verify(input_dir)
+                if not layout.written_by_accelerate(input_dir):
+                    layout.verify(input_dir)
                 choice[0] = str(input_dir)
             elif automatic_root is not None:
                 choice[0] = str(layout.newest_valid_checkpoint(automatic_root))
@@ -172,7 +173,8 @@ def load_checkpoint(
     apply_models: Callable[[Any], None],
 ) -> tuple[dict[str, Any], dict[str, torch.Tensor] | None]:
     """Restore every object from ``folder`` on every rank; returns (counters, this rank's saved gradients,
-    None when the checkpoint has no files for this rank).
+    None when the checkpoint has no files for this rank). A checkpoint written by Accelerate has no
+    loader positions and keeps its step with the RNG states; both are handled here.
 
     Args:
         objects: the schedulers, loaders, scaler and registered objects to restore.
@@ -182,12 +184,16 @@ def load_checkpoint(
         apply_models: the backend's restoring of what needs every rank together, given what was read.
     """
     result: dict[str, Any] = {}
+    positions = not layout.written_by_accelerate(folder)
 
     def read() -> None:
         result["models"] = read_models()
-        result["counters"] = load_shared_files(objects, folder)
-        result["gradients"] = load_rank_files(folder, rank=state.process_index)
+        result["counters"] = load_shared_files(objects, folder, positions=positions)
+        result["rank"] = load_rank_files(folder, rank=state.process_index)
 
     agree(state, _attempt(read), f"Loading the checkpoint {folder}")
     apply_models(result["models"])
-    return result["counters"], result["gradients"]
+    counters, rank = result["counters"], result["rank"]
+    if "step" not in counters and rank.step is not None:
+        counters["step"] = rank.step
+    return counters, rank.gradients

@@ -8,8 +8,8 @@ optimizer.bin, optimizer_1.bin, ...   optimizer state dicts
 scheduler.bin, ...           LR scheduler state dicts
 scaler.pt                    the fp16 GradScaler
 dataloader.bin, ...          each prepared dataloader's position (epoch, batches consumed, sampler seed)
-custom_checkpoint_0.bin, ... objects registered with register_for_checkpointing
-random_states_{rank}.pt      every RNG of every rank
+custom_checkpoint_0.pkl, ... objects registered with register_for_checkpointing
+random_states_{rank}.pkl     every RNG of every rank and the accumulation step (Accelerate's dict)
 grads_{rank}.safetensors     gradients accumulated so far, when saved in the middle of an accumulation cycle
 accelerator_state.json       the accumulation position and other counters
 manifest.json                written last (see lockstep.checkpoint.layout)
@@ -30,10 +30,12 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from lockstep.checkpoint.model_files import save_model_files
-from lockstep.checkpoint.rng import capture_rng_state, restore_rng_state
+from lockstep.checkpoint.rng import RNG_FILE, capture_rng_state, restore_rng_state, rng_file
 from lockstep.checkpoint.safe_load import check_loadable, safe_torch_load
 
 ACCELERATOR_STATE = "accelerator_state.json"
+CUSTOM_FILE = "custom_checkpoint_{index}.pkl"
+"""Accelerate's name for a registered object's state (lockstep wrote ``.bin`` before; both are read)."""
 
 
 def indexed(name: str, index: int, suffix: str) -> str:
@@ -43,6 +45,18 @@ def indexed(name: str, index: int, suffix: str) -> str:
 
 def model_folder(root: Path, index: int) -> Path:
     return root if index == 0 else root / f"model_{index}"
+
+
+def model_location(root: Path, index: int) -> Path:
+    """Where model ``index``'s weights are: lockstep's folder, or the single file Accelerate writes for a
+    second model (``model_1.safetensors`` / ``pytorch_model_1.bin`` next to the first)."""
+    folder = model_folder(root, index)
+    if index == 0 or folder.is_dir():
+        return folder
+    for name in (f"model_{index}.safetensors", f"pytorch_model_{index}.bin"):
+        if (root / name).is_file():
+            return root / name
+    return folder
 
 
 @dataclass
@@ -118,7 +132,7 @@ def snapshot_shared(
     loaders = [dl for dl in objects.dataloaders if hasattr(dl, "state_dict")]
     entries += [(indexed("dataloader", i, ".bin"), dl, f"dataloader {i}") for i, dl in enumerate(loaders)]
     entries += [
-        (f"custom_checkpoint_{i}.bin", obj, f"registered object {i}.state_dict()")
+        (CUSTOM_FILE.format(index=i), obj, f"registered object {i}.state_dict()")
         for i, obj in enumerate(objects.custom)
     ]
     for name, owner, where in entries:
@@ -132,7 +146,8 @@ def snapshot_shared(
 def snapshot_rank(objects: TrainingObjects, *, rank: int) -> Snapshot:
     """The files every rank writes: its RNG states and its not-yet-synchronised gradients."""
     snap = Snapshot()
-    snap.torch_files.append((f"random_states_{rank}.pt", capture_rng_state()))
+    step = int(objects.counters.get("step", 0))
+    snap.torch_files.append((RNG_FILE.format(rank=rank), capture_rng_state(step)))
     gradients = objects.gradients()
     if gradients:
         snap.safetensors_files.append((f"grads_{rank}.safetensors", gradients))
@@ -162,26 +177,37 @@ def write_snapshot(snap: Snapshot, folder: Path) -> None:
         (folder / name).write_text(json.dumps(value, indent=1))
 
 
-def load_shared_files(objects: TrainingObjects, folder: Path) -> dict[str, Any]:
+def load_shared_files(objects: TrainingObjects, folder: Path, *, positions: bool = True) -> dict[str, Any]:
     """Restore schedulers, scaler, loaders and registered objects; returns the counters.
 
     Models and optimizers are the backend's (:meth:`lockstep.backends.base.Backend.read_model_states`).
+
+    Args:
+        objects: what to restore.
+        folder: the checkpoint.
+        positions: restore the prepared loaders' positions; False for a checkpoint that has none (one
+            written by Accelerate): the loaders then start their epoch from its beginning.
     """
     load_each(list(enumerate(objects.schedulers)), folder, "scheduler", ".bin")
     if objects.scaler is not None and (folder / "scaler.pt").is_file():
         objects.scaler.load_state_dict(safe_torch_load(folder / "scaler.pt"))
-    loaders = [dl for dl in objects.dataloaders if hasattr(dl, "load_state_dict")]
-    load_each(list(enumerate(loaders)), folder, "dataloader", ".bin")
+    if positions:
+        loaders = [dl for dl in objects.dataloaders if hasattr(dl, "load_state_dict")]
+        load_each(list(enumerate(loaders)), folder, "dataloader", ".bin")
     for index, obj in enumerate(objects.custom):
-        path = folder / f"custom_checkpoint_{index}.bin"
-        if not path.is_file():
-            raise FileNotFoundError(
-                f"{folder} holds no state for registered object {index} ({type(obj).__name__}): register the same "
-                "objects, in the same order, as when the checkpoint was saved."
-            )
-        obj.load_state_dict(safe_torch_load(path))
+        obj.load_state_dict(_custom_state(folder, index, obj))
     counters_path = folder / ACCELERATOR_STATE
     return json.loads(counters_path.read_text()) if counters_path.is_file() else {}
+
+
+def _custom_state(folder: Path, index: int, obj: Any) -> Any:
+    for path in (folder / CUSTOM_FILE.format(index=index), folder / f"custom_checkpoint_{index}.bin"):
+        if path.is_file():
+            return safe_torch_load(path, numpy=True)
+    raise FileNotFoundError(
+        f"{folder} holds no state for registered object {index} ({type(obj).__name__}): register the same "
+        "objects, in the same order, as when the checkpoint was saved."
+    )
 
 
 def load_each(targets: Sequence[tuple[int, Any]], folder: Path, name: str, suffix: str) -> None:
@@ -196,12 +222,21 @@ def load_each(targets: Sequence[tuple[int, Any]], folder: Path, name: str, suffi
         target.load_state_dict(safe_torch_load(path))
 
 
-def load_rank_files(folder: Path, *, rank: int) -> dict[str, torch.Tensor] | None:
-    """Restore this rank's RNG states; returns its saved pending gradients (None: the checkpoint has no
-    files for this rank, e.g. it was saved by fewer processes)."""
-    rng_path = folder / f"random_states_{rank}.pt"
-    if not rng_path.is_file():
-        return None
-    restore_rng_state(safe_torch_load(rng_path))
+@dataclass
+class RankFiles:
+    """What a checkpoint held for this rank."""
+
+    gradients: dict[str, torch.Tensor] | None
+    """Pending gradients (None: the checkpoint has no files for this rank, e.g. fewer processes saved it)."""
+    step: int | None = None
+    """The accumulation step saved with the RNG states (checkpoints written by Accelerate carry it there)."""
+
+
+def load_rank_files(folder: Path, *, rank: int) -> RankFiles:
+    """Restore this rank's RNG states; returns its saved pending gradients and step."""
+    path = rng_file(folder, rank)
+    if path is None:
+        return RankFiles(gradients=None)
+    step = restore_rng_state(safe_torch_load(path, numpy=True))
     gradients_path = folder / f"grads_{rank}.safetensors"
-    return load_file(str(gradients_path)) if gradients_path.is_file() else {}
+    return RankFiles(gradients=load_file(str(gradients_path)) if gradients_path.is_file() else {}, step=step)
