@@ -222,8 +222,11 @@ class PartialState:
         return self._ctx.cluster.restart_count
 
     def __repr__(self) -> str:
+        """Accelerate's text, e.g. ``Distributed environment: MULTI_CPU  Backend: gloo`` and one line each for
+        the number of processes, this process's index and local index, and the device."""
+        backend = f"  Backend: {self.backend}" if self.backend else ""
         return (
-            f"Distributed environment: {self.distributed_type.value}  Backend: {self.backend}\n"
+            f"Distributed environment: {self.distributed_type.value}{backend}\n"
             f"Num processes: {self.num_processes}\nProcess index: {self.process_index}\n"
             f"Local process index: {self.local_process_index}\nDevice: {self.device}\n"
         )
@@ -391,6 +394,10 @@ class AcceleratorState(PartialState):
         """Record another distributed type, as Accelerate lets code do (tests, integrations). It changes what
         the state reports, not the backend an existing Accelerator already prepared objects with."""
         self._record(distributed_type=DistributedType.parse(distributed_type, argument="distributed_type"))
+
+    def __repr__(self) -> str:
+        """The process state's text plus ``Mixed precision type: ...``, as Accelerate prints it."""
+        return super().__repr__() + f"Mixed precision type: {self.mixed_precision}\n"
 
     def _record(self, **settings: Any) -> None:
         self._ctx.accelerator_settings.update(settings)

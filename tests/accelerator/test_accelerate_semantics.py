@@ -83,3 +83,24 @@ def test_unwrap_model_keeps_the_compiled_module_with_the_distributed_wrapper_rem
 
     results = run_distributed(_unwrap_compiled, world, world, compiled_by)
     assert results == [dict.fromkeys(results[0], True)] * world
+
+
+def _state_text(world: int) -> tuple[str, str]:
+    from lockstep import PartialState
+
+    accelerator = Accelerator(mixed_precision="bf16")
+    return repr(PartialState()), str(accelerator.state)
+
+
+@pytest.mark.distributed
+def test_printing_the_state_gives_accelerates_text():
+    from tests.helpers.multiprocess import run_distributed
+
+    partial, full = run_distributed(_state_text, 2, 2)[1]
+    expected = (
+        "Distributed environment: MULTI_CPU  Backend: gloo\nNum processes: 2\nProcess index: 1\n"
+        "Local process index: 1\nDevice: cpu\n"
+    )
+    assert partial == expected and full == expected + "Mixed precision type: bf16\n"
+    single = str(Accelerator().state)
+    assert single.startswith("Distributed environment: NO\nNum processes: 1\n")  # no backend: no Backend part
