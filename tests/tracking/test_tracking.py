@@ -258,3 +258,34 @@ def test_mlflow_runs_of_two_projects_in_one_process_keep_their_own_stores(tmp_pa
     [run] = client.search_runs([client.get_experiment_by_name("c").experiment_id])
     assert run.data.metrics == {"loss": 2.0} and not (tmp_path / "c" / "c" / "mlflow.db").exists()
     assert os.environ["MLFLOW_TRACKING_URI"] == chosen
+
+
+@requires("tensorboard")
+def test_tensorboard_hyperparameters_are_stored_as_accelerate_stores_them(tmp_path):
+    import yaml
+    from tensorboard.backend.event_processing.event_multiplexer import EventMultiplexer
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    accelerator = Accelerator(log_with="tensorboard", project_dir=str(tmp_path))
+    config = {"lr": 0.1, "epochs": 3, "model": "mlp", "warmup": None, "fp16": False}
+    accelerator.init_trackers("run", config=config)
+    accelerator.end_training()
+
+    (hparams_file,) = (tmp_path / "run").glob("*/hparams.yml")
+    assert yaml.safe_load(hparams_file.read_text()) == config  # the whole configuration, None included
+    multiplexer = EventMultiplexer()
+    multiplexer.AddRunsFromDirectory(str(tmp_path / "run"))
+    multiplexer.Reload()
+    stored = {}
+    for run, tags in multiplexer.PluginRunToTagToContent("hparams").items():
+        for content in tags.values():
+            data = plugin_data_pb2.HParamsPluginData.FromString(content)
+            if data.HasField("session_start_info"):
+                stored = {k: v for k, v in data.session_start_info.hparams.items()}
+                assert run != "."  # a run folder of its own, named by the time, as Accelerate's writer makes
+    assert {k: v.WhichOneof("kind") for k, v in stored.items()} == {
+        "lr": "number_value",
+        "epochs": "number_value",
+        "model": "string_value",
+        "fp16": "number_value",  # torch stores a bool as a number, for Accelerate too
+    }  # warmup=None is left out, not stored as the text 'None'

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -49,11 +50,19 @@ class TensorBoardTracker(GeneralTracker):
         return self.writer
 
     def store_init_configuration(self, values: dict[str, Any]) -> None:
+        """Record the run's hyperparameters as Accelerate does: ``add_hparams`` (numbers, strings and bools;
+        None values are left out, as torch's writer does; other values as their text) and the whole
+        configuration as ``hparams.yml`` in a folder named by the time, under the run's folder."""
         writer = self._started_writer()
         plain = {k: plain_value(v) for k, v in values.items()}
-        hparams = {k: v if isinstance(v, (int, float, str, bool)) else str(v) for k, v in plain.items()}
-        writer.add_hparams(hparams, metric_dict={}, run_name=".")
+        hparams = {
+            k: v if v is None or isinstance(v, (int, float, str, bool)) else str(v) for k, v in plain.items()
+        }
+        writer.add_hparams(hparams, metric_dict={})
         writer.flush()
+        folder = self.logging_dir / str(time.time())
+        folder.mkdir(parents=True, exist_ok=True)
+        _write_yaml(folder / "hparams.yml", plain)
 
     def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
         writer = self._started_writer()
@@ -70,3 +79,16 @@ class TensorBoardTracker(GeneralTracker):
     def finish(self) -> None:
         if self.writer is not None:
             self.writer.close()
+
+
+def _write_yaml(path: Path, values: dict[str, Any]) -> None:
+    import yaml
+
+    try:
+        text = yaml.safe_dump(values)
+    except yaml.representer.RepresenterError as error:
+        raise ValueError(
+            f"The tracker configuration cannot be written as YAML ({error}): pass numbers, strings, bools, "
+            "None, or lists and dicts of them to init_trackers(config=...)."
+        ) from None
+    path.write_text(text, encoding="utf-8")
