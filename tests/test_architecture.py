@@ -84,6 +84,8 @@ BELOW_FACADE = (
     "lockstep.memory",
     "lockstep.report",
     "lockstep.progress",
+    "lockstep.utils",
+    "lockstep.big_modeling",
 )
 FORBIDDEN_IMPORTS += [
     (

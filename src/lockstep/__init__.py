@@ -23,6 +23,7 @@ _EXPORTS = {
     "AutocastKwargs": "lockstep.config",
     "DDPCommunicationHookType": "lockstep.config",
     "DataLoaderConfiguration": "lockstep.config",
+    "DeepSpeedPlugin": "lockstep.utils",
     "DistributedDataParallelKwargs": "lockstep.config",
     "DistributedType": "lockstep.config",
     "DynamoBackend": "lockstep.config",
@@ -44,6 +45,11 @@ _EXPORTS = {
     "find_executable_batch_size": "lockstep.memory",
     "release_memory": "lockstep.memory",
     "set_seed": "lockstep.rng",
+    "synchronize_rng_states": "lockstep.rng",
+    "init_empty_weights": "lockstep.big_modeling",
+    "init_on_device": "lockstep.big_modeling",
+    "is_rich_available": "lockstep.utils",
+    "load_checkpoint_in_model": "lockstep.utils",
     "EvalPrediction": "lockstep.trainer",
     "Trainer": "lockstep.trainer",
     "TrainerCallback": "lockstep.trainer",
@@ -58,6 +64,7 @@ __all__ = [
     "AutocastKwargs",
     "DDPCommunicationHookType",
     "DataLoaderConfiguration",
+    "DeepSpeedPlugin",
     "DistributedDataParallelKwargs",
     "DistributedType",
     "DynamoBackend",
@@ -83,15 +90,21 @@ __all__ = [
     "__version__",
     "debug_launcher",
     "find_executable_batch_size",
+    "init_empty_weights",
+    "init_on_device",
+    "is_rich_available",
+    "load_checkpoint_in_model",
     "notebook_launcher",
     "progress_bar",
     "release_memory",
     "set_seed",
     "skip_first_batches",
+    "synchronize_rng_states",
 ]
 
 if TYPE_CHECKING:
     from lockstep.accelerator import Accelerator
+    from lockstep.big_modeling import init_empty_weights, init_on_device
     from lockstep.config import (
         AutocastKwargs,
         DataLoaderConfiguration,
@@ -114,7 +127,7 @@ if TYPE_CHECKING:
     from lockstep.launcher import debug_launcher, notebook_launcher
     from lockstep.memory import find_executable_batch_size, release_memory
     from lockstep.progress import progress_bar
-    from lockstep.rng import set_seed
+    from lockstep.rng import set_seed, synchronize_rng_states
     from lockstep.state import AcceleratorState, GradientState, PartialState
     from lockstep.throughput import ThroughputKwargs
     from lockstep.trainer import (
@@ -125,6 +138,7 @@ if TYPE_CHECKING:
         TrainerState,
         TrainingArguments,
     )
+    from lockstep.utils import DeepSpeedPlugin, is_rich_available, load_checkpoint_in_model
 
 
 def __getattr__(name: str) -> Any:

@@ -1,0 +1,316 @@
+"""Loading weight files into a model tensor by tensor (:mod:`lockstep.utils.modeling`'s loaders).
+
+A checkpoint is read one file (one shard) at a time, so a sharded model never needs two full copies in
+memory. ``.bin`` files are read with ``torch.load(weights_only=True)`` only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from torch import nn
+
+from lockstep.checkpoint.model_files import SAFE_WEIGHTS_NAME, WEIGHTS_NAME
+from lockstep.checkpoint.safe_load import safe_torch_load
+from lockstep.state import PartialState
+from lockstep.utils._model_tensors import (
+    as_dtype,
+    check_tied_parameters_on_same_device,
+    device_for,
+    find_tied_parameters,
+    retie_parameters,
+    set_module_tensor_to_device,
+    torch_device,
+)
+
+__all__ = ["load_checkpoint_in_model", "load_state_dict"]
+
+_DISK = "disk"
+
+
+def _check_safetensors_format(path: str, metadata: Mapping[str, str] | None) -> None:
+    form = (metadata or {}).get("format", "pt")
+    if form not in ("pt", "tf", "flax"):
+        raise OSError(
+            f"{path} has metadata format {form!r}, which is not a safetensors model format ('pt', 'tf' or "
+            "'flax'). Save the model with save_model or save_pretrained."
+        )
+    if form != "pt":
+        raise ValueError(f"{path} holds {form} weights; lockstep loads PyTorch ('pt') weights only.")
+
+
+def load_state_dict(
+    checkpoint_file: str | os.PathLike[str], device_map: Mapping[str, Any] | None = None
+) -> dict[str, torch.Tensor]:
+    """Read one weight file (``.safetensors``, or ``.bin`` with ``weights_only=True``) into a state dict.
+
+    Args:
+        checkpoint_file: the file.
+        device_map: module or tensor name -> device; a safetensors tensor is read straight onto the device
+            of its longest mapped prefix (the CPU when unmapped or mapped to ``"disk"``).
+
+    Raises:
+        OSError, ValueError: the safetensors metadata names another framework.
+        UnsafeCheckpointError: a ``.bin`` file holds arbitrary Python objects (they are not run).
+
+    Example:
+        >>> state = load_state_dict("out/model.safetensors", device_map={"": 0})  # doctest: +SKIP
+    """
+    path = os.fspath(checkpoint_file)
+    if not path.endswith(".safetensors"):
+        state = safe_torch_load(path, map_location="cpu")
+        if not isinstance(state, dict):
+            raise ValueError(f"{path} holds a {type(state).__name__}, not a state dict.")
+        return state
+    with safe_open(path, framework="pt") as handle:
+        _check_safetensors_format(path, handle.metadata())
+        names = list(handle.keys())
+    placement: dict[str, list[str]] = {}
+    for name in names:
+        device = device_for(name, device_map, default="cpu") if device_map else "cpu"
+        placement.setdefault("cpu" if device == _DISK else str(torch_device(device)), []).append(name)
+    state: dict[str, torch.Tensor] = {}
+    for device, keys in placement.items():
+        with safe_open(path, framework="pt", device=device) as handle:
+            state.update({key: handle.get_tensor(key) for key in keys})
+    return {name: state[name] for name in names}
+
+
+def _checkpoint_files(checkpoint: str | os.PathLike[str]) -> tuple[list[Path], set[str] | None]:
+    """The weight files to read and, for an index, every key it promises."""
+    path = Path(checkpoint)
+    index: Path | None = None
+    if path.is_file():
+        if path.name.endswith(".json"):
+            index = path
+        else:
+            return [path], None
+    elif path.is_dir():
+        for name in (SAFE_WEIGHTS_NAME, WEIGHTS_NAME):
+            if (path / name).is_file():
+                return [path / name], None
+        indexes = sorted(path.glob("*.index.json"))
+        if len(indexes) != 1:
+            found = ", ".join(p.name for p in indexes) or "none"
+            raise ValueError(
+                f"load_checkpoint_in_model({str(path)!r}): the folder needs {SAFE_WEIGHTS_NAME}, {WEIGHTS_NAME} "
+                f"or exactly one *.index.json (found {found}). Pass the file to load instead."
+            )
+        index = indexes[0]
+    else:
+        raise ValueError(
+            f"load_checkpoint_in_model({str(path)!r}): no such file or folder. Pass a weight file, an index "
+            "(*.index.json), or a folder holding them."
+        )
+    data = json.loads(index.read_text(encoding="utf-8"))
+    weight_map = data.get("weight_map", data)
+    files = sorted(set(weight_map.values()))
+    return [index.parent / name for name in files], set(weight_map)
+
+
+def _tie_groups(tied: Iterable[list[str]]) -> dict[str, list[str]]:
+    return {name: group for group in tied for name in group}
+
+
+def _check_unsupported(device_map: Mapping[str, Any] | None, offload_8bit_bnb: bool) -> None:
+    if offload_8bit_bnb:
+        raise NotImplementedError(
+            "load_checkpoint_in_model(offload_8bit_bnb=True) offloads bitsandbytes 8-bit layers, which lockstep "
+            "does not support: lockstep does not integrate bitsandbytes. Pass offload_8bit_bnb=False."
+        )
+    if device_map is not None and _DISK in [str(device) for device in device_map.values()]:
+        raise NotImplementedError(
+            "load_checkpoint_in_model(device_map=...) maps modules to 'disk', which lockstep does not support: "
+            "lockstep does not offload weights to disk. Map every module to a GPU or 'cpu'."
+        )
+
+
+def _value_dtype(
+    name: str, value: torch.Tensor, dtype: torch.dtype | None, keep_in_fp32: list[str]
+) -> torch.dtype | None:
+    """The dtype ``name`` is loaded in: ``dtype`` for floating-point values, fp32 for kept modules."""
+    if dtype is None or not torch.is_floating_point(value):
+        return None
+    if any(module in name.split(".") for module in keep_in_fp32):
+        return torch.float32
+    return dtype
+
+
+def _has_dtensor(model: nn.Module) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return any(isinstance(parameter, DTensor) for parameter in model.parameters())
+
+
+def _load_through_dcp(
+    model: nn.Module,
+    checkpoint: str | os.PathLike[str],
+    *,
+    strict: bool,
+    full_state_dict: bool,
+    broadcast_from_rank0: bool,
+) -> None:
+    """Sharded (DTensor) models, or broadcasting: torch's ``set_model_state_dict``.
+
+    With ``broadcast_from_rank0`` only the main process reads the checkpoint; the others receive it.
+    """
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    state: dict[str, torch.Tensor] = {}
+    if not broadcast_from_rank0 or PartialState().is_main_process:
+        for file in _checkpoint_files(checkpoint)[0]:
+            state.update(load_state_dict(file))
+    options = StateDictOptions(
+        full_state_dict=full_state_dict, broadcast_from_rank0=broadcast_from_rank0, strict=strict
+    )
+    set_model_state_dict(model, state, options=options)
+
+
+def load_checkpoint_in_model(
+    model: nn.Module,
+    checkpoint: str | os.PathLike[str],
+    device_map: Mapping[str, Any] | None = None,
+    offload_folder: str | os.PathLike[str] | None = None,
+    dtype: str | torch.dtype | None = None,
+    offload_state_dict: bool = False,
+    offload_buffers: bool = False,
+    keep_in_fp32_modules: list[str] | None = None,
+    offload_8bit_bnb: bool = False,
+    strict: bool = False,
+    full_state_dict: bool = True,
+    broadcast_from_rank0: bool = False,
+) -> None:
+    """Load a (possibly sharded) checkpoint into ``model``, one file at a time, tensor by tensor.
+
+    Each tensor goes to its ``device_map`` device; without a map it stays on the device it is on, and a
+    tensor on the meta device (from ``init_empty_weights``) is created on the CPU. Tied parameters are
+    tied again afterwards.
+
+    Args:
+        model: the model to fill.
+        checkpoint: a weight file, an index (``*.index.json``), or a folder holding ``model.safetensors``,
+            ``pytorch_model.bin`` (safetensors is preferred when both exist) or one index with its shards.
+        device_map: module name -> device (``""`` for the whole model). ``"disk"`` is not supported.
+        offload_folder: accepted for Accelerate's signature; disk offload is not supported.
+        dtype: load floating-point tensors in this dtype.
+        offload_state_dict: accepted and ignored (a memory saving for disk offload), with a warning.
+        offload_buffers: accepted; it only matters for disk offload.
+        keep_in_fp32_modules: module names whose floating-point tensors stay fp32 whatever ``dtype``.
+        offload_8bit_bnb: bitsandbytes offload; not supported.
+        strict: raise when the checkpoint and the model do not have the same keys (otherwise warn).
+        full_state_dict: for models with DTensor (FSDP2) parameters: the files hold whole tensors.
+        broadcast_from_rank0: only the main process reads the files and sends each process its part (needs
+            a process group; every process must call this).
+
+    Raises:
+        ValueError: the checkpoint cannot be found, or with ``strict`` the keys differ.
+        NotImplementedError: ``"disk"`` in ``device_map``, or ``offload_8bit_bnb``.
+
+    Example:
+        >>> with init_empty_weights():  # doctest: +SKIP
+        ...     model = MyModel(config)
+        >>> load_checkpoint_in_model(model, "out/model", device_map={"": 0})  # doctest: +SKIP
+    """
+    _check_unsupported(device_map, offload_8bit_bnb)
+    if offload_state_dict:
+        warnings.warn(
+            "load_checkpoint_in_model(offload_state_dict=True) is ignored: lockstep reads one checkpoint file "
+            "at a time and does not offload to disk.",
+            UserWarning,
+            stacklevel=2,
+        )
+    if broadcast_from_rank0 or _has_dtensor(model):
+        _load_through_dcp(
+            model,
+            checkpoint,
+            strict=strict,
+            full_state_dict=full_state_dict,
+            broadcast_from_rank0=broadcast_from_rank0,
+        )
+        return
+    files, promised = _checkpoint_files(checkpoint)
+    tied = find_tied_parameters(model)
+    if device_map is not None:
+        check_tied_parameters_on_same_device(tied, device_map)
+    keys = _Keys(
+        list(model.state_dict()), _tie_groups(tied), f"load_checkpoint_in_model({os.fspath(checkpoint)!r})"
+    )
+    if strict and promised is not None:
+        keys.check(promised)  # an index lists every key: a mismatch is known before any tensor is read
+    placement = _Placement(
+        device_map, as_dtype(dtype) if dtype is not None else None, keep_in_fp32_modules or []
+    )
+    loaded: set[str] = set()
+    for file in files:
+        state = load_state_dict(file, device_map=device_map)
+        if strict and promised is None:
+            keys.check(state)
+        loaded.update(placement.place(model, state))
+    retie_parameters(model, tied)
+    missing, unexpected = keys.differences(loaded)
+    if missing or unexpected:
+        warnings.warn(keys.report(missing, unexpected), UserWarning, stacklevel=2)
+
+
+@dataclass
+class _Keys:
+    """The model's state-dict keys, compared with a checkpoint's (a tied alias counts when its group does)."""
+
+    model: list[str]
+    groups: dict[str, list[str]]
+    where: str
+
+    def differences(self, found: Iterable[str]) -> tuple[list[str], list[str]]:
+        found = set(found)
+        known = set(self.model)
+        missing = [
+            k for k in self.model if k not in found and not any(n in found for n in self.groups.get(k, []))
+        ]
+        return missing, sorted(found - known)
+
+    def report(self, missing: list[str], unexpected: list[str]) -> str:
+        return (
+            f"{self.where}: the checkpoint and the model differ. Missing from the checkpoint ({len(missing)}): "
+            f"{missing[:10]}. Unknown to the model ({len(unexpected)}): {unexpected[:10]}."
+        )
+
+    def check(self, found: Iterable[str]) -> None:
+        missing, unexpected = self.differences(found)
+        if missing or unexpected:
+            raise ValueError(
+                f"{self.report(missing, unexpected)} Load the checkpoint of this architecture, or pass strict=False."
+            )
+
+
+@dataclass
+class _Placement:
+    """Where and in which dtype each loaded tensor goes."""
+
+    device_map: Mapping[str, Any] | None
+    dtype: torch.dtype | None
+    keep_in_fp32: list[str]
+
+    def place(self, model: nn.Module, state: Mapping[str, torch.Tensor]) -> list[str]:
+        """Put the tensors of ``state`` the model has into it; returns every key of ``state``."""
+        model_keys = model.state_dict(keep_vars=True)
+        for name, value in state.items():
+            current = model_keys.get(name)
+            if current is None:
+                continue
+            if self.device_map is not None:
+                device = device_for(name, self.device_map, default="cpu")
+            else:
+                device = "cpu" if current.device.type == "meta" else current.device
+            value_dtype = _value_dtype(name, value, self.dtype, self.keep_in_fp32)
+            set_module_tensor_to_device(
+                model, name, device, value=value, dtype=value_dtype, clear_cache=False
+            )
+        return list(state)

@@ -1,0 +1,32 @@
+"""``accelerate.utils.megatron_lm``: importable, not supported (lockstep does not drive Megatron-LM).
+
+Constructing any of these classes or calling the functions raises ``NotImplementedError``.
+"""
+
+from lockstep.utils._unsupported import (
+    AbstractTrainStep,
+    BertTrainStep,
+    GPTTrainStep,
+    MegatronEngine,
+    MegatronLMDummyDataLoader,
+    MegatronLMDummyScheduler,
+    MegatronLMOptimizerWrapper,
+    MegatronLMSchedulerWrapper,
+    T5TrainStep,
+    avg_losses_across_data_parallel_group,
+    gather_across_data_parallel_groups,
+)
+
+__all__ = [
+    "AbstractTrainStep",
+    "BertTrainStep",
+    "GPTTrainStep",
+    "MegatronEngine",
+    "MegatronLMDummyDataLoader",
+    "MegatronLMDummyScheduler",
+    "MegatronLMOptimizerWrapper",
+    "MegatronLMSchedulerWrapper",
+    "T5TrainStep",
+    "avg_losses_across_data_parallel_group",
+    "gather_across_data_parallel_groups",
+]

@@ -1,0 +1,8 @@
+"""``accelerate.utils.torch_xla``: importable, not supported (lockstep does not run on TPUs).
+
+Calling :func:`install_xla` raises ``NotImplementedError``.
+"""
+
+from lockstep.utils._unsupported import install_xla
+
+__all__ = ["install_xla"]
