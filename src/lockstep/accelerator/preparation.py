@@ -151,6 +151,7 @@ class Preparer:
             use_seedable_sampler=config.use_seedable_sampler,
             data_seed=config.data_seed,
             non_blocking=config.non_blocking,
+            use_stateful_dataloader=config.use_stateful_dataloader,
         )
         self.prepared.dataloaders.append(prepared)
         self.watch(prepared)

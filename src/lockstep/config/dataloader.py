@@ -2,7 +2,44 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 from dataclasses import dataclass
+from typing import Any
+
+from packaging.version import Version
+
+_TORCHDATA_MINIMUM = "0.11"
+_TORCHDATA_HINT = "pip install 'lockstep[stateful]' (or pip install torchdata)"
+
+
+def require_torchdata(where: str) -> Any:
+    """torchdata's ``StatefulDataLoader`` class, or an ImportError that says how to install it.
+
+    Args:
+        where: what needs it, as the user wrote it (``DataLoaderConfiguration(use_stateful_dataloader=True)``).
+    """
+    try:
+        from torchdata.stateful_dataloader import StatefulDataLoader
+    except ImportError as error:
+        raise ImportError(
+            f"{where} needs torchdata>={_TORCHDATA_MINIMUM}, whose StatefulDataLoader cannot be imported ({error}). "
+            f"Install it: {_TORCHDATA_HINT}; or leave use_stateful_dataloader=False (prepared loaders resume at the "
+            "next unseen batch either way)."
+        ) from error
+    installed = _torchdata_version()
+    if installed is not None and Version(installed) < Version(_TORCHDATA_MINIMUM):
+        raise ImportError(
+            f"{where} needs torchdata>={_TORCHDATA_MINIMUM} (lockstep reads its state format), and torchdata "
+            f"{installed} is installed: pip install -U 'torchdata>={_TORCHDATA_MINIMUM}'."
+        )
+    return StatefulDataLoader
+
+
+def _torchdata_version() -> str | None:
+    try:
+        return importlib.metadata.version("torchdata")
+    except importlib.metadata.PackageNotFoundError:  # imported from a source tree
+        return None
 
 
 @dataclass(kw_only=True)
@@ -31,11 +68,23 @@ class DataLoaderConfiguration:
     non_blocking: bool = False
     """Copy batches to the device asynchronously (needs ``pin_memory=True`` on the loader)."""
     use_stateful_dataloader: bool = False
-    """Accepted for compatibility: every prepared loader of lockstep records its position already."""
+    """Make prepared loaders torchdata ``StatefulDataLoader``s (needs ``pip install 'lockstep[stateful]'``).
+    Every prepared loader resumes at the next unseen batch either way; this adds torchdata's state to the
+    loader's ``state_dict``, so that datasets with a ``state_dict`` of their own (and the workers' copies of
+    them) resume from it instead of being read again up to the saved batch."""
 
     def __post_init__(self) -> None:
-        for name in ("split_batches", "even_batches", "use_seedable_sampler", "non_blocking"):
+        flags = (
+            "split_batches",
+            "even_batches",
+            "use_seedable_sampler",
+            "non_blocking",
+            "use_stateful_dataloader",
+        )
+        for name in flags:
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(
                     f"DataLoaderConfiguration({name}={getattr(self, name)!r}) is invalid: it must be True or False."
                 )
+        if self.use_stateful_dataloader:
+            require_torchdata("DataLoaderConfiguration(use_stateful_dataloader=True)")

@@ -66,6 +66,8 @@ class DataLoaderDispatcher(DataLoader, DataLoaderStateMixin):
         split_batches: each batch of the original loader is the global batch (else ``N`` batches are
             concatenated into one).
         skip_batches: skip this many of this process's batches at the start of every epoch.
+        use_stateful_dataloader: make the loader a torchdata ``StatefulDataLoader`` too (an instance of a
+            subclass; see :mod:`lockstep.data._stateful`).
         even_batches: complete a short last global batch with samples of the first global batch, so that
             every process gets a full batch; without it a process gets what is left, or nothing.
         device: move each batch there (None: leave it on the device it was broadcast on).
@@ -75,6 +77,11 @@ class DataLoaderDispatcher(DataLoader, DataLoaderStateMixin):
         remainder: real samples in the last global batch of the epoch (-1 before it is read).
     """
 
+    # The epoch's first global batch (padding of a short last one), kept for the state of a stateful loader,
+    # and the one restored with a mid-epoch state whose data source resumes by itself.
+    _first_batch: Any = None
+    _restored_first: Any = None
+
     def __init__(
         self,
         dataset: Any,
@@ -83,6 +90,7 @@ class DataLoaderDispatcher(DataLoader, DataLoaderStateMixin):
         _drop_last: bool = False,
         _non_blocking: bool = False,
         *,
+        use_stateful_dataloader: bool = False,  # taken by __new__, which picks the class
         even_batches: bool = True,
         device: torch.device | str | None = None,
         **kwargs: Any,
@@ -139,10 +147,14 @@ class DataLoaderDispatcher(DataLoader, DataLoaderStateMixin):
         """On rank 0: (global batch, real samples, samples per process) for each step after ``skip``."""
         group = 1 if self.split_batches else self._world
         shard = self._shard()
+        restored_first, self._restored_first = self._restored_first, None
+        in_stream, self._resume_in_stream = self._resume_in_stream, False
+        first: Any = None
         if shard is not None:  # O(1) skip in the sampler; the first batches are re-read if padding needs them
             shard.start_batch, skip = skip * group, 0
-        raw = super().__iter__()
-        first: Any = None
+        elif in_stream:  # the restored data source starts there by itself; its first batch came with it
+            skip, first = 0, restored_first
+        raw = self._watch(super().__iter__(), group)
         for step in itertools.count():
             batches = list(itertools.islice(raw, group))
             if not batches:
@@ -150,6 +162,7 @@ class DataLoaderDispatcher(DataLoader, DataLoaderStateMixin):
             batch = batches[0] if group == 1 else self._concatenate(batches)
             if first is None and (shard is None or shard.start_batch == 0):
                 first = batch
+            self._first_batch = first
             if step < skip:
                 continue
             real = batch_length(batch)
@@ -289,7 +302,7 @@ class DataLoaderDispatcher(DataLoader, DataLoaderStateMixin):
         for key in ("batch_sampler", "sampler"):
             if isinstance(kwargs.get(key), BatchSamplerShard):
                 kwargs[key] = copy.copy(kwargs[key])
-        loader = DataLoaderDispatcher(
+        loader = type(self)(
             self.dataset,
             split_batches=self.split_batches,
             skip_batches=num_batches,

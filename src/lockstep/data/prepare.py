@@ -8,6 +8,7 @@ from typing import Any
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler
 
+from lockstep.config.dataloader import require_torchdata
 from lockstep.data.dispatcher import DataLoaderDispatcher
 from lockstep.data.loader import DataLoaderShard
 from lockstep.data.samplers import BatchSamplerShard, IterableDatasetShard, SeedableRandomSampler
@@ -43,6 +44,7 @@ def prepare_data_loader(
     use_seedable_sampler: bool = False,
     data_seed: int | None = None,
     non_blocking: bool = False,
+    use_stateful_dataloader: bool = False,
 ) -> DataLoader:
     """Wrap ``dataloader`` so that this process reads only its share of every epoch.
 
@@ -68,9 +70,14 @@ def prepare_data_loader(
         use_seedable_sampler: replace a ``RandomSampler`` by a :class:`SeedableRandomSampler`.
         data_seed: seed of that sampler (default: ``torch.initial_seed()``).
         non_blocking: copy batches to the device asynchronously.
+        use_stateful_dataloader: make it a torchdata ``StatefulDataLoader`` too, whose state also restores
+            datasets with a state of their own (:mod:`lockstep.data._stateful`; needs torchdata).
 
     Returns:
         The prepared loader (a ``torch.utils.data.DataLoader``).
+
+    Raises:
+        ImportError: ``use_stateful_dataloader=True`` without torchdata installed.
 
     Example:
         >>> from torch.utils.data import DataLoader
@@ -90,7 +97,7 @@ def prepare_data_loader(
         _check_split(dataloader, world)
     target = _target_device(device, put_on_device)
     rng_types = ["generator"] if rng_types is None else list(rng_types)
-    common: dict[str, Any] = {"_drop_last": dataloader.drop_last, "_non_blocking": non_blocking}
+    common = _common_arguments(dataloader, non_blocking, use_stateful_dataloader)
     settings = _loader_settings(dataloader)
     if dispatch_batches:
         placement = _dispatch_placement(dataloader, use_seedable_sampler, data_seed)
@@ -171,6 +178,17 @@ def _target_device(device: torch.device | str | None, put_on_device: bool) -> to
     if not put_on_device:
         return None
     return PartialState().device if device is None else device
+
+
+def _common_arguments(dataloader: DataLoader, non_blocking: bool, stateful: bool) -> dict[str, Any]:
+    """The prepared loader's own arguments, whatever its class."""
+    if stateful:
+        require_torchdata("prepare_data_loader(use_stateful_dataloader=True)")
+    return {
+        "_drop_last": dataloader.drop_last,
+        "_non_blocking": non_blocking,
+        "use_stateful_dataloader": stateful,
+    }
 
 
 def _loader_settings(dataloader: DataLoader) -> dict[str, Any]:

@@ -9,7 +9,8 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence, Sized
+import itertools
+from collections.abc import Iterable, Iterator, Mapping, Sequence, Sized
 from typing import Any
 
 import torch
@@ -239,10 +240,18 @@ class IterableDatasetShard(IterableDataset):
     Attributes:
         remainder: real samples in the last buffer of the latest epoch (-1 until an epoch ends).
 
+    The shard has ``state_dict`` / ``load_state_dict`` for torchdata's ``StatefulDataLoader``, which calls
+    them between batches (``use_stateful_dataloader=True``): a wrapped dataset with a state of its own
+    resumes from it, any other is read again up to the saved round.
+
     Example:
         >>> list(IterableDatasetShard(range(6), batch_size=2, num_processes=2, process_index=1))
         [2, 3, 0, 1]
     """
+
+    _rounds: int = 0  # buffers read from the wrapped dataset this epoch
+    _first: list[Any] | None = None  # the epoch's first buffer, which completes a short last one
+    _resume: tuple[int, list[Any] | None, bool] | None = None  # from load_state_dict, for the next __iter__
 
     def __init__(
         self,
@@ -290,25 +299,63 @@ class IterableDatasetShard(IterableDataset):
         )
 
     def __iter__(self) -> Iterator[Any]:
+        rounds, first, restored = self._resume or (0, None, False)
+        self._resume = None
         generator = getattr(self.dataset, "generator", None)
-        if not hasattr(self.dataset, "set_epoch") and isinstance(generator, torch.Generator):
+        if not restored and not hasattr(self.dataset, "set_epoch") and isinstance(generator, torch.Generator):
             generator.manual_seed(self.epoch)
         round_size = self.batch_size if self.split_batches else self.batch_size * self.num_processes
         per_rank = round_size // self.num_processes if self.split_batches else self.batch_size
         mine = slice(self.process_index * per_rank, (self.process_index + 1) * per_rank)
         self.remainder = -1
-        first: list[Any] | None = None
+        self._rounds, self._first = rounds, first
+        items = iter(self.dataset)
+        if not restored:  # read again up to where the state was taken
+            for _ in itertools.islice(items, rounds * round_size):
+                pass
+        yield from self._deal(items, round_size, mine)
+
+    def _deal(self, items: Iterator[Any], round_size: int, mine: slice) -> Iterator[Any]:
         buffer: list[Any] = []
-        for item in self.dataset:
+        for item in items:
             buffer.append(item)
             if len(buffer) == round_size:
+                # Counted before yielding: a state taken between two batches has the whole buffer read.
+                self._rounds += 1
+                self._first = buffer if self._first is None else self._first
                 yield from buffer[mine]
-                first = buffer if first is None else first
                 buffer = []
         if buffer and not self.drop_last:
-            source = first if first is not None else list(buffer)
+            source = self._first if self._first is not None else list(buffer)
             self.remainder = len(buffer)
+            self._rounds += 1
             padded = buffer + [source[j % len(source)] for j in range(round_size - len(buffer))]
             yield from padded[mine]
         else:
-            self.remainder = round_size if first is not None else 0
+            self.remainder = round_size if self._first is not None else 0
+
+    # -- state, for torchdata's StatefulDataLoader ----------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Where this epoch's stream is: the rounds read, the wrapped dataset's own state (None when it has
+        none) and the first round (None with ``drop_last``), which completes a short last round."""
+        return {
+            "rounds": self._rounds,
+            "dataset": self.dataset.state_dict() if _has_state(self.dataset) else None,  # type: ignore[attr-defined]
+            "first_round": None if self._first is None or self.drop_last else list(self._first),
+        }
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Resume the next iteration where ``state_dict`` was taken.
+
+        The wrapped dataset's own state is loaded now (it then resumes by itself); without one, the next
+        iteration reads the wrapped dataset again up to the saved round.
+        """
+        restored = state_dict.get("dataset") is not None and _has_state(self.dataset)
+        if restored:
+            self.dataset.load_state_dict(state_dict["dataset"])  # type: ignore[attr-defined]
+        self._resume = (int(state_dict["rounds"]), state_dict.get("first_round"), restored)
+
+
+def _has_state(obj: Any) -> bool:
+    """Whether ``obj`` saves and restores its own position (torchdata's ``Stateful`` protocol)."""
+    return callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))

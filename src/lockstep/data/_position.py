@@ -1,0 +1,267 @@
+"""The resumable position of a prepared loader: end-of-epoch look-ahead, epoch and batches consumed.
+
+A prepared loader reads one batch ahead, so that ``end_of_dataloader`` is already True while the last
+batch of the epoch is processed (gradient accumulation syncs there, ``gather_for_metrics`` drops the
+repeated samples there). It registers itself with :class:`~lockstep.state.GradientState` for the
+duration of an iteration and records where it is, so that ``state_dict()`` / ``load_state_dict()``
+resume at the next unseen batch of the same epoch, in the same order, on every rank.
+
+State dict format (plain ints, strings and tensors; loads with ``torch.load(weights_only=True)``)::
+
+    {
+        "epoch": int,                 # the epoch the next iteration reads
+        "batches_yielded": int,       # this process's batches already read in that epoch
+        "total_batch_size": int,      # samples per global step (-1 if unknown)
+        "num_processes": int,
+        "sampler_seed": int,          # seed of a SeedableRandomSampler (-1 if none)
+        "generator_state": Tensor,    # only with a shuffling generator: its state at the epoch start
+        "base_seed": int,             # only mid-epoch: the base seed of the epoch's workers
+    }
+
+A loader prepared with ``use_stateful_dataloader=True`` adds torchdata's own state to this dict (see
+:mod:`lockstep.data._stateful`).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+
+from lockstep._nested import find_batch_size
+from lockstep.config.dataloader import require_torchdata
+from lockstep.data.samplers import BatchSamplerShard, SeedableRandomSampler
+from lockstep.state import GradientState
+
+
+def batch_length(batch: Any) -> int:
+    """Samples in a batch: the first dimension of its first tensor, else the length of its first list."""
+    size = find_batch_size(batch)
+    if size is not None:
+        return size
+    if isinstance(batch, Mapping):
+        batch = next(iter(batch.values()), [])
+    elif isinstance(batch, (list, tuple)) and batch and isinstance(batch[0], (list, tuple, Mapping)):
+        return batch_length(batch[0])
+    return len(batch) if hasattr(batch, "__len__") else 1
+
+
+def _lookahead(batches: Iterator[Any]) -> Iterator[tuple[Any, bool]]:
+    """Each item with a flag that says whether it is the last one."""
+    try:
+        current = next(batches)
+    except StopIteration:
+        return
+    for following in batches:
+        yield current, False
+        current = following
+    yield current, True
+
+
+class DataLoaderStateMixin:
+    """End-of-epoch flag, GradientState registration and the resumable position of a prepared loader.
+
+    Constructing a loader with ``use_stateful_dataloader=True`` makes it an instance of a subclass that is
+    also a torchdata ``StatefulDataLoader`` (:mod:`lockstep.data._stateful`), as in Accelerate.
+
+    Attributes:
+        end_of_dataloader: True while the last batch of the current epoch is processed.
+        iteration: the epoch that the current (or next) iteration reads.
+        skip_batches: batches skipped at the start of every epoch (see ``skip_first_batches``).
+        use_stateful_dataloader: whether this loader is a torchdata ``StatefulDataLoader``.
+    """
+
+    use_stateful_dataloader: bool = False
+    end_of_dataloader: bool = False
+    iteration: int = 0
+    skip_batches: int = 0
+    _batches_yielded: int = 0
+    _in_epoch: bool = False
+    _pending_skip: int | None = None
+    _epoch_start_state: torch.Tensor | None = None
+    _epoch_base_seed: int | None = None
+    _resume_mid_epoch: bool = False
+    _resume_base_seed: int | None = None
+    _seed_synced: bool = False
+    _step_observer: Any = None  # the Accelerator's step timer (lockstep.throughput), when step timing is on
+    # Set by a stateful loader's load_state_dict: the data source restores its own mid-epoch position, so the
+    # next epoch reads no batches to discard them.
+    _resume_in_stream: bool = False
+
+    def __new__(cls, *args: Any, use_stateful_dataloader: bool = False, **kwargs: Any) -> Any:
+        # Accelerate's loaders take the flag in their constructor: here it picks the stateful subclass.
+        if use_stateful_dataloader and not cls.use_stateful_dataloader:
+            require_torchdata(f"{cls.__name__}(use_stateful_dataloader=True)")
+            from lockstep.data._stateful import stateful_variant  # imports torchdata, an optional dependency
+
+            cls = stateful_variant(cls)
+        return super().__new__(cls)
+
+    # -- hooks ------------------------------------------------------------------------------------
+    def _shard(self) -> BatchSamplerShard | None:
+        """The sampler that deals this process's batches, when the data is map-style (it skips in O(1))."""
+        return None
+
+    def _order_sampler(self) -> Any:
+        """The sampler that decides the order of the epoch (None for iterable datasets)."""
+        return None
+
+    def _replay_generator(self) -> torch.Generator | None:
+        """The generator whose state at the epoch start determines the epoch's order."""
+        return None
+
+    def _synchronize(self) -> None:
+        """Make every rank draw the same order this epoch."""
+
+    def _on_begin(self) -> None:
+        """Reset per-epoch attributes."""
+
+    def _watch(self, iterator: Iterator[Any], every: int) -> Iterator[Any]:
+        """torch's iterator of the epoch, as this loader reads it; ``every`` items make one step.
+
+        A stateful loader records the iterator's state at each step boundary here.
+        """
+        return iterator
+
+    @property
+    def gradient_state(self) -> GradientState:
+        """The shared GradientState (looked up each time, so a reset between runs is seen)."""
+        return GradientState()
+
+    @property
+    def total_batch_size(self) -> int | None:
+        """Samples per step across all processes (None when unknown)."""
+        raise NotImplementedError
+
+    # -- epoch bookkeeping ------------------------------------------------------------------------
+    def _seedable_sampler(self) -> SeedableRandomSampler | None:
+        sampler = self._order_sampler()
+        return sampler if isinstance(sampler, SeedableRandomSampler) else None
+
+    def _forward_epoch(self, epoch: int) -> None:
+        holder = getattr(self, "batch_sampler", None)
+        if holder is None:
+            holder = getattr(self, "sampler", None)
+        if isinstance(holder, BatchSamplerShard):
+            if hasattr(holder.batch_sampler, "set_epoch") or hasattr(holder.sampler, "set_epoch"):
+                holder.set_epoch(epoch)
+                return
+        elif hasattr(getattr(holder, "sampler", None), "set_epoch"):
+            holder.sampler.set_epoch(epoch)  # type: ignore[union-attr]
+            return
+        if hasattr(getattr(self, "dataset", None), "set_epoch"):
+            self.dataset.set_epoch(epoch)  # type: ignore[attr-defined]
+
+    def set_epoch(self, epoch: int) -> None:
+        """Choose the epoch that the next iteration reads (and forward it to the sampler or dataset)."""
+        self.iteration = epoch
+        self._forward_epoch(epoch)
+
+    def _begin_epoch(self) -> int:
+        """Start an iteration; returns how many of this process's batches to skip."""
+        self.end_of_dataloader = False
+        skip = self.skip_batches if self._pending_skip is None else self._pending_skip
+        self._pending_skip = None
+        self._on_begin()
+        self._forward_epoch(self.iteration)
+        self._synchronize()
+        generator = self._replay_generator()
+        self._epoch_start_state = None if generator is None else generator.get_state()
+        self._batches_yielded = skip
+        self._in_epoch = True
+        self.gradient_state._add_dataloader(self)
+        return skip
+
+    def _track(self, batches: Iterator[Any]) -> Iterator[Any]:
+        """Yield ``batches`` one ahead, keeping ``end_of_dataloader`` and the position up to date."""
+        tracked = self._track_position(batches)
+        observer = self._step_observer
+        return tracked if observer is None else observer.time_batches(tracked)
+
+    def _track_position(self, batches: Iterator[Any]) -> Iterator[Any]:
+        for batch, is_last in _lookahead(batches):
+            self.end_of_dataloader = is_last
+            if is_last:
+                self._last_batch_length = batch_length(batch)
+            self._batches_yielded += 1
+            yield batch
+        self.iteration += 1
+        self._batches_yielded = 0
+        self._in_epoch = False
+
+    def _end_epoch(self) -> None:
+        self.gradient_state._remove_dataloader(self)
+
+    def begin(self) -> None:
+        """Accelerate compatibility: reset the flags and register with the GradientState."""
+        self.end_of_dataloader = False
+        self.gradient_state._add_dataloader(self)
+
+    def end(self) -> None:
+        """Accelerate compatibility: unregister from the GradientState."""
+        self._end_epoch()
+
+    # -- position ---------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Where this loader is: enough to resume at the next unseen batch (format in the module doc)."""
+        generator = self._replay_generator()
+        current = None if generator is None else generator.get_state()
+        if self._in_epoch and not self.end_of_dataloader:
+            epoch, position, state = self.iteration, self._batches_yielded, self._epoch_start_state
+        elif self._in_epoch:  # the last batch is out: resuming starts the next epoch
+            epoch, position, state = self.iteration + 1, 0, current
+        else:
+            epoch, position, state = self.iteration, self._pending_skip or 0, current
+        seedable = self._seedable_sampler()
+        result: dict[str, Any] = {
+            "epoch": int(epoch),
+            "batches_yielded": int(position),
+            "total_batch_size": int(self.total_batch_size or -1),
+            "num_processes": int(getattr(self, "_world", 1)),
+            "sampler_seed": int(seedable.initial_seed) if seedable is not None else -1,
+        }
+        if state is not None:
+            result["generator_state"] = state.clone()
+        base_seed = (
+            self._epoch_base_seed if self._in_epoch else self._resume_base_seed
+        )  # loaded, not yet read
+        if position > 0 and base_seed is not None:
+            result["base_seed"] = int(base_seed)
+        return result
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Resume where ``state_dict`` was taken: the next iteration starts at the next unseen batch."""
+        missing = [key for key in ("epoch", "batches_yielded") if key not in state_dict]
+        if missing:
+            raise ValueError(
+                f"{type(self).__name__}.load_state_dict() got a dict without {missing} (keys: "
+                f"{sorted(state_dict)}); pass a dict returned by a prepared loader's state_dict()."
+            )
+        position = int(state_dict["batches_yielded"])
+        saved_total, total = int(state_dict.get("total_batch_size", -1)), self.total_batch_size
+        if saved_total > 0 and total and saved_total != total:
+            seen = position * saved_total
+            position = seen // total
+            warnings.warn(
+                f"The dataloader state was saved with {saved_total} samples per step and this loader takes "
+                f"{total}: resuming at batch {position} of the epoch, which re-reads {seen - position * total} "
+                f"of the {seen} samples already seen.",
+                stacklevel=2,
+            )
+        self.iteration = int(state_dict["epoch"])
+        self._pending_skip = position
+        self._resume_mid_epoch = position > 0
+        self._resume_base_seed = (
+            int(state_dict["base_seed"]) if position > 0 and "base_seed" in state_dict else None
+        )
+        self._in_epoch = False
+        self.end_of_dataloader = False
+        seedable, seed = self._seedable_sampler(), int(state_dict.get("sampler_seed", -1))
+        if seedable is not None and seed >= 0:
+            seedable.initial_seed = seed
+            self._seed_synced = True
+        generator, state = self._replay_generator(), state_dict.get("generator_state")
+        if generator is not None and state is not None:
+            generator.set_state(state)
