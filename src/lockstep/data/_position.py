@@ -14,6 +14,7 @@ State dict format (plain ints, strings and tensors; loads with ``torch.load(weig
         "total_batch_size": int,      # samples per global step (-1 if unknown)
         "num_processes": int,
         "sampler_seed": int,          # seed of a SeedableRandomSampler (-1 if none)
+        "epoch_seed": int,            # only mid-epoch, one process: the seed the epoch's sampler drew
         "generator_state": Tensor,    # only with a shuffling generator: its state at the epoch start
         "base_seed": int,             # only mid-epoch: the base seed of the epoch's workers
     }
@@ -32,7 +33,7 @@ import torch
 
 from lockstep._nested import find_batch_size
 from lockstep.config.dataloader import require_torchdata
-from lockstep.data.samplers import BatchSamplerShard, SeedableRandomSampler
+from lockstep.data.samplers import BatchSamplerShard, RecordingRandomSampler, SeedableRandomSampler
 from lockstep.state import GradientState
 
 
@@ -89,6 +90,10 @@ class DataLoaderStateMixin:
     # Set by a stateful loader's load_state_dict: the data source restores its own mid-epoch position, so the
     # next epoch reads no batches to discard them.
     _resume_in_stream: bool = False
+    # skip_first_batches: the copy continues this loader (its position, its resume), and the loader knows the
+    # copy that is reading its epoch, so that state_dict() and the next epoch stay right.
+    _continues: Any = None
+    _active_copy: Any = None
 
     def __new__(cls, *args: Any, use_stateful_dataloader: bool = False, **kwargs: Any) -> Any:
         # Accelerate's loaders take the flag in their constructor: here it picks the stateful subclass.
@@ -159,8 +164,33 @@ class DataLoaderStateMixin:
         self.iteration = epoch
         self._forward_epoch(epoch)
 
+    def _adopt_resume(self) -> None:
+        """A ``skip_first_batches`` copy takes over what ``load_state`` restored on the loader it continues:
+        the epoch, the replay of its order and random numbers; its own skip replaces the restored position,
+        so nothing is skipped twice."""
+        parent = self._continues
+        restored = parent._pending_skip
+        self.iteration = parent.iteration
+        self._seed_synced = parent._seed_synced
+        if restored is not None or parent._resume_mid_epoch:
+            self._resume_mid_epoch, self._resume_base_seed = (
+                parent._resume_mid_epoch,
+                parent._resume_base_seed,
+            )
+            parent._pending_skip, parent._resume_mid_epoch, parent._resume_base_seed = None, False, None
+            if restored and restored != self.skip_batches:
+                warnings.warn(
+                    f"skip_first_batches(..., {self.skip_batches}) after load_state, which restored the loader "
+                    f"at batch {restored} of epoch {self.iteration}: the epoch starts at batch "
+                    f"{self.skip_batches} as asked (pass {restored} to continue where the checkpoint stopped).",
+                    stacklevel=4,
+                )
+        parent._active_copy = self
+
     def _begin_epoch(self) -> int:
         """Start an iteration; returns how many of this process's batches to skip."""
+        if self._continues is not None:
+            self._adopt_resume()
         self.end_of_dataloader = False
         skip = self.skip_batches if self._pending_skip is None else self._pending_skip
         self._pending_skip = None
@@ -190,9 +220,13 @@ class DataLoaderStateMixin:
         self.iteration += 1
         self._batches_yielded = 0
         self._in_epoch = False
+        if self._continues is not None:
+            self._continues.iteration = self.iteration  # the loader continues with the next epoch
 
     def _end_epoch(self) -> None:
         self.gradient_state._remove_dataloader(self)
+        if self._continues is not None and self._continues._active_copy is self:
+            self._continues._active_copy = None
 
     def begin(self) -> None:
         """Accelerate compatibility: reset the flags and register with the GradientState."""
@@ -206,6 +240,9 @@ class DataLoaderStateMixin:
     # -- position ---------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """Where this loader is: enough to resume at the next unseen batch (format in the module doc)."""
+        copy = self._active_copy
+        if copy is not None and copy._in_epoch:  # a skip_first_batches copy is reading this loader's epoch
+            return copy.state_dict()
         generator = self._replay_generator()
         current = None if generator is None else generator.get_state()
         if self._in_epoch and not self.end_of_dataloader:
@@ -229,6 +266,11 @@ class DataLoaderStateMixin:
         )  # loaded, not yet read
         if position > 0 and base_seed is not None:
             result["base_seed"] = int(base_seed)
+        recording = self._order_sampler()
+        if position > 0 and isinstance(recording, RecordingRandomSampler):
+            seed = recording.epoch_seed if self._in_epoch else recording.replay_seed
+            if seed is not None:
+                result["epoch_seed"] = int(seed)
         return result
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
@@ -265,3 +307,6 @@ class DataLoaderStateMixin:
         generator, state = self._replay_generator(), state_dict.get("generator_state")
         if generator is not None and state is not None:
             generator.set_state(state)
+        recording = self._order_sampler()
+        if isinstance(recording, RecordingRandomSampler):
+            recording.replay_seed = int(state_dict["epoch_seed"]) if "epoch_seed" in state_dict else None

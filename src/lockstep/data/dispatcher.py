@@ -313,4 +313,5 @@ class DataLoaderDispatcher(DataLoader, DataLoaderStateMixin):
             **kwargs,
         )
         loader.iteration = self.iteration
+        loader._continues = self  # it reads this loader's epochs: position, resume, next epoch
         return loader

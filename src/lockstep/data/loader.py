@@ -204,4 +204,5 @@ class DataLoaderShard(DataLoader, DataLoaderStateMixin):
             **kwargs,
         )
         loader.iteration = self.iteration
+        loader._continues = self  # it reads this loader's epochs: position, resume, next epoch
         return loader

@@ -11,7 +11,12 @@ from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSa
 from lockstep.config.dataloader import require_torchdata
 from lockstep.data.dispatcher import DataLoaderDispatcher
 from lockstep.data.loader import DataLoaderShard
-from lockstep.data.samplers import BatchSamplerShard, IterableDatasetShard, SeedableRandomSampler
+from lockstep.data.samplers import (
+    BatchSamplerShard,
+    IterableDatasetShard,
+    RecordingRandomSampler,
+    SeedableRandomSampler,
+)
 from lockstep.state import PartialState
 
 # Settings copied from the original loader; batch_size, shuffle, sampler, batch_sampler and drop_last
@@ -241,12 +246,17 @@ def _fresh_seed() -> int:
     return int(torch.empty((), dtype=torch.int64).random_().item())
 
 
-def _own_sampler(batch_sampler: Any, use_seedable: bool, data_seed: int | None) -> tuple[Any, Any]:
+def _own_sampler(
+    batch_sampler: Any, use_seedable: bool, data_seed: int | None, *, one_process: bool = False
+) -> tuple[Any, Any]:
     """A batch sampler whose shuffling is reproducible, and the generator to keep in sync (or None).
 
-    A ``RandomSampler`` becomes a :class:`SeedableRandomSampler`, or gets its own generator when it has
-    none (it would otherwise draw a fresh seed per epoch from the global generator, which ranks do not
-    share). The user's objects are copied, not modified.
+    A ``RandomSampler`` becomes a :class:`SeedableRandomSampler`; without a generator of its own it gets
+    one on several processes (it would otherwise draw a fresh seed per epoch from the global generator,
+    which ranks do not share). On one process it keeps drawing from the global generator, as the plain
+    ``DataLoader`` does, and records each epoch's seed to replay it on resume
+    (:class:`RecordingRandomSampler`): adding the four lines changes no random number. The user's objects
+    are copied, not modified.
     """
     sampler = getattr(batch_sampler, "sampler", None)
     if isinstance(sampler, SeedableRandomSampler):
@@ -259,6 +269,13 @@ def _own_sampler(batch_sampler: Any, use_seedable: bool, data_seed: int | None) 
             data_seed=data_seed,
         )
         return _replace_sampler(batch_sampler, seedable), None
+    if isinstance(sampler, RandomSampler) and sampler.generator is None and one_process:
+        recording = RecordingRandomSampler(
+            sampler.data_source,  # type: ignore[arg-type]
+            replacement=sampler.replacement,
+            num_samples=sampler._num_samples,
+        )
+        return _replace_sampler(batch_sampler, recording), None
     if isinstance(sampler, RandomSampler) and sampler.generator is None:
         owned = copy.copy(sampler)
         owned.generator = torch.Generator()
@@ -294,7 +311,7 @@ def _map_placement(
                 "batches to deal out. Pass batch_size=1, or a batch_sampler."
             )
         return {"dataset": dataloader.dataset, "sampler": dataloader.sampler, "batch_size": None}, None
-    batch_sampler, generator = _own_sampler(batch_sampler, use_seedable, data_seed)
+    batch_sampler, generator = _own_sampler(batch_sampler, use_seedable, data_seed, one_process=world == 1)
     if world > 1:
         shard = BatchSamplerShard(batch_sampler, world, rank, split_batches, even_batches)
     else:  # identity: Accelerate does not touch the batches of a single process

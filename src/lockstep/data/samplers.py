@@ -9,6 +9,7 @@ Example:
 
 from __future__ import annotations
 
+import copy
 import itertools
 from collections.abc import Iterable, Iterator, Mapping, Sequence, Sized
 from typing import Any
@@ -76,6 +77,45 @@ class SeedableRandomSampler(RandomSampler):
         self.epoch = epoch
 
 
+class RecordingRandomSampler(RandomSampler):
+    """A ``RandomSampler`` without a generator of its own that remembers the seed of its epoch.
+
+    On one process a prepared loader must draw exactly what the plain ``DataLoader`` draws: torch's
+    ``RandomSampler`` takes a fresh seed from the global generator at the start of each epoch. This one draws
+    it the same way, at the same moment, and records it (``epoch_seed``), so that an epoch resumed from a
+    checkpoint replays its order from the recorded seed (``replay_seed``) without drawing again: the global
+    generator then continues exactly as in the uninterrupted run.
+
+    Example:
+        >>> sampler = RecordingRandomSampler(range(5))
+        >>> first = list(sampler)
+        >>> sampler.replay_seed = sampler.epoch_seed
+        >>> list(sampler) == first
+        True
+    """
+
+    epoch_seed: int | None = None
+    """The seed the current (or last) epoch drew."""
+    replay_seed: int | None = None
+    """A recorded seed the next epoch uses instead of drawing one (set when resuming mid-epoch)."""
+
+    def draw_generator(self) -> torch.Generator:
+        """The epoch's generator, seeded as torch's ``RandomSampler`` seeds it (or from ``replay_seed``)."""
+        if self.replay_seed is not None:
+            seed, self.replay_seed = self.replay_seed, None
+        else:
+            seed = int(torch.empty((), dtype=torch.int64).random_().item())
+        self.epoch_seed = seed
+        generator = torch.Generator()
+        generator.manual_seed(seed)
+        return generator
+
+    def __iter__(self) -> Iterator[int]:
+        drawing = copy.copy(self)
+        drawing.generator = self.draw_generator()
+        yield from RandomSampler.__iter__(drawing)
+
+
 def epoch_indices(sampler: Iterable[int]) -> Sequence[int] | torch.Tensor:
     """The sampler's indices for one epoch, drawn exactly as iterating it would draw them.
 
@@ -85,7 +125,8 @@ def epoch_indices(sampler: Iterable[int]) -> Sequence[int] | torch.Tensor:
     """
     if type(sampler) is SequentialSampler:
         return range(len(sampler.data_source))  # type: ignore[arg-type]
-    if type(sampler) in (RandomSampler, SeedableRandomSampler) and not sampler.replacement:  # type: ignore[attr-defined]
+    plain_random = (RandomSampler, SeedableRandomSampler, RecordingRandomSampler)
+    if type(sampler) in plain_random and not sampler.replacement:  # type: ignore[attr-defined]
         return _permutation(sampler)  # type: ignore[arg-type]
     return list(sampler)
 
@@ -93,6 +134,8 @@ def epoch_indices(sampler: Iterable[int]) -> Sequence[int] | torch.Tensor:
 def _permutation(sampler: RandomSampler) -> torch.Tensor:
     if isinstance(sampler, SeedableRandomSampler):
         generator = sampler._reseed()
+    elif isinstance(sampler, RecordingRandomSampler):
+        generator = sampler.draw_generator()
     elif sampler.generator is None:  # RandomSampler draws a fresh seed from the global generator
         seed = int(torch.empty((), dtype=torch.int64).random_().item())
         generator = torch.Generator()
