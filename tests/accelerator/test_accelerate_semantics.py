@@ -104,3 +104,16 @@ def test_printing_the_state_gives_accelerates_text():
     assert partial == expected and full == expected + "Mixed precision type: bf16\n"
     single = str(Accelerator().state)
     assert single.startswith("Distributed environment: NO\nNum processes: 1\n")  # no backend: no Backend part
+
+
+def test_the_launchers_dynamo_settings_reach_the_accelerators_plugin(monkeypatch):
+    import json
+
+    launched = {"dynamo_backend": "eager", "dynamo_plugin": {"mode": "reduce-overhead", "fullgraph": True}}
+    monkeypatch.setenv("LOCKSTEP_LAUNCH_CONFIG", json.dumps(launched))
+    plugin = Accelerator().settings.dynamo_plugin
+    assert (plugin.backend, plugin.mode, plugin.fullgraph) == ("eager", "reduce-overhead", True)
+    explicit = Accelerator(
+        dynamo_backend="aot_eager"
+    ).settings.dynamo_plugin  # an explicit backend wins alone
+    assert (explicit.backend, explicit.mode, explicit.fullgraph) == ("aot_eager", None, False)

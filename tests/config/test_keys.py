@@ -16,6 +16,7 @@ import sys
 import pytest
 
 from lockstep.cli import launch_cmd
+from lockstep.cli._unsupported_flags import REFUSED_DEST
 from lockstep.cli.launch_cmd import FSDP_FLAGS, add_launch_flags, given_flags, table_flags
 from lockstep.config import checks, file, fsdp_keys
 from lockstep.config.deepspeed import DEEPSPEED_KEYS
@@ -39,8 +40,13 @@ FSDP_FLAG_NAMES = [
     "--fsdp-offload-params",
     "--fsdp-cpu-ram-efficient-loading",
     "--fsdp-activation-checkpointing",
+    "--fsdp-sharding-strategy",
+    "--fsdp-backward-prefetch",
+    "--fsdp-forward-prefetch",
+    "--fsdp-use-orig-params",
+    "--fsdp-sync-module-states",
 ]
-"""Accelerate's FSDP launch flags that FSDP2 uses, in --help order."""
+"""Accelerate's FSDP launch flags: those FSDP2 uses, then the FSDP1 ones it accepts, in --help order."""
 
 # Every fsdp_config key of the file: (YAML value, plugin field, the plugin's value after loading).
 FILE_SAMPLES = {
@@ -244,7 +250,7 @@ def test_the_file_section_is_the_tables_file_keys():
 
 def test_every_fsdp_flag_is_a_table_key_and_every_flag_key_is_a_flag():
     options = _options(_launch_parser())
-    dashed = [option for option in options if option.startswith("--fsdp-")]
+    dashed = [o for o, action in options.items() if o.startswith("--fsdp-") and action.dest != REFUSED_DEST]
     assert dashed == FSDP_FLAG_NAMES
     assert [entry.flag_spellings[0] for entry in FSDP_FLAGS.values()] == FSDP_FLAG_NAMES
     for name, entry in FSDP_FLAGS.items():
@@ -259,7 +265,7 @@ def test_the_dynamo_backend_flag_comes_from_the_dynamo_table():
     assert action.option_strings == ["--dynamo-backend", "--dynamo_backend"]
     assert action.dest == "dynamo_backend"
     assert action.help == "torch.compile backend (no, eager, inductor, ...)"
-    assert list(flag_keys(DYNAMO_KEYS)) == ["dynamo_backend"]
+    assert list(flag_keys(DYNAMO_KEYS)) == [entry.key for entry in DYNAMO_KEYS]  # every dynamo key is a flag
 
 
 def test_flag_text_is_checked_by_the_keys_check():
@@ -392,7 +398,7 @@ def test_the_dynamo_section_is_derived_and_names_plugin_fields():
         "dynamo_mode": "mode",
         "dynamo_use_fullgraph": "fullgraph",
         "dynamo_use_dynamic": "dynamic",
-        "dynamo_use_regional_compilation": None,
+        "dynamo_use_regional_compilation": "use_regional_compilation",
     }
     assert {entry.field for entry in DYNAMO_KEYS} - {None} <= plugin
     assert ClusterConfig(
@@ -403,9 +409,11 @@ def test_the_dynamo_section_is_derived_and_names_plugin_fields():
     }
 
 
-def test_the_deepspeed_section_is_derived_and_offers_no_flags():
+def test_the_deepspeed_section_is_derived_and_its_flags_are_accelerates():
     assert file.DEEPSPEED_CONFIG_KEYS == file_keys(DEEPSPEED_KEYS)
-    assert len(DEEPSPEED_KEYS) == 15 and flag_keys(DEEPSPEED_KEYS) == {}
+    # Every key but gradient_accumulation_steps (the launcher's own flag) is an Accelerate launch flag.
+    assert len(DEEPSPEED_KEYS) == 15 and len(flag_keys(DEEPSPEED_KEYS)) == 14
+    assert "gradient_accumulation_steps" not in flag_keys(DEEPSPEED_KEYS)
     launcher_only = [entry.key for entry in DEEPSPEED_KEYS if entry.field is None]
     assert launcher_only == [
         "deepspeed_multinode_launcher",

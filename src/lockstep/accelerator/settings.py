@@ -215,11 +215,14 @@ def resolve_dynamo(
         raise ValueError("Pass either dynamo_backend or dynamo_plugin to the Accelerator, not both.")
     if plugin is not None:
         return plugin if plugin.enabled else None
-    if backend is None:
+    from_launcher = backend is None
+    if from_launcher:
         backend = launch.get("dynamo_backend")
     if backend is None:
         return None
-    resolved = TorchDynamoPlugin(backend=backend)
+    # The launcher's --dynamo_mode/--dynamo_use_* settings go with the launcher's backend only.
+    settings = dict(launch.get("dynamo_plugin") or {}) if from_launcher else {}
+    resolved = TorchDynamoPlugin(backend=backend, **settings)
     return resolved if resolved.enabled else None
 
 

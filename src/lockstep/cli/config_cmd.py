@@ -5,6 +5,8 @@
 - ``lockstep config default [--mixed-precision ...] [--num-processes N] [--cpu] [--force]`` writes a
   sensible file for this machine without asking.
 - ``lockstep config validate FILE`` checks a file and summarizes it in one line.
+- ``lockstep config update [--config-file FILE]`` rewrites a file in the current schema, defaults filled in
+  (:mod:`lockstep.cli.config_update`).
 
 The file goes to ``--config-file``, else ``$LOCKSTEP_HOME/default_config.yaml`` (see
 :func:`lockstep.config.file.default_config_path`). ``lockstep launch`` reads the same file.
@@ -23,6 +25,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from lockstep.cli._errors import UsageError
+from lockstep.cli.config_update import register_update
 from lockstep.cli.explain import register_explain
 from lockstep.config.enums import DistributedType, DynamoBackend, PrecisionType
 from lockstep.config.file import (
@@ -67,13 +70,14 @@ Write or check the launch config file (Accelerate's default_config.yaml schema).
   lockstep config                     answer a few questions (Enter takes the [default])
   lockstep config default             write a sensible file for this machine without asking
   lockstep config validate FILE       check a file and summarize it
+  lockstep config update              rewrite a file in the current schema, defaults filled in
 
 The file goes to --config-file, else $LOCKSTEP_HOME/default_config.yaml
 ($XDG_CACHE_HOME/lockstep or ~/.cache/lockstep when LOCKSTEP_HOME is unset)."""
 
 
 def register(subparsers: Any) -> None:
-    """Add ``config`` and its actions (``default``, ``validate``) to the ``lockstep`` parser."""
+    """Add ``config`` and its actions (``default``, ``validate``, ``update``, ``explain``) to the parser."""
     parser = subparsers.add_parser(
         "config",
         help="write or check the launch config file (Accelerate's default_config.yaml)",
@@ -110,6 +114,7 @@ def register(subparsers: Any) -> None:
     validate = actions.add_parser("validate", help="check a config file and summarize it")
     validate.add_argument("file", metavar="FILE", help="the config file to check")
     validate.set_defaults(handler=run_validate)
+    register_update(actions)
     register_explain(actions)
 
 

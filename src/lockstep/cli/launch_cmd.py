@@ -1,8 +1,15 @@
 """``lockstep launch [flags] script.py [script args]``: run a script on any topology.
 
-Flags take both spellings (``--num-processes`` and Accelerate's ``--num_processes``). Settings resolve as
-flag > config file (``--config-file``, else the default file if it exists) > default. Processes are
-started by torch's elastic agent (the engine behind torchrun), in this process.
+Flags take both spellings (``--num-processes`` and Accelerate's ``--num_processes``); every flag of
+``accelerate launch`` is understood, and those for hardware and services lockstep does not drive are
+refused with one line (see :mod:`lockstep.cli.launch_flags`). Settings resolve as flag > config file
+(``--config-file``, else the default file if it exists) > default. Processes are started by torch's elastic
+agent (the engine behind torchrun), in this process.
+
+How the target runs: as a script (``python script.py``), as a module (``-m``/``--module``), as a program
+of its own (``--no-python``: a shell script or binary, run directly), or by calling one function of it
+(``--main-training-function main``: the script is imported, not run as ``__main__``, and ``main()`` is
+called in every worker, as a notebook cell's function would be).
 
 Unlike ``accelerate launch --cpu --num_processes 2`` (which starts one process), on a CPU-only machine
 ``lockstep launch --num-processes 2`` starts two gloo processes that form one group.
@@ -11,133 +18,65 @@ Unlike ``accelerate launch --cpu --num_processes 2`` (which starts one process),
 from __future__ import annotations
 
 import argparse
+import ast
 import os
-from collections.abc import Iterable
+import shutil
+import sys
+from pathlib import Path
 from typing import Any
 
-from lockstep.config.fsdp_keys import FSDP_KEYS
-from lockstep.config.keys import SettingKey, flag_keys
-from lockstep.config.plugins import DYNAMO_KEYS
+from lockstep.cli._unsupported_flags import EPILOG
+from lockstep.cli.launch_flags import (
+    FSDP_FLAGS,
+    LAUNCH_FLAGS,
+    Flag,
+    add_launch_flags,
+    given_flags,
+    table_flags,
+)
 from lockstep.errors import UsageError
 
-Flag = tuple[tuple[str, ...], dict[str, Any]]
-"""A flag's spellings and its argparse keyword arguments."""
-
-FSDP_FLAGS: dict[str, SettingKey] = flag_keys(FSDP_KEYS)
-"""The ``--fsdp-*`` flags by argparse ``dest`` (the ``fsdp_config`` key each one sets)."""
-
-
-def table_flags(table: Iterable[SettingKey], *, label: str | None = None) -> list[Flag]:
-    """The launch flags of a key table: each flag key's spellings, with its help (after ``label: ``)."""
-    return [
-        (entry.flag_spellings, {"dest": entry.key, "help": f"{label}: {entry.help}" if label else entry.help})
-        for entry in flag_keys(table).values()
-    ]
-
-
-# Every flag defaults to "not given" so that config files apply.
-LAUNCH_FLAGS: list[Flag] = [
-    (
-        ("--config-file", "--config_file"),
-        {"dest": "config_file", "help": "YAML config (Accelerate's schema)"},
-    ),
-    (("--cpu",), {"dest": "use_cpu", "action": "store_true", "help": "train on the CPU even if GPUs exist"}),
-    (
-        ("--multi-gpu", "--multi_gpu"),
-        {"dest": "multi_gpu", "action": "store_true", "help": "data parallel on GPUs"},
-    ),
-    (
-        ("--num-processes", "--num_processes"),
-        {"type": int, "help": "processes in the whole job (all machines)"},
-    ),
-    (("--num-machines", "--num_machines"), {"type": int, "help": "machines in the job"}),
-    (
-        ("--machine-rank", "--machine_rank"),
-        {"type": int, "help": "rank of this machine (0 hosts the rendezvous)"},
-    ),
-    (("--main-process-ip", "--main_process_ip"), {"help": "address of machine 0"}),
-    (("--main-process-port", "--main_process_port"), {"type": int, "help": "rendezvous port on machine 0"}),
-    (("--rdzv-backend", "--rdzv_backend"), {"help": "static or c10d"}),
-    (("--same-network", "--same_network"), {"action": "store_true", "help": "machines share a network"}),
-    (
-        ("--max-restarts", "--max_restarts"),
-        {"type": int, "help": "restart all workers this often on failure"},
-    ),
-    (("--monitor-interval", "--monitor_interval"), {"type": float, "help": "seconds between health checks"}),
-    (("--mixed-precision", "--mixed_precision"), {"help": "no, fp16 or bf16"}),
-    (
-        ("--gradient-accumulation-steps", "--gradient_accumulation_steps"),
-        {"type": int, "help": "micro-batches per step"},
-    ),
-    *table_flags(DYNAMO_KEYS),
-    (("--gpu-ids", "--gpu_ids"), {"help": "comma-separated GPU indices, or all"}),
-    (("--debug",), {"action": "store_true", "help": "check collectives across ranks (LOCKSTEP_DEBUG)"}),
-    (
-        ("--use-fsdp", "--use_fsdp"),
-        {"dest": "use_fsdp", "action": "store_true", "help": "shard the model with FSDP2"},
-    ),
-    *table_flags(FSDP_KEYS, label="FSDP"),
-    (
-        ("--use-deepspeed", "--use_deepspeed"),
-        {"dest": "use_deepspeed", "action": "store_true", "help": "DeepSpeed (not yet)"},
-    ),
+__all__ = [
+    "FSDP_FLAGS",
+    "LAUNCH_FLAGS",
+    "Flag",
+    "add_launch_flags",
+    "given_flags",
+    "load_settings",
+    "register",
+    "run_launch",
+    "table_flags",
 ]
 
 
-def add_launch_flags(parser: argparse.ArgumentParser) -> None:
-    """The launch flags, shared by ``launch``, ``test`` and ``config explain``."""
-    for spellings, kwargs in LAUNCH_FLAGS:
-        parser.add_argument(*spellings, default=argparse.SUPPRESS, **kwargs)
-
-
 def register(subparsers: Any) -> None:
-    parser = subparsers.add_parser("launch", help="run a training script on one or many processes/machines")
+    parser = subparsers.add_parser(
+        "launch", help="run a training script on one or many processes/machines", epilog=EPILOG
+    )
     add_launch_flags(parser)
     parser.add_argument("-m", "--module", action="store_true", help="run TARGET as a module (python -m)")
+    parser.add_argument(
+        "--no-python",
+        "--no_python",
+        dest="no_python",
+        action="store_true",
+        help="run TARGET as a program of its own (a shell script or binary), not with python",
+    )
+    parser.add_argument(
+        "--main-training-function",
+        "--main_training_function",
+        dest="main_training_function",
+        metavar="NAME",
+        help="import TARGET and call its function NAME() in every worker, instead of running it as __main__",
+    )
     parser.add_argument("target", metavar="script.py", help="the training script (or module with -m)")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")
     parser.set_defaults(handler=run_launch)
 
 
-def given_flags(args: argparse.Namespace) -> dict[str, Any]:
-    """The launch settings the user typed (flags they did not give are absent)."""
-    internal = ("handler", "command", "target", "script_args", "module", "config_action")
-    flags = {k: v for k, v in vars(args).items() if k not in internal}
-    if flags.pop("use_deepspeed", False):
-        if flags.get("use_fsdp"):
-            raise UsageError("--use-fsdp and --use-deepspeed both shard the model and cannot be combined.")
-        raise UsageError("--use-deepspeed is not supported yet: DeepSpeed is not part of this version.")
-    fsdp_flags = {name: flags.pop(name) for name in list(flags) if name in FSDP_FLAGS}
-    if fsdp_flags:
-        flags["fsdp_config"] = {name: _fsdp_flag_value(name, value) for name, value in fsdp_flags.items()}
-    if flags.pop("use_fsdp", False) or fsdp_flags:
-        flags["distributed_type"] = "FSDP"
-    if flags.pop("multi_gpu", False):
-        flags["distributed_type"] = "MULTI_GPU"
-    if flags.get("same_network") is False:
-        flags.pop("same_network")
-    return flags
-
-
-def _fsdp_flag_value(name: str, value: str) -> Any:
-    """A ``--fsdp-*`` flag's text, checked and normalized by its key's check (as in a config file)."""
-    entry = FSDP_FLAGS[name]
-    try:
-        return entry.check(_typed(value), entry.flag_spellings[0])
-    except ValueError as error:
-        raise UsageError(str(error)) from None
-
-
-def _typed(value: str) -> Any:
-    """Flag text as YAML would read it: ``true``/``false`` as bools, digits as ints, the rest as text."""
-    lowered = value.strip().lower()
-    if lowered in ("true", "false"):
-        return lowered == "true"
-    return int(value) if value.strip().isdigit() else value
-
-
 def load_settings(args: argparse.Namespace) -> Any:
-    """Resolve flags + config file into LaunchSettings (UsageError on bad input)."""
+    """Resolve flags + config file into LaunchSettings (UsageError on bad input); warn about settings that
+    have no effect here."""
     from lockstep.config.file import ConfigFileError, default_config_path, load_config_file
     from lockstep.launcher.settings import resolve
 
@@ -153,13 +92,81 @@ def load_settings(args: argparse.Namespace) -> Any:
             file_config = load_config_file(path)
         except ConfigFileError as error:
             raise UsageError(str(error)) from None
-    return resolve(flags, file_config, path)
+    settings = resolve(flags, file_config, path)
+    for note in settings.notes():
+        print(f"lockstep {getattr(args, 'command', 'launch')}: warning: {note}", file=sys.stderr)
+    return settings
+
+
+def check_target(args: argparse.Namespace, settings: Any) -> None:
+    """Check how the target is to run before any worker starts.
+
+    Raises:
+        UsageError: contradicting target flags, a missing script or program, or a script without the
+            function ``--main-training-function`` names.
+    """
+    if args.no_python:
+        _check_program(args, settings)
+    elif not args.module and not os.path.isfile(args.target):
+        raise UsageError(f"script {args.target!r} does not exist.")
+    if args.main_training_function is not None and not args.module:
+        _check_function_defined(args.target, args.main_training_function)
+
+
+def _check_program(args: argparse.Namespace, settings: Any) -> None:
+    """``--no-python``: TARGET must be an executable file or a command on PATH, and run without lockstep's
+    Python bootstrap."""
+    for other, given in (
+        ("--module", args.module),
+        ("--main-training-function", args.main_training_function is not None),
+        ("--enable-cpu-affinity", settings.enable_cpu_affinity),
+    ):
+        if given:
+            raise UsageError(
+                f"--no-python cannot be combined with {other}: --no-python runs {args.target!r} as a program of "
+                f"its own, and {other} needs lockstep's Python bootstrap in each worker."
+            )
+    if os.path.isfile(args.target) and not os.access(args.target, os.X_OK):
+        raise UsageError(
+            f"--no-python: {args.target!r} is not executable; run `chmod +x {args.target}`, or drop "
+            "--no-python to run it with python."
+        )
+    if shutil.which(args.target) is None and not os.path.isfile(args.target):
+        raise UsageError(f"--no-python: {args.target!r} is neither a file nor a command on PATH.")
+
+
+def _check_function_defined(path: str, name: str) -> None:
+    """``--main-training-function NAME``: the script must define NAME at its top level (read, not run)."""
+    try:
+        tree = ast.parse(Path(path).read_text(encoding="utf-8"), filename=path)
+    except (OSError, SyntaxError, ValueError):
+        return  # the worker reports what is wrong with the script itself, with its rank and line
+    defined: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            defined.add(node.name)
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            defined.update((alias.asname or alias.name).split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.Assign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            defined.update(target.id for target in targets if isinstance(target, ast.Name))
+    if name not in defined:
+        raise UsageError(
+            f"--main-training-function {name!r}: {path} defines no function {name!r} at its top level. "
+            "Pass the name of your training function."
+        )
 
 
 def run_launch(args: argparse.Namespace) -> int:
     from lockstep.launcher.elastic import launch
 
     settings = load_settings(args)
-    if not args.module and not os.path.isfile(args.target):
-        raise UsageError(f"script {args.target!r} does not exist.")
-    return launch(settings, args.target, list(args.script_args), module=args.module)
+    check_target(args, settings)
+    return launch(
+        settings,
+        args.target,
+        list(args.script_args),
+        module=args.module,
+        no_python=args.no_python,
+        function=args.main_training_function,
+    )

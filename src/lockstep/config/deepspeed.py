@@ -4,7 +4,10 @@ lockstep has no DeepSpeed backend yet: a file with ``distributed_type: DEEPSPEED
 Accelerate's files are checked and can be shown), and launching it is refused. :data:`DEEPSPEED_KEYS` is
 the table a ``DeepSpeedPlugin`` will be derived from; its fields name the fields of Accelerate's
 ``DeepSpeedPlugin``, and keys read by the launcher (hostfile, multi-node launcher) have none. See
-:mod:`lockstep.config.keys` for the shape.
+:mod:`lockstep.config.keys` for the shape. The keys that ``accelerate launch`` offers as flags are flags
+(``--zero-stage`` / ``--zero_stage``, ...): ``lockstep launch`` accepts them in both spellings and refuses
+them with one line until the backend exists. ``gradient_accumulation_steps`` is not one: the launcher's own
+``--gradient-accumulation-steps`` sets it for every backend.
 
 This module must not import torch.
 """
@@ -23,12 +26,14 @@ DEEPSPEED_KEYS: tuple[SettingKey, ...] = (
         field="hf_ds_config",
         check=checks.string,
         help="path of a DeepSpeed JSON config; replaces the keys below",
+        flag=True,
     ),
     SettingKey(
         key="zero_stage",
         field="zero_stage",
         check=checks.int_range(0, 3),
         help="ZeRO stage: 0 off, 1 optimizer states, 2 + gradients, 3 + parameters",
+        flag=True,
     ),
     SettingKey(
         key="gradient_accumulation_steps",
@@ -41,72 +46,84 @@ DEEPSPEED_KEYS: tuple[SettingKey, ...] = (
         field="gradient_clipping",
         check=checks.auto_or(checks.non_negative_float),
         help="clip the global gradient norm to this, or auto",
+        flag=True,
     ),
     SettingKey(
         key="offload_optimizer_device",
         field="offload_optimizer_device",
         check=checks.choice(*_OFFLOAD_DEVICES),
         help="where optimizer states live: none, cpu or nvme",
+        flag=True,
     ),
     SettingKey(
         key="offload_param_device",
         field="offload_param_device",
         check=checks.choice(*_OFFLOAD_DEVICES),
         help="where parameters live (ZeRO-3): none, cpu or nvme",
+        flag=True,
     ),
     SettingKey(
         key="offload_optimizer_nvme_path",
         field="offload_optimizer_nvme_path",
         check=checks.string,
         help="NVMe folder for offloaded optimizer states",
+        flag=True,
     ),
     SettingKey(
         key="offload_param_nvme_path",
         field="offload_param_nvme_path",
         check=checks.string,
         help="NVMe folder for offloaded parameters",
+        flag=True,
     ),
     SettingKey(
         key="zero3_init_flag",
         field="zero3_init_flag",
         check=checks.boolean,
         help="build the model already sharded (deepspeed.zero.Init)",
+        flag=True,
     ),
     SettingKey(
         key="zero3_save_16bit_model",
         field="zero3_save_16bit_model",
         check=checks.boolean,
         help="ZeRO-3: also save the gathered 16-bit weights",
+        flag=True,
     ),
     SettingKey(
         key="deepspeed_moe_layer_cls_names",
         field="transformer_moe_cls_names",
         check=checks.string,
         help="comma-separated mixture-of-experts layer classes",
+        flag=True,
     ),
     SettingKey(
         key="deepspeed_multinode_launcher",
         field=None,
         check=checks.choice(*_MULTINODE_LAUNCHERS),
         help="how DeepSpeed starts the other machines (read by the launcher)",
+        flag=True,
     ),
     SettingKey(
         key="deepspeed_hostfile",
         field=None,
         check=checks.string,
         help="hostfile listing machines and their slots (read by the launcher)",
+        flag=True,
     ),
     SettingKey(
         key="deepspeed_exclusion_filter",
         field=None,
         check=checks.string,
         help="hosts or devices to leave out (read by the launcher)",
+        flag=True,
     ),
     SettingKey(
         key="deepspeed_inclusion_filter",
         field=None,
         check=checks.string,
         help="hosts or devices to use (read by the launcher)",
+        flag=True,
     ),
 )
 """Every ``deepspeed_config`` key: file key -> DeepSpeedPlugin field (Accelerate's) -> check -> help."""

@@ -326,17 +326,29 @@ def load_config_file(path: str | os.PathLike[str]) -> ClusterConfig:
 
 
 def save_config_file(config: ClusterConfig, path: str | os.PathLike[str]) -> Path:
-    """Write ``config`` as YAML with Accelerate's key names, creating folders; returns the path.
+    """Write ``config`` with Accelerate's key names, creating folders; returns the path.
 
-    The write is atomic (a temporary file renamed over the target), so a crash never leaves half a file.
+    The file is YAML, or JSON when ``path`` ends in ``.json`` (as Accelerate writes both). The write is
+    atomic (a temporary file renamed over the target), so a crash never leaves half a file.
     """
+    return write_settings(config.to_dict(), path)
+
+
+def write_settings(data: Mapping[str, Any], path: str | os.PathLike[str]) -> Path:
+    """Write a mapping of settings as YAML (JSON for a ``.json`` path), atomically; returns the path."""
+    import json
+
     import yaml
 
     path = Path(path)
+    if path.suffix.lower() == ".json":
+        text = json.dumps(dict(data), indent=2, sort_keys=True) + "\n"
+    else:
+        text = yaml.safe_dump(dict(data), sort_keys=True)
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        temporary.write_text(yaml.safe_dump(config.to_dict(), sort_keys=True), encoding="utf-8")
+        temporary.write_text(text, encoding="utf-8")
         os.replace(temporary, path)
     finally:
         temporary.unlink(missing_ok=True)

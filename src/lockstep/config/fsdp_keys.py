@@ -5,7 +5,7 @@
 * the config file's ``fsdp_config`` check (``lockstep.config.file.FSDP_CONFIG_KEYS``);
 * ``FullyShardedDataParallelPlugin.from_config_section`` (:func:`plugin_kwargs`);
 * the ``lockstep launch --fsdp-*`` flags, their help and the conversion of their text
-  (``lockstep.cli.launch_cmd``);
+  (``lockstep.cli.launch_flags``), the FSDP1 ones among them too;
 * the Trainer's ``fsdp_config`` (transformers' spelling: with or without the ``fsdp_`` prefix, plus
   aliases; FSDP1-only keys dropped) in ``lockstep.trainer.fsdp_options``;
 * the comparison of the Trainer's settings with the launcher's (:func:`plugin_fields`).
@@ -134,12 +134,14 @@ FSDP_KEYS: tuple[SettingKey, ...] = (
         help="modules left unsharded: a regular expression of module names, or the modules",
         file=False,
     ),
-    # FSDP1-only settings, in the order the plugin warns about them.
+    # FSDP1-only settings, in the order the plugin warns about them; Accelerate's launch flags among them
+    # are accepted (the plugin translates the sharding strategy and warns about the rest).
     SettingKey(
         key="fsdp_sharding_strategy",
         field="sharding_strategy",
         check=checks.sharding_strategy,
         help="FSDP1 sharding strategy, e.g. FULL_SHARD; the plugin turns it into reshard_after_forward",
+        flag=True,
         legacy=True,
     ),
     SettingKey(
@@ -147,6 +149,7 @@ FSDP_KEYS: tuple[SettingKey, ...] = (
         field="backward_prefetch",
         check=checks.choice(*_PREFETCH),
         help="FSDP1: when to gather the next unit in backward; FSDP2 ignores it",
+        flag=True,
         legacy=True,
     ),
     SettingKey(
@@ -161,6 +164,7 @@ FSDP_KEYS: tuple[SettingKey, ...] = (
         field="forward_prefetch",
         check=checks.boolean,
         help="FSDP1: gather the next unit during forward; FSDP2 ignores it",
+        flag=True,
         legacy=True,
     ),
     SettingKey(
@@ -176,6 +180,7 @@ FSDP_KEYS: tuple[SettingKey, ...] = (
         field="use_orig_params",
         check=checks.boolean,
         help="FSDP1: keep the original parameters visible to the optimizer; FSDP2 always does",
+        flag=True,
         legacy=True,
     ),
     SettingKey(
@@ -183,6 +188,7 @@ FSDP_KEYS: tuple[SettingKey, ...] = (
         field="sync_module_states",
         check=checks.boolean,
         help="FSDP1: broadcast rank 0's weights when wrapping; FSDP2 ignores it",
+        flag=True,
         legacy=True,
     ),
 )

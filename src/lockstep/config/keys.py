@@ -60,6 +60,9 @@ class SettingKey:
     flag: bool = False
     """Whether ``lockstep launch`` offers the key as a flag (``--fsdp-min-num-params``, and the key itself
     with underscores, as Accelerate spells it)."""
+    switch: bool = False
+    """Whether the flag takes no value and giving it means true, as Accelerate's ``store_true`` flags do
+    (``--dynamo-use-fullgraph``); False for flags that take ``true``/``false`` (``--fsdp-offload-params true``)."""
     file: bool = True
     """Whether the config file section takes the key; False for keys only given by name (the Trainer's
     ``fsdp_config`` knows ``ignored_modules``, which a YAML file cannot express)."""
@@ -79,6 +82,10 @@ class SettingKey:
             raise ValueError(
                 f"SettingKey(key={self.key!r}) is a launch flag but not a file key: a flag sets the file's key, "
                 "so pass file=True or flag=False."
+            )
+        if self.switch and not self.flag:
+            raise ValueError(
+                f"SettingKey(key={self.key!r}) is a switch but not a launch flag: pass flag=True."
             )
 
     @property

@@ -1,17 +1,25 @@
 """Plugins: settings objects that switch on a feature of the Accelerator.
 
 :data:`DYNAMO_KEYS` is the vocabulary of the config file's ``dynamo_config`` section, next to
-:class:`TorchDynamoPlugin` (see :mod:`lockstep.config.keys`).
+:class:`TorchDynamoPlugin` (see :mod:`lockstep.config.keys`). Every key is also a ``lockstep launch``
+flag (``--dynamo-mode``, ``--dynamo-use-fullgraph``, ...); :func:`dynamo_fields` turns a section into the
+plugin's keyword arguments, which is how the launcher's settings reach the workers' plugin.
+
+Example:
+    >>> dynamo_fields({"dynamo_backend": "INDUCTOR", "dynamo_mode": "max-autotune", "dynamo_use_dynamic": "true"})
+    {'mode': 'max-autotune', 'dynamic': True}
 """
 
 from __future__ import annotations
 
+import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from lockstep.config import checks
 from lockstep.config.enums import DynamoBackend
-from lockstep.config.keys import SettingKey
+from lockstep.config.keys import SettingKey, by_spelling, field_values
 
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 """The ``torch.compile`` modes."""
@@ -62,15 +70,27 @@ class TorchDynamoPlugin:
     mode: str | None = None
     """``default``, ``reduce-overhead``, ``max-autotune`` or ``max-autotune-no-cudagraphs``."""
     fullgraph: bool = False
+    """Compile the whole model as one graph: a graph break is an error instead of a fallback to Python."""
     dynamic: bool | None = None
+    """Trace with dynamic shapes (True), static shapes (False), or let torch decide (None)."""
     options: dict[str, Any] = field(default_factory=dict)
     disable: bool = False
+    use_regional_compilation: bool = False
+    """Compile each repeated block once and reuse it (Accelerate's regional compilation). Accepted for
+    compatibility; lockstep compiles the whole model and warns when this is set."""
 
     def __post_init__(self) -> None:
         self.backend = DynamoBackend.parse(self.backend, argument="TorchDynamoPlugin(backend=...)")
         modes = (None, *COMPILE_MODES)
         if self.mode not in modes:
             raise ValueError(f"TorchDynamoPlugin(mode={self.mode!r}) is invalid: it must be one of {modes}.")
+        if self.use_regional_compilation and self.enabled:
+            warnings.warn(
+                "TorchDynamoPlugin(use_regional_compilation=True) is not implemented by lockstep yet: the whole "
+                "model is compiled instead (the same result; compiling takes longer for many repeated blocks).",
+                UserWarning,
+                stacklevel=3,
+            )
 
     @property
     def enabled(self) -> bool:
@@ -101,24 +121,54 @@ DYNAMO_KEYS: tuple[SettingKey, ...] = (
         field="mode",
         check=checks.choice(*COMPILE_MODES),
         help="torch.compile mode: default, reduce-overhead, max-autotune or max-autotune-no-cudagraphs",
+        flag=True,
     ),
     SettingKey(
         key="dynamo_use_fullgraph",
         field="fullgraph",
         check=checks.boolean,
         help="compile the whole model as one graph (an error on graph breaks)",
+        flag=True,
+        switch=True,
     ),
     SettingKey(
-        key="dynamo_use_dynamic", field="dynamic", check=checks.boolean, help="trace with dynamic shapes"
+        key="dynamo_use_dynamic",
+        field="dynamic",
+        check=checks.boolean,
+        help="trace with dynamic shapes",
+        flag=True,
+        switch=True,
     ),
     SettingKey(
         key="dynamo_use_regional_compilation",
-        field=None,
+        field="use_regional_compilation",
         check=checks.boolean,
         help="compile each repeated block once and reuse it (accepted; lockstep compiles the whole model)",
+        flag=True,
+        switch=True,
     ),
 )
 """Every ``dynamo_config`` key: file key -> TorchDynamoPlugin field -> check -> help -> launch flag.
 
-``--dynamo-backend`` sets the launcher's ``dynamo_backend`` directly (Accelerate's flag), not a section.
+``--dynamo-backend`` sets the launcher's ``dynamo_backend`` directly (Accelerate's flag); the other flags
+set the launcher's ``dynamo_config`` section, as the file's keys do.
 """
+
+DYNAMO_PREFIX = "dynamo_"
+"""The prefix of the ``dynamo_config`` keys."""
+DYNAMO_SPELLINGS: dict[str, SettingKey] = by_spelling(DYNAMO_KEYS, DYNAMO_PREFIX)
+"""Every dynamo key without the prefix -> the key."""
+
+
+def dynamo_fields(section: Mapping[str, Any], *, where: str = "dynamo_config") -> dict[str, Any]:
+    """The :class:`TorchDynamoPlugin` fields a ``dynamo_config`` section sets besides the backend, checked.
+
+    The backend is left out: the launcher hands it down on its own (``dynamo_backend``), so that
+    ``TorchDynamoPlugin(backend=backend, **dynamo_fields(section))`` builds the plugin.
+
+    Raises:
+        ValueError: an unknown key, or a value its check rejects (naming ``where.key``).
+    """
+    values = field_values(DYNAMO_SPELLINGS, section, prefix=DYNAMO_PREFIX, where=where)
+    values.pop("backend", None)
+    return values

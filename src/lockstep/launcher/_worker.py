@@ -1,20 +1,28 @@
 """What each worker process runs: the user's script, with its failure recorded for the launcher.
 
-``python -m lockstep.launcher._worker [--module] TARGET [ARGS...]`` runs TARGET as ``__main__`` (a script
-path, or a module with ``--module``). If it raises, the exception and traceback are written to the file
-the elastic agent names in ``TORCHELASTIC_ERROR_FILE`` (torch's error-file format), so that the launcher
-can say which rank failed and why; then the exception propagates as usual. This module imports nothing
-heavy: a script that never imports torch starts as fast as under torchrun.
+``python -m lockstep.launcher._worker [--module] [--function NAME] TARGET [ARGS...]`` runs TARGET as
+``__main__`` (a script path, or a module with ``--module``); with ``--function NAME`` it imports TARGET
+instead and calls ``NAME()`` (``lockstep launch --main-training-function``). If it raises, the exception and
+traceback are written to the file the elastic agent names in ``TORCHELASTIC_ERROR_FILE`` (torch's
+error-file format), so that the launcher can say which rank failed and why; then the exception propagates
+as usual. With ``enable_cpu_affinity`` in the launch settings, the worker first pins itself to its share of
+the cores. This module imports nothing heavy: a script that never imports torch starts as fast as under
+torchrun.
 """
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import json
 import os
 import runpy
 import sys
 import time
 import traceback
+from types import ModuleType
+
+from lockstep import _env
 
 ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"
 
@@ -45,7 +53,7 @@ def write_error_file(error: BaseException) -> None:
 
 
 def _is_bootstrap_frame(frame: traceback.FrameSummary) -> bool:
-    return "runpy" in frame.filename or frame.filename == __file__
+    return "runpy" in frame.filename or "<frozen importlib" in frame.filename or frame.filename == __file__
 
 
 def report_exception(error: BaseException) -> None:
@@ -75,20 +83,86 @@ def _diagnose_hang(error: BaseException) -> None:
         hang_runtime.on_uncaught_exception(error)  # type: ignore[attr-defined]
 
 
-def run(argv: list[str]) -> None:
-    module = bool(argv) and argv[0] == "--module"
+def cpu_share(cpus: list[int], local_rank: int, local_world_size: int) -> list[int]:
+    """The cores of local rank ``local_rank``: an equal, contiguous share of ``cpus`` (one core, shared
+    round-robin, when there are fewer cores than workers).
+
+    Example:
+        >>> cpu_share([0, 1, 2, 3, 4], local_rank=1, local_world_size=2)
+        [2, 3]
+        >>> cpu_share([0, 1], local_rank=2, local_world_size=3)
+        [0]
+    """
+    if len(cpus) < local_world_size:
+        return [cpus[local_rank % len(cpus)]]
+    share = len(cpus) // local_world_size
+    return cpus[local_rank * share : (local_rank + 1) * share]
+
+
+def pin_to_cpu_share() -> None:
+    """Pin this worker to its share of the cores the launcher may use, when the launch asked for it."""
+    if not _env.launch_settings().get("enable_cpu_affinity"):
+        return
+    cluster = _env.read_cluster_environment()
+    cpus = sorted(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, cpu_share(cpus, cluster.local_rank, cluster.local_world_size))
+
+
+def _import_target(target: str, module: bool) -> ModuleType:
+    """Import a module by name, or a script file as a module named after its file (not ``__main__``)."""
     if module:
-        argv = argv[1:]
+        return importlib.import_module(target)
+    name = os.path.splitext(os.path.basename(target))[0]
+    spec = importlib.util.spec_from_file_location(name, os.path.abspath(target))
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import {target!r} as a Python module")
+    imported = importlib.util.module_from_spec(spec)
+    sys.modules[name] = imported  # so that pickling its functions and classes finds them
+    spec.loader.exec_module(imported)
+    return imported
+
+
+def _call_function(target: str, name: str, module: bool) -> None:
+    function = getattr(_import_target(target, module), name, None)
+    if not callable(function):
+        raise ValueError(
+            f"{target} has no function named {name!r}: define it, or pass the name of your training function "
+            "to --main-training-function."
+        )
+    function()
+
+
+def _parse_options(argv: list[str]) -> tuple[bool, str | None, list[str]]:
+    """(module, function, the rest) from the bootstrap's leading options."""
+    module, function = False, None
+    while argv and argv[0] in ("--module", "--function"):
+        if argv[0] == "--module":
+            module, argv = True, argv[1:]
+        else:
+            function, argv = argv[1], argv[2:]
+    return module, function, argv
+
+
+def _run_target(target: str, module: bool, function: str | None) -> None:
+    if not module:
+        sys.path[0] = os.path.dirname(os.path.abspath(target))  # as `python script.py` does
+    if function is not None:
+        _call_function(target, function, module)
+    elif module:
+        runpy.run_module(target, run_name="__main__", alter_sys=True)
+    else:
+        runpy.run_path(target, run_name="__main__")
+
+
+def run(argv: list[str]) -> None:
+    module, function, argv = _parse_options(argv)
     if not argv:
         raise SystemExit("lockstep worker: nothing to run")
     target, args = argv[0], argv[1:]
     sys.argv = [target, *args]
     try:
-        if module:
-            runpy.run_module(target, run_name="__main__", alter_sys=True)
-        else:
-            sys.path[0] = os.path.dirname(os.path.abspath(target))  # as `python script.py` does
-            runpy.run_path(target, run_name="__main__")
+        pin_to_cpu_share()
+        _run_target(target, module, function)
     except SystemExit as exit_request:
         if exit_request.code not in (None, 0):
             write_error_file(exit_request)

@@ -3,6 +3,11 @@
 ``lockstep launch`` resolves its settings, then :func:`launch` builds a
 ``torch.distributed.launcher.api.LaunchConfig`` and hands the workers to ``elastic_launch``. Failures come
 back as one readable line per failed rank instead of torch's generic banner.
+
+Each worker runs ``python -m lockstep.launcher._worker [--module] [--function NAME] TARGET ARGS`` (see
+:func:`worker_command`), or TARGET itself with ``no_python``. The settings reach the workers through the
+environment (:func:`prepare_worker_environment`) and the agent's configuration (:func:`torch_launch_config`):
+``role``, ``tee`` and ``log_dir`` become torch's log specs, ``rdzv_conf`` the rendezvous options.
 """
 
 from __future__ import annotations
@@ -31,7 +36,9 @@ def prepare_worker_environment(settings: LaunchSettings, environ: dict[str, str]
     """Set what every worker inherits: the serialized settings, thread count and visible GPUs."""
     environ = os.environ if environ is None else environ  # type: ignore[assignment]
     environ[_env.LOCKSTEP_LAUNCH_CONFIG] = json.dumps(settings.worker_settings())
-    if "OMP_NUM_THREADS" not in environ:
+    if settings.num_cpu_threads_per_process is not None:  # the flag beats the environment, as in Accelerate
+        environ["OMP_NUM_THREADS"] = str(settings.num_cpu_threads_per_process)
+    elif "OMP_NUM_THREADS" not in environ:
         environ["OMP_NUM_THREADS"] = str(cpu_threads_per_process(settings.processes_per_machine))
     if settings.gpu_ids not in (None, "all") and not settings.use_cpu:
         environ["CUDA_VISIBLE_DEVICES"] = str(settings.gpu_ids)
@@ -46,44 +53,86 @@ def quiet_agent_logs() -> None:
 
 def torch_launch_config(settings: LaunchSettings, *, start_method: str = "spawn") -> Any:
     """The elastic agent's configuration for these settings (``fork`` lets notebook functions run)."""
-    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
     from torch.distributed.launcher.api import LaunchConfig
 
     port = settings.main_process_port or free_port()
     endpoint = f"{settings.main_process_ip}:{port}"
-    rdzv_configs: dict[str, Any] = (
-        {"rank": settings.machine_rank} if settings.rdzv_backend == "static" else {}
-    )
+    rdzv_configs: dict[str, Any] = dict(settings.rdzv_conf)
+    if settings.rdzv_backend == "static":
+        rdzv_configs["rank"] = settings.machine_rank  # the machine rank decides, whatever --rdzv-conf says
     return LaunchConfig(
         min_nodes=settings.num_machines,
         max_nodes=settings.num_machines,
         nproc_per_node=settings.processes_per_machine,
         run_id=f"lockstep-{port}",
-        role="worker",
+        role=settings.role,
         rdzv_endpoint=endpoint,
         rdzv_backend=settings.rdzv_backend,
         rdzv_configs=rdzv_configs,
         max_restarts=settings.max_restarts,
         monitor_interval=settings.monitor_interval,
         start_method=start_method,
-        logs_specs=DefaultLogsSpecs(),
+        logs_specs=DefaultLogsSpecs(log_dir=settings.log_dir, tee=Std.from_str(settings.tee)),
         shutdown_timeout=30,  # workers stopped by a signal get this long to save a checkpoint
     )
 
 
-def launch(settings: LaunchSettings, target: str, args: list[str], *, module: bool = False) -> int:
-    """Run ``target`` (a script, or a module with ``module=True``) on every worker; returns the exit code."""
+def worker_command(
+    target: str,
+    args: list[str],
+    *,
+    module: bool = False,
+    no_python: bool = False,
+    function: str | None = None,
+) -> tuple[str, list[str]]:
+    """The program every worker runs and its arguments.
+
+    Example:
+        >>> worker_command("train.py", ["--lr", "0.1"], function="main")
+        ('...python...', ['-u', '-m', 'lockstep.launcher._worker', '--function', 'main', 'train.py', '--lr', '0.1'])
+        >>> worker_command("./run.sh", ["x"], no_python=True)  # doctest: +ELLIPSIS
+        ('.../run.sh', ['x'])
+    """
+    if no_python:  # an executable of the user's: a path as given, else a command found on PATH
+        return (os.path.abspath(target) if os.sep in target else target), list(args)
+    options = [*(["--module"] if module else []), *(["--function", function] if function else [])]
+    return sys.executable, ["-u", "-m", WORKER_MODULE, *options, target, *args]
+
+
+def launch(
+    settings: LaunchSettings,
+    target: str,
+    args: list[str],
+    *,
+    module: bool = False,
+    no_python: bool = False,
+    function: str | None = None,
+) -> int:
+    """Run ``target`` on every worker; returns the exit code.
+
+    Args:
+        settings: the resolved launch settings.
+        target: a script, a module (``module=True``) or, with ``no_python``, an executable.
+        args: the target's arguments.
+        module: run ``target`` as ``python -m target``.
+        no_python: run ``target`` itself instead of with Python.
+        function: import the script or module and call this function of it in every worker, instead of
+            running it as ``__main__`` (``--main-training-function``).
+    """
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import elastic_launch
 
     prepare_worker_environment(settings)
     quiet_agent_logs()
-    worker_args = ["-u", "-m", WORKER_MODULE, *(["--module"] if module else []), target, *args]
+    program, program_args = worker_command(
+        target, args, module=module, no_python=no_python, function=function
+    )
     try:
-        elastic_launch(torch_launch_config(settings), sys.executable)(*worker_args)
+        elastic_launch(torch_launch_config(settings), program)(*program_args)
     except ChildFailedError as error:
-        return report_failures(error.failures)
+        return report_failures(error.failures, quiet=settings.quiet)
     except SignalException as error:
         name = signal.Signals(error.sigval).name
         print(f"lockstep launch: received {name}; the workers were stopped.", file=sys.stderr)
@@ -136,15 +185,16 @@ def _blame_order(item: tuple[int, Any]) -> tuple[int, float, int]:
     return kind, when, rank
 
 
-def report_failures(failures: dict[int, Any]) -> int:
-    """Print each failed rank (root cause first); returns the launcher's exit code."""
+def report_failures(failures: dict[int, Any], *, quiet: bool = False) -> int:
+    """Print each failed rank (root cause first; only that one when ``quiet``); returns the exit code."""
     hang = report_hang(failures)
     if hang is not None:
         return hang
     ordered = sorted(failures.items(), key=_blame_order)
-    for rank, failure in ordered:
+    for rank, failure in ordered[:1] if quiet else ordered:
         print(f"lockstep launch: {describe_failure(rank, failure)}", file=sys.stderr)
-    print("lockstep launch: the other workers were stopped.", file=sys.stderr)
+    if not quiet:
+        print("lockstep launch: the other workers were stopped.", file=sys.stderr)
     if not ordered:
         return 1
     kind, first = _blame_order(ordered[0])[0], int(ordered[0][1].exitcode)

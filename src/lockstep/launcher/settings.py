@@ -8,10 +8,12 @@ prints. Its :meth:`~LaunchSettings.worker_settings` are serialized into one envi
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 from lockstep.config.enums import DistributedType, DynamoBackend, PrecisionType
+from lockstep.config.plugins import dynamo_fields
 from lockstep.config.topology import (
     check_device_agreement,
     checked_distributed_type,
@@ -23,6 +25,10 @@ from lockstep.errors import UsageError
 
 DEFAULT_SOURCE = "default"
 FLAG_SOURCE = "flag"
+SECTIONS = ("fsdp_config", "dynamo_config")
+"""Settings that are sections of the config file: flags override their keys one by one."""
+_TEE = re.compile(r"^[0-3]$|^(\d+:[0-3],)*\d+:[0-3]$")
+"""torchrun's ``--tee`` values: one stream code for every local rank, or ``rank:code`` pairs."""
 
 
 @dataclass(kw_only=True)
@@ -42,18 +48,38 @@ class LaunchSettings:
     """Rendezvous port on machine 0 (a free port when unset on one machine; 29500 on several)."""
     rdzv_backend: str = "static"
     """``static`` (fixed machine ranks) or ``c10d`` (torch's elastic rendezvous)."""
+    rdzv_conf: dict[str, str] = field(default_factory=dict)
+    """More rendezvous options for torch's rendezvous handler (``--rdzv-conf join_timeout=900,...``)."""
     same_network: bool = True
     """The machines share a network (static rendezvous works)."""
     max_restarts: int = 0
     """Restart all workers this many times after a failure."""
     monitor_interval: float = 0.1
     """Seconds between checks of the workers' health."""
+    role: str = "default"
+    """Name of the workers' role: the elastic agent's ``ROLE_NAME`` and the prefix of ``--tee`` lines."""
+    tee: str = "0"
+    """Copy the workers' streams to files under ``log_dir`` and to the console: 0 none, 1 stdout, 2 stderr,
+    3 both, or per local rank (``0:3,1:0``)."""
+    log_dir: str | None = None
+    """Folder of the workers' log files (``RUN/attempt_N/LOCAL_RANK/stdout.log``); a temporary one if unset."""
+    quiet: bool = False
+    """On failure, print only the line of the rank that failed first."""
+    num_cpu_threads_per_process: int | None = None
+    """``OMP_NUM_THREADS`` of each worker; unset: the environment's, else the cores shared out."""
+    enable_cpu_affinity: bool = False
+    """Pin each worker to its own equal share of this machine's cores (Linux)."""
+    downcast_bf16: bool = False
+    """A TPU setting of Accelerate (XLA_DOWNCAST_BF16); accepted, and without effect on CPUs and GPUs."""
     mixed_precision: str = "no"
     """``no``, ``fp16`` or ``bf16`` for the Accelerator."""
     gradient_accumulation_steps: int = 1
     """Micro-batches per optimizer step for the Accelerator."""
     dynamo_backend: str = "no"
     """``torch.compile`` backend for prepared models."""
+    dynamo_config: dict[str, Any] = field(default_factory=dict)
+    """The other ``torch.compile`` settings (the config file's ``dynamo_config`` keys, overridden by
+    ``--dynamo-*`` flags); used when ``dynamo_backend`` is not ``no``."""
     gpu_ids: str | None = None
     """Comma-separated GPU indices to use (``all`` or unset: every GPU)."""
     use_cpu: bool = False
@@ -83,6 +109,8 @@ class LaunchSettings:
             "mixed_precision": self.mixed_precision,
             "gradient_accumulation_steps": self.gradient_accumulation_steps,
             "dynamo_backend": self.dynamo_backend,
+            "dynamo_plugin": dynamo_fields(self.dynamo_config),
+            "enable_cpu_affinity": self.enable_cpu_affinity,
             "use_cpu": self.use_cpu,
             "debug": self.debug,
             "distributed_type": self.distributed_type,
@@ -90,6 +118,21 @@ class LaunchSettings:
             if config_section(self.distributed_type) == "fsdp_config"
             else {},
         }
+
+    def notes(self) -> list[str]:
+        """Settings that were given and have no effect here, one line each (the CLI prints them as warnings)."""
+        notes = []
+        if self.downcast_bf16:
+            notes.append(
+                "downcast_bf16 is a TPU setting (XLA_DOWNCAST_BF16) and changes nothing on CPUs and GPUs: "
+                "mixed_precision bf16 already computes in bf16 and keeps float32 weights."
+            )
+        if self.dynamo_backend == "no" and FLAG_SOURCE in self.sources.get("dynamo_config", ""):
+            names = ", ".join(f"--{key.replace('_', '-')}" for key in self.dynamo_config)
+            notes.append(
+                f"{names} {'has' if len(self.dynamo_config) == 1 else 'have'} no effect without --dynamo-backend."
+            )
+        return notes
 
     def explain(self) -> list[tuple[str, Any, str]]:
         """(name, value, source) for every setting, in declaration order."""
@@ -105,7 +148,8 @@ def _from_file(config: Any) -> dict[str, Any]:
     """The launch-relevant values a ClusterConfig sets (None/empty values are left out)."""
     if config is None:
         return {}
-    dynamo = getattr(config, "dynamo_config", None) or {}
+    dynamo = dict(getattr(config, "dynamo_config", None) or {})
+    backend = dynamo.pop("dynamo_backend", None)
     values = {
         "num_processes": getattr(config, "num_processes", None),
         "num_machines": getattr(config, "num_machines", None),
@@ -116,7 +160,10 @@ def _from_file(config: Any) -> dict[str, Any]:
         "same_network": getattr(config, "same_network", None),
         "mixed_precision": getattr(config, "mixed_precision", None),
         "gradient_accumulation_steps": getattr(config, "gradient_accumulation_steps", None),
-        "dynamo_backend": dynamo.get("dynamo_backend"),
+        "dynamo_backend": backend,
+        "dynamo_config": {k: v for k, v in dynamo.items() if v is not None} or None,
+        "enable_cpu_affinity": getattr(config, "enable_cpu_affinity", None),
+        "downcast_bf16": getattr(config, "downcast_bf16", None),
         "gpu_ids": getattr(config, "gpu_ids", None),
         "use_cpu": getattr(config, "use_cpu", None),
         "debug": getattr(config, "debug", None),
@@ -151,7 +198,7 @@ def resolve(flags: dict[str, Any], file_config: Any = None, file_path: str | Non
     merged: dict[str, Any] = {}
     sources: dict[str, str] = {}
     for name in {f.name for f in fields(LaunchSettings)} - {"sources", "config_file"}:
-        if name == "fsdp_config" and name in flags and name in from_file:
+        if name in SECTIONS and name in flags and name in from_file:
             merged[name] = {**from_file[name], **flags[name]}
             sources[name] = f"config file {file_path} + flags"
         elif name in flags:
@@ -191,6 +238,29 @@ def _check(condition: bool, message: str) -> None:
 
 
 def _validate(s: LaunchSettings) -> None:
+    _validate_topology(s)
+    _validate_workers(s)
+    _check(
+        s.gradient_accumulation_steps >= 1,
+        f"--gradient-accumulation-steps {s.gradient_accumulation_steps} is invalid: it must be >= 1.",
+    )
+    for name, enum in (("mixed_precision", PrecisionType), ("dynamo_backend", DynamoBackend)):
+        try:
+            setattr(s, name, enum.parse(getattr(s, name), argument=f"--{name.replace('_', '-')}").value)
+        except ValueError as error:
+            raise UsageError(str(error)) from None
+    _check(s.mixed_precision != "fp8", "--mixed-precision fp8 is not supported yet; use bf16 or fp16.")
+    try:
+        dynamo_fields(s.dynamo_config)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    check_device_agreement(s.distributed_type, use_cpu=s.use_cpu)
+    if config_section(s.distributed_type) == "fsdp_config":
+        _validate_fsdp(s.fsdp_config)
+
+
+def _validate_topology(s: LaunchSettings) -> None:
+    """Process counts, machine ranks and the rendezvous."""
     _check(s.num_processes >= 1, f"--num-processes {s.num_processes} is invalid: it must be >= 1.")
     _check(s.num_machines >= 1, f"--num-machines {s.num_machines} is invalid: it must be >= 1.")
     _check(
@@ -216,19 +286,47 @@ def _validate(s: LaunchSettings) -> None:
     _check(
         s.monitor_interval > 0, f"--monitor-interval {s.monitor_interval} is invalid: it must be > 0 seconds."
     )
+
+
+def _validate_workers(s: LaunchSettings) -> None:
+    """What each worker gets: its role, logs, threads and cores."""
+    _check(bool(s.role.strip()), f"--role {s.role!r} is invalid: give the workers' role a name.")
     _check(
-        s.gradient_accumulation_steps >= 1,
-        f"--gradient-accumulation-steps {s.gradient_accumulation_steps} is invalid: it must be >= 1.",
+        bool(_TEE.match(s.tee)),
+        f"--tee {s.tee!r} is invalid: use 0 (none), 1 (stdout), 2 (stderr) or 3 (both), or per local rank, "
+        "e.g. 0:3,1:0.",
     )
-    for name, enum in (("mixed_precision", PrecisionType), ("dynamo_backend", DynamoBackend)):
-        try:
-            setattr(s, name, enum.parse(getattr(s, name), argument=f"--{name.replace('_', '-')}").value)
-        except ValueError as error:
-            raise UsageError(str(error)) from None
-    _check(s.mixed_precision != "fp8", "--mixed-precision fp8 is not supported yet; use bf16 or fp16.")
-    check_device_agreement(s.distributed_type, use_cpu=s.use_cpu)
-    if config_section(s.distributed_type) == "fsdp_config":
-        _validate_fsdp(s.fsdp_config)
+    if s.num_cpu_threads_per_process is not None:
+        _check(
+            s.num_cpu_threads_per_process >= 1,
+            f"--num-cpu-threads-per-process {s.num_cpu_threads_per_process} is invalid: it must be >= 1.",
+        )
+    _check(
+        not s.enable_cpu_affinity or hasattr(os, "sched_setaffinity"),
+        "--enable-cpu-affinity needs os.sched_setaffinity, which this platform lacks (Linux has it); "
+        "drop the flag.",
+    )
+
+
+def parse_rdzv_conf(text: str) -> dict[str, str]:
+    """``--rdzv-conf`` text (``key1=value1,key2=value2``) as a dict, as torchrun reads it.
+
+    Example:
+        >>> parse_rdzv_conf("join_timeout=900, read_timeout=60")
+        {'join_timeout': '900', 'read_timeout': '60'}
+
+    Raises:
+        UsageError: an option without a key or without a value.
+    """
+    options: dict[str, str] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, _, value = (part.strip() for part in item.partition("="))
+        _check(
+            bool(key and value),
+            f"--rdzv-conf {text!r} is invalid: {item!r} is not key=value. Write key1=value1,key2=value2.",
+        )
+        options[key] = value
+    return options
 
 
 def _validate_fsdp(section: dict[str, Any]) -> None:
