@@ -1,10 +1,14 @@
 """notebook_launcher in a real Jupyter kernel (nbclient + ipykernel), and debug_launcher."""
 
+import json
 import os
+import subprocess
+import sys
 
 import pytest
 
 from lockstep import debug_launcher, notebook_launcher
+from tests.helpers.cli import SCRIPTS, cli_env
 
 nbformat = pytest.importorskip("nbformat")
 NotebookClient = pytest.importorskip("nbclient").NotebookClient
@@ -70,22 +74,23 @@ def test_notebook_launcher_in_a_real_kernel():
     )
 
 
-def _sum_ranks(path):
-    from lockstep import Accelerator
-
-    accelerator = Accelerator()
-    import torch
-
-    total = accelerator.reduce(torch.tensor([accelerator.process_index + 1.0]), reduction="sum")
-    if accelerator.is_main_process:
-        with open(path, "w") as handle:
-            handle.write(f"{accelerator.num_processes} {total.item():.0f} {accelerator.device}")
+def _debug_launch(*args: str) -> dict:
+    """debug_launcher, run from a fresh interpreter (see tests/scripts/debug_launch.py)."""
+    result = subprocess.run(
+        [sys.executable, str(SCRIPTS / "debug_launch.py"), *args],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=cli_env(),
+    )
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 @pytest.mark.distributed
 def test_debug_launcher_runs_cpu_processes(tmp_path):
     path = tmp_path / "result.txt"
-    debug_launcher(_sum_ranks, args=(str(path),), num_processes=3)
+    assert _debug_launch("sum", str(path)) == {"ok": True}
     assert path.read_text() == "3 6 cpu"
 
 
@@ -99,27 +104,13 @@ def test_launchers_reject_bad_process_counts():
         notebook_launcher(print, num_processes=2, mixed_precision="fp32")
 
 
-def _fail_on_rank_one():
-    from lockstep import Accelerator
-
-    accelerator = Accelerator()
-    if accelerator.process_index == 1:
-        raise KeyError("missing column 'label' on rank one")
-    accelerator.wait_for_everyone()
-
-
 @pytest.mark.distributed
 def test_a_failing_worker_raises_torchs_child_failed_error_with_lockstep_message():
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-
-    from lockstep.launcher import WorkerFailedError
-
-    with pytest.raises(ChildFailedError) as caught:  # what Accelerate's launchers raise
-        debug_launcher(_fail_on_rank_one, num_processes=2)
-    error = caught.value
-    assert isinstance(error, WorkerFailedError) and isinstance(error, RuntimeError)
-    assert list(error.failures) == [1] and error.get_first_failure()[0] == 1
-    text = str(error)
+    caught = _debug_launch("fail")
+    assert caught["is_lockstep_error"] and caught["is_runtime_error"]
+    # rank 0 fails too (rank 1 left its barrier); rank 1 is named first, as the cause
+    assert 1 in caught["failed_ranks"] and caught["first"] == 1
+    text = caught["text"]
     assert text.startswith("A worker process failed:\nrank 1 (local rank 1, pid ")
     assert "KeyError" in text and "missing column 'label' on rank one" in text
     assert "FAILED" not in text  # lockstep's lines, not torch's banner

@@ -32,8 +32,7 @@ def write_error_file(error: BaseException) -> None:
     path = os.environ.get(ERROR_FILE_ENV)
     if not path:
         return
-    user_frames = [f for f in traceback.extract_tb(error.__traceback__) if not _is_bootstrap_frame(f)]
-    where = f"{os.path.basename(user_frames[-1].filename)}:{user_frames[-1].lineno}" if user_frames else ""
+    where = _user_location(error)
     record = {
         "message": {
             "message": f"{type(error).__name__}: {error}",
@@ -42,6 +41,7 @@ def write_error_file(error: BaseException) -> None:
                 "timestamp": str(int(time.time())),
                 "lockstep_time": time.time(),
                 "lockstep_location": where,
+                "lockstep_pid": os.getpid(),
             },
         }
     }
@@ -50,6 +50,23 @@ def write_error_file(error: BaseException) -> None:
             json.dump(record, handle)
     except OSError:
         pass  # reporting must never hide the user's own error
+
+
+def _user_location(error: BaseException) -> str:
+    """``file:line`` of the innermost frame of the user's code (not torch's or lockstep's), else the innermost."""
+    frames = [f for f in traceback.extract_tb(error.__traceback__) if not _is_bootstrap_frame(f)]
+    library_dirs = tuple(os.path.dirname(m.__file__ or "") + os.sep for m in _loaded_libraries())
+    own = [f for f in frames if not f.filename.startswith(library_dirs)] if library_dirs else frames
+    frame = (own or frames or [None])[-1]
+    return f"{os.path.basename(frame.filename)}:{frame.lineno}" if frame else ""
+
+
+def _loaded_libraries() -> list[ModuleType]:
+    return [
+        sys.modules[name]
+        for name in ("torch", "lockstep")
+        if getattr(sys.modules.get(name), "__file__", None)
+    ]
 
 
 def _is_bootstrap_frame(frame: traceback.FrameSummary) -> bool:

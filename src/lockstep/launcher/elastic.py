@@ -164,7 +164,7 @@ def _recorded_exception(failure: Any) -> dict[str, Any] | None:
     return message if isinstance(message, dict) and message.get("message") else None
 
 
-def _blame_order(item: tuple[int, Any]) -> tuple[int, float, int]:
+def blame_order(item: tuple[int, Any]) -> tuple[int, float, int]:
     """Root cause first, earliest first within each kind.
 
     The agent stops the surviving workers with SIGTERM once one fails, so: a death by another signal
@@ -190,14 +190,14 @@ def report_failures(failures: dict[int, Any], *, quiet: bool = False) -> int:
     hang = report_hang(failures)
     if hang is not None:
         return hang
-    ordered = sorted(failures.items(), key=_blame_order)
+    ordered = sorted(failures.items(), key=blame_order)
     for rank, failure in ordered[:1] if quiet else ordered:
         print(f"lockstep launch: {describe_failure(rank, failure)}", file=sys.stderr)
     if not quiet:
         print("lockstep launch: the other workers were stopped.", file=sys.stderr)
     if not ordered:
         return 1
-    kind, first = _blame_order(ordered[0])[0], int(ordered[0][1].exitcode)
+    kind, first = blame_order(ordered[0])[0], int(ordered[0][1].exitcode)
     if kind == 1 and first < 0:
         return 1  # the root cause raised an exception; the signal only interrupted its exit
     return 128 - first if first < 0 else first or 1

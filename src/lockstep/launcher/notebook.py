@@ -13,7 +13,7 @@ import functools
 import os
 import sys
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NoReturn
 
 from lockstep import _env
 from lockstep.launcher.elastic import free_port, quiet_agent_logs, torch_launch_config
@@ -39,21 +39,43 @@ def _fresh_process_entry(function: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(function)
     def entry(*args: Any) -> Any:
+        import gc
+
         from lockstep import _process_group
         from lockstep.state import GradientState, PartialState
 
+        # Objects copied from the parent (a notebook, with threads of its own) are never collected here:
+        # their finalizers could wait for locks that a parent thread held at the moment of the fork.
+        gc.freeze()
         PartialState._reset_state()
         GradientState._reset_state()
         try:
             result = function(*args)
+        except Exception as error:
+            _process_group.mark_failed()
+            _exit_after_failure(error)
         except BaseException:
             _process_group.mark_failed()
-            _process_group.shutdown(barrier=False)  # the others may be blocked in another collective
             raise
         _process_group.shutdown(barrier=True)
         return result
 
     return entry
+
+
+def _exit_after_failure(error: Exception) -> NoReturn:
+    """Record ``error`` for the launcher, print it, and end this worker at once.
+
+    No teardown: the record is written before this process's connections close, so the other ranks' broken
+    collectives (which follow) are recorded later and the launcher names this rank as the cause. Exiting
+    directly also keeps torch's handler from replacing the record with one lacking lockstep's fields.
+    """
+    from lockstep.launcher._worker import report_exception, write_error_file
+
+    write_error_file(error)
+    report_exception(error)
+    sys.stdout.flush()
+    os._exit(1)
 
 
 def _run_forked(
@@ -96,9 +118,9 @@ def _run_forked(
         try:
             elastic_launch(config, _fresh_process_entry(function))(*args)
         except ChildFailedError as error:
-            from lockstep.launcher.failures import WorkerFailedError
+            from lockstep.launcher.failures import WorkerFailedError, with_every_recorded_failure
 
-            raise WorkerFailedError(error.name, error.failures) from None
+            raise WorkerFailedError(error.name, with_every_recorded_failure(error.failures)) from None
 
 
 def notebook_launcher(

@@ -1,0 +1,44 @@
+"""Naming the root cause when several forked workers failed (units over real error files)."""
+
+import json
+import time
+
+from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+from lockstep.launcher.failures import WorkerFailedError, with_every_recorded_failure
+
+
+def _record(path, message: str, when: float, pid: int) -> str:
+    path.mkdir(parents=True)
+    info = {"py_callstack": "", "timestamp": str(int(when)), "lockstep_time": when, "lockstep_pid": pid}
+    (path / "error.json").write_text(json.dumps({"message": {"message": message, "extraInfo": info}}))
+    return str(path / "error.json")
+
+
+def test_every_rank_that_recorded_an_error_is_reported_and_the_earliest_comes_first(tmp_path):
+    now = time.time()
+    attempt = tmp_path / "run" / "attempt_0"
+    later = _record(attempt / "0", "RuntimeError: Connection closed by peer", now + 0.05, 101)
+    _record(attempt / "1", "KeyError: 'label'", now, 102)
+    (attempt / "2").mkdir()  # a rank the agent stopped before it recorded anything
+    reported = {4: ProcessFailure(local_rank=0, pid=101, exitcode=1, error_file=later)}  # machine 2 of 2x2
+
+    failures = with_every_recorded_failure(reported)
+
+    assert sorted(failures) == [4, 5]
+    assert failures[5].pid == 102 and failures[5].local_rank == 1
+    error = WorkerFailedError("training_function", failures)
+    assert error.get_first_failure()[0] == 5
+    assert (
+        str(error)
+        .splitlines()[1]
+        .startswith("rank 5 (local rank 1, pid 102) failed with exit code 1: KeyError")
+    )
+
+
+def test_a_failure_without_an_error_file_is_kept_as_reported(tmp_path):
+    import os
+
+    reported = {0: ProcessFailure(local_rank=0, pid=7, exitcode=-9, error_file=os.devnull)}
+    assert with_every_recorded_failure(reported) == reported
+    assert "killed by SIGKILL" in str(WorkerFailedError("f", reported))
