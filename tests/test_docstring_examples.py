@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import doctest
 import importlib
+import logging
 import pkgutil
 from pathlib import Path
 
@@ -66,9 +67,13 @@ def test_docstring_examples_run(module_name, tmp_path, monkeypatch):
     tests = _examples(module_name)
     assert tests, f"{module_name} has a >>> prompt but no example doctest can find"
     runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
-    for test in tests:
-        test.globs = dict(test.globs)
-        runner.run(test)
+    root_level = logging.getLogger().level  # get_logger(log_level=...) sets the root level, as in Accelerate
+    try:
+        for test in tests:
+            test.globs = dict(test.globs)
+            runner.run(test)
+    finally:
+        logging.getLogger().setLevel(root_level)
     results = runner.summarize(verbose=False)
     assert results.failed == 0, f"{results.failed} of {results.attempted} examples of {module_name} failed"
 

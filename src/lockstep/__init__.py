@@ -33,7 +33,9 @@ _EXPORTS = {
     "HangDetectionKwargs": "lockstep.diagnostics",
     "InitProcessGroupKwargs": "lockstep.config",
     "LoggerType": "lockstep.config",
+    "ParallelismConfig": "lockstep.parallelism_config",
     "PrecisionType": "lockstep.config",
+    "ProfileKwargs": "lockstep.config.kwargs",
     "ProjectConfiguration": "lockstep.config",
     "RNGType": "lockstep.config",
     "TorchDynamoPlugin": "lockstep.config",
@@ -48,6 +50,13 @@ _EXPORTS = {
     "synchronize_rng_states": "lockstep.rng",
     "init_empty_weights": "lockstep.big_modeling",
     "init_on_device": "lockstep.big_modeling",
+    "cpu_offload": "lockstep._big_model_dispatch",
+    "cpu_offload_with_hook": "lockstep._big_model_dispatch",
+    "disk_offload": "lockstep._big_model_dispatch",
+    "dispatch_model": "lockstep._big_model_dispatch",
+    "infer_auto_device_map": "lockstep._big_model_dispatch",
+    "load_checkpoint_and_dispatch": "lockstep._big_model_dispatch",
+    "prepare_pippy": "lockstep.inference",
     "is_rich_available": "lockstep.utils",
     "load_checkpoint_in_model": "lockstep.utils",
     "EvalPrediction": "lockstep.trainer",
@@ -76,8 +85,10 @@ __all__ = [
     "HangDetectionKwargs",
     "InitProcessGroupKwargs",
     "LoggerType",
+    "ParallelismConfig",
     "PartialState",
     "PrecisionType",
+    "ProfileKwargs",
     "ProjectConfiguration",
     "RNGType",
     "ThroughputKwargs",
@@ -88,13 +99,20 @@ __all__ = [
     "TrainerState",
     "TrainingArguments",
     "__version__",
+    "cpu_offload",
+    "cpu_offload_with_hook",
     "debug_launcher",
+    "disk_offload",
+    "dispatch_model",
     "find_executable_batch_size",
+    "infer_auto_device_map",
     "init_empty_weights",
     "init_on_device",
     "is_rich_available",
+    "load_checkpoint_and_dispatch",
     "load_checkpoint_in_model",
     "notebook_launcher",
+    "prepare_pippy",
     "progress_bar",
     "release_memory",
     "set_seed",
@@ -103,6 +121,14 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
+    from lockstep._big_model_dispatch import (
+        cpu_offload,
+        cpu_offload_with_hook,
+        disk_offload,
+        dispatch_model,
+        infer_auto_device_map,
+        load_checkpoint_and_dispatch,
+    )
     from lockstep.accelerator import Accelerator
     from lockstep.big_modeling import init_empty_weights, init_on_device
     from lockstep.config import (
@@ -122,10 +148,13 @@ if TYPE_CHECKING:
         RNGType,
         TorchDynamoPlugin,
     )
+    from lockstep.config.kwargs import ProfileKwargs
     from lockstep.data import skip_first_batches
     from lockstep.diagnostics import HangDetectionKwargs
+    from lockstep.inference import prepare_pippy
     from lockstep.launcher import debug_launcher, notebook_launcher
     from lockstep.memory import find_executable_batch_size, release_memory
+    from lockstep.parallelism_config import ParallelismConfig
     from lockstep.progress import progress_bar
     from lockstep.rng import set_seed, synchronize_rng_states
     from lockstep.state import AcceleratorState, GradientState, PartialState

@@ -130,7 +130,7 @@ def _save_mid_cycle(world: int, folder: str) -> list[str]:
     import logging
 
     messages: list[str] = []
-    handler = logging.Handler()
+    handler = logging.Handler(logging.WARNING)  # a test before may have lowered the root logger's level
     handler.emit = lambda record: messages.append(record.getMessage())  # type: ignore[method-assign]
     logging.getLogger("lockstep.checkpoint").addHandler(handler)
     accelerator = Accelerator(

@@ -5,8 +5,11 @@ Every method is a few lines that delegate to the part that does the work, each b
 (:mod:`lockstep.state`), the backend with its precision (:mod:`lockstep.backends.registry`), the registry
 of prepared objects (:mod:`.prepared`) filled by the :class:`~.preparation.Preparer`, the accumulation
 position (:mod:`.accumulation`), the trackers (:mod:`.trackers`), the step timer
-(:mod:`lockstep.throughput`), the checkpoint manager (:mod:`.checkpoints`, built on first use) and the
-preemption watcher (:mod:`.preemption`). Collectives are :mod:`lockstep.collectives`.
+(:mod:`lockstep.throughput`), the checkpoint manager (:mod:`.checkpoints`, built on first use), the
+preemption watcher (:mod:`.preemption`) and the profiler (:mod:`.profiling`). Collectives are
+:mod:`lockstep.collectives`. Three standalone bases hold members that need one part only: who this process
+is (:mod:`.process_view`), the resolved settings (:mod:`.settings_view`) and Accelerate's members for
+features not built yet (:mod:`.unconfigured`).
 
 Example:
     >>> from lockstep import Accelerator
@@ -35,9 +38,10 @@ from lockstep import _process_group, collectives
 from lockstep.accelerator.accumulation import GradientAccumulation
 from lockstep.accelerator.optimizer import AcceleratedOptimizer
 from lockstep.accelerator.preemption import DEFAULT_SIGNALS, PreemptionWatcher, exit_now
-from lockstep.accelerator.preparation import Preparer, is_unprepared_scheduler, models_first
+from lockstep.accelerator.preparation import Preparer, has_device_map, is_unprepared_scheduler, models_first
 from lockstep.accelerator.prepared import PreparedObjects
 from lockstep.accelerator.process_view import ProcessView
+from lockstep.accelerator.profiling import profile as _profile
 from lockstep.accelerator.scheduler import AcceleratedScheduler
 from lockstep.accelerator.settings import (
     NOT_GIVEN,
@@ -47,11 +51,13 @@ from lockstep.accelerator.settings import (
     resolve_fsdp,
     resolve_settings,
 )
+from lockstep.accelerator.settings_view import SettingsView
 from lockstep.accelerator.trackers import Trackers
+from lockstep.accelerator.unconfigured import UnconfiguredFeatures
 from lockstep.backends.registry import select_backend
 from lockstep.config.dataloader import DataLoaderConfiguration
 from lockstep.config.enums import DistributedType, PrecisionType
-from lockstep.config.kwargs import AutocastKwargs
+from lockstep.config.kwargs import AutocastKwargs, ProfileKwargs
 from lockstep.config.plugins import GradientAccumulationPlugin, TorchDynamoPlugin
 from lockstep.config.project import ProjectConfiguration
 from lockstep.data import skip_first_batches as _skip_first_batches
@@ -68,7 +74,7 @@ if TYPE_CHECKING:
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-class Accelerator(ProcessView):
+class Accelerator(ProcessView, SettingsView, UnconfiguredFeatures):
     """Runs one ordinary training loop on one CPU, one GPU, many processes or many machines.
 
     Args:
@@ -83,7 +89,8 @@ class Accelerator(ProcessView):
         gradient_accumulation_plugin: finer accumulation settings (instead of the steps argument).
         step_scheduler_with_optimizer: prepared schedulers follow the optimizer (see ``lockstep.scheduler``).
         kwargs_handlers: ``DistributedDataParallelKwargs``, ``GradScalerKwargs``, ``InitProcessGroupKwargs``,
-            ``AutocastKwargs``, ``HangDetectionKwargs`` (the hang watchdog; see ``lockstep.diagnostics``).
+            ``AutocastKwargs``, ``ProfileKwargs`` (for ``profile()``), ``HangDetectionKwargs`` (the hang
+            watchdog; see ``lockstep.diagnostics``).
         dynamo_backend: a ``torch.compile`` backend name; the model is compiled before the DDP wrap.
         dynamo_plugin: full ``torch.compile`` settings (``TorchDynamoPlugin``).
         debug: check tensor shapes across ranks before each collective (also ``LOCKSTEP_DEBUG=1``).
@@ -150,7 +157,7 @@ class Accelerator(ProcessView):
                 "use_seedable_sampler": use_seedable_sampler,
             },
         )
-        self.settings = resolve_settings(
+        settings = resolve_settings(
             mixed_precision=mixed_precision,
             gradient_accumulation_steps=gradient_accumulation_steps,
             gradient_accumulation_plugin=gradient_accumulation_plugin,
@@ -163,7 +170,8 @@ class Accelerator(ProcessView):
             kwargs_handlers=kwargs_handlers,
             fsdp_plugin=fsdp_plugin,
         )
-        super().__init__(self._build_state(cpu=cpu, debug=debug))
+        SettingsView.__init__(self, settings)
+        ProcessView.__init__(self, self._build_state(cpu=cpu, debug=debug))
         self.gradient_state = GradientState(
             gradient_accumulation_plugin=self.settings.gradient_accumulation_plugin
         )
@@ -281,26 +289,16 @@ class Accelerator(ProcessView):
     def step_scheduler_with_optimizer(self, step_with_optimizer: bool) -> None:
         self._preparer.step_scheduler_with_optimizer = step_with_optimizer
 
-    # -- resolved settings ------------------------------------------------------------------------
+    # -- resolved settings (the rest: SettingsView) -------------------------------------------------
     @property
     def distributed_type(self) -> DistributedType:
         """How the processes share the work; the backend's, unless code set ``state.distributed_type``."""
         return self.state.distributed_type
 
     @property
-    def fsdp_plugin(self) -> Any:
-        """The FSDP settings in force (a ``FullyShardedDataParallelPlugin``, whether passed to the constructor
-        or chosen by the launcher's config), or None when the model is not sharded with FSDP."""
-        return self.settings.fsdp_plugin
-
-    @property
     def precision(self) -> Precision:
         """The backend's mixed-precision object (autocast context, fp16 gradient scaler)."""
         return self.backend.precision
-
-    @property
-    def mixed_precision(self) -> str:
-        return self.settings.mixed_precision.value
 
     @property
     def native_amp(self) -> bool:
@@ -309,56 +307,6 @@ class Accelerator(ProcessView):
     @property
     def scaler(self) -> torch.amp.GradScaler | None:
         return self.precision.scaler
-
-    @property
-    def project_configuration(self) -> ProjectConfiguration:
-        return self.settings.project_config
-
-    @property
-    def project_dir(self) -> str | None:
-        return self.settings.project_config.project_dir
-
-    @property
-    def logging_dir(self) -> str | None:
-        return self.settings.project_config.logging_dir
-
-    @property
-    def save_iteration(self) -> int:
-        return self.settings.project_config.iteration
-
-    @property
-    def dataloader_config(self) -> DataLoaderConfiguration:
-        """How prepared dataloaders split and deliver data (the ``DataLoaderConfiguration`` in force)."""
-        return self.settings.dataloader_config
-
-    @property
-    def split_batches(self) -> bool:
-        return self.settings.dataloader_config.split_batches
-
-    @property
-    def dispatch_batches(self) -> bool | None:
-        return self.settings.dataloader_config.dispatch_batches
-
-    @property
-    def even_batches(self) -> bool:
-        return self.settings.dataloader_config.even_batches
-
-    @even_batches.setter
-    def even_batches(self, even_batches: bool) -> None:
-        """Loaders prepared from now on fill (True) or do not fill (False) the short last batch."""
-        self.settings.dataloader_config.even_batches = even_batches
-
-    @property
-    def use_seedable_sampler(self) -> bool:
-        return self.settings.dataloader_config.use_seedable_sampler
-
-    @property
-    def non_blocking(self) -> bool:
-        return self.settings.dataloader_config.non_blocking
-
-    @property
-    def rng_types(self) -> list[str]:
-        return [r.value for r in self.settings.rng_types]
 
     # -- gradient accumulation state --------------------------------------------------------------
     @property
@@ -431,6 +379,12 @@ class Accelerator(ProcessView):
         """
         return self._preparer.model(model, device_placement, evaluation_mode=evaluation_mode)
 
+    def verify_device_map(self, model: nn.Module) -> bool:
+        """Whether ``model`` (or a submodule) was dispatched over several devices with a ``device_map`` such as
+        transformers' ``device_map="auto"`` (an ``hf_device_map`` of more than one entry). Such a model is
+        never moved by ``prepare``, and cannot be prepared for training on several processes."""
+        return has_device_map(model)
+
     def prepare_optimizer(
         self, optimizer: torch.optim.Optimizer, device_placement: bool | None = None
     ) -> AcceleratedOptimizer:
@@ -486,9 +440,39 @@ class Accelerator(ProcessView):
         """A context in which backward passes of ``model`` do not all-reduce gradients."""
         return self.backend.no_sync(model)
 
+    def trigger_sync_in_backward(self, model: nn.Module) -> contextlib.AbstractContextManager:
+        """A context in which the backward pass of ``model`` synchronises gradients although its forward (or
+        the whole step) ran under :meth:`no_sync` or an ``accumulate()`` micro-step; the gradients
+        accumulated so far are synchronised with it. A no-op on one process.
+
+        Example:
+            >>> with accelerator.no_sync(model):  # doctest: +SKIP
+            ...     loss_a, loss_b = model(input_a).sum(), model(input_b).sum()
+            >>> accelerator.backward(loss_a)  # doctest: +SKIP
+            >>> with accelerator.trigger_sync_in_backward(model):  # doctest: +SKIP
+            ...     accelerator.backward(loss_b)  # all-reduces loss_a's and loss_b's gradients
+        """
+        return self.backend.sync_next_backward(model)
+
     def autocast(self, autocast_handler: AutocastKwargs | None = None) -> contextlib.AbstractContextManager:
         """Run a block under this Accelerator's mixed precision (a no-op in full precision)."""
         return self.precision.autocast_context(autocast_handler)
+
+    def profile(self, profile_handler: ProfileKwargs | None = None) -> contextlib.AbstractContextManager:
+        """Profile the block with ``torch.profiler``; yields the profiler (call ``prof.step()`` per step when
+        ``schedule_option`` is set). Settings: ``profile_handler``, else the ``ProfileKwargs`` given in
+        ``kwargs_handlers``, else torch's defaults. With ``output_trace_dir``, every process writes its Chrome
+        trace there (``profile_<rank>.json``) and the processes wait for each other.
+
+        Example:
+            >>> accelerator = Accelerator(cpu=True)
+            >>> with accelerator.profile(ProfileKwargs(activities=["cpu"])) as prof:
+            ...     _ = torch.ones(8, 8) @ torch.ones(8, 8)
+            >>> any(event.key == "aten::mm" for event in prof.key_averages())
+            True
+        """
+        handler = profile_handler or self.profile_handler or ProfileKwargs()
+        return _profile(handler, process_index=self.process_index, barrier=self.wait_for_everyone)
 
     def unscale_gradients(self, optimizer: torch.optim.Optimizer | Sequence[Any] | None = None) -> None:
         """Divide gradients by the fp16 loss scale (once per step; a no-op otherwise)."""
@@ -584,6 +568,11 @@ class Accelerator(ProcessView):
             >>> accelerator.log({"loss": 0.5}, step=1)  # doctest: +SKIP
         """
         self._trackers.start(project_name, config=config, init_kwargs=init_kwargs)
+
+    @property
+    def log_with(self) -> list[Any]:
+        """The trackers ``log_with`` asked for, checked (names and tracker objects), before ``init_trackers``."""
+        return list(self._trackers.specs)
 
     @property
     def trackers(self) -> list[GeneralTracker]:

@@ -19,6 +19,7 @@ from lockstep.accelerator.prepared import PreparedObjects
 from lockstep.accelerator.scheduler import AcceleratedScheduler
 from lockstep.accelerator.settings import AcceleratorSettings
 from lockstep.backends.base import Backend
+from lockstep.config import topology
 from lockstep.data import prepare_data_loader
 from lockstep.state import PartialState
 
@@ -34,6 +35,30 @@ def models_first(objects: Sequence[Any]) -> list[int]:
 def is_unprepared_scheduler(obj: Any) -> bool:
     """An LR scheduler not prepared yet (schedulers are prepared last: they need the prepared optimizers)."""
     return isinstance(obj, _LRScheduler) and not isinstance(obj, AcceleratedScheduler)
+
+
+def has_device_map(model: nn.Module) -> bool:
+    """Whether ``model`` or a submodule was dispatched over several devices (an ``hf_device_map``, as
+    transformers' ``from_pretrained(device_map="auto")`` leaves, with more than one entry)."""
+    return any(len(getattr(module, "hf_device_map", None) or {}) > 1 for module in model.modules())
+
+
+def _check_trainable_here(model: nn.Module, state: PartialState) -> None:
+    if has_device_map(model) and not topology.is_plain(state.distributed_type):
+        raise ValueError(
+            f"Cannot prepare {type(model).__name__} for {state.distributed_type} training on "
+            f"{state.num_processes} process(es): it was loaded with a device_map (e.g. device_map='auto') that "
+            "spreads it over several devices. Train it in one process without a distributed plugin "
+            "(python script.py), or load it on one device and let prepare() distribute it."
+        )
+
+
+def _reject_lomo(optimizer: torch.optim.Optimizer) -> None:
+    if type(optimizer).__module__.split(".")[0] == "lomo_optim":
+        raise NotImplementedError(
+            f"Cannot prepare {type(optimizer).__name__}: LOMO optimizers (lomo-optim) update the weights inside "
+            "backward, which lockstep does not support. Use a torch.optim optimizer."
+        )
 
 
 class Preparer:
@@ -96,8 +121,11 @@ class Preparer:
             raise RuntimeError(
                 f"{type(model).__name__} was prepared already; use the object prepare() returned the first time."
             )
+        _check_trainable_here(model, self.state)
+        # A dispatched model stays where its device map put it (as in Accelerate).
+        placement = self._placement(device_placement) and not has_device_map(model)
         prepared = self.backend.prepare_model(
-            model, device_placement=self._placement(device_placement), evaluation_mode=evaluation_mode
+            model, device_placement=placement, evaluation_mode=evaluation_mode
         )
         self.prepared.models.append(prepared)
         return prepared
@@ -108,6 +136,7 @@ class Preparer:
         """An optimizer that steps only on synchronised, non-overflowing gradients."""
         if isinstance(optimizer, AcceleratedOptimizer):
             return optimizer
+        _reject_lomo(optimizer)
         prepared = AcceleratedOptimizer(
             self.backend.prepare_optimizer(optimizer),
             self._placement(device_placement),

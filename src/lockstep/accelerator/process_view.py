@@ -9,6 +9,8 @@ Example:
     >>> view = ProcessView(PartialState(cpu=True))
     >>> view.num_processes, view.is_main_process
     (1, True)
+    >>> view.multi_device, view.is_fsdp2, view.should_save_model
+    (False, False, True)
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any, TypeVar
 
 import torch
 
+from lockstep.config import topology
 from lockstep.state import PartialState
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -66,6 +69,29 @@ class ProcessView:
     @property
     def use_distributed(self) -> bool:
         return self.state.use_distributed
+
+    # -- how the processes share the work ---------------------------------------------------------
+    @property
+    def multi_device(self) -> bool:
+        """True for data parallel over accelerator devices, one per process (DDP on GPUs, XPUs or MPS); False
+        on one process, for DDP on CPUs and for sharded training, as in Accelerate."""
+        return self.state.use_distributed and topology.is_multi_device(self.state.distributed_type)
+
+    @property
+    def is_fsdp2(self) -> bool:
+        """Whether models are sharded with FSDP2 (``fully_shard``); lockstep's FSDP is always FSDP2."""
+        return topology.is_fsdp2(self.state.distributed_type)
+
+    @property
+    def is_composable_parallelism_enabled(self) -> bool:
+        """Whether torch's composable parallelism (FSDP2 on DTensors) is in use: ``is_fsdp2``, as in Accelerate."""
+        return self.is_fsdp2
+
+    @property
+    def should_save_model(self) -> bool:
+        """Whether this process writes model files: the local main process (one per machine), as in Accelerate
+        without a ``ParallelismConfig``."""
+        return self.state.is_local_main_process
 
     # -- process control --------------------------------------------------------------------------
     def wait_for_everyone(self) -> None:

@@ -21,6 +21,7 @@ from lockstep.config.kwargs import (
     GradScalerKwargs,
     InitProcessGroupKwargs,
     KwargsHandler,
+    ProfileKwargs,
 )
 from lockstep.config.plugins import GradientAccumulationPlugin, TorchDynamoPlugin
 from lockstep.config.project import ProjectConfiguration
@@ -46,6 +47,7 @@ class KwargsHandlers:
     scaler: GradScalerKwargs | None = None
     init: InitProcessGroupKwargs | None = None
     autocast: AutocastKwargs | None = None
+    profile: ProfileKwargs | None = None
     throughput: ThroughputKwargs | None = None
     hang: HangDetectionKwargs | None = None
 
@@ -55,6 +57,7 @@ _HANDLER_SLOTS = {
     GradScalerKwargs: "scaler",
     InitProcessGroupKwargs: "init",
     AutocastKwargs: "autocast",
+    ProfileKwargs: "profile",
     ThroughputKwargs: "throughput",
     HangDetectionKwargs: "hang",
 }

@@ -6,7 +6,8 @@ A backend is the one place that knows its strategy. It answers:
   optimizer to the wrapped model (:meth:`Backend.prepare_optimizer`); give the user's module back;
 * **precision**: it owns its :class:`~lockstep.precision.Precision` (the forward autocast context, the fp16
   gradient scaler, :meth:`Backend.backward`); a sharding backend derives its own policy from the same object;
-* **gradient synchronisation**: :meth:`Backend.no_sync` (used by ``accumulate()``), :meth:`Backend.clip_grad_norm_`;
+* **gradient synchronisation**: :meth:`Backend.no_sync` (used by ``accumulate()``) and its exception
+  :meth:`Backend.sync_next_backward` (``trigger_sync_in_backward``), :meth:`Backend.clip_grad_norm_`;
 * **checkpoints**: which model and optimizer state goes into a checkpoint folder and how it comes back
   (full state dicts written as ordinary files by default; a sharding backend writes its own shards).
 
@@ -137,6 +138,11 @@ class Backend(ABC):
 
     def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager:
         """A context in which backward passes do not synchronise gradients."""
+        return contextlib.nullcontext()
+
+    def sync_next_backward(self, model: nn.Module) -> contextlib.AbstractContextManager:
+        """A context in which a backward pass synchronises gradients even inside :meth:`no_sync` (including
+        one whose forward ran there); a no-op for a backend that never skips synchronisation."""
         return contextlib.nullcontext()
 
     def clip_grad_norm_(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
 from torch import nn
@@ -106,3 +107,33 @@ class DDPBackend(Backend):
         if isinstance(model, nn.parallel.DistributedDataParallel):
             return model.no_sync()
         return contextlib.nullcontext()
+
+    def sync_next_backward(self, model: nn.Module) -> contextlib.AbstractContextManager:
+        """Make DDP all-reduce in the next backward even under ``no_sync`` (Accelerate's approach): the
+        reducer is prepared for a backward whose forward ran without it. Every parameter must receive a
+        gradient in that backward (the reducer is told of no unused parameters)."""
+        if not isinstance(model, nn.parallel.DistributedDataParallel):
+            return contextlib.nullcontext()
+        if model.find_unused_parameters:
+            raise ValueError(
+                "trigger_sync_in_backward() cannot synchronise a DDP model built with "
+                "DistributedDataParallelKwargs(find_unused_parameters=True): its forward ran under no_sync, so "
+                "DDP never searched the graph for parameters without a gradient. Let accumulate() synchronise "
+                "that step instead, or set find_unused_parameters=False."
+            )
+        return _forced_sync(model)
+
+
+@contextlib.contextmanager
+def _forced_sync(model: nn.parallel.DistributedDataParallel) -> Iterator[None]:
+    backward_sync, forward_sync = model.require_backward_grad_sync, model.require_forward_param_sync
+    model.require_backward_grad_sync = True
+    model.require_forward_param_sync = True
+    # A forward under no_sync did not call prepare_for_backward, so the reducer would ignore this backward;
+    # see torch/nn/parallel/distributed.py (_pre_forward) and reducer.cpp (prepare_for_backward).
+    model.reducer.prepare_for_backward([])
+    try:
+        yield
+    finally:
+        model.require_backward_grad_sync = backward_sync
+        model.require_forward_param_sync = forward_sync

@@ -7,11 +7,15 @@ torch call it configures (``to_kwargs`` returns only the fields changed from the
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from lockstep.config.enums import DDPCommunicationHookType
+from lockstep.config.enums import DDPCommunicationHookType, _StrEnum
+
+if TYPE_CHECKING:
+    import torch.profiler
 
 KNOWN_BACKENDS = ("nccl", "gloo", "mpi", "ucc", "xccl", "hccl", "cncl", "mccl", "smddp", "ccl")
 
@@ -141,6 +145,141 @@ class AutocastKwargs(KwargsHandler):
 
     enabled: bool = True
     cache_enabled: bool | None = None
+
+
+PROFILER_ACTIVITIES = ("cpu", "cuda", "xpu", "mtia", "hpu")
+"""The ``ProfileKwargs.activities`` names (torch's ``ProfilerActivity`` members, lower-cased)."""
+_SCHEDULE_KEYS = ("wait", "warmup", "active", "repeat", "skip_first", "skip_first_wait")
+_REQUIRED_SCHEDULE_KEYS = ("wait", "warmup", "active")
+
+
+@dataclass(kw_only=True)
+class ProfileKwargs(KwargsHandler):
+    """Settings of ``torch.profiler.profile`` for ``Accelerator.profile()``.
+
+    Example:
+        >>> handler = ProfileKwargs(activities=["cpu"], record_shapes=True, output_trace_dir="traces")
+        >>> handler.to_kwargs()
+        {'activities': ['cpu'], 'record_shapes': True, 'output_trace_dir': 'traces'}
+        >>> ProfileKwargs(activities=["gpu"])
+        Traceback (most recent call last):
+        ValueError: ProfileKwargs(activities=['gpu']) is invalid: 'gpu' is not a profiler activity. Use cpu, cuda, xpu, mtia, hpu.
+    """
+
+    activities: list[str] | None = None
+    """What to record: ``"cpu"`` (operators), ``"cuda"``, ``"xpu"``, ``"mtia"``, ``"hpu"`` (device kernels);
+    None records the CPU and every available device."""
+    schedule_option: dict[str, int] | None = None
+    """``torch.profiler.schedule`` arguments: skip ``skip_first`` steps, then cycles of ``wait`` idle,
+    ``warmup`` and ``active`` recorded steps (``repeat`` cycles, 0 = until the end); ``prof.step()`` counts a
+    step. None records everything."""
+    on_trace_ready: Callable[..., Any] | None = None
+    """Called with the profiler each time a scheduled ``active`` window ends."""
+    record_shapes: bool = False
+    """Record the input shapes of operators."""
+    profile_memory: bool = False
+    """Record tensor memory allocation and release."""
+    with_stack: bool = False
+    """Record the source file and line of operators."""
+    with_flops: bool = False
+    """Estimate the FLOPs of matrix multiplications and convolutions."""
+    with_modules: bool = False
+    """Record the module hierarchy of operators."""
+    output_trace_dir: str | None = None
+    """Write a Chrome trace per process (``profile_<rank>.json``) to this folder when the block ends."""
+
+    def __post_init__(self) -> None:
+        if self.activities is not None:
+            self.activities = [_activity_name(a, self.activities) for a in self.activities]
+        if self.schedule_option is not None:
+            _check_schedule(self.schedule_option)
+        if self.on_trace_ready is not None and not callable(self.on_trace_ready):
+            raise TypeError(
+                f"ProfileKwargs(on_trace_ready={self.on_trace_ready!r}) is invalid: pass a function that takes "
+                "the profiler, or None."
+            )
+
+    def build(self) -> torch.profiler.profile:
+        """A ``torch.profiler.profile`` with these settings (not started).
+
+        Raises:
+            ValueError: an activity whose device is not available on this machine.
+        """
+        import torch.profiler
+
+        activities = None
+        if self.activities is not None:
+            activities = [_profiler_activity(name) for name in self.activities]
+        schedule = None if self.schedule_option is None else torch.profiler.schedule(**self.schedule_option)
+        return torch.profiler.profile(
+            activities=activities,
+            schedule=schedule,
+            on_trace_ready=self.on_trace_ready,
+            record_shapes=self.record_shapes,
+            profile_memory=self.profile_memory,
+            with_stack=self.with_stack,
+            with_flops=self.with_flops,
+            with_modules=self.with_modules,
+        )
+
+
+def _activity_name(activity: Any, given: list[Any]) -> str:
+    name = str(getattr(activity, "name", activity)).lower()
+    if name not in PROFILER_ACTIVITIES:
+        raise ValueError(
+            f"ProfileKwargs(activities={given!r}) is invalid: {activity!r} is not a profiler activity. "
+            f"Use {', '.join(PROFILER_ACTIVITIES)}."
+        )
+    return name
+
+
+def _check_schedule(option: dict[str, int]) -> None:
+    unknown = [key for key in option if key not in _SCHEDULE_KEYS]
+    missing = [key for key in _REQUIRED_SCHEDULE_KEYS if key not in option]
+    if unknown or missing:
+        problem = f"unknown keys {unknown}" if unknown else f"{', '.join(missing)} missing"
+        raise ValueError(
+            f"ProfileKwargs(schedule_option={option!r}) is invalid: {problem}. It takes wait, warmup and active "
+            "(and optionally repeat, skip_first, skip_first_wait), as torch.profiler.schedule does."
+        )
+    for key, value in option.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(
+                f"ProfileKwargs(schedule_option={option!r}) is invalid: {key} must be an integer >= 0."
+            )
+    if option["active"] < 1:
+        raise ValueError(
+            f"ProfileKwargs(schedule_option={option!r}) is invalid: active must be >= 1 (no step would be recorded)."
+        )
+
+
+def _profiler_activity(name: str) -> torch.profiler.ProfilerActivity:
+    """torch's activity for ``name``; device activities other than CUDA need their device (as in Accelerate)."""
+    import torch
+
+    available = {"cpu": True, "cuda": True}
+    available["xpu"] = hasattr(torch, "xpu") and torch.xpu.is_available()
+    available["mtia"] = hasattr(torch, "mtia") and torch.mtia.is_available()
+    available["hpu"] = hasattr(torch, "hpu") and torch.hpu.is_available()
+    if not available[name]:
+        raise ValueError(
+            f"ProfileKwargs(activities=[..., {name!r}]): there is no {name} device on this machine. "
+            "Profile the devices this machine has (cpu, cuda)."
+        )
+    return getattr(torch.profiler.ProfilerActivity, name.upper())
+
+
+class FP8BackendType(_StrEnum):
+    """The library that runs FP8 training (Accelerate's ``accelerate.utils.dataclasses.FP8BackendType``).
+
+    lockstep has no FP8 backend, so ``Accelerator.fp8_backend`` is always ``NO``; the other values exist so
+    that code comparing against them runs.
+    """
+
+    NO = "NO"
+    TE = "TE"
+    MSAMP = "MSAMP"
+    AO = "AO"
 
 
 def validate_backend_name(backend: str, *, argument: str) -> str:

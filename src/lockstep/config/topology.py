@@ -12,6 +12,10 @@ Example:
     <DistributedType.MULTI_CPU: 'MULTI_CPU'>
     >>> config_section("FSDP")
     'fsdp_config'
+    >>> is_multi_device("MULTI_GPU"), is_multi_device("MULTI_CPU")
+    (True, False)
+    >>> is_fsdp2("FSDP")
+    True
     >>> checked_distributed_type("DEEPSPEED")
     Traceback (most recent call last):
     lockstep.errors.UsageError: distributed_type DEEPSPEED is not supported yet: the DeepSpeed backend is not part of this version of lockstep. Use MULTI_CPU or MULTI_GPU (DDP).
@@ -32,14 +36,20 @@ class _Kind:
     not_built: str | None = None
     """What is missing, for types this version of lockstep does not run."""
     gpu_only: bool = False
+    multi_device: bool = False
+    """Data parallel with one accelerator device per process (Accelerate's ``Accelerator.multi_device``)."""
+    fsdp2: bool = False
+    """The model is sharded with FSDP2 (``fully_shard``); lockstep's FSDP is always FSDP2."""
 
 
 _KINDS: dict[DistributedType, _Kind] = {
-    DistributedType.FSDP: _Kind(section="fsdp_config"),
+    DistributedType.FSDP: _Kind(section="fsdp_config", fsdp2=True),
     DistributedType.DEEPSPEED: _Kind(section="deepspeed_config", not_built="the DeepSpeed backend"),
     DistributedType.MEGATRON_LM: _Kind(section="megatron_lm_config", not_built="the Megatron-LM backend"),
     DistributedType.XLA: _Kind(not_built="TPUs (XLA)"),
-    DistributedType.MULTI_GPU: _Kind(gpu_only=True),
+    DistributedType.MULTI_GPU: _Kind(gpu_only=True, multi_device=True),
+    DistributedType.MULTI_XPU: _Kind(multi_device=True),
+    DistributedType.MULTI_MPS: _Kind(multi_device=True),
 }
 _DATA_PARALLEL = {True: DistributedType.MULTI_CPU, False: DistributedType.MULTI_GPU}
 
@@ -85,6 +95,19 @@ def is_plain(distributed_type: str | DistributedType | None) -> bool:
 def config_section(distributed_type: str | DistributedType | None) -> str | None:
     """The config file section that configures ``distributed_type`` (``fsdp_config`` for FSDP), or None."""
     return _kind(distributed_type).section
+
+
+def is_multi_device(distributed_type: str | DistributedType | None) -> bool:
+    """Whether ``distributed_type`` is data parallel over accelerator devices, one per process (MULTI_GPU,
+    MULTI_XPU, MULTI_MPS): what Accelerate's ``Accelerator.multi_device`` asks. Data parallel on CPUs and
+    sharded types are not."""
+    return _kind(distributed_type).multi_device
+
+
+def is_fsdp2(distributed_type: str | DistributedType | None) -> bool:
+    """Whether ``distributed_type`` shards the model with FSDP2 (Accelerate's ``is_fsdp2``: in lockstep,
+    FSDP is always FSDP2)."""
+    return _kind(distributed_type).fsdp2
 
 
 def check_device_agreement(distributed_type: str | DistributedType | None, *, use_cpu: bool) -> None:

@@ -38,6 +38,7 @@ from lockstep.config import (
     TorchDynamoPlugin,
 )
 from lockstep.config.enums import _StrEnum
+from lockstep.config.kwargs import FP8BackendType, ProfileKwargs
 from lockstep.utils._unsupported import (
     AORecipeKwargs,
     BnbQuantizationConfig,
@@ -61,6 +62,7 @@ __all__ = [
     "DistributedDataParallelKwargs",
     "DistributedType",
     "DynamoBackend",
+    "FP8BackendType",
     "FP8RecipeKwargs",
     "FullyShardedDataParallelPlugin",
     "GradScalerKwargs",
@@ -71,6 +73,7 @@ __all__ = [
     "MSAMPRecipeKwargs",
     "MegatronLMPlugin",
     "PrecisionType",
+    "ProfileKwargs",
     "ProjectConfiguration",
     "RNGType",
     "SageMakerDistributedType",

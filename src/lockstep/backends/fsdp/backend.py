@@ -74,6 +74,8 @@ class FSDPBackend(Backend):
         self.sharded_models: list[nn.Module] = []
         # id(original parameter) -> (weak reference to it, the sharded parameter that replaced it)
         self._replacements: dict[int, tuple[weakref.ref, nn.Parameter]] = {}
+        # sharded model -> whether its gradients are synchronised now (absent: yes); FSDP2 has no getter
+        self._sync_enabled: weakref.WeakKeyDictionary[nn.Module, bool] = weakref.WeakKeyDictionary()
         if plugin.cpu_ram_efficient_loading:
             _env.announce_rank0_loading()
 
@@ -194,9 +196,16 @@ class FSDPBackend(Backend):
 
     # -- training step ----------------------------------------------------------------------------
     def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager:
+        return self._gradient_sync(model, False)
+
+    def sync_next_backward(self, model: nn.Module) -> contextlib.AbstractContextManager:
+        """Reduce-scatter the gradients of the next backward (with those accumulated under ``no_sync``)."""
+        return self._gradient_sync(model, True)
+
+    def _gradient_sync(self, model: nn.Module, enabled: bool) -> contextlib.AbstractContextManager:
         target = getattr(model, "_orig_mod", model)
         if isinstance(target, FSDPModule):
-            return _gradient_sync_off(target)
+            return _gradient_sync_set(target, enabled, self._sync_enabled)
         return contextlib.nullcontext()
 
     def clip_grad_norm_(
@@ -301,12 +310,20 @@ class FSDPBackend(Backend):
 
 
 @contextlib.contextmanager
-def _gradient_sync_off(model: FSDPModule) -> Iterator[None]:
-    model.set_requires_gradient_sync(False)
+def _gradient_sync_set(
+    model: FSDPModule, enabled: bool, current: weakref.WeakKeyDictionary[nn.Module, bool]
+) -> Iterator[None]:
+    """Switch ``model``'s gradient synchronisation for the block, then restore what it was (``current``
+    holds each model's setting, since nested blocks may switch it both ways)."""
+    key: nn.Module = model  # type: ignore[assignment]
+    previous = current.get(key, True)
+    model.set_requires_gradient_sync(enabled)
+    current[key] = enabled
     try:
         yield
     finally:
-        model.set_requires_gradient_sync(True)
+        model.set_requires_gradient_sync(previous)
+        current[key] = previous
 
 
 def _parameter_owners(model: nn.Module) -> list[tuple[weakref.ref, nn.Module, str]]:

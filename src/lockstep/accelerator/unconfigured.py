@@ -1,0 +1,130 @@
+"""Accelerate 1.15's Accelerator members for DeepSpeed, ``ParallelismConfig``, FP8 and LOMO optimizers.
+
+lockstep builds none of these yet, so each member answers as Accelerate does when the feature is not
+configured: the plugin, the configuration and the device mesh are None, the FP8 backend is ``NO``, the
+dataloader adapter for sequence parallelism returns the loader, and ``maybe_context_parallel`` runs the
+block unchanged. Members that Accelerate makes raise without the feature (the ranks of a parallelism
+dimension) raise ``NotImplementedError`` (a ``RuntimeError``, what Accelerate raises) saying what is
+missing. The base stands on its own: it needs nothing.
+
+Example:
+    >>> features = UnconfiguredFeatures()
+    >>> features.deepspeed_plugin is None, features.fp8_backend, features.has_lomo_optimizer
+    (True, <FP8BackendType.NO: 'NO'>, False)
+    >>> features.tensor_parallel_rank
+    Traceback (most recent call last):
+    NotImplementedError: Accelerator.tensor_parallel_rank is not supported yet: tensor parallelism needs a ParallelismConfig, and multi-dimensional parallelism is not part of this version of lockstep. Every process holds a data-parallel replica or an FSDP shard; use process_index.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+from typing import Any, NoReturn
+
+import torch
+
+from lockstep.config.kwargs import FP8BackendType
+
+logger = logging.getLogger("lockstep.accelerator")
+_warned: set[str] = set()
+
+
+def _not_built(member: str, what: str) -> NoReturn:
+    raise NotImplementedError(
+        f"Accelerator.{member} is not supported yet: {what}, and multi-dimensional parallelism is not part of "
+        "this version of lockstep. Every process holds a data-parallel replica or an FSDP shard; use "
+        "process_index."
+    )
+
+
+class UnconfiguredFeatures:
+    """What Accelerate's DeepSpeed, parallelism, FP8 and LOMO members answer when none is configured."""
+
+    fp8_enabled: bool = False
+    """Whether training runs in FP8 (``mixed_precision="fp8"``); lockstep has no FP8 backend."""
+    has_fp8_handler: bool = False
+    delayed_fp8_autocast: bool = False
+    fp8_recipe_handler: Any = None
+    ao_recipe_handler: Any = None
+    te_recipe_handler: Any = None
+    msamp_recipe_handler: Any = None
+    has_lomo_optimizer: bool = False
+    """Whether a LOMO optimizer (``lomo-optim``) was prepared; lockstep does not prepare them."""
+
+    # -- DeepSpeed and ParallelismConfig ----------------------------------------------------------
+    @property
+    def deepspeed_plugin(self) -> None:
+        """The active ``DeepSpeedPlugin``: None, as in Accelerate when DeepSpeed is not used."""
+        return None
+
+    @property
+    def parallelism_config(self) -> None:
+        """The ``ParallelismConfig``: None, as in Accelerate when none was given."""
+        return None
+
+    @property
+    def torch_device_mesh(self) -> None:
+        """The device mesh of a ``ParallelismConfig``: None, as in Accelerate without one."""
+        return None
+
+    @property
+    def tensor_parallel_rank(self) -> int:
+        """Raises: tensor parallelism cannot be configured in this version."""
+        _not_built("tensor_parallel_rank", "tensor parallelism needs a ParallelismConfig")
+
+    @property
+    def data_parallel_rank(self) -> int:
+        """Raises: replicated data parallelism as a mesh dimension needs a ``ParallelismConfig``."""
+        _not_built("data_parallel_rank", "a dp_replicate mesh dimension needs a ParallelismConfig")
+
+    @property
+    def data_parallel_shard_rank(self) -> int:
+        """Raises: sharded data parallelism as a mesh dimension needs a ``ParallelismConfig``."""
+        _not_built("data_parallel_shard_rank", "a dp_shard mesh dimension needs a ParallelismConfig")
+
+    @property
+    def pipeline_parallel_rank(self) -> int:
+        """Raises, as in Accelerate: pipeline parallelism is not supported."""
+        _not_built("pipeline_parallel_rank", "pipeline parallelism is not built (nor in Accelerate)")
+
+    @property
+    def context_parallel_rank(self) -> int:
+        """Raises, as in Accelerate: context parallelism has no rank of its own."""
+        _not_built("context_parallel_rank", "context parallelism is not built")
+
+    @contextlib.contextmanager
+    def maybe_context_parallel(
+        self,
+        buffers: list[torch.Tensor] | None = None,
+        buffer_seq_dims: list[int] | None = None,
+        no_restore_buffers: set[torch.Tensor] | None = None,
+    ) -> Iterator[None]:
+        """Run the block unchanged (context parallelism is not configured), warning once per process, as in
+        Accelerate without ``parallelism_config.cp_size > 1``."""
+        if "maybe_context_parallel" not in _warned:
+            _warned.add("maybe_context_parallel")
+            logger.warning(
+                "maybe_context_parallel() has no effect: context parallelism is not part of this version of "
+                "lockstep, so the buffers are not sharded along the sequence."
+            )
+        yield
+
+    def deepspeed_ulysses_dl_adapter(self, dl: Any, model: Any) -> Any:
+        """The loader unchanged: without sequence parallelism (``sp_size`` 1) Accelerate returns it as is."""
+        return dl
+
+    # -- FP8 and LOMO ------------------------------------------------------------------------------
+    @property
+    def fp8_backend(self) -> FP8BackendType:
+        """The FP8 training library: ``FP8BackendType.NO`` (lockstep has no FP8 backend)."""
+        return FP8BackendType.NO
+
+    def lomo_backward(self, loss: torch.Tensor, learning_rate: float) -> None:
+        """Raises: LOMO optimizers fuse the update into backward, which lockstep does not support."""
+        raise NotImplementedError(
+            "Accelerator.lomo_backward() is not supported: LOMO optimizers (the lomo-optim package's Lomo and "
+            "AdaLomo) update the weights inside backward, and lockstep does not prepare them. Use a "
+            "torch.optim optimizer with accelerator.backward(loss)."
+        )

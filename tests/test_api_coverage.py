@@ -1,0 +1,182 @@
+"""Coverage of Accelerate 1.15's public API is a test, not a claim (issue 15, item 8).
+
+``src/lockstep/accelerate_api.json`` lists Accelerate 1.15.0's public names (the Accelerator's members and
+attributes, the top-level ``accelerate`` names, ``accelerate.utils``), each marked ``implemented``,
+``unsupported`` or ``absent``. This file checks every entry against lockstep: implemented names resolve
+and are lockstep's own code, unsupported ones resolve and raise ``NotImplementedError`` when used, absent
+ones do not resolve. The flags of ``accelerate launch`` are checked by
+``tests/cli/test_accelerate_launch_flags.py``; the summary below counts them too.
+
+``python -m tests.test_api_coverage`` prints the coverage figures.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import lockstep
+import lockstep.utils
+from lockstep import Accelerator
+
+PACKAGE = Path(lockstep.__file__).parent
+DATA = json.loads((PACKAGE / "accelerate_api.json").read_text(encoding="utf-8"))
+SECTIONS: dict[str, dict[str, str]] = {name: section["names"] for name, section in DATA["sections"].items()}
+STATUSES = ("implemented", "unsupported", "absent")
+# Arguments for the unsupported Accelerator methods (properties are read instead).
+METHOD_ARGUMENTS: dict[str, tuple[Any, ...]] = {"lomo_backward": (torch.tensor(1.0), 0.1)}
+
+
+def status_of(entry: str) -> str:
+    return entry.split(":", 1)[0]
+
+
+def entries(section: str, status: str) -> list[str]:
+    return [name for name, entry in SECTIONS[section].items() if status_of(entry) == status]
+
+
+def is_stub(value: Any) -> bool:
+    """Whether ``value`` is one of lockstep's raising stand-ins (``lockstep.utils._unsupported``)."""
+    doc = getattr(value, "__doc__", None) or ""
+    return callable(value) and doc.startswith("Not supported: raises NotImplementedError.")
+
+
+def launch_flag_counts() -> Counter:
+    """Statuses of ``accelerate launch``'s 1.15 flags in ``cli/accelerate_launch_flags.txt``."""
+    counts: Counter = Counter()
+    section = ""
+    for line in (PACKAGE / DATA["launch_flags"]).read_text(encoding="utf-8").splitlines():
+        if line.startswith("## "):
+            section = line[3:]
+        elif line.strip() and not line.startswith("#") and section == "accelerate 1.15":
+            counts[line.split(" | ")[2].strip()] += 1
+    return counts
+
+
+def coverage_figures() -> dict[str, dict[str, int]]:
+    """Per section: how many names, and how many of each status."""
+    figures = {
+        section: {"names": len(names), **Counter(status_of(entry) for entry in names.values())}
+        for section, names in SECTIONS.items()
+    }
+    flags = launch_flag_counts()
+    figures["launch_flags"] = {"names": sum(flags.values()), **flags}
+    return figures
+
+
+def summary() -> str:
+    lines = [f"lockstep's coverage of Accelerate {DATA['accelerate_version']}'s public API:"]
+    for section, counts in coverage_figures().items():
+        total = counts["names"]
+        parts = ", ".join(f"{counts[s]} {s}" for s in (*STATUSES, "accepted") if counts.get(s))
+        lines.append(f"  {section}: {counts['implemented']}/{total} implemented ({parts})")
+    return "\n".join(lines)
+
+
+# -- the file itself ----------------------------------------------------------------------------------
+def test_the_lists_hold_accelerate_1_15s_names_with_known_statuses():
+    assert DATA["accelerate_version"] == "1.15.0"
+    assert {section: len(names) for section, names in SECTIONS.items()} == {
+        "accelerator_members": 86,
+        "accelerator_attributes": 28,
+        "top_level": 30,
+        "utils": 264,
+    }
+    for names in SECTIONS.values():
+        assert {status_of(entry) for entry in names.values()} <= set(STATUSES)
+        for entry in names.values():  # an absent name always says why
+            assert status_of(entry) != "absent" or len(entry.split(":", 1)[1].strip()) > 20
+    assert not set(SECTIONS["accelerator_members"]) & set(SECTIONS["accelerator_attributes"])
+
+
+def test_the_coverage_figures():
+    print(summary())
+    figures = coverage_figures()
+    assert figures == {
+        "accelerator_members": {"names": 86, "implemented": 80, "unsupported": 6},
+        "accelerator_attributes": {"names": 28, "implemented": 26, "absent": 2},
+        "top_level": {"names": 30, "implemented": 20, "unsupported": 9, "absent": 1},
+        "utils": {"names": 264, "implemented": 165, "unsupported": 36, "absent": 63},
+        "launch_flags": {"names": 124, "implemented": 42, "accepted": 6, "unsupported": 76},
+    }
+
+
+def test_the_data_file_ships_with_the_package():
+    pyproject = (PACKAGE.parents[1] / "pyproject.toml").read_text(encoding="utf-8")
+    table = pyproject.split("\n[tool.setuptools.package-data]\n")[1].split("\n[")[0]
+    (entry,) = [line for line in table.splitlines() if line.startswith("lockstep = ")]
+    assert '"accelerate_api.json"' in entry
+
+
+# -- the Accelerator ----------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def accelerator() -> Accelerator:
+    return Accelerator(cpu=True)
+
+
+@pytest.mark.parametrize("name", entries("accelerator_members", "implemented"))
+def test_implemented_accelerator_members_are_defined_by_lockstep(name):
+    member = inspect.getattr_static(Accelerator, name)
+    owner = next(klass for klass in Accelerator.__mro__ if name in vars(klass))
+    assert owner.__module__.startswith("lockstep.accelerator.")
+    assert isinstance(member, property) or callable(member)
+
+
+@pytest.mark.parametrize("name", entries("accelerator_members", "unsupported"))
+def test_unsupported_accelerator_members_raise_the_not_yet_error(accelerator, name):
+    member = inspect.getattr_static(Accelerator, name)
+    with pytest.raises(NotImplementedError, match=rf"Accelerator\.{name}(\(\))? is not supported"):
+        if isinstance(member, property):
+            getattr(accelerator, name)
+        else:
+            getattr(accelerator, name)(*METHOD_ARGUMENTS[name])
+
+
+@pytest.mark.parametrize("name", entries("accelerator_attributes", "implemented"))
+def test_implemented_accelerator_attributes_are_readable(accelerator, name):
+    getattr(accelerator, name)
+
+
+@pytest.mark.parametrize("name", entries("accelerator_attributes", "absent"))
+def test_absent_accelerator_attributes_do_not_resolve(accelerator, name):
+    assert not hasattr(accelerator, name)
+
+
+# -- the modules --------------------------------------------------------------------------------------
+MODULE_SECTIONS = {"top_level": lockstep, "utils": lockstep.utils}
+MODULE_CASES = [
+    pytest.param(section, name, status_of(entry), id=f"{section}.{name}")
+    for section in MODULE_SECTIONS
+    for name, entry in SECTIONS[section].items()
+]
+
+
+@pytest.mark.parametrize(("section", "name", "status"), MODULE_CASES)
+def test_every_module_name_resolves_as_listed(section, name, status):
+    module = MODULE_SECTIONS[section]
+    if status == "absent":
+        assert not hasattr(module, name)
+        return
+    value = getattr(module, name)
+    if status == "implemented":
+        assert not is_stub(value)
+        return
+    assert is_stub(value)
+    with pytest.raises(NotImplementedError) as caught:
+        value(object(), key="anything")  # whatever is passed: constructing or calling raises
+    assert str(caught.value).startswith(f"{name} is not supported by lockstep: ")
+
+
+def test_top_level_names_are_exported():
+    listed = [name for name, entry in SECTIONS["top_level"].items() if status_of(entry) != "absent"]
+    assert set(listed) <= set(lockstep.__all__)
+
+
+if __name__ == "__main__":
+    print(summary())
