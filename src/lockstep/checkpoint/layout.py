@@ -178,7 +178,13 @@ def verify(folder: Path, *, checksums: bool = True) -> Manifest:
     return manifest
 
 
-ACCELERATE_FILES = ("random_states_0.pkl", "model.safetensors", "pytorch_model.bin", "optimizer.bin")
+ACCELERATE_FILES = (
+    "random_states_0.pkl",
+    "model.safetensors",
+    "pytorch_model.bin",
+    "optimizer.bin",
+    "pytorch_model_fsdp.bin",  # FSDP with FULL_STATE_DICT
+)
 """Files whose presence, without a manifest, marks a folder written by Hugging Face Accelerate."""
 
 
@@ -193,9 +199,9 @@ def written_by_accelerate(folder: Path) -> bool:
         or (folder / "accelerator_state.json").exists()
     ):
         return False
-    return (
-        any((folder / name).exists() for name in ACCELERATE_FILES)
-        or (folder / "pytorch_model_fsdp_0").is_dir()
+    return any((folder / name).exists() for name in ACCELERATE_FILES) or any(
+        (folder / name).is_dir()
+        for name in ("pytorch_model_fsdp_0", "optimizer_0")  # FSDP, SHARDED_STATE_DICT
     )
 
 

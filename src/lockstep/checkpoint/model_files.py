@@ -369,6 +369,13 @@ def load_model_files(directory: str | Path, *, device: str | torch.device = "cpu
     return _restore_tied(tensors, tied, path)
 
 
+def holds_model_files(directory: Path) -> bool:
+    """Whether ``directory`` is a folder with a weight file or index that :func:`load_model_files` reads."""
+    return directory.is_dir() and any(
+        (directory / name).is_file() for layout in _FORMATS for name in (layout.index, layout.single)
+    )
+
+
 def _locate(path: Path) -> Path:
     """The index or single weight file to read for ``path`` (a folder or a file)."""
     if path.is_file():

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from lockstep.checkpoint.model_files import save_model_files
+from lockstep.checkpoint.model_files import holds_model_files, save_model_files
 from lockstep.checkpoint.rng import RNG_FILE, capture_rng_state, restore_rng_state, rng_file
 from lockstep.checkpoint.safe_load import check_loadable, safe_torch_load
 
@@ -47,16 +47,31 @@ def model_folder(root: Path, index: int) -> Path:
     return root if index == 0 else root / f"model_{index}"
 
 
-def model_location(root: Path, index: int) -> Path:
-    """Where model ``index``'s weights are: lockstep's folder, or the single file Accelerate writes for a
-    second model (``model_1.safetensors`` / ``pytorch_model_1.bin`` next to the first)."""
+def accelerate_fsdp_model_file(index: int) -> str:
+    """The file Accelerate's FSDP ``FULL_STATE_DICT`` save writes model ``index`` to (``pytorch_model_fsdp.bin``,
+    ``pytorch_model_fsdp_1.bin``, ...)."""
+    return indexed("pytorch_model_fsdp", index, ".bin")
+
+
+def find_model_weights(root: Path, index: int) -> Path | None:
+    """Where model ``index``'s whole weights are, or None: lockstep's folder (the checkpoint itself for model
+    0, ``model_{index}/`` for the others), the single file Accelerate writes for a further model
+    (``model_1.safetensors`` / ``pytorch_model_1.bin``), or Accelerate's FSDP full state dict
+    (``pytorch_model_fsdp.bin``)."""
     folder = model_folder(root, index)
-    if index == 0 or folder.is_dir():
+    if holds_model_files(folder):
         return folder
-    for name in (f"model_{index}.safetensors", f"pytorch_model_{index}.bin"):
+    names = [] if index == 0 else [f"model_{index}.safetensors", f"pytorch_model_{index}.bin"]
+    for name in (*names, accelerate_fsdp_model_file(index)):
         if (root / name).is_file():
             return root / name
-    return folder
+    return None
+
+
+def model_location(root: Path, index: int) -> Path:
+    """Where model ``index``'s weights are (:func:`find_model_weights`); lockstep's folder when there are
+    none, so that loading names what it looked for."""
+    return find_model_weights(root, index) or model_folder(root, index)
 
 
 @dataclass

@@ -113,7 +113,13 @@ from lockstep.utils.environment import (
     purge_accelerate_environment,
     str_to_bool,
 )
-from lockstep.utils.fsdp_utils import merge_fsdp_weights
+from lockstep.utils.fsdp_utils import (
+    load_fsdp_model,
+    load_fsdp_optimizer,
+    merge_fsdp_weights,
+    save_fsdp_model,
+    save_fsdp_optimizer,
+)
 from lockstep.utils.imports import (
     get_ccl_version,
     is_4bit_bnb_available,
@@ -435,6 +441,8 @@ __all__ = [
     "load",
     "load_and_quantize_model",
     "load_checkpoint_in_model",
+    "load_fsdp_model",
+    "load_fsdp_optimizer",
     "load_state_dict",
     "map_pytorch_optim_to_deepspeed",
     "merge_dicts",
@@ -453,6 +461,8 @@ __all__ = [
     "release_memory",
     "retie_parameters",
     "save",
+    "save_fsdp_model",
+    "save_fsdp_optimizer",
     "send_to_device",
     "set_module_tensor_to_device",
     "set_seed",

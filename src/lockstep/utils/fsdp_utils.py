@@ -1,8 +1,17 @@
-"""``accelerate.utils.fsdp_utils``: one model file from the shards an FSDP checkpoint holds.
+"""``accelerate.utils.fsdp_utils``: FSDP model and optimizer state in Accelerate's checkpoint layout.
 
-Accelerate's other FSDP helpers (``save_fsdp_model``, ``load_fsdp_optimizer``...) are what its
-``Accelerator.save_state`` calls for FSDP1; in lockstep ``save_state`` and ``load_state`` do that work (see
-:mod:`lockstep.backends.fsdp.checkpoint`), so they are not provided.
+``save_fsdp_model``/``load_fsdp_model`` and ``save_fsdp_optimizer``/``load_fsdp_optimizer`` write and read what
+Accelerate's ``save_state`` writes for FSDP, on lockstep's FSDP2 models: with ``SHARDED_STATE_DICT`` the DCP
+folders ``pytorch_model_fsdp_{i}/`` (``{"model": state_dict}``) and ``optimizer_{i}/``
+(``{"optimizer": state_dict}``), resharded on load to any number of processes; with ``FULL_STATE_DICT``
+``pytorch_model_fsdp.bin`` and ``optimizer.bin``, gathered on and sent from the main process. Files are read
+without unpickling arbitrary objects. ``Accelerator.save_state``/``load_state`` do all this and more (a
+manifest, an atomic commit); these are for code that calls Accelerate's helpers itself.
+``merge_fsdp_weights`` writes one model file from the shards.
+
+Example:
+    >>> save_fsdp_model(accelerator.state.fsdp_plugin, accelerator, model, "out")  # doctest: +SKIP
+    >>> load_fsdp_model(accelerator.state.fsdp_plugin, accelerator, model, "out")  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -10,16 +19,277 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import warnings
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+
+from torch import nn
 
 from lockstep.checkpoint.model_files import save_model_files
 from lockstep.checkpoint.saver import agree
 from lockstep.state import PartialState
 
-__all__ = ["merge_fsdp_weights"]
+__all__ = [
+    "load_fsdp_model",
+    "load_fsdp_optimizer",
+    "merge_fsdp_weights",
+    "save_fsdp_model",
+    "save_fsdp_optimizer",
+]
 
 _logger = logging.getLogger(__name__)
+_FSDP_MODEL_NAME = "pytorch_model_fsdp"
+_OPTIMIZER_NAME = "optimizer"
+
+
+def _state_dict_type(fsdp_plugin: Any, caller: str) -> str:
+    """``"FULL_STATE_DICT"`` or ``"SHARDED_STATE_DICT"`` from a plugin (a string or torch's enum member)."""
+    value = getattr(fsdp_plugin, "state_dict_type", None)
+    name = str(getattr(value, "name", value)).upper()
+    if name in ("FULL_STATE_DICT", "SHARDED_STATE_DICT"):
+        return name
+    if fsdp_plugin is None:
+        raise TypeError(
+            f"{caller}(fsdp_plugin=None): pass the FSDP plugin, e.g. accelerator.state.fsdp_plugin, or a "
+            "FullyShardedDataParallelPlugin(state_dict_type=...)."
+        )
+    raise ValueError(
+        f"{caller}: the plugin's state_dict_type={value!r} is not supported: FSDP2 (which lockstep runs) has no "
+        "LOCAL_STATE_DICT. Use SHARDED_STATE_DICT or FULL_STATE_DICT."
+    )
+
+
+def _refuse_adapter_only(model: nn.Module, adapter_only: bool, caller: str) -> None:
+    from lockstep.utils._model_tensors import is_peft_model
+
+    if adapter_only and is_peft_model(model):
+        raise NotImplementedError(
+            f"{caller}(adapter_only=True) with a PEFT model is not supported by lockstep: the adapter's "
+            "sharded state is not separated from the base model's. Pass adapter_only=False (the whole model), "
+            "or save the adapter with accelerator.unwrap_model(model).save_pretrained(...) on the main process."
+        )
+
+
+def _file_name(name: str, index: int, suffix: str) -> str:
+    return f"{name}{'' if index == 0 else f'_{index}'}{suffix}"
+
+
+def _dcp_folder(input_dir: str | os.PathLike[str], name: str, index: int) -> Path:
+    """The DCP folder to read: ``input_dir/{name}_{index}``, or ``input_dir`` itself when it is one (as
+    Accelerate, which takes a folder whose path names ``name``)."""
+    from lockstep.backends.fsdp.checkpoint import DCP_METADATA
+
+    folder = Path(input_dir)
+    return folder if (folder / DCP_METADATA).is_file() else folder / f"{name}_{index}"
+
+
+def _on_main(state: PartialState, action: str, work: Callable[[], Any]) -> Any:
+    """``work()`` on the main process, its error raised on every process (None elsewhere)."""
+    result, error = None, None
+    if state.is_main_process:
+        try:
+            result = work()
+        except Exception as caught:
+            error = caught
+    agree(state, error, action)
+    return result
+
+
+def _check_shards(state: PartialState, folder: Path, caller: str) -> None:
+    """The main process checks the DCP folder (present, loads safely) before the collective load."""
+    from lockstep.backends.fsdp.checkpoint import DCP_METADATA
+    from lockstep.checkpoint import safe_dcp
+
+    def check() -> None:
+        if not (folder / DCP_METADATA).is_file():
+            raise FileNotFoundError(
+                f"{caller}: {folder} is not a sharded checkpoint ({DCP_METADATA} is missing). Pass the folder "
+                "save_fsdp_model/save_fsdp_optimizer (or save_state) wrote with SHARDED_STATE_DICT, and the same "
+                "model_index/optimizer_index; a FULL_STATE_DICT checkpoint needs a plugin set to FULL_STATE_DICT."
+            )
+        safe_dcp.check_folder(folder)
+
+    _on_main(state, caller, check)
+
+
+def save_fsdp_model(
+    fsdp_plugin: Any,
+    accelerator: Any,
+    model: nn.Module,
+    output_dir: str | os.PathLike[str],
+    model_index: int = 0,
+    adapter_only: bool = False,
+) -> None:
+    """Save a prepared FSDP model in Accelerate's layout (every process calls it together).
+
+    Args:
+        fsdp_plugin: its ``state_dict_type`` chooses the layout: ``SHARDED_STATE_DICT`` writes every
+            process's shards into ``output_dir/pytorch_model_fsdp_{model_index}/`` (DCP, under the key
+            ``"model"``); ``FULL_STATE_DICT`` gathers the whole model on the main process into
+            ``output_dir/pytorch_model_fsdp.bin`` (``pytorch_model_fsdp_{model_index}.bin`` for others).
+        accelerator: the Accelerator (lockstep reads the process state itself).
+        model: the prepared model.
+        output_dir: the folder; created if missing.
+        model_index: the model's position among the prepared models.
+        adapter_only: as in Accelerate; for a PEFT model it is not supported (NotImplementedError), for any
+            other model it is ignored.
+
+    Example:
+        >>> save_fsdp_model(accelerator.state.fsdp_plugin, accelerator, model, "ckpt")  # doctest: +SKIP
+    """
+    from lockstep.backends.fsdp import checkpoint as shards
+    from lockstep.checkpoint.safe_load import safe_torch_save
+
+    kind = _state_dict_type(fsdp_plugin, "save_fsdp_model")
+    _refuse_adapter_only(model, adapter_only, "save_fsdp_model")
+    state = PartialState()
+    output = Path(output_dir)
+    output.mkdir(parents=True, exist_ok=True)
+    if kind == "SHARDED_STATE_DICT":
+        shards.save_model_shards(model, output / f"{_FSDP_MODEL_NAME}_{model_index}")
+        return
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    whole = get_model_state_dict(
+        getattr(model, "_orig_mod", model),
+        options=StateDictOptions(full_state_dict=True, cpu_offload=state.use_distributed),
+    )
+    path = output / _file_name(_FSDP_MODEL_NAME, model_index, ".bin")
+    _on_main(state, "save_fsdp_model", lambda: safe_torch_save(whole, path, where=f"model {model_index}"))
+
+
+def load_fsdp_model(
+    fsdp_plugin: Any,
+    accelerator: Any,
+    model: nn.Module,
+    input_dir: str | os.PathLike[str],
+    model_index: int = 0,
+    adapter_only: bool = False,
+) -> Any:
+    """Load what :func:`save_fsdp_model` (or Accelerate's) wrote into a prepared FSDP model (a collective).
+
+    Sharded folders load on any number of processes, whatever number wrote them; lockstep's own sharded
+    folders (``save_state``) load too. Files are read without unpickling arbitrary objects.
+
+    Args:
+        fsdp_plugin: its ``state_dict_type`` says which layout to read (see :func:`save_fsdp_model`).
+        accelerator: the Accelerator (lockstep reads the process state itself).
+        model: the prepared model.
+        input_dir: the folder holding ``pytorch_model_fsdp_{model_index}/`` or the ``.bin`` file; or, for
+            ``SHARDED_STATE_DICT``, the DCP folder itself.
+        model_index: the model's position among the prepared models.
+        adapter_only: see :func:`save_fsdp_model`.
+
+    Returns:
+        torch's ``(missing_keys, unexpected_keys)``, as Accelerate returns.
+
+    Raises:
+        FileNotFoundError: the folder or file is missing.
+        UnsafeCheckpointError: a file carries arbitrary Python objects (they are not run).
+
+    Example:
+        >>> load_fsdp_model(accelerator.state.fsdp_plugin, accelerator, model, "ckpt")  # doctest: +SKIP
+    """
+    from lockstep.backends.fsdp import checkpoint as shards
+    from lockstep.checkpoint.safe_load import safe_torch_load
+
+    kind = _state_dict_type(fsdp_plugin, "load_fsdp_model")
+    _refuse_adapter_only(model, adapter_only, "load_fsdp_model")
+    state = PartialState()
+    if kind == "SHARDED_STATE_DICT":
+        folder = _dcp_folder(input_dir, _FSDP_MODEL_NAME, model_index)
+        _check_shards(state, folder, "load_fsdp_model")
+        return shards.load_model_shards(model, folder)
+    path = Path(input_dir) / _file_name(_FSDP_MODEL_NAME, model_index, ".bin")
+    whole = _on_main(state, "load_fsdp_model", lambda: safe_torch_load(path))
+    return shards.load_full_model(model, whole or {}, distributed=state.use_distributed)
+
+
+def save_fsdp_optimizer(
+    fsdp_plugin: Any,
+    accelerator: Any,
+    optimizer: Any,
+    model: nn.Module,
+    output_dir: str | os.PathLike[str],
+    optimizer_index: int = 0,
+) -> None:
+    """Save the state of a prepared optimizer of an FSDP model in Accelerate's layout (a collective).
+
+    Args:
+        fsdp_plugin: ``SHARDED_STATE_DICT`` writes ``output_dir/optimizer_{optimizer_index}/`` (DCP, under the
+            key ``"optimizer"``); ``FULL_STATE_DICT`` writes ``output_dir/optimizer.bin``
+            (``optimizer_{optimizer_index}.bin`` for others) on the main process, keyed by parameter name.
+        accelerator: the Accelerator (lockstep reads the process state itself).
+        optimizer: the prepared optimizer.
+        model: the prepared model whose parameters it updates.
+        output_dir: the folder; created if missing.
+        optimizer_index: the optimizer's position among the prepared optimizers.
+
+    Example:
+        >>> save_fsdp_optimizer(plugin, accelerator, optimizer, model, "ckpt")  # doctest: +SKIP
+    """
+    from lockstep.backends.fsdp import checkpoint as shards
+    from lockstep.checkpoint.safe_load import safe_torch_save
+
+    kind = _state_dict_type(fsdp_plugin, "save_fsdp_optimizer")
+    state = PartialState()
+    output = Path(output_dir)
+    output.mkdir(parents=True, exist_ok=True)
+    if kind == "SHARDED_STATE_DICT":
+        shards.save_optimizer_shards(model, optimizer, output / f"{_OPTIMIZER_NAME}_{optimizer_index}")
+        return
+    whole = shards.full_optimizer_state(model, optimizer)
+    path = output / _file_name(_OPTIMIZER_NAME, optimizer_index, ".bin")
+    _on_main(
+        state,
+        "save_fsdp_optimizer",
+        lambda: safe_torch_save(whole, path, where=f"optimizer {optimizer_index}"),
+    )
+
+
+def load_fsdp_optimizer(
+    fsdp_plugin: Any,
+    accelerator: Any,
+    optimizer: Any,
+    model: nn.Module,
+    input_dir: str | os.PathLike[str],
+    optimizer_index: int = 0,
+    adapter_only: bool = False,
+) -> None:
+    """Load what :func:`save_fsdp_optimizer` (or Accelerate's) wrote into a prepared optimizer (a collective).
+
+    Args:
+        fsdp_plugin: its ``state_dict_type`` says which layout to read (see :func:`save_fsdp_optimizer`).
+        accelerator: the Accelerator (lockstep reads the process state itself).
+        optimizer: the prepared optimizer.
+        model: the prepared model whose parameters it updates.
+        input_dir: the folder holding ``optimizer_{optimizer_index}/`` or the ``.bin`` file; or, for
+            ``SHARDED_STATE_DICT``, the DCP folder itself.
+        optimizer_index: the optimizer's position among the prepared optimizers.
+        adapter_only: accepted for Accelerate's signature (a PEFT model is refused as in
+            :func:`load_fsdp_model`).
+
+    Raises:
+        FileNotFoundError: the folder or file is missing.
+        UnsafeCheckpointError: a file carries arbitrary Python objects (they are not run).
+
+    Example:
+        >>> load_fsdp_optimizer(plugin, accelerator, optimizer, model, "ckpt")  # doctest: +SKIP
+    """
+    from lockstep.backends.fsdp import checkpoint as shards
+    from lockstep.checkpoint.safe_load import safe_torch_load
+
+    kind = _state_dict_type(fsdp_plugin, "load_fsdp_optimizer")
+    _refuse_adapter_only(model, adapter_only, "load_fsdp_optimizer")
+    state = PartialState()
+    if kind == "SHARDED_STATE_DICT":
+        folder = _dcp_folder(input_dir, _OPTIMIZER_NAME, optimizer_index)
+        _check_shards(state, folder, "load_fsdp_optimizer")
+        shards.load_optimizer_shards(model, optimizer, folder)
+        return
+    path = Path(input_dir) / _file_name(_OPTIMIZER_NAME, optimizer_index, ".bin")
+    whole = _on_main(state, "load_fsdp_optimizer", lambda: safe_torch_load(path))
+    shards.load_full_optimizer(model, optimizer, whole or {}, distributed=state.use_distributed)
 
 
 def merge_fsdp_weights(
@@ -71,12 +341,7 @@ def _merge(
             "pytorch_model_fsdp_N subfolder."
         )
     folder = sharded_model_folder(source)
-    with warnings.catch_warnings():
-        # Reading every shard in this one process is the intent; torch warns about it on each call.
-        warnings.filterwarnings(
-            "ignore", message="torch.distributed is disabled, unavailable or uninitialized"
-        )
-        weights = read_full_weights(folder)
+    weights = read_full_weights(folder)  # in this one process, without unpickling arbitrary objects
     written = save_model_files(weights, output_path, safe_serialization=safe_serialization)
     _logger.info("Merged %d tensors from %s into %s", len(weights), folder, written[0].parent)
     if remove_checkpoint_dir:

@@ -29,9 +29,8 @@ from lockstep.backends.fsdp.clipping import clip_sharded_gradients
 from lockstep.backends.fsdp.loading import broadcast_from_main, to_meta
 from lockstep.backends.fsdp.precision import FSDPPrecision
 from lockstep.backends.fsdp.units import checkpoint_activations, ignored_parameters, select_units
-from lockstep.checkpoint.model_files import load_model_files
-from lockstep.checkpoint.safe_load import safe_torch_load
-from lockstep.checkpoint.training_state import GivenState, indexed, model_folder
+from lockstep.checkpoint.training_state import GivenState
+from lockstep.collectives import broadcast_object_list
 from lockstep.config.enums import DistributedType
 from lockstep.config.fsdp import FullyShardedDataParallelPlugin
 from lockstep.config.plugins import TorchDynamoPlugin
@@ -276,37 +275,27 @@ class FSDPBackend(Backend):
             shards.save_sharded(sharded_models, sharded_optimizers, folder)
 
     def read_model_states(self, models: Indexed, optimizers: Indexed, folder: Path) -> Any:
+        """Restore the models and optimizers FSDP does not shard; the main process finds how the sharded ones
+        are stored (shards, or whole state dicts it reads now), whatever ``state_dict_type`` is set."""
         sharded_models, sharded_optimizers, other_models, other_optimizers = self._split(models, optimizers)
         super().read_model_states(other_models, other_optimizers, folder)
-        if self._writes_shards:
-            for index, _ in sharded_models:
-                shards.require_shards(folder / shards.MODEL_FOLDER.format(index=index), f"model {index}")
-            for index, _, _ in sharded_optimizers:
-                shards.require_shards(
-                    folder / shards.OPTIMIZER_FOLDER.format(index=index), f"optimizer {index}"
-                )
-            return folder  # the shards are read in apply_model_states, by every process together
-        if not self.state.is_main_process:  # FULL_STATE_DICT: the main process reads, the others receive
-            return {"models": {}, "optimizers": {}}
-        return {
-            "models": {i: load_model_files(model_folder(folder, i)) for i, _ in sharded_models},
-            "optimizers": {
-                i: safe_torch_load(folder / indexed("optimizer", i, ".bin")) for i, _, _ in sharded_optimizers
-            },
-        }
+        if not self.state.is_main_process:
+            return shards.FolderContents(folder)
+        return shards.read_contents(
+            folder, [i for i, _ in sharded_models], [i for i, _, _ in sharded_optimizers]
+        )
 
     def apply_model_states(self, models: Indexed, optimizers: Indexed, loaded: Any) -> None:
         sharded_models, sharded_optimizers, _, _ = self._split(models, optimizers)
-        if self._writes_shards:
-            shards.load_sharded(sharded_models, sharded_optimizers, loaded)
+        if not (sharded_models or sharded_optimizers):
             return
-        distributed = self.state.use_distributed
-        for i, model in sharded_models:
-            shards.load_full_model(model, loaded["models"].get(i, {}), distributed=distributed)
-        for i, model, optimizer in sharded_optimizers:
-            shards.load_full_optimizer(
-                model, optimizer, loaded["optimizers"].get(i, {}), distributed=distributed
-            )
+        contents: shards.FolderContents = loaded
+        if self.state.use_distributed:  # how each one is stored, as the main process found it
+            kinds = broadcast_object_list([(contents.models, contents.optimizers)], from_process=0)[0]
+            contents.models, contents.optimizers = kinds
+        shards.load_contents(
+            contents, sharded_models, sharded_optimizers, distributed=self.state.use_distributed
+        )
 
 
 @contextlib.contextmanager

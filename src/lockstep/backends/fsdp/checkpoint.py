@@ -3,26 +3,42 @@
 With ``SHARDED_STATE_DICT`` every process writes its own shards of model ``i`` into
 ``pytorch_model_fsdp_{i}/`` and of optimizer ``i`` into ``optimizer_{i}/`` (DCP's ``.distcp`` files plus
 its ``.metadata``), inside the checkpoint's staging folder, so the manifest, the atomic rename and
-rotation of :mod:`lockstep.checkpoint.layout` cover them. DCP records global shapes, so a checkpoint
-saved by N processes loads on M (resharding needs no conversion step).
+rotation of :mod:`lockstep.checkpoint.layout` cover them. The folders hold ``{"model": state_dict}`` and
+``{"optimizer": state_dict}`` (parameters named by their fully qualified names): the names and keys
+Accelerate's ``save_fsdp_model``/``save_fsdp_optimizer`` write, so each side reads the other's shards.
+DCP records global shapes, so a checkpoint saved by N processes loads on M (resharding needs no
+conversion step).
 
 With ``FULL_STATE_DICT`` the model is gathered into ``model.safetensors`` and the optimizer into
 ``optimizer.bin`` on the main process (one full copy at a time, on the CPU), and loading sends every
 process its shards from the main process.
+
+Loading follows what the folder holds, whatever ``state_dict_type`` is set now: shards, lockstep's model
+files, or Accelerate's ``pytorch_model_fsdp.bin``. DCP folders are read without unpickling arbitrary objects
+(:mod:`lockstep.checkpoint.safe_dcp`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
+from lockstep.checkpoint.model_files import load_model_files
+from lockstep.checkpoint.safe_load import safe_torch_load
+from lockstep.checkpoint.training_state import accelerate_fsdp_model_file, find_model_weights, indexed
+
 MODEL_FOLDER = "pytorch_model_fsdp_{index}"
 OPTIMIZER_FOLDER = "optimizer_{index}"
 DCP_METADATA = ".metadata"
+MODEL_KEY = "model"
+"""The top-level key Accelerate saves a model's sharded state dict under."""
+OPTIMIZER_KEY = "optimizer"
+"""The top-level key Accelerate (and lockstep) save an optimizer's sharded state dict under."""
 
 
 def _options(*, full: bool, broadcast: bool = False) -> Any:
@@ -47,11 +63,12 @@ def full_optimizer_state(model: nn.Module, optimizer: Any) -> dict[str, Any]:
     return get_optimizer_state_dict(_model(model), _inner(optimizer), options=_options(full=True))
 
 
-def load_full_model(model: nn.Module, state_dict: dict[str, torch.Tensor], *, distributed: bool) -> None:
-    """Shard the main process's full ``state_dict`` into ``model`` (the others pass ``{}``)."""
+def load_full_model(model: nn.Module, state_dict: dict[str, torch.Tensor], *, distributed: bool) -> Any:
+    """Shard the main process's full ``state_dict`` into ``model`` (the others pass ``{}``); returns the
+    missing and unexpected keys."""
     from torch.distributed.checkpoint.state_dict import set_model_state_dict
 
-    set_model_state_dict(_model(model), state_dict, options=_options(full=True, broadcast=distributed))
+    return set_model_state_dict(_model(model), state_dict, options=_options(full=True, broadcast=distributed))
 
 
 def load_full_optimizer(
@@ -65,54 +82,165 @@ def load_full_optimizer(
 
 
 # -- sharded state dicts (SHARDED_STATE_DICT) ---------------------------------------------------------
+def save_model_shards(model: nn.Module, path: Path) -> None:
+    """Every process writes its shards of ``model`` into the DCP folder ``path`` (a collective)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    dcp.save({MODEL_KEY: get_model_state_dict(_model(model))}, checkpoint_id=path)
+
+
+def save_optimizer_shards(model: nn.Module, optimizer: Any, path: Path) -> None:
+    """Every process writes its shards of ``optimizer``'s state into ``path`` (a collective)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    state = get_optimizer_state_dict(_model(model), _inner(optimizer))
+    dcp.save({OPTIMIZER_KEY: state}, checkpoint_id=path)
+
+
 def save_sharded(
     models: Sequence[tuple[int, nn.Module]], optimizers: Sequence[tuple[int, nn.Module, Any]], folder: Path
 ) -> None:
     """Every process writes its shards of each model and optimizer into ``folder`` (a collective)."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
-
     for index, model in models:
-        state = get_model_state_dict(_model(model))
-        dcp.save(state, checkpoint_id=folder / MODEL_FOLDER.format(index=index))
+        save_model_shards(model, folder / MODEL_FOLDER.format(index=index))
     for index, model, optimizer in optimizers:
-        state = get_optimizer_state_dict(_model(model), _inner(optimizer))
-        dcp.save({"optimizer": state}, checkpoint_id=folder / OPTIMIZER_FOLDER.format(index=index))
+        save_optimizer_shards(model, optimizer, folder / OPTIMIZER_FOLDER.format(index=index))
 
 
-def require_shards(path: Path, what: str) -> None:
-    if not (path / DCP_METADATA).is_file():
-        raise FileNotFoundError(
-            f"{path.parent} has no sharded {what} ({path.name}/{DCP_METADATA} is missing). It was saved with a "
-            "different number of models/optimizers or with state_dict_type FULL_STATE_DICT; prepare the same "
-            "objects and use the same state_dict_type as when it was saved."
-        )
+def _model_holder(state: dict[str, Any], path: Path) -> dict[str, Any]:
+    """``state`` nested as the DCP folder ``path`` stores it: under ``"model"`` (Accelerate's layout, and
+    lockstep's since it writes it) or at the top (lockstep checkpoints written before)."""
+    from lockstep.checkpoint import safe_dcp
 
-
-def load_sharded(
-    models: Sequence[tuple[int, nn.Module]], optimizers: Sequence[tuple[int, nn.Module, Any]], folder: Path
-) -> None:
-    """Read each process's shards back, whatever the number of processes that saved them (a collective)."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import (
-        get_model_state_dict,
-        get_optimizer_state_dict,
-        set_model_state_dict,
-        set_optimizer_state_dict,
+    stored = set(safe_dcp.read_metadata(path).state_dict_metadata)
+    if all(f"{MODEL_KEY}.{key}" in stored for key in state):
+        return {MODEL_KEY: state}
+    if all(key in stored for key in state):
+        return state
+    missing = sorted(key for key in state if f"{MODEL_KEY}.{key}" not in stored)
+    raise ValueError(
+        f"{path} does not hold this model's weights: {len(missing)} of its {len(state)} keys are not in it "
+        f"(e.g. {missing[0]!r}; the folder holds {sorted(stored)[:3]}...). Load it into the model it was saved "
+        "from, with the models prepared in the same order."
     )
 
+
+def load_model_shards(model: nn.Module, path: Path) -> Any:
+    """Read ``model``'s shards back from ``path``, whatever the number of processes that wrote them (a
+    collective); returns the missing and unexpected keys."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+
+    from lockstep.checkpoint import safe_dcp
+
+    state = get_model_state_dict(_model(model))
+    safe_dcp.load(_model_holder(state, path), path)
+    return set_model_state_dict(_model(model), state)
+
+
+def load_optimizer_shards(model: nn.Module, optimizer: Any, path: Path) -> None:
+    """Read ``optimizer``'s shards back from ``path`` (a collective)."""
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
+
+    from lockstep.checkpoint import safe_dcp
+
+    holder = {OPTIMIZER_KEY: get_optimizer_state_dict(_model(model), _inner(optimizer))}
+    safe_dcp.load(holder, path)
+    set_optimizer_state_dict(_model(model), _inner(optimizer), holder[OPTIMIZER_KEY])
+
+
+# -- what a folder holds ------------------------------------------------------------------------------
+SHARDS, FULL = "shards", "full"
+
+
+@dataclass
+class FolderContents:
+    """How each sharded model and optimizer is stored in a checkpoint folder, and what the main process read.
+
+    ``models`` and ``optimizers`` map an index to ``"shards"`` (a DCP folder, read by every process together)
+    or ``"full"`` (a whole state dict, read by the main process into ``full_models``/``full_optimizers``).
+    """
+
+    folder: Path
+    models: dict[int, str] = field(default_factory=dict)
+    optimizers: dict[int, str] = field(default_factory=dict)
+    full_models: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict)
+    full_optimizers: dict[int, Any] = field(default_factory=dict)
+
+
+def _has_shards(path: Path) -> bool:
+    return (path / DCP_METADATA).is_file()
+
+
+def read_contents(folder: Path, models: Sequence[int], optimizers: Sequence[int]) -> FolderContents:
+    """Find each model's and optimizer's state in ``folder`` and read the whole ones (main process).
+
+    Sharded folders are checked here (their metadata and non-tensor values load safely), so that a bad
+    folder fails before the collective load.
+
+    Raises:
+        FileNotFoundError: a model or optimizer has no state in ``folder``.
+        UnsafeCheckpointError: a file carries arbitrary Python objects (they are not run).
+    """
+    from lockstep.checkpoint import safe_dcp
+
+    contents = FolderContents(folder)
+    for index in models:
+        shards = folder / MODEL_FOLDER.format(index=index)
+        weights = find_model_weights(folder, index)
+        if _has_shards(shards):
+            safe_dcp.check_folder(shards)
+            contents.models[index] = SHARDS
+        elif weights is not None:
+            contents.models[index] = FULL
+            contents.full_models[index] = load_model_files(weights)
+        else:
+            raise FileNotFoundError(
+                f"{folder} holds no weights for model {index}: neither {shards.name}/{DCP_METADATA} (sharded) nor "
+                f"model files (model.safetensors, pytorch_model.bin, {accelerate_fsdp_model_file(index)}) exist. "
+                "Prepare the same models, in the same order, as when it was saved."
+            )
+    for index in optimizers:
+        shards, whole = (
+            folder / OPTIMIZER_FOLDER.format(index=index),
+            folder / indexed("optimizer", index, ".bin"),
+        )
+        if _has_shards(shards):
+            safe_dcp.check_folder(shards)
+            contents.optimizers[index] = SHARDS
+        elif whole.is_file():
+            contents.optimizers[index] = FULL
+            contents.full_optimizers[index] = safe_torch_load(whole)
+        else:
+            raise FileNotFoundError(
+                f"{folder} holds no state for optimizer {index}: neither {shards.name}/{DCP_METADATA} (sharded) "
+                f"nor {whole.name} exists. Prepare the same optimizers, in the same order, as when it was saved."
+            )
+    return contents
+
+
+def load_contents(
+    contents: FolderContents,
+    models: Sequence[tuple[int, nn.Module]],
+    optimizers: Sequence[tuple[int, nn.Module, Any]],
+    *,
+    distributed: bool,
+) -> None:
+    """Restore every model and optimizer as ``contents`` says (a collective; every process passes the same
+    ``models``/``optimizers`` maps, and the main process the full state dicts it read)."""
+    folder = contents.folder
     for index, model in models:
-        path = folder / MODEL_FOLDER.format(index=index)
-        require_shards(path, f"model {index}")
-        state = get_model_state_dict(_model(model))
-        dcp.load(state, checkpoint_id=path)
-        set_model_state_dict(_model(model), state)
+        if contents.models[index] == SHARDS:
+            load_model_shards(model, folder / MODEL_FOLDER.format(index=index))
+        else:
+            load_full_model(model, contents.full_models.get(index, {}), distributed=distributed)
     for index, model, optimizer in optimizers:
-        path = folder / OPTIMIZER_FOLDER.format(index=index)
-        require_shards(path, f"optimizer {index}")
-        holder = {"optimizer": get_optimizer_state_dict(_model(model), _inner(optimizer))}
-        dcp.load(holder, checkpoint_id=path)
-        set_optimizer_state_dict(_model(model), _inner(optimizer), holder["optimizer"])
+        if contents.optimizers[index] == SHARDS:
+            load_optimizer_shards(model, optimizer, folder / OPTIMIZER_FOLDER.format(index=index))
+        else:
+            state = contents.full_optimizers.get(index, {})
+            load_full_optimizer(model, optimizer, state, distributed=distributed)
 
 
 # -- merging without a process group --------------------------------------------------------------
@@ -131,13 +259,13 @@ def sharded_model_folder(checkpoint: Path, index: int = 0) -> Path:
 
 
 def read_full_weights(folder: Path) -> dict[str, torch.Tensor]:
-    """Assemble every tensor of a DCP model folder in this one process (no process group needed)."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint import FileSystemReader
+    """Assemble every tensor of a DCP model folder in this one process (no process group needed), named as
+    in the model (without the ``"model"`` level Accelerate's layout adds)."""
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-    reader = FileSystemReader(str(folder))
-    metadata = reader.read_metadata()
+    from lockstep.checkpoint import safe_dcp
+
+    metadata = safe_dcp.read_metadata(folder)
     state: dict[str, torch.Tensor] = {
         key: torch.empty(item.size, dtype=item.properties.dtype)
         for key, item in metadata.state_dict_metadata.items()
@@ -145,5 +273,10 @@ def read_full_weights(folder: Path) -> dict[str, torch.Tensor]:
     }
     if not state:
         raise ValueError(f"{folder} holds no tensors; it is not a model checkpoint.")
-    dcp.load(state, storage_reader=reader, no_dist=True)
+    safe_dcp.load(state, folder, no_dist=True)
+    # DCP records the nesting it flattened: ("model", "layers.0.weight") for {"model": {"layers.0.weight": t}}.
+    paths = metadata.planner_data if isinstance(metadata.planner_data, dict) else {}
+    nested = [paths.get(key) for key in state]
+    if all(isinstance(p, tuple) and len(p) == 2 and p[0] == MODEL_KEY for p in nested):
+        return {path[1]: tensor for path, tensor in zip(nested, state.values(), strict=True)}  # type: ignore[index]
     return state
