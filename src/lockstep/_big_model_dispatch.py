@@ -1,7 +1,8 @@
 """Accelerate's big-model inference entry points: dispatching a model over devices with a device map, and
 offloading it to CPU memory or disk with hooks. lockstep does not move weights with hooks, so these names
 import (``from lockstep import dispatch_model`` where code wrote ``from accelerate import ...``) and
-calling them raises ``NotImplementedError`` with what to use instead.
+calling them raises ``NotImplementedError`` with what to use instead. (The stand-ins live in
+:mod:`lockstep.utils._unsupported`, so that ``lockstep.utils`` re-exports ``infer_auto_device_map`` too.)
 
 Example:
     >>> cpu_offload(object())
@@ -11,7 +12,14 @@ Example:
 
 from __future__ import annotations
 
-from lockstep.utils._unsupported import Feature, unsupported_function
+from lockstep.utils._unsupported import (
+    cpu_offload,
+    cpu_offload_with_hook,
+    disk_offload,
+    dispatch_model,
+    infer_auto_device_map,
+    load_checkpoint_and_dispatch,
+)
 
 __all__ = [
     "cpu_offload",
@@ -21,17 +29,3 @@ __all__ = [
     "infer_auto_device_map",
     "load_checkpoint_and_dispatch",
 ]
-
-DISPATCH = Feature(
-    "lockstep does not dispatch a model over devices or offload its weights with hooks (big-model inference)",
-    "Load the model on one device (lockstep.big_modeling.init_empty_weights and "
-    "lockstep.utils.load_checkpoint_in_model build and fill it without a copy), or shard it across processes "
-    "with FullyShardedDataParallelPlugin (cpu_offload=True keeps the shards in CPU memory).",
-)
-
-cpu_offload = unsupported_function("cpu_offload", DISPATCH)
-cpu_offload_with_hook = unsupported_function("cpu_offload_with_hook", DISPATCH)
-disk_offload = unsupported_function("disk_offload", DISPATCH)
-dispatch_model = unsupported_function("dispatch_model", DISPATCH)
-infer_auto_device_map = unsupported_function("infer_auto_device_map", DISPATCH)
-load_checkpoint_and_dispatch = unsupported_function("load_checkpoint_and_dispatch", DISPATCH)

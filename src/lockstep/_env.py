@@ -29,6 +29,8 @@ LOCKSTEP_LOG_LEVEL = "LOCKSTEP_LOG_LEVEL"
 LOCKSTEP_HANG_TIMEOUT = "LOCKSTEP_HANG_TIMEOUT"
 """Seconds without progress before the hang watchdog reports a hang; ``0`` or ``off`` switches it off."""
 ELASTIC_ERROR_FILE = "TORCHELASTIC_ERROR_FILE"
+FORK_LAUNCHED = "FORK_LAUNCHED"
+"""Set to 1 by ``notebook_launcher`` for the processes it forks (Accelerate's variable)."""
 """Where torch's elastic agent wants a failing worker's error record."""
 
 # torchrun / torch elastic.
@@ -254,6 +256,12 @@ def elastic_error_file(env: Mapping[str, str] | None = None) -> str | None:
     """The error file the elastic agent reads when this worker fails (None outside the agent)."""
     env = os.environ if env is None else env
     return env.get(ELASTIC_ERROR_FILE) or None
+
+
+def fork_launched(env: Mapping[str, str] | None = None) -> bool:
+    """Whether ``notebook_launcher`` forked this process (``FORK_LAUNCHED``)."""
+    env = os.environ if env is None else env
+    return env.get(FORK_LAUNCHED, "").strip().lower() in {"1", "true", "yes", "on"}
 
 
 def launched_by_lockstep(env: Mapping[str, str] | None = None) -> bool:

@@ -217,6 +217,11 @@ class PartialState:
         return self.process_index == self.num_processes - 1
 
     @property
+    def fork_launched(self) -> bool:
+        """Whether ``notebook_launcher`` forked this process."""
+        return _env.fork_launched()
+
+    @property
     def restart_count(self) -> int:
         """How many times the elastic agent restarted this job's workers."""
         return self._ctx.cluster.restart_count
@@ -370,10 +375,20 @@ def _pad_with_last(share: Any, target: int, *, last: Any) -> Any:
 class AcceleratorState(PartialState):
     """The process state plus the training settings an :class:`~lockstep.Accelerator` chose.
 
+    Accelerate's members for integrations lockstep does not drive answer as Accelerate does when they are
+    not configured: ``deepspeed_plugin``, ``deepspeed_plugins``, ``megatron_lm_plugin``, ``torch_tp_plugin``,
+    ``parallelism_config`` and ``device_mesh`` are None, ``use_ipex`` is False; choosing a DeepSpeed plugin
+    raises ``NotImplementedError``.
+
     Args:
         mixed_precision: ``"no"``, ``"fp16"`` or ``"bf16"``; recorded by the first Accelerator.
         cpu: run on the CPU even when an accelerator is present.
         **kwargs: process-group arguments, as for :class:`PartialState`.
+
+    Example:
+        >>> state = AcceleratorState()
+        >>> state.deepspeed_plugin, state.use_ipex, state.is_fsdp2, state.dynamo_plugin.backend.value
+        (None, False, False, 'no')
     """
 
     def __init__(self, mixed_precision: str | None = None, cpu: bool = False, **kwargs: Any) -> None:
@@ -381,9 +396,80 @@ class AcceleratorState(PartialState):
         if mixed_precision is not None:
             self._record(mixed_precision=str(mixed_precision))
 
+    @classmethod
+    def is_set_up(cls) -> bool:
+        """Whether an Accelerator (or an ``AcceleratorState(mixed_precision=...)``) recorded its settings."""
+        return PartialState._context is not None and bool(PartialState._context.accelerator_settings)
+
     @property
     def mixed_precision(self) -> str:
         return self._ctx.accelerator_settings.get("mixed_precision", "no")
+
+    # -- the plugins the Accelerator uses ---------------------------------------------------------
+    @property
+    def dynamo_plugin(self) -> Any:
+        """The ``TorchDynamoPlugin`` models are compiled with (``backend="no"`` when they are not)."""
+        plugin = self._ctx.accelerator_settings.get("dynamo_plugin")
+        if plugin is None:
+            from lockstep.config.plugins import TorchDynamoPlugin
+
+            return TorchDynamoPlugin()
+        return plugin
+
+    @property
+    def fsdp_plugin(self) -> Any:
+        """The ``FullyShardedDataParallelPlugin`` of the FSDP backend, or None when models are not sharded."""
+        return self._ctx.accelerator_settings.get("fsdp_plugin") if self.is_fsdp2 else None
+
+    @property
+    def is_fsdp2(self) -> bool:
+        """Whether models are sharded with FSDP2 (lockstep's FSDP is always FSDP2)."""
+        from lockstep.config.topology import is_fsdp2
+
+        return is_fsdp2(self.distributed_type)
+
+    @property
+    def use_ipex(self) -> bool:
+        """False: lockstep does not use Intel Extension for PyTorch (Accelerate's answer without IPEX)."""
+        return False
+
+    @property
+    def deepspeed_plugin(self) -> None:
+        """None: lockstep has no DeepSpeed backend (Accelerate's answer when DeepSpeed is not in use)."""
+        return None
+
+    @property
+    def deepspeed_plugins(self) -> None:
+        """None: no DeepSpeed plugins are configured (lockstep has no DeepSpeed backend)."""
+        return None
+
+    @property
+    def megatron_lm_plugin(self) -> None:
+        """None: lockstep does not drive Megatron-LM."""
+        return None
+
+    @property
+    def torch_tp_plugin(self) -> None:
+        """None: tensor parallelism is not built yet."""
+        return None
+
+    @property
+    def parallelism_config(self) -> None:
+        """None: multi-dimensional parallelism (``ParallelismConfig``) is not built yet."""
+        return None
+
+    @property
+    def device_mesh(self) -> None:
+        """None: there is no multi-dimensional device mesh without a ``ParallelismConfig``."""
+        return None
+
+    def get_deepspeed_plugin(self, name: str) -> Any:
+        """Not supported: raises ``NotImplementedError`` (lockstep has no DeepSpeed backend)."""
+        raise NotImplementedError(_no_deepspeed("get_deepspeed_plugin", name))
+
+    def select_deepspeed_plugin(self, name: str | None = None) -> None:
+        """Not supported: raises ``NotImplementedError`` (lockstep has no DeepSpeed backend)."""
+        raise NotImplementedError(_no_deepspeed("select_deepspeed_plugin", name))
 
     @property
     def distributed_type(self) -> DistributedType:
@@ -401,6 +487,15 @@ class AcceleratorState(PartialState):
 
     def _record(self, **settings: Any) -> None:
         self._ctx.accelerator_settings.update(settings)
+
+
+def _no_deepspeed(method: str, name: str | None) -> str:
+    return (
+        f"AcceleratorState.{method}({name!r}) is not supported by lockstep: lockstep has no DeepSpeed backend "
+        "(not built yet), so there are no DeepSpeed plugins to choose from. Shard the model with "
+        "FullyShardedDataParallelPlugin (FSDP2), which splits parameters, gradients and optimizer state across "
+        "processes like ZeRO-3."
+    )
 
 
 class GradientState:

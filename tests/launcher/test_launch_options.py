@@ -100,13 +100,11 @@ def test_dynamo_flags_and_file_keys_reach_the_workers_plugin():
     }
 
 
-def test_regional_compilation_reaches_the_plugin_which_says_it_compiles_the_whole_model():
+def test_regional_compilation_reaches_the_workers_plugin():
     launch = _settings("--dynamo-backend", "eager", "--dynamo_use_regional_compilation").worker_settings()
     assert launch["dynamo_plugin"] == {"use_regional_compilation": True}
-    with pytest.warns(
-        UserWarning, match=r"use_regional_compilation=True\) is not implemented by lockstep yet"
-    ):
-        TorchDynamoPlugin(backend="eager", **launch["dynamo_plugin"])
+    plugin = TorchDynamoPlugin(backend="eager", **launch["dynamo_plugin"])  # no warning: it is built
+    assert plugin.use_regional_compilation is True and plugin.enabled
 
 
 def test_settings_without_effect_are_named():

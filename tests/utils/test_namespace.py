@@ -66,6 +66,7 @@ SUBMODULES = [
     "imports",
     "memory",
     "modeling",
+    "offload",
     "operations",
     "other",
     "random",
@@ -77,6 +78,7 @@ SUBMODULES = [
     "bnb",
     "transformer_engine",
     "torch_xla",
+    "ao",
 ]
 
 

@@ -34,6 +34,20 @@ UNSUPPORTED = {
     "has_transformer_engine_layers": ("transformer_engine", "no FP8 backend"),
     "TorchTensorParallelPlugin": ("dataclasses", "tensor parallelism is not built yet"),
     "prepare_sagemager_args_inputs": (None, "does not launch jobs on Amazon SageMaker"),
+    "TorchTensorParallelConfig": ("dataclasses", "tensor parallelism is not built yet"),
+    "ParallelismConfig": ("dataclasses", "multi-dimensional parallelism"),
+    "TorchContextParallelConfig": ("dataclasses", "multi-dimensional parallelism"),
+    "DeepSpeedSequenceParallelConfig": ("dataclasses", "no DeepSpeed backend"),
+    "convert_model_to_fp8_ao": ("ao", "no FP8 backend"),
+    "filter_first_and_last_linear_layers": ("ao", "no FP8 backend"),
+    "has_ao_layers": ("ao", "no FP8 backend"),
+    "get_balanced_memory": ("modeling", "does not dispatch a model over devices"),
+    "infer_auto_device_map": ("modeling", "does not dispatch a model over devices"),
+    "megatron_lm_initialize": ("megatron_lm", "does not drive Megatron-LM"),
+    "megatron_lm_prepare_data_loader": ("megatron_lm", "does not drive Megatron-LM"),
+    "megatron_lm_prepare_model_optimizer_scheduler": ("megatron_lm", "does not drive Megatron-LM"),
+    "megatron_lm_prepare_optimizer": ("megatron_lm", "does not drive Megatron-LM"),
+    "megatron_lm_prepare_scheduler": ("megatron_lm", "does not drive Megatron-LM"),
 }
 
 
@@ -57,3 +71,9 @@ def test_unsupported_classes_stay_classes():
     assert lockstep.DeepSpeedPlugin is lockstep.utils.DeepSpeedPlugin
     with pytest.raises(NotImplementedError, match="Shard the model with FullyShardedDataParallelPlugin"):
         lockstep.DeepSpeedPlugin(zero_stage=2)
+
+
+def test_top_level_and_utils_share_the_stand_ins():
+    assert lockstep.ParallelismConfig is lockstep.utils.ParallelismConfig
+    assert lockstep.ParallelismConfig.__module__ == "lockstep.parallelism_config"
+    assert lockstep.infer_auto_device_map is lockstep.utils.infer_auto_device_map

@@ -210,7 +210,11 @@ class Accelerator(ProcessView, SettingsView, UnconfiguredFeatures):
             dynamo_plugin=self.settings.dynamo_plugin,
             fsdp_plugin=self.settings.fsdp_plugin,
         )
-        self.state._record(distributed_type=backend.distributed_type)
+        self.state._record(
+            distributed_type=backend.distributed_type,
+            dynamo_plugin=self.settings.dynamo_plugin,
+            fsdp_plugin=self.settings.fsdp_plugin,
+        )
         return backend
 
     def _build_step_timer(self, step_timing: bool | None) -> Any:

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from lockstep._regional_compilation import compile_regions_in_place
 from lockstep.config.enums import DistributedType
 from lockstep.config.plugins import TorchDynamoPlugin
 from lockstep.precision import Precision
@@ -96,9 +97,14 @@ class Backend(ABC):
         return model.to(self.device) if device_placement else model
 
     def _compiled(self, model: nn.Module) -> nn.Module:
-        if self.dynamo_plugin is None or not self.dynamo_plugin.enabled:
+        plugin = self.dynamo_plugin
+        if plugin is None or not plugin.enabled:
             return model
-        return torch.compile(model, **self.dynamo_plugin.compile_kwargs())  # type: ignore[return-value]
+        if plugin.use_regional_compilation:
+            # In place (nn.Module.compile on each repeated block): the prepared model keeps its identity,
+            # parameter names and forward wrapper, and a sharding backend's hooks keep running.
+            return compile_regions_in_place(model, **plugin.compile_kwargs())
+        return torch.compile(model, **plugin.compile_kwargs())  # type: ignore[return-value]
 
     @abstractmethod
     def wrap_model(self, model: nn.Module) -> nn.Module:
@@ -119,7 +125,11 @@ class Backend(ABC):
                 inner = self.unwrap_model(model._orig_mod, keep_torch_compile=keep_torch_compile)
                 if not keep_torch_compile:
                     return inner
-                return model if inner is model._orig_mod else _compiled_like(model, inner)
+                if inner is model._orig_mod or not isinstance(
+                    model, torch._dynamo.eval_frame.OptimizedModule
+                ):
+                    return model  # the same model inside, or a compile_regions copy (not re-wrappable)
+                return _compiled_like(model, inner)
             else:
                 return model
 

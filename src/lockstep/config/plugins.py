@@ -12,7 +12,6 @@ Example:
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -76,21 +75,16 @@ class TorchDynamoPlugin:
     options: dict[str, Any] = field(default_factory=dict)
     disable: bool = False
     use_regional_compilation: bool = False
-    """Compile each repeated block once and reuse it (Accelerate's regional compilation). Accepted for
-    compatibility; lockstep compiles the whole model and warns when this is set."""
+    """Compile each repeated block (every ``nn.ModuleList`` of same-class modules, e.g. transformer layers)
+    and the modules beside it separately instead of the whole model: the compiler traces one block and
+    reuses it, so a deep model compiles much faster (Accelerate's regional compilation). lockstep compiles
+    the blocks in place (``nn.Module.compile``): the prepared model keeps its parameter names."""
 
     def __post_init__(self) -> None:
         self.backend = DynamoBackend.parse(self.backend, argument="TorchDynamoPlugin(backend=...)")
         modes = (None, *COMPILE_MODES)
         if self.mode not in modes:
             raise ValueError(f"TorchDynamoPlugin(mode={self.mode!r}) is invalid: it must be one of {modes}.")
-        if self.use_regional_compilation and self.enabled:
-            warnings.warn(
-                "TorchDynamoPlugin(use_regional_compilation=True) is not implemented by lockstep yet: the whole "
-                "model is compiled instead (the same result; compiling takes longer for many repeated blocks).",
-                UserWarning,
-                stacklevel=3,
-            )
 
     @property
     def enabled(self) -> bool:
@@ -143,7 +137,7 @@ DYNAMO_KEYS: tuple[SettingKey, ...] = (
         key="dynamo_use_regional_compilation",
         field="use_regional_compilation",
         check=checks.boolean,
-        help="compile each repeated block once and reuse it (accepted; lockstep compiles the whole model)",
+        help="compile each repeated block (e.g. transformer layers) separately, reusing the compiled code",
         flag=True,
         switch=True,
     ),

@@ -110,6 +110,14 @@ def is_fsdp2(distributed_type: str | DistributedType | None) -> bool:
     return _kind(distributed_type).fsdp2
 
 
+def is_deepspeed(distributed_type: str | DistributedType | None) -> bool:
+    """Whether ``distributed_type`` is DEEPSPEED (a type this version of lockstep does not run): what
+    Accelerate's ``deepspeed_required`` and ``AcceleratorState.deepspeed_plugin`` ask."""
+    return distributed_type is not None and (
+        DistributedType.parse(distributed_type, argument="distributed_type") is DistributedType.DEEPSPEED
+    )
+
+
 def check_device_agreement(distributed_type: str | DistributedType | None, *, use_cpu: bool) -> None:
     """Raise when a GPU-only type (``--multi-gpu``) is combined with ``--cpu``."""
     if use_cpu and _kind(distributed_type).gpu_only:

@@ -111,6 +111,7 @@ def _run_forked(
     threads = str(cpu_threads_per_process(num_processes))
     environment = {
         _env.LOCKSTEP_LAUNCH_CONFIG: json.dumps(settings),
+        _env.FORK_LAUNCHED: "1",  # PartialState().fork_launched, as in Accelerate
         "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", threads),
     }
     quiet_agent_logs()

@@ -58,6 +58,16 @@ TENSOR_PARALLEL = Feature(
     "tensor parallelism is not built yet",
     "Shard the model with FullyShardedDataParallelPlugin (FSDP2).",
 )
+MULTI_DIMENSIONAL = Feature(
+    "multi-dimensional parallelism (dp_replicate, dp_shard, tp, cp and sp mesh dimensions) is not built yet",
+    "Shard the model over all processes with FullyShardedDataParallelPlugin (FSDP2), or replicate it with DDP.",
+)
+DISPATCH = Feature(
+    "lockstep does not dispatch a model over devices or offload its weights with hooks (big-model inference)",
+    "Load the model on one device (lockstep.big_modeling.init_empty_weights and "
+    "lockstep.utils.load_checkpoint_in_model build and fill it without a copy), or shard it across processes "
+    "with FullyShardedDataParallelPlugin (cpu_offload=True keeps the shards in CPU memory).",
+)
 
 
 def unsupported_function(name: str, feature: Feature) -> Callable[..., NoReturn]:
@@ -111,6 +121,15 @@ avg_losses_across_data_parallel_group = unsupported_function(
 )
 gather_across_data_parallel_groups = unsupported_function("gather_across_data_parallel_groups", MEGATRON_LM)
 add_model_config_to_megatron_parser = unsupported_function("add_model_config_to_megatron_parser", MEGATRON_LM)
+# Accelerate exports these five only where Megatron-LM is installed (accelerate.utils.megatron_lm's
+# initialize, prepare_data_loader, ... under a megatron_lm_ prefix).
+megatron_lm_initialize = unsupported_function("megatron_lm_initialize", MEGATRON_LM)
+megatron_lm_prepare_data_loader = unsupported_function("megatron_lm_prepare_data_loader", MEGATRON_LM)
+megatron_lm_prepare_model_optimizer_scheduler = unsupported_function(
+    "megatron_lm_prepare_model_optimizer_scheduler", MEGATRON_LM
+)
+megatron_lm_prepare_optimizer = unsupported_function("megatron_lm_prepare_optimizer", MEGATRON_LM)
+megatron_lm_prepare_scheduler = unsupported_function("megatron_lm_prepare_scheduler", MEGATRON_LM)
 
 # -- TPUs (accelerate.utils.torch_xla) ---------------------------------------------------------------
 install_xla = unsupported_function("install_xla", XLA)
@@ -129,9 +148,30 @@ convert_model = unsupported_function("convert_model", FP8)
 has_transformer_engine_layers = unsupported_function("has_transformer_engine_layers", FP8)
 apply_fp8_autowrap = unsupported_function("apply_fp8_autowrap", FP8)
 contextual_fp8_autocast = unsupported_function("contextual_fp8_autocast", FP8)
+convert_model_to_fp8_ao = unsupported_function("convert_model_to_fp8_ao", FP8)
+filter_first_and_last_linear_layers = unsupported_function("filter_first_and_last_linear_layers", FP8)
+has_ao_layers = unsupported_function("has_ao_layers", FP8)
 
 # -- SageMaker (accelerate.utils.launch) -------------------------------------------------------------
 prepare_sagemager_args_inputs = unsupported_function("prepare_sagemager_args_inputs", SAGEMAKER)
 
 # -- tensor parallelism (accelerate.utils.dataclasses) -----------------------------------------------
 TorchTensorParallelPlugin = unsupported_class("TorchTensorParallelPlugin", TENSOR_PARALLEL)
+TorchTensorParallelConfig = unsupported_class("TorchTensorParallelConfig", TENSOR_PARALLEL)
+
+# -- multi-dimensional parallelism (accelerate.parallelism_config, accelerate.utils.dataclasses) -------------
+# Defined here rather than in lockstep.parallelism_config so that lockstep.utils can re-export it without an
+# import cycle (lockstep.parallelism_config imports this module, whose package imports lockstep.utils).
+ParallelismConfig = unsupported_class("ParallelismConfig", MULTI_DIMENSIONAL)
+ParallelismConfig.__module__ = "lockstep.parallelism_config"
+TorchContextParallelConfig = unsupported_class("TorchContextParallelConfig", MULTI_DIMENSIONAL)
+DeepSpeedSequenceParallelConfig = unsupported_class("DeepSpeedSequenceParallelConfig", DEEPSPEED)
+
+# -- big-model dispatch and offload hooks (accelerate.big_modeling, accelerate.utils.modeling) --------------
+cpu_offload = unsupported_function("cpu_offload", DISPATCH)
+cpu_offload_with_hook = unsupported_function("cpu_offload_with_hook", DISPATCH)
+disk_offload = unsupported_function("disk_offload", DISPATCH)
+dispatch_model = unsupported_function("dispatch_model", DISPATCH)
+infer_auto_device_map = unsupported_function("infer_auto_device_map", DISPATCH)
+load_checkpoint_and_dispatch = unsupported_function("load_checkpoint_and_dispatch", DISPATCH)
+get_balanced_memory = unsupported_function("get_balanced_memory", DISPATCH)

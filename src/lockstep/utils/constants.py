@@ -22,6 +22,7 @@ from lockstep.checkpoint.model_files import (
 )
 
 __all__ = [
+    "MITA_PROFILING_AVAILABLE_PYTORCH_VERSION",
     "MODEL_NAME",
     "OPTIMIZER_NAME",
     "PROFILE_PATTERN_NAME",
@@ -39,6 +40,7 @@ __all__ = [
     "WEIGHTS_INDEX_NAME",
     "WEIGHTS_NAME",
     "WEIGHTS_PATTERN_NAME",
+    "XPU_PROFILING_AVAILABLE_PYTORCH_VERSION",
 ]
 
 MODEL_NAME = "pytorch_model"
@@ -101,3 +103,8 @@ TORCH_LAUNCH_PARAMS = [
 
 TORCH_DISTRIBUTED_OPERATION_TYPES = ["MULTI_CPU", "MULTI_GPU", "MULTI_XPU", "MULTI_MPS", "FSDP", "DEEPSPEED"]
 """``DistributedType`` values whose collectives go through ``torch.distributed`` (lockstep's members)."""
+
+XPU_PROFILING_AVAILABLE_PYTORCH_VERSION = "2.4.0"
+"""The first torch whose profiler records Intel XPU activity (``ProfileKwargs(activities=["xpu"])``)."""
+MITA_PROFILING_AVAILABLE_PYTORCH_VERSION = "2.1.0"
+"""The first torch whose profiler records MTIA activity (``activities=["mtia"]``)."""

@@ -43,10 +43,14 @@ from lockstep.utils._unsupported import (
     AORecipeKwargs,
     BnbQuantizationConfig,
     DeepSpeedPlugin,
+    DeepSpeedSequenceParallelConfig,
     FP8RecipeKwargs,
     MegatronLMPlugin,
     MSAMPRecipeKwargs,
+    ParallelismConfig,
     TERecipeKwargs,
+    TorchContextParallelConfig,
+    TorchTensorParallelConfig,
     TorchTensorParallelPlugin,
 )
 
@@ -59,6 +63,7 @@ __all__ = [
     "DDPCommunicationHookType",
     "DataLoaderConfiguration",
     "DeepSpeedPlugin",
+    "DeepSpeedSequenceParallelConfig",
     "DistributedDataParallelKwargs",
     "DistributedType",
     "DynamoBackend",
@@ -72,6 +77,7 @@ __all__ = [
     "LoggerType",
     "MSAMPRecipeKwargs",
     "MegatronLMPlugin",
+    "ParallelismConfig",
     "PrecisionType",
     "ProfileKwargs",
     "ProjectConfiguration",
@@ -79,7 +85,9 @@ __all__ = [
     "SageMakerDistributedType",
     "TERecipeKwargs",
     "TensorInformation",
+    "TorchContextParallelConfig",
     "TorchDynamoPlugin",
+    "TorchTensorParallelConfig",
     "TorchTensorParallelPlugin",
 ]
 

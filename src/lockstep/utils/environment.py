@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import functools
 import inspect
+import logging
+import math
 import os
 import platform
 import shutil
@@ -34,11 +36,13 @@ from lockstep import _env
 __all__ = [
     "CPUInformation",
     "are_libraries_initialized",
+    "check_cuda_fp8_capability",
     "check_cuda_p2p_ib_support",
     "check_fp8_capability",
     "clear_environment",
     "convert_dict_to_env_variables",
     "get_cpu_distributed_information",
+    "get_current_device_type",
     "get_driver_version",
     "get_gpu_info",
     "get_int_from_env",
@@ -46,6 +50,7 @@ __all__ = [
     "parse_flag_from_env",
     "patch_environment",
     "purge_accelerate_environment",
+    "set_numa_affinity",
     "str_to_bool",
 ]
 
@@ -343,3 +348,119 @@ def check_fp8_capability() -> bool:
     import torch
 
     return torch.cuda.get_device_capability() >= (8, 9)
+
+
+def check_cuda_fp8_capability() -> bool:
+    """Whether the first CUDA GPU has FP8 units (compute capability >= 8.9: Ada, Hopper and later).
+
+    Asks ``nvidia-smi`` first, so that CUDA stays uninitialized; falls back to torch. A machine without a
+    CUDA GPU answers False.
+
+    Example:
+        >>> import torch
+        >>> check_cuda_fp8_capability() if torch.cuda.is_available() else False
+        False
+    """
+    try:
+        first = _query_gpus("compute_cap")[0]
+        return tuple(int(part) for part in first.split(".")) >= (8, 9)
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        pass
+    import torch
+
+    if not torch.cuda.is_available() or torch.version.hip is not None:
+        return False
+    return torch.cuda.get_device_capability() >= (8, 9)
+
+
+# -- the device kind, asked without initializing a device ------------------------------------------------
+_VENDOR_DEVICES = (
+    ("mlu", "MULTI_MLU", "is_mlu_available"),
+    ("sdaa", "MULTI_SDAA", "is_sdaa_available"),
+    ("musa", "MULTI_MUSA", "is_musa_available"),
+    ("npu", "MULTI_NPU", "is_npu_available"),
+    ("hpu", "MULTI_HPU", "is_hpu_available"),
+)
+
+
+def get_current_device_type() -> tuple[str, str]:
+    """The kind of accelerator this machine has and Accelerate's distributed type for several of them, e.g.
+    ``("cuda", "MULTI_GPU")``, without initializing the device (safe before forking worker processes).
+
+    Vendor plugins (MLU, SDAA, MUSA, NPU, HPU) come first, then CUDA (asked through NVML), then Intel XPUs;
+    a machine with none of them answers ``("cpu", "MULTI_CPU")``. lockstep itself drives CPUs, CUDA and XPUs.
+
+    Example:
+        >>> import torch
+        >>> get_current_device_type() if torch.cuda.is_available() else ("cpu", "MULTI_CPU")
+        ('cpu', 'MULTI_CPU')
+    """
+    import torch
+
+    from lockstep.utils import imports
+
+    for device, distributed_type, probe in _VENDOR_DEVICES:
+        if getattr(imports, probe)():
+            return device, distributed_type
+    # NVML answers without creating a CUDA context, which a forked child could not use.
+    with patch_environment(PYTORCH_NVML_BASED_CUDA_CHECK="1"):
+        if torch.cuda.is_available():
+            return "cuda", "MULTI_GPU"
+    if imports.is_xpu_available():
+        return "xpu", "MULTI_XPU"
+    return "cpu", "MULTI_CPU"
+
+
+# -- NUMA affinity ------------------------------------------------------------------------------------------
+@functools.lru_cache
+def set_numa_affinity(local_process_index: int, verbose: bool | None = None) -> None:
+    """Pin this process to the CPU cores closest to its CUDA GPU (number ``local_process_index``), as NVML
+    reports them. Does nothing on a machine without CUDA GPUs, as in Accelerate; the result is cached, so a
+    second call with the same arguments does nothing either.
+
+    (``lockstep launch --enable-cpu-affinity`` also pins CPU-only workers, to equal shares of the cores.)
+
+    Args:
+        local_process_index: this process's GPU on the machine (its local rank).
+        verbose: log the cores chosen; defaults to ``ACCELERATE_DEBUG_MODE``.
+
+    Raises:
+        ImportError: CUDA GPUs are present but ``pynvml`` (``pip install nvidia-ml-py``) is not.
+        NotImplementedError: on ROCm GPUs (no NVML).
+
+    Example:
+        >>> set_numa_affinity(0)  # doctest: +SKIP
+    """
+    import torch
+
+    if not torch.cuda.is_available():
+        return
+    if torch.version.hip is not None:
+        raise NotImplementedError(
+            "set_numa_affinity() on ROCm GPUs is not supported by lockstep: it reads the GPUs' CPU affinity "
+            "through NVIDIA's NVML. Launch with `lockstep launch --enable-cpu-affinity` instead."
+        )
+    if verbose is None:
+        verbose = parse_flag_from_env("ACCELERATE_DEBUG_MODE", False)
+    cores = _nvml_cpu_affinity(local_process_index)
+    os.sched_setaffinity(0, cores)
+    if verbose:
+        logging.getLogger(__name__).info(
+            "Assigned %d CPU cores to process %d: %s", len(cores), local_process_index, cores
+        )
+
+
+def _nvml_cpu_affinity(gpu_index: int) -> list[int]:
+    """The cores NVML names as closest to GPU ``gpu_index`` (its bitmask, 64 cores per word)."""
+    try:
+        import pynvml
+    except ImportError:
+        raise ImportError(
+            "set_numa_affinity() on CUDA GPUs reads their CPU affinity through NVML, and pynvml is not "
+            "installed: pip install nvidia-ml-py"
+        ) from None
+    pynvml.nvmlInit()
+    words = math.ceil((os.cpu_count() or 1) / 64)
+    handle = pynvml.nvmlDeviceGetHandleByIndex(gpu_index)
+    mask = pynvml.nvmlDeviceGetCpuAffinity(handle, words)
+    return [64 * word + bit for word, bits in enumerate(mask) for bit in range(64) if (bits >> bit) & 1]

@@ -8,6 +8,7 @@ folders ``pytorch_model_fsdp_{i}/`` (``{"model": state_dict}``) and ``optimizer_
 without unpickling arbitrary objects. ``Accelerator.save_state``/``load_state`` do all this and more (a
 manifest, an atomic commit); these are for code that calls Accelerate's helpers itself.
 ``merge_fsdp_weights`` writes one model file from the shards.
+``ensure_weights_retied`` keeps tied weights tied while a ``param_init_fn`` materializes a model.
 
 Example:
     >>> save_fsdp_model(accelerator.state.fsdp_plugin, accelerator, model, "out")  # doctest: +SKIP
@@ -28,8 +29,10 @@ from torch import nn
 from lockstep.checkpoint.model_files import save_model_files
 from lockstep.checkpoint.saver import agree
 from lockstep.state import PartialState
+from lockstep.utils._tied_weights import ensure_weights_retied
 
 __all__ = [
+    "ensure_weights_retied",
     "load_fsdp_model",
     "load_fsdp_optimizer",
     "merge_fsdp_weights",

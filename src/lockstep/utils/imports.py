@@ -14,19 +14,27 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import importlib.util
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import torch
 
 from lockstep.utils.versions import compare_versions, is_torch_version
 
+F = TypeVar("F", bound=Callable[..., Any])
+
 __all__ = [
+    "deepspeed_required",
     "get_ccl_version",
     "is_4bit_bnb_available",
     "is_8bit_bnb_available",
     "is_aim_available",
+    "is_amdsmi_available",
     "is_bf16_available",
+    "is_bitsandbytes_multi_backend_available",
     "is_bnb_available",
     "is_boto3_available",
     "is_ccl_available",
@@ -38,6 +46,7 @@ __all__ = [
     "is_dvclive_available",
     "is_fp8_available",
     "is_fp16_available",
+    "is_habana_gaudi1",
     "is_hpu_available",
     "is_import_timer_available",
     "is_ipex_available",
@@ -49,6 +58,7 @@ __all__ = [
     "is_mps_available",
     "is_msamp_available",
     "is_musa_available",
+    "is_neuron_available",
     "is_npu_available",
     "is_numpy_available",
     "is_pandas_available",
@@ -57,8 +67,10 @@ __all__ = [
     "is_pynvml_available",
     "is_pytest_available",
     "is_rich_available",
+    "is_rocm_available",
     "is_sagemaker_available",
     "is_schedulefree_available",
+    "is_sdaa_available",
     "is_swanlab_available",
     "is_tensorboard_available",
     "is_timm_available",
@@ -72,11 +84,14 @@ __all__ = [
     "is_tqdm_available",
     "is_trackio_available",
     "is_transformer_engine_available",
+    "is_transformer_engine_mxfp8_available",
     "is_transformers_available",
     "is_triton_available",
     "is_wandb_available",
     "is_weights_only_available",
+    "is_xccl_available",
     "is_xpu_available",
+    "torchao_required",
 ]
 
 
@@ -111,6 +126,23 @@ def is_torch_distributed_available() -> bool:
 def is_cuda_available() -> bool:
     """Whether a CUDA (or ROCm) GPU is usable."""
     return torch.cuda.is_available()
+
+
+def is_rocm_available() -> bool:
+    """Whether this torch is a ROCm (AMD GPU) build: ``torch.version.hip`` is set.
+
+    Example:
+        >>> is_rocm_available() == (torch.version.hip is not None)
+        True
+    """
+    return torch.version.hip is not None
+
+
+def is_xccl_available() -> bool:
+    """Whether torch.distributed has Intel's XCCL backend (for XPUs; torch >= 2.7 built with it)."""
+    if not is_torch_version(">=", "2.7.0"):
+        return False
+    return bool(torch.distributed.distributed_c10d.is_xccl_available())
 
 
 def is_mps_available(min_version: str = "1.12") -> bool:
@@ -154,6 +186,26 @@ def is_musa_available(check_device: bool = False) -> bool:
 def is_hpu_available(init_hccl: bool = False) -> bool:
     """Whether Habana's ``habana_frameworks`` (Gaudi HPUs) is installed; ``init_hccl`` is not acted on."""
     return _installed("habana_frameworks")
+
+
+def is_habana_gaudi1() -> bool:
+    """Whether the HPU here is a first-generation Gaudi (which has no fp16); False without an HPU."""
+    if not is_hpu_available():
+        return False
+    import habana_frameworks.torch.utils.experimental as htexp  # only where Habana's package is installed
+
+    return bool(htexp._get_device_type() == htexp.synDeviceType.synDeviceGaudi)
+
+
+def is_sdaa_available(check_device: bool = False) -> bool:
+    """Whether ``torch_sdaa`` (Tecorigin SDAAs) is installed (``check_device``: and an SDAA is present)."""
+    return _vendor_device("torch_sdaa", "sdaa", check_device)
+
+
+def is_neuron_available(check_device: bool = False) -> bool:
+    """Whether AWS Neuron's ``torch_neuronx`` (Trainium, Inferentia) is installed (``check_device``: and a
+    Neuron device is present)."""
+    return _vendor_device("torch_neuronx", "neuron", check_device)
 
 
 def is_torch_xla_available(check_is_tpu: bool = False, check_is_gpu: bool = False) -> bool:
@@ -378,6 +430,15 @@ def is_transformer_engine_available() -> bool:
     return _installed("transformer_engine")
 
 
+def is_transformer_engine_mxfp8_available() -> bool:
+    """Whether Transformer Engine is installed and reports MXFP8 support on this GPU (Blackwell and later)."""
+    if not is_transformer_engine_available():
+        return False
+    import transformer_engine.pytorch as te  # only where Transformer Engine is installed
+
+    return bool(te.fp8.check_mxfp8_support()[0])
+
+
 def is_torchao_available() -> bool:
     """Whether ``torchao`` is installed (lockstep has no FP8 backend)."""
     return _installed("torchao")
@@ -400,6 +461,15 @@ def is_8bit_bnb_available() -> bool:
     return is_bnb_available("0.37.2")
 
 
+def is_bitsandbytes_multi_backend_available() -> bool:
+    """Whether the installed bitsandbytes is its multi-backend build (CPU, XPU... besides CUDA)."""
+    if not is_bnb_available():
+        return False
+    import bitsandbytes  # only where it is installed
+
+    return "multi_backend" in getattr(bitsandbytes, "features", set())
+
+
 def is_ipex_available() -> bool:
     """Whether Intel Extension for PyTorch is installed (lockstep does not use it)."""
     return _installed("intel_extension_for_pytorch")
@@ -410,6 +480,70 @@ def is_ccl_available() -> bool:
     return _installed("oneccl_bindings_for_pytorch") or _installed("torch_ccl")
 
 
+def is_amdsmi_available() -> bool:
+    """Whether AMD's ``amdsmi`` (the ROCm system management library's Python bindings) is installed."""
+    return _installed("amdsmi")
+
+
 def get_ccl_version() -> str | None:
     """The installed oneCCL bindings' version, or ``None``."""
     return _version("oneccl_bind_pt")
+
+
+# -- decorators ----------------------------------------------------------------------------------------
+def torchao_required(func: F) -> F:
+    """Decorate ``func`` so that calling it raises ``ImportError`` while ``torchao`` is not installed.
+
+    Example:
+        >>> @torchao_required
+        ... def quantize():
+        ...     return "quantized"
+        >>> quantize() if is_torchao_available() else "ImportError"
+        'ImportError'
+    """
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if not is_torchao_available():
+            raise ImportError(
+                f"{func.__qualname__}() needs torchao, which is not installed: pip install torchao"
+            )
+        return func(*args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def deepspeed_required(func: F) -> F:
+    """Decorate ``func`` so that calling it raises ``ValueError`` once an Accelerator is set up for anything
+    but DeepSpeed (before any Accelerator exists, the call goes through, as in Accelerate).
+
+    lockstep has no DeepSpeed backend, so after ``Accelerator()`` a decorated function always raises.
+
+    Example:
+        >>> @deepspeed_required
+        ... def zero_stage():
+        ...     return 3
+        >>> from lockstep import Accelerator
+        >>> _ = Accelerator(cpu=True)
+        >>> zero_stage()
+        Traceback (most recent call last):
+        ValueError: zero_stage() needs DeepSpeed, and the Accelerator is set up for NO: lockstep has no DeepSpeed backend (not built yet). Shard the model with FullyShardedDataParallelPlugin (FSDP2) instead.
+    """
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        # Here, not at the top: lockstep.state is not needed to ask what is installed.
+        from lockstep.config.topology import is_deepspeed
+        from lockstep.state import AcceleratorState
+
+        if AcceleratorState.is_set_up():
+            distributed_type = AcceleratorState().distributed_type
+            if not is_deepspeed(distributed_type):
+                raise ValueError(
+                    f"{func.__qualname__}() needs DeepSpeed, and the Accelerator is set up for "
+                    f"{distributed_type.value}: lockstep has no DeepSpeed backend (not built yet). Shard the "
+                    "model with FullyShardedDataParallelPlugin (FSDP2) instead."
+                )
+        return func(*args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]

@@ -15,6 +15,11 @@ from lockstep.utils._unsupported import (
     T5TrainStep,
     avg_losses_across_data_parallel_group,
     gather_across_data_parallel_groups,
+    megatron_lm_initialize,
+    megatron_lm_prepare_data_loader,
+    megatron_lm_prepare_model_optimizer_scheduler,
+    megatron_lm_prepare_optimizer,
+    megatron_lm_prepare_scheduler,
 )
 
 __all__ = [
@@ -29,4 +34,9 @@ __all__ = [
     "T5TrainStep",
     "avg_losses_across_data_parallel_group",
     "gather_across_data_parallel_groups",
+    "megatron_lm_initialize",
+    "megatron_lm_prepare_data_loader",
+    "megatron_lm_prepare_model_optimizer_scheduler",
+    "megatron_lm_prepare_optimizer",
+    "megatron_lm_prepare_scheduler",
 ]

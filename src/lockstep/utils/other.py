@@ -30,6 +30,7 @@ import torch
 from packaging.version import Version
 from torch import nn
 
+from lockstep._regional_compilation import compile_regions, compile_regions_in_place, is_compiled_in_place
 from lockstep.config.file import ClusterConfig, default_config_path, save_config_file
 from lockstep.errors import UnsafeCheckpointError
 from lockstep.precision import parse_mixed_precision, remove_forward_wrapper
@@ -39,9 +40,13 @@ from lockstep.utils._model_tensors import id_tensor_storage
 __all__ = [
     "check_os_kernel",
     "clean_state_dict_for_safetensors",
+    "compile_regions",
+    "compile_regions_deepspeed",
+    "compile_regions_fsdp2",
     "convert_bytes",
     "extract_model_from_parallel",
     "get_free_port",
+    "get_model_tp_size",
     "get_module_children_bottom_up",
     "get_pretty_name",
     "has_compiled_regions",
@@ -49,6 +54,7 @@ __all__ = [
     "is_port_in_use",
     "load",
     "merge_dicts",
+    "model_has_dtensor",
     "recursive_getattr",
     "save",
     "wait_for_everyone",
@@ -68,8 +74,71 @@ def is_compiled_module(module: Any) -> bool:
 
 
 def has_compiled_regions(module: nn.Module) -> bool:
-    """Whether a submodule of ``module`` (not ``module`` itself) was compiled with ``torch.compile``."""
-    return any(is_compiled_module(child) for name, child in module.named_modules() if name)
+    """Whether ``module`` (having children) or one of its submodules was compiled: wrapped by
+    ``torch.compile`` as in Accelerate, or compiled in place with ``nn.Module.compile`` (how lockstep
+    applies ``TorchDynamoPlugin(use_regional_compilation=True)``).
+
+    Example:
+        >>> model = nn.Sequential(nn.ModuleList([nn.Linear(2, 2), nn.Linear(2, 2)]))
+        >>> has_compiled_regions(model), has_compiled_regions(compile_regions(model, backend="eager"))
+        (False, True)
+    """
+    if not module._modules:
+        return False
+    return any(is_compiled_module(sub) or is_compiled_in_place(sub) for sub in module.modules())
+
+
+def compile_regions_fsdp2(module: nn.Module, **compile_kwargs: Any) -> nn.Module:
+    """Regional compilation in place (``nn.Module.compile`` on each repeated block and the modules beside
+    them), so that FSDP2's hooks, added by ``fully_shard`` before or after, keep running; returns ``module``.
+    See :func:`compile_regions` for which modules are compiled.
+
+    Example:
+        >>> model = nn.Sequential(nn.ModuleList([nn.Linear(2, 2), nn.Linear(2, 2)]))
+        >>> compile_regions_fsdp2(model, backend="eager") is model, has_compiled_regions(model)
+        (True, True)
+    """
+    return compile_regions_in_place(module, **compile_kwargs)
+
+
+def compile_regions_deepspeed(module: nn.Module, **compile_kwargs: Any) -> None:
+    """Regional compilation in place, as Accelerate applies it to a ``DeepSpeedEngine``'s module; it needs no
+    DeepSpeed and works on any module (returns None, as in Accelerate)."""
+    compile_regions_in_place(module, **compile_kwargs)
+
+
+def model_has_dtensor(model: nn.Module) -> bool:
+    """Whether a parameter of ``model`` is a ``DTensor`` (sharded by FSDP2 or tensor parallelism).
+
+    Example:
+        >>> model_has_dtensor(nn.Linear(2, 2))
+        False
+    """
+    from torch.distributed.tensor import DTensor
+
+    return any(isinstance(param, DTensor) for param in model.parameters())
+
+
+def get_model_tp_size(model: nn.Module) -> int | None:
+    """The tensor-parallel degree transformers loaded ``model`` with, or None when it was not.
+
+    transformers < 5 records it as ``model.tp_size``; transformers >= 5 in
+    ``model.config.distributed_config`` (an object or, after a round trip through JSON, a dict).
+
+    Example:
+        >>> model = nn.Linear(2, 2)
+        >>> get_model_tp_size(model)
+        >>> model.tp_size = 2
+        >>> get_model_tp_size(model)
+        2
+    """
+    size = getattr(model, "tp_size", None)
+    if size is not None:
+        return size
+    distributed = getattr(getattr(model, "config", None), "distributed_config", None)
+    if isinstance(distributed, Mapping):
+        return distributed.get("tp_size")
+    return getattr(distributed, "tp_size", None)
 
 
 def _distributed_wrappers() -> tuple[type, ...]:
@@ -81,8 +150,15 @@ def _distributed_wrappers() -> tuple[type, ...]:
     return wrappers
 
 
+def _regionally_compiled_original(model: nn.Module) -> nn.Module | None:
+    """The model ``compile_regions`` copied ``model`` from (kept as a plain attribute), if it did."""
+    original = model.__dict__.get("_orig_mod")
+    return original if isinstance(original, nn.Module) else None
+
+
 def _strip(model: nn.Module, wrappers: tuple[type, ...]) -> tuple[nn.Module, nn.Module | None]:
-    """``model`` without distributed and compile wrappers, and the outermost compile wrapper met."""
+    """``model`` without distributed and compile wrappers, and the outermost compile wrapper met (a
+    ``torch.compile`` wrapper, or a module ``compile_regions`` returned)."""
     compiled = None
     while True:
         if isinstance(model, wrappers):
@@ -90,6 +166,9 @@ def _strip(model: nn.Module, wrappers: tuple[type, ...]) -> tuple[nn.Module, nn.
         elif is_compiled_module(model):
             compiled = compiled if compiled is not None else model
             model = model._orig_mod
+        elif (original := _regionally_compiled_original(model)) is not None:
+            compiled = compiled if compiled is not None else model
+            model = original
         else:
             return model, compiled
 
@@ -129,7 +208,7 @@ def extract_model_from_parallel(
         remove_forward_wrapper(inner)
     if not keep_torch_compile or compiled is None:
         return inner
-    if compiled._orig_mod is inner:
+    if compiled._orig_mod is inner or not is_compiled_module(compiled):
         return compiled
     return type(compiled)(inner, compiled.dynamo_ctx)
 
