@@ -4,7 +4,10 @@
 ``skip_first_batches(train_dataloader, resume_step)`` for the first resumed epoch and the plain loader
 afterwards. The skipping copy takes over the restored position (nothing is skipped twice), replays the
 interrupted epoch's order and random numbers, and hands the next epoch back to the loader: the run ends
-bitwise equal to the uninterrupted one, on one process and on two.
+bitwise equal to the uninterrupted one, on one process and on two. That holds too when the collate
+function draws random numbers from torch's global generator (``DataCollatorForLanguageModeling`` masks with
+it): the loader reads one batch ahead, so the checkpoint also records the generator as it was before that
+batch was collated, and the resumed epoch collates it from there.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from lockstep import Accelerator
+from lockstep import Accelerator, DataLoaderConfiguration
 from tests.helpers.multiprocess import run_distributed
 
 pytestmark = pytest.mark.distributed
@@ -24,8 +27,16 @@ pytestmark = pytest.mark.distributed
 SAMPLES, BATCH, EPOCHS, STOP = 48, 4, 2, 9  # per process: 12 or 6 batches an epoch
 
 
-def _setup():
-    accelerator = Accelerator()
+def _masking_collate(items: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Zero random features with torch's global generator, as DataCollatorForLanguageModeling masks."""
+    x = torch.stack([item[0] for item in items])
+    y = torch.stack([item[1] for item in items])
+    return x * torch.bernoulli(torch.full(x.shape, 0.7)), y
+
+
+def _setup(masking: bool = False, dispatch: bool = False):
+    config = DataLoaderConfiguration(dispatch_batches=True) if dispatch else None
+    accelerator = Accelerator(dataloader_config=config)
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(5, 12), nn.Dropout(0.25), nn.ReLU(), nn.Linear(12, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
@@ -33,14 +44,22 @@ def _setup():
     data = TensorDataset(
         torch.randn(SAMPLES, 5, generator=generator), torch.randn(SAMPLES, 1, generator=generator)
     )
-    loader = DataLoader(data, batch_size=BATCH, shuffle=True)
+    collate = _masking_collate if masking else None
+    loader = DataLoader(data, batch_size=BATCH, shuffle=True, collate_fn=collate)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=3, gamma=0.9)
     return accelerator, *accelerator.prepare(model, optimizer, loader, scheduler)
 
 
-def _script(world: int, folder: str, stop_at: int | None, resume: str | None) -> dict:
+def _script(
+    world: int,
+    folder: str,
+    stop_at: int | None,
+    resume: str | None,
+    masking: bool = False,
+    dispatch: bool = False,
+) -> dict:
     """The loop of run_glue_no_trainer.py, reduced: checkpoint every step, optionally stop, optionally resume."""
-    accelerator, model, optimizer, train_dataloader, scheduler = _setup()
+    accelerator, model, optimizer, train_dataloader, scheduler = _setup(masking, dispatch)
     starting_epoch, resume_step, completed_steps = 0, None, 0
     if resume is not None:
         accelerator.load_state(resume)
@@ -70,12 +89,26 @@ def _script(world: int, folder: str, stop_at: int | None, resume: str | None) ->
     return {"losses": losses, "weights": weights.tolist()}
 
 
+@pytest.mark.parametrize("masking", [False, True], ids=["plain_collate", "random_masking_collate"])
 @pytest.mark.parametrize("world", [1, 2])
-def test_load_state_then_skip_first_batches_resumes_bitwise(tmp_path, world):
-    whole = run_distributed(_script, world, world, str(tmp_path), None, None)
-    first = run_distributed(_script, world, world, str(tmp_path), STOP, None)
-    rest = run_distributed(_script, world, world, str(tmp_path), None, str(tmp_path / f"step_{STOP}"))
+def test_load_state_then_skip_first_batches_resumes_bitwise(tmp_path, world, masking):
+    whole = run_distributed(_script, world, world, str(tmp_path), None, None, masking)
+    first = run_distributed(_script, world, world, str(tmp_path), STOP, None, masking)
+    rest = run_distributed(
+        _script, world, world, str(tmp_path), None, str(tmp_path / f"step_{STOP}"), masking
+    )
     for rank in range(world):
+        assert first[rank]["losses"] + rest[rank]["losses"] == whole[rank]["losses"]
+        assert rest[rank]["weights"] == whole[rank]["weights"]
+
+
+def test_rank_0_reading_for_all_resumes_bitwise_with_a_random_collate(tmp_path):
+    """dispatch_batches=True: rank 0 reads and collates every batch, one step ahead."""
+    args = (str(tmp_path),)
+    whole = run_distributed(_script, 2, 2, *args, None, None, True, True)
+    first = run_distributed(_script, 2, 2, *args, STOP, None, True, True)
+    rest = run_distributed(_script, 2, 2, *args, None, str(tmp_path / f"step_{STOP}"), True, True)
+    for rank in range(2):
         assert first[rank]["losses"] + rest[rank]["losses"] == whole[rank]["losses"]
         assert rest[rank]["weights"] == whole[rank]["weights"]
 

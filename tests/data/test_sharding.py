@@ -301,6 +301,42 @@ def test_state_dict_resumes_shuffled_epoch_mid_way():
     assert [b.tolist() for b in resumed] == [b.tolist() for b in loader]  # epoch 2 continues in step
 
 
+def test_a_random_collate_resumes_with_the_look_ahead_batch_it_drew_before_the_checkpoint():
+    """The loader reads one batch ahead, so batch 2's noise is drawn before step 1's: the state holds
+    torch's generator from before that read, and the resumed epoch draws batch 2's noise from there."""
+
+    def noisy(values: list[int]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.float32) + torch.rand(len(values))
+
+    def make() -> DataLoader:
+        loader = DataLoader(range(48), batch_size=3, collate_fn=noisy)
+        return prepare_data_loader(loader, num_processes=2, process_index=0)
+
+    torch.manual_seed(0)
+    loader = make()
+    iterator = iter(loader)
+    next(iterator), next(iterator)
+    torch.rand(4)  # a training step (dropout) after batch 1 was handed out
+    state, saved_rng = roundtrip(loader.state_dict()), torch.get_rng_state()  # what save_state writes
+    tail, later = list(iterator), torch.rand(4)
+    assert state["batches_yielded"] == 2 and state["lookahead_rng"].dtype == torch.uint8
+
+    resumed = make()
+    torch.set_rng_state(saved_rng)  # load_state restores the generators, then the loader's position
+    resumed.load_state_dict(state)
+    replayed = list(resumed)
+    assert len(replayed) == len(tail) == 6
+    assert all(torch.equal(a, b) for a, b in zip(replayed, tail, strict=True))
+    assert torch.equal(torch.rand(4), later)  # and every later draw is the uninterrupted run's
+
+
+def test_the_look_ahead_generator_is_saved_only_mid_epoch():
+    loader = shard_loader(8, 2, 0)
+    states = [roundtrip(loader.state_dict()) for _ in loader]
+    assert ["lookahead_rng" in state for state in states] == [True, False]  # after the last batch: next epoch
+    assert "lookahead_rng" not in roundtrip(loader.state_dict())
+
+
 def test_state_dict_after_last_batch_points_at_next_epoch():
     loader = shard_loader(8, 2, 0)
     for _ in loader:

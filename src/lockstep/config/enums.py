@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import warnings
 from enum import Enum
+from typing import Any
 
 
 class _StrEnum(str, Enum):
@@ -22,11 +24,32 @@ class _StrEnum(str, Enum):
         raise ValueError(f"{argument}={value!r} is invalid: it must be one of {choices}.")
 
 
+class _DeprecatedMember:
+    """An old member name that reads as its replacement, with Accelerate's ``FutureWarning``.
+
+    A descriptor is not turned into an enum member, so iteration and ``parse`` never see the old name.
+    """
+
+    def __init__(self, name: str, replaced_with: str) -> None:
+        self.name = name
+        self.replaced_with = replaced_with
+
+    def __get__(self, instance: Any, owner: type[Enum]) -> Enum:
+        warnings.warn(
+            f"The `{self.name}` of `{owner}` is deprecated and will be removed in v1.0.0. "
+            f"Please use the `{self.replaced_with}` instead.",
+            FutureWarning,
+            stacklevel=2,
+        )
+        return owner[self.replaced_with]
+
+
 class DistributedType(_StrEnum):
     """How the processes of a run share the work.
 
     ``NO`` is a single process; ``MULTI_CPU`` and ``MULTI_GPU`` are data parallel (DDP) on CPUs or GPUs;
-    ``FSDP`` and ``DEEPSPEED`` shard the model.
+    ``FSDP`` and ``DEEPSPEED`` shard the model. ``TPU`` is Accelerate's deprecated spelling of ``XLA``
+    (transformers' ``*_no_trainer.py`` examples still test ``distributed_type == DistributedType.TPU``).
     """
 
     NO = "NO"
@@ -38,6 +61,7 @@ class DistributedType(_StrEnum):
     DEEPSPEED = "DEEPSPEED"
     XLA = "XLA"
     MEGATRON_LM = "MEGATRON_LM"
+    TPU = _DeprecatedMember("TPU", "XLA")
 
 
 class PrecisionType(_StrEnum):

@@ -20,6 +20,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader
 
 from lockstep._nested import concatenate_batches, leaves, recursively_apply, send_to_device, slice_batch
+from lockstep.data._position import read_replayed
 from lockstep.data.loader import DataLoaderStateMixin, batch_length
 from lockstep.data.samplers import BatchSamplerShard
 from lockstep.state import PartialState
@@ -143,8 +144,9 @@ class DataLoaderDispatcher(DataLoader, DataLoaderStateMixin):
         self.remainder = -1
 
     # -- rank 0: reading the original loader --------------------------------------------------------
-    def _global_batches(self, skip: int) -> Iterator[tuple[Any, int, int]]:
-        """On rank 0: (global batch, real samples, samples per process) for each step after ``skip``."""
+    def _global_batches(self, skip: int, resuming: bool) -> Iterator[tuple[Any, int, int]]:
+        """On rank 0: (global batch, real samples, samples per process) for each step after ``skip``
+        (``resuming``: the epoch continues a checkpoint, as the sharded loader's ``_base_iterator``)."""
         group = 1 if self.split_batches else self._world
         shard = self._shard()
         restored_first, self._restored_first = self._restored_first, None
@@ -154,9 +156,14 @@ class DataLoaderDispatcher(DataLoader, DataLoaderStateMixin):
             shard.start_batch, skip = skip * group, 0
         elif in_stream:  # the restored data source starts there by itself; its first batch came with it
             skip, first = 0, restored_first
-        raw = self._watch(super().__iter__(), group)
+        raw = self._watch(self._epoch_iterator(resuming), group)
+        replay = self._take_lookahead_replay()  # the generator to read the resumed epoch's first step with
+        restored = torch.get_rng_state() if replay is not None else None
         for step in itertools.count():
-            batches = list(itertools.islice(raw, group))
+            if replay is not None and restored is not None and step == skip:
+                batches = read_replayed(lambda: list(itertools.islice(raw, group)), replay, restored)
+            else:
+                batches = list(itertools.islice(raw, group))
             if not batches:
                 return
             batch = batches[0] if group == 1 else self._concatenate(batches)
@@ -174,6 +181,19 @@ class DataLoaderDispatcher(DataLoader, DataLoaderStateMixin):
                     first = first if first is not None else self._read_first(shard, group)
                     batch = _pad(batch, first, full)
             yield batch, real, self._per_process(full)
+
+    def _epoch_iterator(self, resuming: bool) -> Iterator[Any]:
+        """torch's iterator for this epoch; a resumed epoch undoes its base-seed draw and reuses the saved
+        seed (the checkpoint restored the global generator to after that draw)."""
+        global_state = torch.get_rng_state() if resuming and self.generator is None else None
+        iterator = super().__iter__()
+        if global_state is not None:
+            torch.set_rng_state(global_state)
+        if resuming and self._resume_base_seed is not None and hasattr(iterator, "_base_seed"):
+            iterator._base_seed = self._resume_base_seed
+        self._resume_base_seed = None
+        self._epoch_base_seed = getattr(iterator, "_base_seed", None)
+        return iterator
 
     def _per_process(self, full: int) -> int:
         if full % self._world != 0:
@@ -227,11 +247,16 @@ class DataLoaderDispatcher(DataLoader, DataLoaderStateMixin):
 
     def _received(self, skip: int) -> Iterator[tuple[Any, int, int]]:
         """On every rank: (global batch, real samples, samples per process), as rank 0 sends them."""
-        source = self._global_batches(skip) if self._rank == 0 else None
+        resuming, self._resume_mid_epoch = self._resume_mid_epoch, False
+        source = self._global_batches(skip, resuming) if self._rank == 0 else None
         if source is None:
+            self._take_lookahead_replay()  # only rank 0 reads (and collates) batches
+            self._resume_base_seed = None
             # Creating a DataLoader iterator draws a base seed from ``generator`` (the global one by
-            # default); draw it here too so that the ranks' random streams stay aligned.
-            torch.empty((), dtype=torch.int64).random_(generator=self.generator)
+            # default); draw it here too so that the ranks' random streams stay aligned (a resumed epoch
+            # does not draw it again on rank 0 either).
+            if not resuming:
+                torch.empty((), dtype=torch.int64).random_(generator=self.generator)
         while True:
             message, local, error = self._next_message(source)
             if self._world > 1:

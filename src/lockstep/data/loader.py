@@ -15,7 +15,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader
 
 from lockstep._nested import send_to_device
-from lockstep.data._position import DataLoaderStateMixin, batch_length
+from lockstep.data._position import DataLoaderStateMixin, batch_length, replay_first_read
 from lockstep.data.samplers import BatchSamplerShard, IterableDatasetShard
 from lockstep.rng import synchronize_rng_states
 
@@ -125,9 +125,8 @@ class DataLoaderShard(DataLoader, DataLoaderStateMixin):
             shard.start_batch, skip = skip, 0
         elif in_stream:  # the restored data source starts there by itself
             skip = 0
-        for index, batch in enumerate(self._base_iterator()):
-            if index < skip:
-                continue
+        replay = self._take_lookahead_replay()
+        for batch in replay_first_read(self._base_iterator(), skip, replay):
             if self.device is not None:
                 batch = send_to_device(batch, self.device, non_blocking=self._non_blocking)
             yield batch
