@@ -52,6 +52,7 @@ def init_default_group(
         init_method: a URL that replaces the launcher's rendezvous (``tcp://...``, ``file://...``).
     """
     if dist.is_initialized():
+        _register_exit_hook()  # a group the script made itself is also torn down safely at exit
         return
     timeout = timeout or DEFAULT_TIMEOUT
     if init_method is not None:

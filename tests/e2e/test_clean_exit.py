@@ -16,7 +16,7 @@ SCRIPT = SCRIPTS / "ddp_exit.py"
 RUNS = soak_runs(6)
 
 
-def _run_pair() -> list[tuple[int, str]]:
+def _run_pair(script=SCRIPT, *args: str, **extra_env: str) -> list[tuple[int, str]]:
     port = free_port()
     procs = []
     for rank in range(2):
@@ -29,10 +29,11 @@ def _run_pair() -> list[tuple[int, str]]:
             MASTER_ADDR="127.0.0.1",
             MASTER_PORT=str(port),
             OMP_NUM_THREADS="1",
+            **extra_env,
         )
         procs.append(
             subprocess.Popen(
-                [sys.executable, str(SCRIPT)],
+                [sys.executable, str(script), *args],
                 env=env,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
@@ -54,3 +55,15 @@ def test_ddp_run_exits_cleanly_every_time():
             if code != 0 or "terminate called" in output:
                 failures.append(f"run {attempt} rank {rank}: exit {code}\n{output[-2000:]}")
     assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize("own_group", ["0", "1"])
+def test_the_group_outlives_end_training_and_is_torn_down_at_exit(tmp_path, own_group):
+    """transformers' examples synchronise and save after end_training(); Accelerate has destroyed the group
+    by then. The group lockstep made, or the one the script made itself, goes down at exit, exit code 0."""
+    path = tmp_path / "model.pt"
+    results = _run_pair(SCRIPTS / "after_end_training.py", str(path), LOCKSTEP_TEST_OWN_GROUP=own_group)
+    for code, output in results:
+        assert code == 0 and "terminate called" not in output, output[-2000:]
+    assert "after end_training: reduce=2" in results[0][1]
+    assert path.is_file()

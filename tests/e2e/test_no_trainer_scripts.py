@@ -2,10 +2,10 @@
 lockstep, train a tiny GPT-2 and a tiny BERT from scratch, offline, on 2 CPU processes.
 
 The scripts are transformers' files, unchanged but for the lines in :data:`CHANGES` (applied here, to a
-copy in a temporary folder): the imports; ``send_example_telemetry``, which transformers 5 removed; and
-``accelerator.end_training()`` moved after the final save (``end_training`` tears the process group down,
-in Accelerate too, so the scripts' later ``wait_for_everyone()`` fails with ``--with_tracking`` on several
-processes: transformers issue #37434). They are read from
+copy in a temporary folder): the imports, and ``send_example_telemetry``, which transformers 5 removed.
+(The scripts call ``wait_for_everyone()`` and save after ``accelerator.end_training()``: under Accelerate,
+which destroys the process group there, that fails with ``--with_tracking`` on several processes,
+transformers issue #37434; lockstep keeps the group until exit.) They are read from
 ``tests/e2e/no_trainer/`` (see the README there); without them, or without transformers, datasets,
 tokenizers or tensorboard, the tests skip.
 
@@ -52,8 +52,6 @@ SHA256 = {
     "run_mlm_no_trainer.py": "67897a3f18421e0dd2e615f47f71a32653c0945cf515efa67d7304fb25dcca5c",
 }
 
-_END_TRAINING = "    if args.with_tracking:\n        accelerator.end_training()\n"
-_LAST_SAVE = '                json.dump({"perplexity": perplexity}, f)\n'
 CHANGES: list[tuple[str, str, str]] = [
     # (what upstream has, what runs here, why)
     (
@@ -73,16 +71,6 @@ CHANGES: list[tuple[str, str, str]] = [
         "transformers 5 removed send_example_telemetry",
     ),
     ('    send_example_telemetry("{script}", args)\n', "", "transformers 5 removed send_example_telemetry"),
-    (
-        _END_TRAINING + "\n    if args.output_dir is not None:\n",
-        "    if args.output_dir is not None:\n",
-        "end_training() destroys the process group (transformers#37434): moved after the final save",
-    ),
-    (
-        _LAST_SAVE + "\n\nif __name__",
-        _LAST_SAVE + "\n" + _END_TRAINING + "\n\nif __name__",
-        "end_training() destroys the process group (transformers#37434): moved after the final save",
-    ),
 ]
 
 

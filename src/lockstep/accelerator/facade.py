@@ -34,7 +34,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from lockstep import _process_group, collectives
+from lockstep import collectives
 from lockstep.accelerator.accumulation import GradientAccumulation
 from lockstep.accelerator.optimizer import AcceleratedOptimizer
 from lockstep.accelerator.preemption import DEFAULT_SIGNALS, PreemptionWatcher, exit_now
@@ -606,14 +606,19 @@ class Accelerator(ProcessView, SettingsView, UnconfiguredFeatures):
     clear = free_memory
 
     def end_training(self) -> None:
-        """Finish the run: close trackers, finish background saves, tear the process group down safely."""
+        """Finish the run: close the trackers, finish background saves, stop the hang watchdog.
+
+        The process group stays up until the process exits, where lockstep tears it down safely (or until
+        ``PartialState().destroy_process_group()``), so code after ``end_training()`` can still synchronise:
+        transformers' ``*_no_trainer.py`` examples call ``wait_for_everyone()`` and save the model after it.
+        (Accelerate destroys the group here, and those scripts then fail on several processes.)
+        """
         from lockstep.diagnostics import hang_watchdog
 
         self._trackers.finish()
         if self._checkpoints is not None:
             self._checkpoints.wait()
         self.free_memory()
-        _process_group.shutdown(barrier=True)
         hang_watchdog.stop()
 
     # -- saving -----------------------------------------------------------------------------------
