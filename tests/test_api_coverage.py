@@ -102,7 +102,7 @@ def test_the_coverage_figures():
         "accelerator_members": {"names": 86, "implemented": 80, "unsupported": 6},
         "accelerator_attributes": {"names": 28, "implemented": 26, "absent": 2},
         "top_level": {"names": 30, "implemented": 20, "unsupported": 9, "absent": 1},
-        "utils": {"names": 264, "implemented": 201, "unsupported": 50, "absent": 13},
+        "utils": {"names": 264, "implemented": 203, "unsupported": 50, "absent": 11},
         "launch_flags": {"names": 124, "implemented": 43, "accepted": 5, "unsupported": 76},
     }
 

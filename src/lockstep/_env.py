@@ -270,6 +270,15 @@ def launched_by_lockstep(env: Mapping[str, str] | None = None) -> bool:
     return bool(env.get(LOCKSTEP_LAUNCH_CONFIG))
 
 
+def set_rank0_loading(enabled: bool) -> None:
+    """Switch transformers' rank-0-only weight loading on or off for models built from now on
+    (``FSDP_CPU_RAM_EFFICIENT_LOADING``; switching on also sets ``ACCELERATE_USE_FSDP`` when unset, as
+    transformers needs both)."""
+    if enabled:
+        os.environ.setdefault("ACCELERATE_USE_FSDP", "True")
+    os.environ["FSDP_CPU_RAM_EFFICIENT_LOADING"] = "True" if enabled else "False"
+
+
 def announce_rank0_loading() -> None:
     """Tell transformers' ``from_pretrained`` that only local rank 0 needs the pretrained weights.
 

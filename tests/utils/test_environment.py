@@ -174,3 +174,18 @@ def test_versions_compare_like_accelerate():
     with pytest.raises(ValueError, match=r"operation='=>'\) is invalid: use one of '>', '>='"):
         versions.compare_versions("numpy", "=>", "1.0")
     assert str(versions.torch_version).startswith(torch.__version__.split("+")[0])
+
+
+def test_fsdp_ram_efficient_loading_switches_the_variables_transformers_reads(monkeypatch):
+    from lockstep.utils import disable_fsdp_ram_efficient_loading, enable_fsdp_ram_efficient_loading
+
+    monkeypatch.delenv("ACCELERATE_USE_FSDP", raising=False)
+    monkeypatch.delenv("FSDP_CPU_RAM_EFFICIENT_LOADING", raising=False)
+    enable_fsdp_ram_efficient_loading()
+    assert os.environ["ACCELERATE_USE_FSDP"] == "True"
+    assert os.environ["FSDP_CPU_RAM_EFFICIENT_LOADING"] == "True"
+    disable_fsdp_ram_efficient_loading()
+    assert os.environ["FSDP_CPU_RAM_EFFICIENT_LOADING"] == "False"
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "false")  # an explicit choice is kept
+    enable_fsdp_ram_efficient_loading()
+    assert os.environ["ACCELERATE_USE_FSDP"] == "false"

@@ -135,6 +135,8 @@ from lockstep.utils.environment import (
     str_to_bool,
 )
 from lockstep.utils.fsdp_utils import (
+    disable_fsdp_ram_efficient_loading,
+    enable_fsdp_ram_efficient_loading,
     ensure_weights_retied,
     load_fsdp_model,
     load_fsdp_optimizer,
@@ -414,7 +416,9 @@ __all__ = [
     "convert_to_fp32",
     "copy_tensor_to_devices",
     "deepspeed_required",
+    "disable_fsdp_ram_efficient_loading",
     "dtype_byte_size",
+    "enable_fsdp_ram_efficient_loading",
     "ensure_weights_retied",
     "extract_model_from_parallel",
     "extract_submodules_state_dict",

@@ -26,12 +26,15 @@ from typing import Any
 
 from torch import nn
 
+from lockstep import _env
 from lockstep.checkpoint.model_files import save_model_files
 from lockstep.checkpoint.saver import agree
 from lockstep.state import PartialState
 from lockstep.utils._tied_weights import ensure_weights_retied
 
 __all__ = [
+    "disable_fsdp_ram_efficient_loading",
+    "enable_fsdp_ram_efficient_loading",
     "ensure_weights_retied",
     "load_fsdp_model",
     "load_fsdp_optimizer",
@@ -41,6 +44,30 @@ __all__ = [
 ]
 
 _logger = logging.getLogger(__name__)
+
+
+def enable_fsdp_ram_efficient_loading() -> None:
+    """Make transformers' ``from_pretrained`` read the pretrained weights on the main process only (the others
+    build the model on the meta device; FSDP's ``cpu_ram_efficient_loading`` then broadcasts the weights).
+
+    Example:
+        >>> import os
+        >>> enable_fsdp_ram_efficient_loading()
+        >>> os.environ["FSDP_CPU_RAM_EFFICIENT_LOADING"]
+        'True'
+        >>> disable_fsdp_ram_efficient_loading()
+        >>> os.environ["FSDP_CPU_RAM_EFFICIENT_LOADING"]
+        'False'
+    """
+    _env.set_rank0_loading(True)
+
+
+def disable_fsdp_ram_efficient_loading() -> None:
+    """Make every process read the pretrained weights in ``from_pretrained`` again (see
+    :func:`enable_fsdp_ram_efficient_loading`)."""
+    _env.set_rank0_loading(False)
+
+
 _FSDP_MODEL_NAME = "pytorch_model_fsdp"
 _OPTIMIZER_NAME = "optimizer"
 
