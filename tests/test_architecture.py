@@ -321,3 +321,20 @@ def test_the_rules_catch_synthetic_violations():
     ]
     allowed = parse("lockstep.backends.registry", "x = y.distributed_type == DistributedType.FSDP\n")
     assert identity_checks([allowed]) == []
+
+
+def test_the_accelerator_loads_the_optional_parts_on_first_use():
+    """`from lockstep import Accelerator` after torch stays small (BENCHMARKS.md, import cost): the utils
+    package, checkpointing, safetensors, the profiler wrapper and regional compilation load when used."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, torch; before = set(sys.modules); from lockstep import Accelerator; "
+        "print(' '.join(sorted(set(sys.modules) - before)))"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.split()
+    deferred = ("lockstep.utils", "lockstep.checkpoint", "safetensors", "lockstep.accelerator.profiling")
+    assert [name for name in loaded if name.startswith(deferred) or "regional" in name] == []

@@ -41,7 +41,6 @@ from lockstep.accelerator.preemption import DEFAULT_SIGNALS, PreemptionWatcher, 
 from lockstep.accelerator.preparation import Preparer, has_device_map, is_unprepared_scheduler, models_first
 from lockstep.accelerator.prepared import PreparedObjects
 from lockstep.accelerator.process_view import ProcessView
-from lockstep.accelerator.profiling import profile as _profile
 from lockstep.accelerator.scheduler import AcceleratedScheduler
 from lockstep.accelerator.settings import (
     NOT_GIVEN,
@@ -476,7 +475,9 @@ class Accelerator(ProcessView, SettingsView, UnconfiguredFeatures):
             True
         """
         handler = profile_handler or self.profile_handler or ProfileKwargs()
-        return _profile(handler, process_index=self.process_index, barrier=self.wait_for_everyone)
+        from lockstep.accelerator.profiling import profile  # torch.profiler loads on first use
+
+        return profile(handler, process_index=self.process_index, barrier=self.wait_for_everyone)
 
     def unscale_gradients(self, optimizer: torch.optim.Optimizer | Sequence[Any] | None = None) -> None:
         """Divide gradients by the fp16 loss scale (once per step; a no-op otherwise)."""

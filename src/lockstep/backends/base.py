@@ -26,7 +26,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from lockstep._regional_compilation import compile_regions_in_place
 from lockstep.config.enums import DistributedType
 from lockstep.config.plugins import TorchDynamoPlugin
 from lockstep.precision import Precision
@@ -101,6 +100,8 @@ class Backend(ABC):
         if plugin is None or not plugin.enabled:
             return model
         if plugin.use_regional_compilation:
+            from lockstep._regional_compilation import compile_regions_in_place
+
             # In place (nn.Module.compile on each repeated block): the prepared model keeps its identity,
             # parameter names and forward wrapper, and a sharding backend's hooks keep running.
             return compile_regions_in_place(model, **plugin.compile_kwargs())
