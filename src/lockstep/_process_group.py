@@ -139,3 +139,12 @@ def _shutdown_at_exit() -> None:
         shutdown(barrier=not _uncaught_exception.is_set())
     except Exception as error:  # never turn a clean exit into a crash
         logger.debug("process group shutdown at exit failed: %s", error)
+
+
+def init_group_of_one(backend: str) -> None:
+    """A default process group of this process alone (an in-memory store, no rendezvous), for engines that
+    need a group even with one process (DeepSpeed); torn down at exit like any other. No-op when one exists."""
+    if dist.is_initialized():
+        return
+    dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=DEFAULT_TIMEOUT)
+    _register_exit_hook()

@@ -375,10 +375,10 @@ def _pad_with_last(share: Any, target: int, *, last: Any) -> Any:
 class AcceleratorState(PartialState):
     """The process state plus the training settings an :class:`~lockstep.Accelerator` chose.
 
-    Accelerate's members for integrations lockstep does not drive answer as Accelerate does when they are
-    not configured: ``deepspeed_plugin``, ``deepspeed_plugins``, ``megatron_lm_plugin``, ``torch_tp_plugin``,
-    ``parallelism_config`` and ``device_mesh`` are None, ``use_ipex`` is False; choosing a DeepSpeed plugin
-    raises ``NotImplementedError``.
+    ``deepspeed_plugin`` is the active ``DeepSpeedPlugin`` (None without DeepSpeed). Accelerate's members for
+    integrations lockstep does not drive answer as Accelerate does when they are not configured:
+    ``megatron_lm_plugin``, ``torch_tp_plugin``, ``parallelism_config`` and ``device_mesh`` are None,
+    ``use_ipex`` is False.
 
     Args:
         mixed_precision: ``"no"``, ``"fp16"`` or ``"bf16"``; recorded by the first Accelerator.
@@ -434,14 +434,17 @@ class AcceleratorState(PartialState):
         return False
 
     @property
-    def deepspeed_plugin(self) -> None:
-        """None: lockstep has no DeepSpeed backend (Accelerate's answer when DeepSpeed is not in use)."""
-        return None
+    def deepspeed_plugin(self) -> Any:
+        """The active ``DeepSpeedPlugin``, or None when DeepSpeed is not used."""
+        plugins = self.deepspeed_plugins
+        if not plugins:
+            return None
+        return next((p for p in plugins.values() if p.selected), next(iter(plugins.values())))
 
     @property
-    def deepspeed_plugins(self) -> None:
-        """None: no DeepSpeed plugins are configured (lockstep has no DeepSpeed backend)."""
-        return None
+    def deepspeed_plugins(self) -> dict[str, Any] | None:
+        """The named ``DeepSpeedPlugin`` objects the Accelerator was given, or None."""
+        return self._ctx.accelerator_settings.get("deepspeed_plugins")
 
     @property
     def megatron_lm_plugin(self) -> None:
@@ -464,12 +467,34 @@ class AcceleratorState(PartialState):
         return None
 
     def get_deepspeed_plugin(self, name: str) -> Any:
-        """Not supported: raises ``NotImplementedError`` (lockstep has no DeepSpeed backend)."""
-        raise NotImplementedError(_no_deepspeed("get_deepspeed_plugin", name))
+        """The DeepSpeed plugin called ``name``.
+
+        Raises:
+            ValueError: DeepSpeed is not used, or no plugin has that name (the names are listed).
+        """
+        return self._deepspeed_plugins_with(name)[name]
 
     def select_deepspeed_plugin(self, name: str | None = None) -> None:
-        """Not supported: raises ``NotImplementedError`` (lockstep has no DeepSpeed backend)."""
-        raise NotImplementedError(_no_deepspeed("select_deepspeed_plugin", name))
+        """Make the plugin called ``name`` the active one: the next model prepared gets its engine."""
+        plugins = self._deepspeed_plugins_with(name)
+        for key, plugin in plugins.items():
+            if key == name:
+                plugin.select(_from_accelerator_state=True)
+            else:
+                plugin._unselect()
+
+    def _deepspeed_plugins_with(self, name: str | None) -> dict[str, Any]:
+        plugins = self.deepspeed_plugins
+        if not plugins:
+            raise ValueError(
+                f"No DeepSpeed plugin called {name!r}: this Accelerator does not use DeepSpeed. Pass "
+                "Accelerator(deepspeed_plugin={name: DeepSpeedPlugin(...)})."
+            )
+        if name not in plugins:
+            raise ValueError(
+                f"No DeepSpeed plugin called {name!r}; the plugins are {', '.join(map(repr, plugins))}."
+            )
+        return plugins
 
     @property
     def distributed_type(self) -> DistributedType:
@@ -487,15 +512,6 @@ class AcceleratorState(PartialState):
 
     def _record(self, **settings: Any) -> None:
         self._ctx.accelerator_settings.update(settings)
-
-
-def _no_deepspeed(method: str, name: str | None) -> str:
-    return (
-        f"AcceleratorState.{method}({name!r}) is not supported by lockstep: lockstep has no DeepSpeed backend "
-        "(not built yet), so there are no DeepSpeed plugins to choose from. Shard the model with "
-        "FullyShardedDataParallelPlugin (FSDP2), which splits parameters, gradients and optimizer state across "
-        "processes like ZeRO-3."
-    )
 
 
 class GradientState:

@@ -38,13 +38,7 @@ def test_plugin_and_steps_conflict():
         )
 
 
-@pytest.mark.parametrize(
-    ("argument", "feature"),
-    [
-        ("deepspeed_plugin", "DeepSpeed"),
-        ("parallelism_config", "ParallelismConfig"),
-    ],
-)
+@pytest.mark.parametrize(("argument", "feature"), [("parallelism_config", "ParallelismConfig")])
 def test_later_features_raise_instead_of_being_ignored(argument, feature):
     with pytest.raises(
         NotImplementedError, match=rf"Accelerator\({argument}=...\) is not supported yet: .*{feature}"

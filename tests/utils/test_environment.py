@@ -133,18 +133,17 @@ def test_package_checks_find_installed_packages_without_importing_them(monkeypat
     assert imports.is_numpy_available() is True
     assert imports.is_numpy_available(min_version="999.0") is False
     assert imports.is_pytest_available() is True
-    assert imports.is_deepspeed_available() is False
     assert imports.is_megatron_lm_available() is False
     assert imports.is_torch_xla_available() is False and imports.is_tpu_available() is False
     assert imports.is_transformer_engine_available() is False and imports.is_msamp_available() is False
 
 
 def test_a_package_needing_a_distribution_is_not_found_from_a_stray_folder(monkeypatch, tmp_path):
-    (tmp_path / "deepspeed").mkdir()
-    (tmp_path / "deepspeed" / "__init__.py").write_text("")
+    (tmp_path / "msamp").mkdir()
+    (tmp_path / "msamp" / "__init__.py").write_text("")
     monkeypatch.syspath_prepend(str(tmp_path))
-    assert imports._installed("deepspeed") is True  # the module can be found ...
-    assert imports.is_deepspeed_available() is False  # ... but no deepspeed distribution is installed
+    assert imports._installed("msamp") is True  # the module can be found ...
+    assert imports.is_msamp_available() is False  # ... but no ms-amp distribution is installed
 
 
 def test_device_and_number_format_checks_on_this_machine():

@@ -12,12 +12,7 @@ import lockstep.utils
 
 # name -> (submodule it is also importable from, words the error must contain)
 UNSUPPORTED = {
-    "DeepSpeedPlugin": ("dataclasses", "no DeepSpeed backend"),
-    "DummyOptim": ("deepspeed", "no DeepSpeed backend"),
-    "DummyScheduler": ("deepspeed", "no DeepSpeed backend"),
-    "HfDeepSpeedConfig": ("deepspeed", "no DeepSpeed backend"),
-    "DeepSpeedEngineWrapper": ("deepspeed", "no DeepSpeed backend"),
-    "get_active_deepspeed_plugin": ("deepspeed", "no DeepSpeed backend"),
+    "HfDeepSpeedConfig": ("deepspeed", "DeepSpeed integration is not built"),
     "MegatronLMPlugin": ("dataclasses", "does not drive Megatron-LM"),
     "GPTTrainStep": ("megatron_lm", "does not drive Megatron-LM"),
     "MegatronEngine": ("megatron_lm", "does not drive Megatron-LM"),
@@ -37,7 +32,7 @@ UNSUPPORTED = {
     "TorchTensorParallelConfig": ("dataclasses", "tensor parallelism is not built yet"),
     "ParallelismConfig": ("dataclasses", "multi-dimensional parallelism"),
     "TorchContextParallelConfig": ("dataclasses", "multi-dimensional parallelism"),
-    "DeepSpeedSequenceParallelConfig": ("dataclasses", "no DeepSpeed backend"),
+    "DeepSpeedSequenceParallelConfig": ("dataclasses", "DeepSpeed integration is not built"),
     "convert_model_to_fp8_ao": ("ao", "no FP8 backend"),
     "filter_first_and_last_linear_layers": ("ao", "no FP8 backend"),
     "has_ao_layers": ("ao", "no FP8 backend"),
@@ -66,11 +61,11 @@ def test_unsupported_names_import_and_raise_when_used(name):
 
 
 def test_unsupported_classes_stay_classes():
-    assert isinstance(lockstep.utils.DeepSpeedPlugin, type)
-    assert not isinstance(object(), lockstep.utils.DummyOptim)  # isinstance checks in user code work
+    assert isinstance(lockstep.utils.HfDeepSpeedConfig, type)
+    assert not isinstance(object(), lockstep.utils.HfDeepSpeedConfig)  # isinstance checks in user code work
     assert lockstep.DeepSpeedPlugin is lockstep.utils.DeepSpeedPlugin
-    with pytest.raises(NotImplementedError, match="Shard the model with FullyShardedDataParallelPlugin"):
-        lockstep.DeepSpeedPlugin(zero_stage=2)
+    with pytest.raises(NotImplementedError, match="Configure DeepSpeed with lockstep.utils.DeepSpeedPlugin"):
+        lockstep.utils.HfDeepSpeedConfig({})
 
 
 def test_top_level_and_utils_share_the_stand_ins():

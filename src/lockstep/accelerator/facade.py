@@ -47,7 +47,6 @@ from lockstep.accelerator.settings import (
     apply_deprecated_dataloader_arguments,
     reject_unbuilt_features,
     resolve_accumulation,
-    resolve_fsdp,
     resolve_settings,
 )
 from lockstep.accelerator.settings_view import SettingsView
@@ -138,11 +137,7 @@ class Accelerator(ProcessView, SettingsView, UnconfiguredFeatures):
         even_batches: bool = NOT_GIVEN,
         use_seedable_sampler: bool = NOT_GIVEN,
     ) -> None:
-        if fsdp_plugin is not None and deepspeed_plugin is not None:
-            resolve_fsdp(fsdp_plugin, deepspeed_plugin, {})  # raises: they cannot be combined
         reject_unbuilt_features(
-            deepspeed_plugin=deepspeed_plugin,
-            deepspeed_plugins=deepspeed_plugins,
             torch_tp_plugin=torch_tp_plugin,
             megatron_lm_plugin=megatron_lm_plugin,
             parallelism_config=parallelism_config,
@@ -168,6 +163,8 @@ class Accelerator(ProcessView, SettingsView, UnconfiguredFeatures):
             rng_types=rng_types,
             kwargs_handlers=kwargs_handlers,
             fsdp_plugin=fsdp_plugin,
+            deepspeed_plugin=deepspeed_plugin,
+            deepspeed_plugins=deepspeed_plugins,
         )
         SettingsView.__init__(self, settings)
         ProcessView.__init__(self, self._build_state(cpu=cpu, debug=debug))
@@ -208,11 +205,13 @@ class Accelerator(ProcessView, SettingsView, UnconfiguredFeatures):
             ddp_kwargs=handlers.ddp,
             dynamo_plugin=self.settings.dynamo_plugin,
             fsdp_plugin=self.settings.fsdp_plugin,
+            deepspeed_plugins=self.settings.deepspeed_plugins,
         )
         self.state._record(
             distributed_type=backend.distributed_type,
             dynamo_plugin=self.settings.dynamo_plugin,
             fsdp_plugin=self.settings.fsdp_plugin,
+            deepspeed_plugins=self.settings.deepspeed_plugins,
         )
         return backend
 
@@ -354,10 +353,13 @@ class Accelerator(ProcessView, SettingsView, UnconfiguredFeatures):
         """
         placements = self._preparer.placements(len(args), device_placement)
         result = list(args)
+        together = self._preparer.together(args)  # a backend that builds model and optimizer as one
         # Models first (a sharding backend re-binds optimizers to their parameters), schedulers last
         # (they need the prepared optimizers); each through the prepare_* method a subclass may override.
         for index in models_first(args):
-            result[index] = self._prepare_one(args[index], placements[index])
+            result[index] = (
+                together[index] if index in together else self._prepare_one(args[index], placements[index])
+            )
         result = [self.prepare_scheduler(obj) if is_unprepared_scheduler(obj) else obj for obj in result]
         return result[0] if len(result) == 1 else tuple(result)
 
@@ -411,9 +413,7 @@ class Accelerator(ProcessView, SettingsView, UnconfiguredFeatures):
     # -- training step ----------------------------------------------------------------------------
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         """``loss.backward()``, divided by the accumulation steps and scaled under fp16."""
-        steps = self.gradient_accumulation_steps
-        if steps > 1:
-            loss = loss / steps
+        loss = self.backend.scale_for_accumulation(loss, self.gradient_accumulation_steps)
         with self._step_timer.backward():
             self.backend.backward(loss, **kwargs)
 
@@ -599,7 +599,10 @@ class Accelerator(ProcessView, SettingsView, UnconfiguredFeatures):
 
     # -- memory and shutdown ----------------------------------------------------------------------
     def free_memory(self, *objects: Any) -> list[Any]:
-        """Drop the Accelerator's references to prepared objects and free cached memory."""
+        """Drop the Accelerator's references to prepared objects and free cached memory (DeepSpeed engines
+        are destroyed)."""
+        for model in self._prepared.models:
+            self.backend.release(model)
         self._prepared.forget_prepared()
         self.step = 0
         return release_memory(*objects)

@@ -18,7 +18,7 @@ from lockstep.accelerator.optimizer import AcceleratedOptimizer
 from lockstep.accelerator.prepared import PreparedObjects
 from lockstep.accelerator.scheduler import AcceleratedScheduler
 from lockstep.accelerator.settings import AcceleratorSettings
-from lockstep.backends.base import Backend
+from lockstep.backends.base import Backend, JointlyPrepared
 from lockstep.config import topology
 from lockstep.data import prepare_data_loader
 from lockstep.state import PartialState
@@ -144,9 +144,7 @@ class Preparer:
             device=self.state.device,
             on_step=self.on_optimizer_step,
         )
-        self.prepared.optimizers.append(prepared)
-        self.watch(prepared)
-        return prepared
+        return self._register_optimizer(prepared)
 
     def scheduler(self, scheduler: Any) -> AcceleratedScheduler:
         """A scheduler that follows the prepared optimizers it drives."""
@@ -155,6 +153,59 @@ class Preparer:
         prepared = AcceleratedScheduler(
             scheduler,
             self.prepared.optimizers_of(scheduler),
+            step_with_optimizer=self.step_scheduler_with_optimizer,
+            split_batches=self.settings.dataloader_config.split_batches,
+            num_processes=self.state.num_processes,
+        )
+        self.prepared.schedulers.append(prepared)
+        return prepared
+
+    def together(self, objects: Sequence[Any]) -> dict[int, Any]:
+        """The objects the backend prepares together (DeepSpeed's engine with its optimizer and scheduler),
+        registered, by position in ``objects``; empty when the backend prepares each on its own."""
+        joint = self.backend.prepare_together(
+            objects,
+            accumulation_steps=self.settings.gradient_accumulation_plugin.num_steps,
+            split_batches=self.settings.dataloader_config.split_batches,
+        )
+        if joint is None:
+            return {}
+        index, model = joint.model
+        self.prepared.models.append(model)
+        result: dict[int, Any] = {index: model}
+        optimizer: AcceleratedOptimizer | None = None
+        if joint.optimizer is not None:
+            index, inner = joint.optimizer
+            optimizer = self._register_optimizer(self._engine_optimizer(inner, joint))
+            result[index] = optimizer
+        if joint.scheduler is not None:
+            index, inner = joint.scheduler
+            result[index] = self._register_scheduler(inner, [optimizer] if optimizer else [], joint)
+        return result
+
+    def _engine_optimizer(self, inner: Any, joint: JointlyPrepared) -> AcceleratedOptimizer:
+        if joint.optimizer_stepped_by_model:
+            from lockstep.accelerator.engine_stepped import DeepSpeedOptimizerWrapper
+
+            return DeepSpeedOptimizerWrapper(inner, on_step=self.on_optimizer_step)
+        return AcceleratedOptimizer(inner, False, device=self.state.device, on_step=self.on_optimizer_step)
+
+    def _register_optimizer(self, prepared: AcceleratedOptimizer) -> AcceleratedOptimizer:
+        self.prepared.optimizers.append(prepared)
+        self.watch(prepared)
+        return prepared
+
+    def _register_scheduler(
+        self, inner: Any, optimizers: list[Any], joint: JointlyPrepared
+    ) -> AcceleratedScheduler:
+        kind = AcceleratedScheduler
+        if joint.scheduler_stepped_by_model:
+            from lockstep.accelerator.engine_stepped import DeepSpeedSchedulerWrapper
+
+            kind = DeepSpeedSchedulerWrapper
+        prepared = kind(
+            inner,
+            optimizers,
             step_with_optimizer=self.step_scheduler_with_optimizer,
             split_batches=self.settings.dataloader_config.split_batches,
             num_processes=self.state.num_processes,

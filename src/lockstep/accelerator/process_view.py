@@ -83,6 +83,11 @@ class ProcessView:
         return topology.is_fsdp2(self.state.distributed_type)
 
     @property
+    def deepspeed_plugin(self) -> Any:
+        """The active ``DeepSpeedPlugin``, or None when DeepSpeed is not used."""
+        return self.state.deepspeed_plugin
+
+    @property
     def is_composable_parallelism_enabled(self) -> bool:
         """Whether torch's composable parallelism (FSDP2 on DTensors) is in use: ``is_fsdp2``, as in Accelerate."""
         return self.is_fsdp2

@@ -12,6 +12,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lockstep import _env
+from lockstep.accelerator.deepspeed_settings import (
+    accumulation_from_config,
+    precision_from_config,
+    resolve_deepspeed,
+)
 from lockstep.config.dataloader import DataLoaderConfiguration
 from lockstep.config.enums import PrecisionType, RNGType
 from lockstep.config.fsdp import FullyShardedDataParallelPlugin
@@ -31,8 +36,6 @@ from lockstep.precision import parse_mixed_precision
 from lockstep.throughput.config import ThroughputKwargs
 
 _NOT_YET_BUILT = {
-    "deepspeed_plugin": "the DeepSpeed backend",
-    "deepspeed_plugins": "the DeepSpeed backend",
     "torch_tp_plugin": "tensor parallelism",
     "megatron_lm_plugin": "the Megatron-LM backend",
     "parallelism_config": "multi-dimensional parallelism (ParallelismConfig)",
@@ -148,6 +151,8 @@ class AcceleratorSettings:
     rng_types: list[RNGType]
     handlers: KwargsHandlers = field(default_factory=KwargsHandlers)
     fsdp_plugin: FullyShardedDataParallelPlugin | None = None
+    deepspeed_plugins: dict[str, Any] | None = None
+    """The named ``DeepSpeedPlugin`` objects (the selected one configures the next engine), or None."""
     launcher: dict[str, Any] = field(default_factory=dict)
     """What the launcher asked for (``lockstep launch`` flags and config file, as the workers received
     them); empty when the script was not started by ``lockstep launch``. Explicit arguments override it."""
@@ -260,9 +265,24 @@ def resolve_settings(
     kwargs_handlers: Iterable[Any] | None,
     fsdp_plugin: FullyShardedDataParallelPlugin | None = None,
     deepspeed_plugin: Any = None,
+    deepspeed_plugins: Any = None,
 ) -> AcceleratorSettings:
     """Validate and resolve the Accelerator's arguments against the launcher's settings."""
     launch = launcher_settings()
+    fsdp = resolve_fsdp(fsdp_plugin, deepspeed_plugin or deepspeed_plugins, launch)
+    deepspeed = None if fsdp is not None else resolve_deepspeed(deepspeed_plugin, deepspeed_plugins, launch)
+    if deepspeed is not None:
+        active = next(p for p in deepspeed.values() if p.selected)
+        if gradient_accumulation_plugin is None:
+            gradient_accumulation_steps = accumulation_from_config(
+                active,
+                gradient_accumulation_steps or launch.get("gradient_accumulation_steps", 1),
+                given=gradient_accumulation_steps is not None or "gradient_accumulation_steps" in launch,
+            )
+        given = mixed_precision is not None or launch.get("mixed_precision", "no") != "no"
+        mixed_precision = precision_from_config(
+            active, mixed_precision or launch.get("mixed_precision", "no"), given=given
+        )
     dataloader_config = dataloader_config if dataloader_config is not None else DataLoaderConfiguration()
     if not isinstance(dataloader_config, DataLoaderConfiguration):
         raise TypeError(
@@ -278,6 +298,7 @@ def resolve_settings(
         dynamo_plugin=resolve_dynamo(dynamo_backend, dynamo_plugin, launch),
         rng_types=resolve_rng_types(rng_types, dataloader_config),
         handlers=sort_kwargs_handlers(kwargs_handlers),
-        fsdp_plugin=resolve_fsdp(fsdp_plugin, deepspeed_plugin, launch),
+        fsdp_plugin=fsdp,
+        deepspeed_plugins=deepspeed,
         launcher=dict(launch),
     )

@@ -1,4 +1,4 @@
-"""Accelerate 1.15's Accelerator members for DeepSpeed, ``ParallelismConfig``, FP8 and LOMO optimizers.
+"""Accelerate 1.15's Accelerator members for DeepSpeed sequence parallelism, ``ParallelismConfig``, FP8 and LOMO optimizers.
 
 lockstep builds none of these yet, so each member answers as Accelerate does when the feature is not
 configured: the plugin, the configuration and the device mesh are None, the FP8 backend is ``NO``, the
@@ -9,7 +9,7 @@ missing. The base stands on its own: it needs nothing.
 
 Example:
     >>> features = UnconfiguredFeatures()
-    >>> features.deepspeed_plugin is None, features.fp8_backend, features.has_lomo_optimizer
+    >>> features.parallelism_config is None, features.fp8_backend, features.has_lomo_optimizer
     (True, <FP8BackendType.NO: 'NO'>, False)
     >>> features.tensor_parallel_rank
     Traceback (most recent call last):
@@ -54,11 +54,6 @@ class UnconfiguredFeatures:
     """Whether a LOMO optimizer (``lomo-optim``) was prepared; lockstep does not prepare them."""
 
     # -- DeepSpeed and ParallelismConfig ----------------------------------------------------------
-    @property
-    def deepspeed_plugin(self) -> None:
-        """The active ``DeepSpeedPlugin``: None, as in Accelerate when DeepSpeed is not used."""
-        return None
-
     @property
     def parallelism_config(self) -> None:
         """The ``ParallelismConfig``: None, as in Accelerate when none was given."""

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,14 +33,27 @@ from lockstep.precision import Precision
 from lockstep.state import PartialState
 
 Indexed = Sequence[tuple[int, Any]]
+"""``(index, object)`` pairs: the position of a model or optimizer among those prepared, and the object."""
+
+
+@dataclass
+class JointlyPrepared:
+    """What a backend that builds model, optimizer and scheduler together (DeepSpeed's engine) made of the
+    objects given to one ``prepare`` call: ``(position in the call, prepared object)`` pairs."""
+
+    model: tuple[int, nn.Module]
+    optimizer: tuple[int, Any] | None = None
+    """The backend's optimizer (the Accelerator wraps it for the user)."""
+    scheduler: tuple[int, Any] | None = None
+    optimizer_stepped_by_model: bool = False
+    """The model steps the optimizer itself (in :meth:`Backend.backward`): the user's ``step()`` only notes it."""
+    scheduler_stepped_by_model: bool = False
+    """The model steps the scheduler itself: the user's ``scheduler.step()`` does nothing."""
 
 
 def _compiled_like(compiled: nn.Module, module: nn.Module) -> nn.Module:
     """A ``torch.compile`` wrapper around ``module`` with ``compiled``'s compile settings."""
     return type(compiled)(module, compiled.dynamo_ctx)  # type: ignore[call-arg, attr-defined]
-
-
-"""``(index, object)`` pairs: the position of a model or optimizer among those prepared, and the object."""
 
 
 class Backend(ABC):
@@ -69,6 +83,13 @@ class Backend(ABC):
         return self.state.device
 
     # -- models and optimizers --------------------------------------------------------------------
+    def prepare_together(
+        self, objects: Sequence[Any], *, accumulation_steps: int, split_batches: bool
+    ) -> JointlyPrepared | None:
+        """Prepare the model, optimizer and scheduler among the objects of one ``prepare`` call together, for
+        a backend that can only build them as one (DeepSpeed); None: each is prepared on its own."""
+        return None
+
     def prepare_model(
         self, model: nn.Module, *, device_placement: bool, evaluation_mode: bool = False
     ) -> nn.Module:
@@ -142,7 +163,15 @@ class Backend(ABC):
         """The whole (unwrapped) model's weights; sharding backends gather them on the main process."""
         return model.state_dict()
 
+    def release(self, model: Any) -> None:
+        """Free what the backend holds for a prepared model that ``free_memory`` drops; nothing here."""
+        return None
+
     # -- training step ----------------------------------------------------------------------------
+    def scale_for_accumulation(self, loss: torch.Tensor, steps: int) -> torch.Tensor:
+        """The loss of one micro-batch of ``steps``, as backward should see it (divided by ``steps``)."""
+        return loss / steps if steps > 1 else loss
+
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         """``loss.backward()`` in this backend's precision (scaled under fp16)."""
         self.precision.backward(loss, **kwargs)

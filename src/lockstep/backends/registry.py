@@ -6,6 +6,8 @@ lockstep asks which backend is active.
 
 from __future__ import annotations
 
+from typing import Any
+
 from lockstep.backends.base import Backend
 from lockstep.backends.ddp import DDPBackend
 from lockstep.backends.single import SingleProcessBackend
@@ -26,10 +28,12 @@ def select_backend(
     ddp_kwargs: DistributedDataParallelKwargs | None = None,
     dynamo_plugin: TorchDynamoPlugin | None = None,
     fsdp_plugin: FullyShardedDataParallelPlugin | None = None,
+    deepspeed_plugins: dict[str, Any] | None = None,
 ) -> Backend:
     """Pick the backend for this process's topology and the user's plugins, with its precision.
 
-    FSDP is used whenever its plugin is given, even with one process (a mesh of one), so that
+    DeepSpeed is used whenever a plugin is given, even with one process (DeepSpeed's engine with a group of
+    one). FSDP is used whenever its plugin is given, even with one process (a mesh of one), so that
     checkpoints have the same sharded format whatever the number of processes.
 
     Example:
@@ -38,6 +42,12 @@ def select_backend(
         'SingleProcessBackend'
     """
     precision_kwargs = {"autocast_kwargs": autocast_kwargs, "scaler_kwargs": scaler_kwargs}
+    if deepspeed_plugins:
+        from lockstep.backends.deepspeed.backend import DeepSpeedBackend
+
+        return DeepSpeedBackend(
+            state, plugins=deepspeed_plugins, mixed_precision=mixed_precision, dynamo_plugin=dynamo_plugin
+        )
     if fsdp_plugin is not None:
         from lockstep.backends.fsdp import FSDPBackend
         from lockstep.backends.fsdp.precision import FSDPPrecision

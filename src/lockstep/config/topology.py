@@ -16,9 +16,9 @@ Example:
     (True, False)
     >>> is_fsdp2("FSDP")
     True
-    >>> checked_distributed_type("DEEPSPEED")
+    >>> checked_distributed_type("XLA")
     Traceback (most recent call last):
-    lockstep.errors.UsageError: distributed_type DEEPSPEED is not supported yet: the DeepSpeed backend is not part of this version of lockstep. Use MULTI_CPU or MULTI_GPU (DDP).
+    lockstep.errors.UsageError: distributed_type XLA is not supported yet: TPUs (XLA) is not part of this version of lockstep. Use MULTI_CPU or MULTI_GPU (DDP).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ class _Kind:
 
 _KINDS: dict[DistributedType, _Kind] = {
     DistributedType.FSDP: _Kind(section="fsdp_config", fsdp2=True),
-    DistributedType.DEEPSPEED: _Kind(section="deepspeed_config", not_built="the DeepSpeed backend"),
+    DistributedType.DEEPSPEED: _Kind(section="deepspeed_config"),
     DistributedType.MEGATRON_LM: _Kind(section="megatron_lm_config", not_built="the Megatron-LM backend"),
     DistributedType.XLA: _Kind(not_built="TPUs (XLA)"),
     DistributedType.MULTI_GPU: _Kind(gpu_only=True, multi_device=True),
@@ -111,7 +111,7 @@ def is_fsdp2(distributed_type: str | DistributedType | None) -> bool:
 
 
 def is_deepspeed(distributed_type: str | DistributedType | None) -> bool:
-    """Whether ``distributed_type`` is DEEPSPEED (a type this version of lockstep does not run): what
+    """Whether ``distributed_type`` is DEEPSPEED: what
     Accelerate's ``deepspeed_required`` and ``AcceleratorState.deepspeed_plugin`` ask."""
     return distributed_type is not None and (
         DistributedType.parse(distributed_type, argument="distributed_type") is DistributedType.DEEPSPEED

@@ -21,14 +21,16 @@ Example:
     torch.float32
 """
 
-from lockstep.utils._unsupported import (
-    AbstractTrainStep,
-    BertTrainStep,
+from lockstep.accelerator.engine_stepped import (
     DeepSpeedEngineWrapper,
     DeepSpeedOptimizerWrapper,
     DeepSpeedSchedulerWrapper,
-    DummyOptim,
-    DummyScheduler,
+)
+from lockstep.backends.deepspeed.placeholders import DummyOptim, DummyScheduler
+from lockstep.config.deepspeed_plugin import get_active_deepspeed_plugin
+from lockstep.utils._unsupported import (
+    AbstractTrainStep,
+    BertTrainStep,
     GPTTrainStep,
     HfDeepSpeedConfig,
     MegatronEngine,
@@ -43,7 +45,6 @@ from lockstep.utils._unsupported import (
     contextual_fp8_autocast,
     convert_model,
     gather_across_data_parallel_groups,
-    get_active_deepspeed_plugin,
     has_4bit_bnb_layers,
     has_transformer_engine_layers,
     install_xla,

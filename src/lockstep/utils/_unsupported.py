@@ -1,14 +1,14 @@
 """Accelerate names for hardware and integrations lockstep does not drive: they import, and using them raises.
 
 Code written for Accelerate often imports these names at the top of a script and uses them only on one
-kind of machine (``DummyOptim`` when a DeepSpeed config is given, ``install_xla`` in a Colab cell). So they
+kind of machine (``MegatronLMPlugin`` with Megatron-LM, ``install_xla`` in a Colab cell). So they
 exist under Accelerate's names and paths, and calling a function or constructing a class raises
 ``NotImplementedError`` naming the feature, why lockstep lacks it, and what to use instead.
 
 Example:
-    >>> DummyOptim(params=[])
+    >>> MegatronLMPlugin()
     Traceback (most recent call last):
-    NotImplementedError: DummyOptim is not supported by lockstep: lockstep has no DeepSpeed backend (not built yet). Shard the model with FullyShardedDataParallelPlugin (FSDP2), which splits parameters, gradients and optimizer state across processes like ZeRO-3.
+    NotImplementedError: MegatronLMPlugin is not supported by lockstep: lockstep does not drive Megatron-LM. Train with FullyShardedDataParallelPlugin (FSDP2) or plain data parallelism (DDP).
 """
 
 from __future__ import annotations
@@ -30,9 +30,9 @@ class Feature:
 
 
 DEEPSPEED = Feature(
-    "lockstep has no DeepSpeed backend (not built yet)",
-    "Shard the model with FullyShardedDataParallelPlugin (FSDP2), which splits parameters, gradients and "
-    "optimizer state across processes like ZeRO-3.",
+    "this part of Accelerate's DeepSpeed integration is not built in lockstep (its DeepSpeed backend trains "
+    "ZeRO 0-3 through DeepSpeedPlugin, DummyOptim and DummyScheduler)",
+    "Configure DeepSpeed with lockstep.utils.DeepSpeedPlugin and pass a torch optimizer or DummyOptim to prepare().",
 )
 MEGATRON_LM = Feature(
     "lockstep does not drive Megatron-LM",
@@ -95,13 +95,7 @@ def unsupported_class(name: str, feature: Feature) -> type:
 
 
 # -- DeepSpeed (accelerate.utils.deepspeed, accelerate.utils.dataclasses) --------------------------------
-DeepSpeedPlugin = unsupported_class("DeepSpeedPlugin", DEEPSPEED)
 HfDeepSpeedConfig = unsupported_class("HfDeepSpeedConfig", DEEPSPEED)
-DeepSpeedEngineWrapper = unsupported_class("DeepSpeedEngineWrapper", DEEPSPEED)
-DeepSpeedOptimizerWrapper = unsupported_class("DeepSpeedOptimizerWrapper", DEEPSPEED)
-DeepSpeedSchedulerWrapper = unsupported_class("DeepSpeedSchedulerWrapper", DEEPSPEED)
-DummyOptim = unsupported_class("DummyOptim", DEEPSPEED)
-DummyScheduler = unsupported_class("DummyScheduler", DEEPSPEED)
 get_active_deepspeed_plugin = unsupported_function("get_active_deepspeed_plugin", DEEPSPEED)
 map_pytorch_optim_to_deepspeed = unsupported_function("map_pytorch_optim_to_deepspeed", DEEPSPEED)
 

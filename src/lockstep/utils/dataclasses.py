@@ -37,12 +37,12 @@ from lockstep.config import (
     RNGType,
     TorchDynamoPlugin,
 )
+from lockstep.config.deepspeed_plugin import DeepSpeedPlugin
 from lockstep.config.enums import _StrEnum
 from lockstep.config.kwargs import FP8BackendType, ProfileKwargs
 from lockstep.utils._unsupported import (
     AORecipeKwargs,
     BnbQuantizationConfig,
-    DeepSpeedPlugin,
     DeepSpeedSequenceParallelConfig,
     FP8RecipeKwargs,
     MegatronLMPlugin,

@@ -1,19 +1,19 @@
-"""``accelerate.utils.deepspeed``: importable, not supported (lockstep has no DeepSpeed backend yet).
+"""``accelerate.utils.deepspeed``: the DeepSpeed names a training loop uses.
 
-Constructing any of these classes or calling the functions raises ``NotImplementedError``. To shard a
-model's parameters, gradients and optimizer state, use ``FullyShardedDataParallelPlugin`` (FSDP2).
+``DummyOptim``/``DummyScheduler`` stand for the DeepSpeed config's optimizer and scheduler; the wrappers are
+what ``prepare`` returns for them; ``get_active_deepspeed_plugin`` answers which plugin configures the next
+engine. ``HfDeepSpeedConfig`` and ``map_pytorch_optim_to_deepspeed`` are not built and raise
+``NotImplementedError``.
 """
 
-from lockstep.utils._unsupported import (
+from lockstep.accelerator.engine_stepped import (
     DeepSpeedEngineWrapper,
     DeepSpeedOptimizerWrapper,
     DeepSpeedSchedulerWrapper,
-    DummyOptim,
-    DummyScheduler,
-    HfDeepSpeedConfig,
-    get_active_deepspeed_plugin,
-    map_pytorch_optim_to_deepspeed,
 )
+from lockstep.backends.deepspeed.placeholders import DummyOptim, DummyScheduler
+from lockstep.config.deepspeed_plugin import get_active_deepspeed_plugin
+from lockstep.utils._unsupported import HfDeepSpeedConfig, map_pytorch_optim_to_deepspeed
 
 __all__ = [
     "DeepSpeedEngineWrapper",
