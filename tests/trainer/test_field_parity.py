@@ -155,6 +155,8 @@ NOT_BUILT_VALUES = {
     "eval_do_concat_batches": False,
     "restore_callback_states_from_checkpoint": True,
     "average_tokens_across_devices": False,
+    "eval_use_gather_object": True,
+    "train_sampling_strategy": "group_by_length",
 }
 
 

@@ -70,6 +70,11 @@ _NOT_BUILT: dict[str, tuple[tuple[Any, ...], str]] = {
         (True,),
         "lockstep averages per-batch mean losses; only the default is accepted",
     ),
+    "eval_use_gather_object": ((False,), "predictions are gathered as tensors (padded across processes)"),
+    "train_sampling_strategy": (
+        ("random", "sequential"),
+        "group_by_length is not built; 'random' and 'sequential' are",
+    ),
 }
 """Fields not built yet: the values accepted, and what to do instead."""
 
@@ -82,6 +87,7 @@ _ACCEPTED_NOTES = {
     "local_rank": "launchers set LOCAL_RANK; lockstep reads the environment and ignores the field",
     "do_train": "read by scripts only, as in transformers",
     "do_predict": "read by scripts only, as in transformers",
+    "length_column_name": "read only by train_sampling_strategy='group_by_length', which is not built",
 }
 
 _IMPLEMENTED = (
@@ -92,12 +98,12 @@ _IMPLEMENTED = (
     "torch_compile_backend torch_compile_mode use_cache neftune_noise_alpha torch_empty_cache_steps "
     "logging_strategy logging_steps logging_first_step log_on_each_node logging_nan_inf_filter "
     "include_num_input_tokens_seen log_level log_level_replica disable_tqdm report_to run_name eval_strategy "
-    "eval_steps eval_delay per_device_eval_batch_size prediction_loss_only eval_on_start eval_use_gather_object "
+    "eval_steps eval_delay per_device_eval_batch_size prediction_loss_only eval_on_start "
     "eval_accumulation_steps save_strategy save_steps save_total_limit load_best_model_at_end "
     "metric_for_best_model greater_is_better full_determinism seed data_seed use_cpu accelerator_config "
     "dataloader_drop_last dataloader_num_workers dataloader_pin_memory dataloader_persistent_workers "
     "dataloader_prefetch_factor dataloader_multiprocessing_context remove_unused_columns label_names "
-    "train_sampling_strategy length_column_name ddp_find_unused_parameters ddp_bucket_cap_mb "
+    "ddp_find_unused_parameters ddp_bucket_cap_mb "
     "ddp_broadcast_buffers ddp_static_graph ddp_backend ddp_timeout fsdp fsdp_config deepspeed do_eval "
     "resume_from_checkpoint"
 ).split()
