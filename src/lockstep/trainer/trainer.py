@@ -146,6 +146,7 @@ class Trainer:
         self._prepared = False
         self._progress: ProgressBar | None = None
         self._loss_since_log = torch.zeros((), device=self.accelerator.device)
+        self._step_learning_rate = 0.0
         self._total_loss = torch.zeros((), device=self.accelerator.device)
         self.control = self._event("on_init_end")
 
@@ -470,6 +471,8 @@ class Trainer:
             self.optimizer.step()  # type: ignore[union-attr]
             if accelerator.sync_gradients:
                 self.control = self._event("on_optimizer_step")
+                # The rate this step used (logged as transformers 5 does, before the scheduler moves on).
+                self._step_learning_rate = float(self.lr_scheduler.get_last_lr()[0])
                 if not accelerator.optimizer_step_was_skipped and not self._steps_on_metric():
                     self.lr_scheduler.step()
             self.optimizer.zero_grad()  # type: ignore[union-attr]
@@ -511,7 +514,7 @@ class Trainer:
             loss = self.accelerator.reduce(self._loss_since_log, reduction="mean") / state.steps_since_log
             logs: dict[str, Any] = {
                 "loss": float(loss),
-                "learning_rate": float(self.lr_scheduler.get_last_lr()[0]),
+                "learning_rate": self._step_learning_rate,
             }
             if grad_norm is not None:
                 logs["grad_norm"] = float(grad_norm)
