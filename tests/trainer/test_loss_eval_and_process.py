@@ -232,3 +232,19 @@ def test_tf32_needs_an_ampere_gpu_and_ddp_static_graph_reaches_ddp(tmp_path):
             TrainingArguments(tf32=True)
     args = TrainingArguments(output_dir=str(tmp_path), ddp_static_graph=True)
     assert ddp_kwargs(args, None).static_graph is True
+
+
+def test_sequential_sampling_keeps_the_dataset_order(tmp_path):
+    trainer = _trainer(tmp_path, train_sampling_strategy="sequential")
+    first = next(iter(trainer.get_train_dataloader()))
+    assert torch.equal(first["input_ids"], Tokens(32).ids[:4])
+    shuffled = next(iter(_trainer(tmp_path / "b").get_train_dataloader()))
+    assert not torch.equal(shuffled["input_ids"], Tokens(32).ids[:4])
+
+
+def test_full_determinism_turns_on_deterministic_algorithms(tmp_path):
+    try:
+        _trainer(tmp_path, full_determinism=True)
+        assert torch.are_deterministic_algorithms_enabled()
+    finally:
+        torch.use_deterministic_algorithms(False)
