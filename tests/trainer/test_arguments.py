@@ -46,7 +46,11 @@ def test_defaults_follow_transformers():
             ValueError,
             r"ddp_backend='mpi'\) is invalid: it must be one of 'nccl', 'gloo'",
         ),
-        ({"lr_scheduler_type": "polynomial"}, ValueError, r"lr_scheduler_type='polynomial'\) is invalid"),
+        (
+            {"lr_scheduler_type": "step"},
+            ValueError,
+            r"lr_scheduler_type='step'\) is invalid: it must be one of 'linear'",
+        ),
         ({"eval_strategy": "sometimes"}, ValueError, r"eval_strategy='sometimes'\) is invalid"),
         ({"max_steps": 0}, ValueError, r"max_steps=0\) is invalid: give a number of steps >= 1, or -1"),
         ({"gradient_accumulation_steps": 0}, ValueError, r"gradient_accumulation_steps=0\) is invalid"),

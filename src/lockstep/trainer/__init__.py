@@ -13,18 +13,27 @@ from lockstep.trainer.callbacks import (
     TrainerControl,
     TrainerState,
 )
+from lockstep.trainer.early_stopping import EarlyStoppingCallback
 from lockstep.trainer.schedules import (
     get_constant_schedule,
     get_constant_schedule_with_warmup,
     get_cosine_schedule_with_warmup,
+    get_cosine_with_hard_restarts_schedule_with_warmup,
+    get_cosine_with_min_lr_schedule_with_warmup,
+    get_cosine_with_min_lr_schedule_with_warmup_lr_rate,
+    get_inverse_sqrt_schedule,
     get_linear_schedule_with_warmup,
+    get_polynomial_decay_schedule_with_warmup,
+    get_reduce_on_plateau_schedule,
     get_scheduler,
+    get_wsd_schedule,
 )
 from lockstep.trainer.trainer import Trainer, TrainOutput
 
 __all__ = [
     "CallbackHandler",
     "DefaultFlowCallback",
+    "EarlyStoppingCallback",
     "EvalPrediction",
     "PredictionOutput",
     "TrainOutput",
@@ -36,6 +45,13 @@ __all__ = [
     "get_constant_schedule",
     "get_constant_schedule_with_warmup",
     "get_cosine_schedule_with_warmup",
+    "get_cosine_with_hard_restarts_schedule_with_warmup",
+    "get_cosine_with_min_lr_schedule_with_warmup",
+    "get_cosine_with_min_lr_schedule_with_warmup_lr_rate",
+    "get_inverse_sqrt_schedule",
     "get_linear_schedule_with_warmup",
+    "get_polynomial_decay_schedule_with_warmup",
+    "get_reduce_on_plateau_schedule",
     "get_scheduler",
+    "get_wsd_schedule",
 ]

@@ -39,12 +39,24 @@ def newest_valid_checkpoint(output_dir: str) -> Path | None:
     return None
 
 
-def rotate_checkpoints(output_dir: str, limit: int | None, keep: Path) -> list[Path]:
-    """Delete the oldest checkpoints beyond ``limit`` (never ``keep``); returns what was deleted."""
+def rotate_checkpoints(
+    output_dir: str, limit: int | None, keep: Path, *, protected: Path | None = None
+) -> list[Path]:
+    """Delete the oldest checkpoints beyond ``limit``; never ``keep`` (the newest) nor ``protected`` (the
+    best model's), so with both distinct at least two remain. Returns what was deleted."""
     if limit is None:
         return []
-    folders = [f for f in sorted_checkpoints(output_dir) if f != keep]
-    doomed = folders[: max(0, len(folders) + 1 - limit)]
+    kept = {keep} | ({protected} if protected is not None else set())
+    folders = [f for f in sorted_checkpoints(output_dir) if f not in kept]
+    doomed = folders[: max(0, len(folders) + len(kept) - max(limit, len(kept)))]
+    for folder in doomed:
+        shutil.rmtree(folder, ignore_errors=True)
+    return doomed
+
+
+def keep_only(output_dir: str, keep: Path) -> list[Path]:
+    """Delete every checkpoint of ``output_dir`` but ``keep``; returns what was deleted."""
+    doomed = [folder for folder in sorted_checkpoints(output_dir) if folder != keep]
     for folder in doomed:
         shutil.rmtree(folder, ignore_errors=True)
     return doomed

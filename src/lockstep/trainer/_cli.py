@@ -26,6 +26,13 @@ def _to_bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
+def _bool_or_text(text: str) -> bool | str:
+    try:
+        return _to_bool(text)
+    except argparse.ArgumentTypeError:
+        return text
+
+
 def _optional(kind: Any) -> Any:
     def convert(text: str) -> Any:
         return None if text.strip().lower() == "none" else kind(text)
@@ -44,6 +51,8 @@ def _option_kwargs(hint: Any) -> dict[str, Any]:
     args = set(typing.get_args(hint)) or {hint}
     optional = type(None) in args
     args.discard(type(None))
+    if bool in args and str in args:  # a choice that also takes true/false (include_num_input_tokens_seen)
+        return {"type": _bool_or_text, "nargs": "?", "const": True}
     if bool in args:
         return {"type": _optional(_to_bool) if optional else _to_bool, "nargs": "?", "const": True}
     if any(typing.get_origin(a) is list for a in args):

@@ -62,15 +62,22 @@ def concat_padded(chunks: Sequence[Any]) -> Any:
 
 
 class _Accumulator:
-    """This process's loss sum and the gathered predictions and labels of one evaluation run (on the CPU)."""
+    """This process's loss sum and the gathered predictions and labels of one evaluation run.
 
-    def __init__(self) -> None:
+    Gathered batches wait on the device and move to the CPU every ``accumulation_steps`` batches
+    (``eval_accumulation_steps``; None: every batch), so at most that many are held on the device.
+    """
+
+    def __init__(self, accumulation_steps: int | None = None) -> None:
         self.loss_sum = 0.0
         self.loss_examples = 0
         self.has_loss = False
         self.predictions: list[Any] = []
         self.labels: list[Any] = []
         self.samples = 0
+        self.every = accumulation_steps or 1
+        self.pending: list[tuple[Any, Any]] = []
+        self.max_pending = 0
 
     def add_loss(self, loss: torch.Tensor | None, real_examples: int) -> None:
         """Count ``loss`` (a mean over ``real_examples`` examples) towards the example-weighted mean."""
@@ -81,14 +88,27 @@ class _Accumulator:
         self.loss_examples += real_examples
 
     def add(self, accelerator: Accelerator, logits: Any, labels: Any) -> None:
-        if logits is not None:
-            padded = accelerator.pad_across_processes(logits, dim=1, pad_index=PAD_INDEX)
-            self.predictions.append(_cpu(accelerator.gather_for_metrics(padded)))
-        if labels is not None:
-            padded = accelerator.pad_across_processes(labels, dim=1, pad_index=PAD_INDEX)
-            gathered = _cpu(accelerator.gather_for_metrics(padded))
-            self.labels.append(gathered)
-            self.samples += len(gathered[0] if isinstance(gathered, tuple) else gathered)
+        gathered = []
+        for value in (logits, labels):
+            if value is not None:
+                value = accelerator.pad_across_processes(value, dim=1, pad_index=PAD_INDEX)
+                value = accelerator.gather_for_metrics(value)
+            gathered.append(value)
+        self.pending.append((gathered[0], gathered[1]))
+        self.max_pending = max(self.max_pending, len(self.pending))
+        if len(self.pending) >= self.every:
+            self.flush()
+
+    def flush(self) -> None:
+        """Move the pending gathered batches to the CPU."""
+        for logits, labels in self.pending:
+            if logits is not None:
+                self.predictions.append(_cpu(logits))
+            if labels is not None:
+                labels = _cpu(labels)
+                self.labels.append(labels)
+                self.samples += len(labels[0] if isinstance(labels, tuple) else labels)
+        self.pending.clear()
 
 
 def _cpu(value: Any) -> Any:
@@ -116,12 +136,13 @@ def evaluation_loop(
     compute_metrics: Callable[[EvalPrediction], dict[str, Any]] | None,
     prediction_loss_only: bool,
     metric_key_prefix: str,
+    accumulation_steps: int | None = None,
 ) -> PredictionOutput:
     """Run ``model`` over the prepared ``loader``; predictions and labels come back complete and in order."""
     was_training = model.training
     model.eval()
     started = time.perf_counter()
-    collected = _Accumulator()
+    collected = _Accumulator(accumulation_steps)
     steps = 0
     try:
         for batch in loader:
@@ -144,8 +165,9 @@ def evaluation_loop(
                     rows = batches.first_rows(batch, max(real, 1), size)
                     loss = _loss_of(model, rows, label_names, compute_loss_func)
             collected.add_loss(loss, real)
-            logits = None if prediction_loss_only else batches.predictions_of(outputs)
-            collected.add(accelerator, logits, None if prediction_loss_only else labels)
+            if not prediction_loss_only:
+                collected.add(accelerator, batches.predictions_of(outputs), labels)
+        collected.flush()
     finally:
         model.train(was_training)
     if collected.has_loss:  # the same on every process: the model gives a loss or it does not

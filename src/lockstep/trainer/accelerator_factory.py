@@ -65,6 +65,8 @@ def ddp_kwargs(args: TrainingArguments, model: nn.Module | None) -> DistributedD
         kwargs["bucket_cap_mb"] = args.ddp_bucket_cap_mb
     if args.ddp_broadcast_buffers is not None:
         kwargs["broadcast_buffers"] = args.ddp_broadcast_buffers
+    if args.ddp_static_graph is not None:
+        kwargs["static_graph"] = args.ddp_static_graph
     return DistributedDataParallelKwargs(**kwargs)
 
 

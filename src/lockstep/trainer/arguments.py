@@ -14,26 +14,34 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from lockstep.trainer import _argument_checks as _checks
 from lockstep.trainer import _values
-from lockstep.trainer.fsdp_options import normalize_fsdp_config, parse_fsdp_options
+from lockstep.trainer._argument_checks import (
+    ACCELERATOR_CONFIG_DEFAULTS,
+    DDP_BACKENDS,
+    LOG_LEVELS,
+    LR_SCHEDULER_TYPES,
+    OPTIMIZERS,
+    SAMPLING_STRATEGIES,
+    STRATEGIES,
+    TRACKERS,
+)
+from lockstep.trainer._field_status import check_not_built
 
-LR_SCHEDULER_TYPES = ("linear", "cosine", "constant", "constant_with_warmup")
-STRATEGIES = ("no", "steps", "epoch")
-DDP_BACKENDS = ("nccl", "gloo", "xccl", "hccl", "cncl")
-OPTIMIZERS = ("adamw_torch", "adamw_torch_fused", "sgd")
-TRACKERS = ("jsonl", "csv", "tensorboard", "wandb", "mlflow", "all")
-ACCELERATOR_CONFIG_DEFAULTS: dict[str, Any] = {
-    "split_batches": False,
-    "dispatch_batches": None,
-    "even_batches": True,
-    "use_seedable_sampler": True,
-    "non_blocking": False,
-}
+__all__ = [
+    "ACCELERATOR_CONFIG_DEFAULTS",
+    "DDP_BACKENDS",
+    "LR_SCHEDULER_TYPES",
+    "OPTIMIZERS",
+    "STRATEGIES",
+    "TRACKERS",
+    "TrainingArguments",
+]
 
 
 def _help(default: Any, text: str) -> Any:
@@ -48,11 +56,18 @@ class TrainingArguments:
     Each field's help text is also its ``--help`` line in :meth:`from_cli`.
     """
 
-    output_dir: str = _help(
-        "trainer_output", "Folder for checkpoints (checkpoint-<step>) and the final model."
+    # -- output and run length ------------------------------------------------------------------
+    output_dir: str | None = _help(
+        None, "Folder for checkpoints (checkpoint-<step>) and the final model (default: 'trainer_output')."
     )
-    logging_dir: str | None = _help(None, "Folder for tracker files (report_to); default: output_dir.")
+    logging_dir: str | None = _help(
+        None,
+        "Folder for tracker files (report_to); default: output_dir. (lockstep; removed in transformers 5.)",
+    )
     run_name: str | None = _help(None, "Name of the run for the trackers; default: 'trainer'.")
+    do_train: bool = _help(False, "Whether the script trains (read by scripts, not by the Trainer).")
+    do_eval: bool = _help(False, "Whether the script evaluates (set when eval_strategy is not 'no').")
+    do_predict: bool = _help(False, "Whether the script predicts (read by scripts, not by the Trainer).")
     num_train_epochs: float = _help(3.0, "Epochs to train (fractions allowed); ignored when max_steps > 0.")
     max_steps: int = _help(-1, "Total optimizer steps; -1 trains num_train_epochs epochs instead.")
     per_device_train_batch_size: int = _help(8, "Training batch size of each process.")
@@ -60,50 +75,176 @@ class TrainingArguments:
     gradient_accumulation_steps: int = _help(
         1, "Micro-batches per optimizer step (the Trainer accumulates; do not also set it on the launcher)."
     )
-    learning_rate: float = _help(5e-5, "Peak learning rate of AdamW.")
-    weight_decay: float = _help(0.0, "AdamW weight decay (never applied to biases and normalization layers).")
-    adam_beta1: float = _help(0.9, "AdamW beta1.")
-    adam_beta2: float = _help(0.999, "AdamW beta2.")
-    adam_epsilon: float = _help(1e-8, "AdamW epsilon.")
-    optim: str = _help("adamw_torch", f"Optimizer: {', '.join(OPTIMIZERS)}.")
-    lr_scheduler_type: str = _help("linear", f"Learning-rate schedule: {', '.join(LR_SCHEDULER_TYPES)}.")
-    warmup_steps: int = _help(0, "Linear warm-up steps; overrides warmup_ratio when > 0.")
-    warmup_ratio: float = _help(0.0, "Warm-up as a fraction of the total steps.")
-    max_grad_norm: float = _help(1.0, "Clip the gradient norm to this value (0 disables clipping).")
-    logging_strategy: str = _help("steps", "When to log the training loss: no, steps, epoch.")
-    logging_steps: float = _help(500, "Log every N optimizer steps (a value < 1 is a fraction of the total).")
-    logging_first_step: bool = _help(False, "Also log after the first optimizer step.")
-    eval_strategy: str = _help("no", "When to evaluate during training: no, steps, epoch.")
-    eval_steps: float | None = _help(
-        None, "Evaluate every N steps (default: logging_steps); < 1: a fraction."
+    auto_find_batch_size: bool = _help(
+        False,
+        "Halve per_device_train_batch_size after an out-of-memory error until a step fits (all ranks agree).",
     )
-    save_strategy: str = _help("steps", "When to save a checkpoint: no, steps, epoch.")
-    save_steps: float = _help(500, "Save every N steps (a value < 1 is a fraction of the total).")
-    save_total_limit: int | None = _help(None, "Keep at most this many checkpoints (oldest removed first).")
-    seed: int = _help(42, "Seed of Python, NumPy and torch, set when the Trainer is created.")
-    data_seed: int | None = _help(None, "Seed of the data order (default: seed).")
+    # -- optimizer and schedule -----------------------------------------------------------------
+    learning_rate: float = _help(5e-5, "Peak learning rate.")
+    lr_scheduler_type: str = _help("linear", f"Learning-rate schedule: {', '.join(LR_SCHEDULER_TYPES)}.")
+    lr_scheduler_kwargs: dict | str | None = field(
+        default=None,
+        metadata={
+            "help": 'Extra arguments of the schedule (dict, JSON text or file), e.g. {"num_cycles": 2}.'
+        },
+    )
+    warmup_steps: float = _help(
+        0, "Linear warm-up: a number of steps (>= 1) or a fraction of the total steps (< 1)."
+    )
+    warmup_ratio: float = _help(
+        0.0,
+        "Warm-up as a fraction of the total steps when warmup_steps is 0 (lockstep; transformers 4 name).",
+    )
+    optim: str = _help("adamw_torch_fused", f"Optimizer: {', '.join(OPTIMIZERS)}.")
+    optim_args: str | None = _help(
+        None, "Extra optimizer arguments as 'key=value,key=value' (e.g. momentum=0.9)."
+    )
+    optim_target_modules: str | list[str] | None = field(
+        default=None,
+        metadata={"help": "Modules GaLore/APOLLO optimizers apply to (those optimizers are not built)."},
+    )
+    weight_decay: float = _help(0.0, "Weight decay (never applied to biases and normalization layers).")
+    adam_beta1: float = _help(0.9, "Adam beta1.")
+    adam_beta2: float = _help(0.999, "Adam beta2.")
+    adam_epsilon: float = _help(1e-8, "Adam epsilon.")
+    max_grad_norm: float = _help(1.0, "Clip the gradient norm to this value (0 disables clipping).")
+    label_smoothing_factor: float = _help(
+        0.0, "Label smoothing of the cross-entropy loss, in [0, 1) (0: none); needs logits and labels."
+    )
+    average_tokens_across_devices: bool = _help(
+        True, "Normalise a compute_loss_func loss by the label tokens of the whole step on all processes."
+    )
+    # -- precision, memory, speed ---------------------------------------------------------------
     bf16: bool = _help(False, "Train with bfloat16 autocast.")
     fp16: bool = _help(False, "Train with float16 autocast and loss scaling.")
-    use_cpu: bool = _help(False, "Train on the CPU even when a GPU is present.")
-    gradient_checkpointing: bool = _help(False, "Recompute activations in backward (transformers models).")
-    gradient_checkpointing_kwargs: dict | None = field(
+    bf16_full_eval: bool = _help(False, "Evaluate with the model cast to bfloat16 (not built).")
+    fp16_full_eval: bool = _help(False, "Evaluate with the model cast to float16 (not built).")
+    tf32: bool | None = _help(
+        None, "Allow TensorFloat-32 matmuls on Ampere+ GPUs (None: leave torch's setting)."
+    )
+    activation_checkpointing: bool | None = _help(
+        None, "Recompute activations in backward (transformers models); the transformers 5 name."
+    )
+    activation_checkpointing_kwargs: dict | str | None = field(
         default=None,
-        metadata={"help": "Arguments of model.gradient_checkpointing_enable (default: use_reentrant=False)."},
+        metadata={"help": "Arguments of activation checkpointing (default: use_reentrant=False)."},
+    )
+    gradient_checkpointing: bool | None = _help(None, "Alias of activation_checkpointing.")
+    gradient_checkpointing_kwargs: dict | str | None = field(
+        default=None, metadata={"help": "Alias of activation_checkpointing_kwargs."}
     )
     torch_compile: bool = _help(False, "Compile the model with torch.compile.")
     torch_compile_backend: str | None = _help(
         None, "torch.compile backend (default inductor); implies torch_compile."
     )
     torch_compile_mode: str | None = _help(None, "torch.compile mode; implies torch_compile.")
-    dataloader_pin_memory: bool = _help(True, "Pin host memory of batches (faster copies to a GPU).")
-    dataloader_num_workers: int = _help(0, "Worker processes loading data (0: in the training process).")
-    dataloader_drop_last: bool = _help(False, "Drop the last incomplete training batch.")
-    dataloader_persistent_workers: bool = _help(False, "Keep data workers alive between epochs.")
-    dataloader_prefetch_factor: int | None = _help(None, "Batches each worker loads ahead (needs workers).")
-    remove_unused_columns: bool = _help(True, "Drop example keys that the model's forward does not accept.")
-    label_names: list[str] | None = field(
-        default=None, metadata={"help": "Batch keys holding the labels (default: the model's, or 'labels')."}
+    use_liger_kernel: bool = _help(False, "Liger kernels (not built: needs liger-kernel).")
+    liger_kernel_config: dict | None = field(
+        default=None, metadata={"help": "Liger kernel settings (not built)."}
     )
+    use_cache: bool = _help(False, "Set model.config.use_cache (the KV cache is useless in training).")
+    neftune_noise_alpha: float | None = _help(
+        None, "NEFTune: uniform noise on the input embeddings in training, scaled alpha / sqrt(length * dim)."
+    )
+    torch_empty_cache_steps: int | None = _help(
+        None, "Empty the device's caching allocator every N optimizer steps (saves memory, costs time)."
+    )
+    # -- logging --------------------------------------------------------------------------------
+    logging_strategy: str = _help("steps", "When to log the training loss: no, steps, epoch.")
+    logging_steps: float = _help(500, "Log every N optimizer steps (a value < 1 is a fraction of the total).")
+    logging_first_step: bool = _help(False, "Also log after the first optimizer step.")
+    log_on_each_node: bool = _help(
+        True, "log_level applies to the first process of each node (False: only to the job's first process)."
+    )
+    logging_nan_inf_filter: bool = _help(
+        True, "A nan/inf step loss counts as the mean loss since the last log (the logged loss stays finite)."
+    )
+    include_num_input_tokens_seen: str | bool = _help(
+        "no", "Count input tokens in state.num_input_tokens_seen: 'no', 'all' (True), 'non_padding'."
+    )
+    log_level: str = _help(
+        "passive", f"Level of the 'lockstep' logger on the main process: {', '.join(LOG_LEVELS)}."
+    )
+    log_level_replica: str = _help("warning", "Level of the 'lockstep' logger on the other processes.")
+    disable_tqdm: bool | None = _help(None, "Hide the progress bar (also LOCKSTEP_DISABLE_PROGRESS_BARS=1).")
+    report_to: str | list[str] | None = field(
+        default="none",
+        metadata={
+            "help": "Trackers: jsonl, csv, tensorboard, wandb, mlflow, all or none (list or comma-separated)."
+        },
+    )
+    project: str = _help("huggingface", "Trackio project (not built: lockstep has no Trackio tracker).")
+    trackio_space_id: str | None = _help(None, "Trackio Space (not built).")
+    trackio_bucket_id: str | None = _help(None, "Trackio bucket (not built).")
+    trackio_static_space_id: str | bool | None = _help(None, "Trackio static Space (not built).")
+    # -- evaluation -----------------------------------------------------------------------------
+    eval_strategy: str = _help("no", "When to evaluate during training: no, steps, epoch.")
+    eval_steps: float | None = _help(
+        None, "Evaluate every N steps (default: logging_steps); < 1: a fraction."
+    )
+    eval_delay: float = _help(
+        0, "Epochs (eval_strategy='epoch') or steps to wait before the first evaluation."
+    )
+    prediction_loss_only: bool = _help(False, "evaluate/predict return only the loss (no predictions kept).")
+    eval_on_start: bool = _help(False, "Evaluate once before the first training step (a sanity check).")
+    eval_do_concat_batches: bool = _help(
+        True, "Concatenate the predictions of all batches (False: a list with one array per batch)."
+    )
+    eval_use_gather_object: bool = _help(False, "Gather non-tensor predictions as Python objects.")
+    eval_accumulation_steps: int | None = _help(
+        None, "Move gathered predictions to the CPU every N evaluation steps (default: every step)."
+    )
+    include_for_metrics: list[str] = field(
+        default_factory=list,
+        metadata={
+            "help": "Also give compute_metrics 'inputs' and/or 'loss' (EvalPrediction.inputs / .losses)."
+        },
+    )
+    batch_eval_metrics: bool = _help(
+        False,
+        "Call compute_metrics(EvalPrediction, compute_result) on every batch instead of once at the end.",
+    )
+    # -- checkpoints ----------------------------------------------------------------------------
+    save_only_model: bool = _help(
+        False, "Checkpoints without optimizer, scheduler and RNG state (not built)."
+    )
+    save_strategy: str = _help("steps", "When to save a checkpoint: no, steps, epoch, best.")
+    save_steps: float = _help(500, "Save every N steps (a value < 1 is a fraction of the total).")
+    save_on_each_node: bool = _help(False, "Save on every node (not built: lockstep saves once per job).")
+    save_total_limit: int | None = _help(
+        None, "Keep at most this many checkpoints (oldest removed first; the best one is never removed)."
+    )
+    enable_jit_checkpoint: bool = _help(
+        False, "Checkpoint on SIGTERM (lockstep's Trainer always does: preemption saves and exits)."
+    )
+    push_to_hub: bool = _help(False, "Upload to the Hugging Face Hub (not built).")
+    hub_token: str | None = _help(None, "Hub token (not built).")
+    hub_private_repo: bool | None = _help(None, "Private Hub repository (not built).")
+    hub_model_id: str | None = _help(None, "Hub repository name (not built).")
+    hub_strategy: str = _help("every_save", "When to push to the Hub (not built).")
+    hub_always_push: bool = _help(False, "Push even while a push runs (not built).")
+    hub_revision: str | None = _help(None, "Hub branch (not built).")
+    load_best_model_at_end: bool = _help(
+        False, "Load the checkpoint with the best metric_for_best_model at the end of train()."
+    )
+    metric_for_best_model: str | None = _help(
+        None, "Metric that ranks checkpoints ('eval_' prefix optional; default 'loss' when needed)."
+    )
+    greater_is_better: bool | None = _help(
+        None, "Whether a larger metric is better (default: False for names ending in 'loss')."
+    )
+    ignore_data_skip: bool = _help(
+        False, "On resume, restart the epoch's data instead of skipping (not built)."
+    )
+    restore_callback_states_from_checkpoint: bool = _help(
+        False, "Restore stateful callbacks (EarlyStoppingCallback) from the checkpoint on resume."
+    )
+    # -- reproducibility and devices ------------------------------------------------------------
+    full_determinism: bool = _help(False, "Deterministic algorithms everywhere (slower); seeds as seed.")
+    seed: int = _help(42, "Seed of Python, NumPy and torch, set when the Trainer is created.")
+    data_seed: int | None = _help(None, "Seed of the data order (default: seed).")
+    use_cpu: bool = _help(False, "Train on the CPU even when a GPU is present.")
+    local_rank: int = _help(-1, "Set by launchers; lockstep reads LOCAL_RANK from the environment instead.")
     accelerator_config: dict | str | None = field(
         default=None,
         metadata={
@@ -111,8 +252,38 @@ class TrainingArguments:
             "non_blocking."
         },
     )
-    fsdp: str | list[str] = field(
-        default="",
+    parallelism_config: Any = field(
+        default=None, metadata={"help": "Tensor/context parallel layout (not built yet)."}
+    )
+    # -- data -----------------------------------------------------------------------------------
+    dataloader_drop_last: bool = _help(False, "Drop the last incomplete training batch.")
+    dataloader_num_workers: int = _help(0, "Worker processes loading data (0: in the training process).")
+    dataloader_pin_memory: bool = _help(True, "Pin host memory of batches (faster copies to a GPU).")
+    dataloader_persistent_workers: bool = _help(False, "Keep data workers alive between epochs.")
+    dataloader_prefetch_factor: int | None = _help(None, "Batches each worker loads ahead (needs workers).")
+    dataloader_multiprocessing_context: str | None = _help(
+        None, "Start method of data workers: fork, spawn or forkserver."
+    )
+    dataloader_in_order: bool = _help(True, "Workers return batches in order (False is not built).")
+    remove_unused_columns: bool = _help(True, "Drop example keys that the model's forward does not accept.")
+    label_names: list[str] | None = field(
+        default=None, metadata={"help": "Batch keys holding the labels (default: the model's, or 'labels')."}
+    )
+    train_sampling_strategy: str = _help(
+        "random", f"Order of training examples: {', '.join(SAMPLING_STRATEGIES)}."
+    )
+    length_column_name: str = _help("length", "Column holding example lengths for group_by_length.")
+    # -- distributed ----------------------------------------------------------------------------
+    ddp_find_unused_parameters: bool | None = _help(
+        None, "DDP find_unused_parameters (default: not gradient_checkpointing for transformers models)."
+    )
+    ddp_bucket_cap_mb: int | None = _help(None, "DDP gradient bucket size in MiB.")
+    ddp_broadcast_buffers: bool | None = _help(None, "DDP broadcast_buffers (default True).")
+    ddp_static_graph: bool | None = _help(None, "DDP static_graph (the graph is the same every step).")
+    ddp_backend: str | None = _help(None, f"Process-group backend: {', '.join(DDP_BACKENDS)}.")
+    ddp_timeout: int = _help(1800, "Seconds a collective may wait before the run fails.")
+    fsdp: str | list[str] | None = field(
+        default=None,
         metadata={
             "help": "FSDP options: full_shard or shard_grad_op, plus offload and/or auto_wrap (e.g. 'full_shard auto_wrap')."
         },
@@ -123,158 +294,29 @@ class TrainingArguments:
     deepspeed: dict | str | None = field(
         default=None, metadata={"help": "DeepSpeed config: dict, JSON text or JSON file (not built yet)."}
     )
-    ddp_backend: str | None = _help(None, f"Process-group backend: {', '.join(DDP_BACKENDS)}.")
-    ddp_find_unused_parameters: bool | None = _help(
-        None, "DDP find_unused_parameters (default: not gradient_checkpointing for transformers models)."
+    debug: str | list[str] = field(
+        default="", metadata={"help": "Debug options: underflow_overflow, tpu_metrics_debug (not built)."}
     )
-    ddp_bucket_cap_mb: int | None = _help(None, "DDP gradient bucket size in MiB.")
-    ddp_broadcast_buffers: bool | None = _help(None, "DDP broadcast_buffers (default True).")
-    ddp_timeout: int = _help(1800, "Seconds a collective may wait before the run fails.")
-    report_to: str | list[str] | None = field(
-        default="none",
-        metadata={"help": "Trackers: jsonl, csv, tensorboard, all or none (a list or comma-separated)."},
-    )
-    disable_tqdm: bool | None = _help(None, "Hide the progress bar (also LOCKSTEP_DISABLE_PROGRESS_BARS=1).")
+    skip_memory_metrics: bool = _help(True, "Skip memory metrics (False is not built).")
     resume_from_checkpoint: str | None = _help(
         None, "Checkpoint folder to resume from when train() is called without one ('latest': the newest)."
     )
 
     def __post_init__(self) -> None:
-        self.output_dir = os.fspath(self.output_dir) if self.output_dir else ""
-        if not self.output_dir:
-            raise ValueError("TrainingArguments(output_dir='') is invalid: give the folder for checkpoints.")
-        self._check_counts()
-        self._check_optimization()
-        self._check_strategies()
-        self._check_precision_and_compile()
-        self._check_distributed()
-        self.report_to = self._parse_report_to(self.report_to)
+        # The order follows transformers' __post_init__: defaults and aliases, derived values, then checks.
+        _checks.resolve_defaults_and_aliases(self)
+        _checks.check_counts(self)
+        _checks.check_strategies(self)
+        _checks.check_optimization(self)
+        _checks.derive_best_model_settings(self)
+        _checks.check_evaluation_and_logging(self)
+        _checks.check_precision_and_compile(self)
+        _checks.check_distributed(self)
+        self.report_to = _checks.parse_report_to(self.report_to)
         self.label_names = (
             None if self.label_names is None else _values.name_list(self.label_names, argument="label_names")
         )
-        if self.disable_tqdm is None:
-            self.disable_tqdm = False
-
-    # -- validation steps -------------------------------------------------------------------------
-    def _check_counts(self) -> None:
-        _check_int(self, "max_steps", minimum=-1)
-        if self.max_steps == 0:
-            raise ValueError(
-                "TrainingArguments(max_steps=0) is invalid: give a number of steps >= 1, or -1 to train "
-                "num_train_epochs epochs."
-            )
-        if self.max_steps < 0 and not float(self.num_train_epochs) > 0:
-            raise ValueError(
-                f"TrainingArguments(num_train_epochs={self.num_train_epochs}) is invalid: it must be > 0 "
-                "(or set max_steps)."
-            )
-        for name in (
-            "per_device_train_batch_size",
-            "per_device_eval_batch_size",
-            "gradient_accumulation_steps",
-        ):
-            _check_int(self, name, minimum=1)
-        for name in ("dataloader_num_workers", "warmup_steps"):
-            _check_int(self, name, minimum=0)
-        if self.save_total_limit is not None:
-            _check_int(self, "save_total_limit", minimum=1)
-        if self.dataloader_prefetch_factor is not None and self.dataloader_num_workers == 0:
-            raise ValueError(
-                f"TrainingArguments(dataloader_prefetch_factor={self.dataloader_prefetch_factor}) needs "
-                "dataloader_num_workers > 0: without workers nothing is prefetched."
-            )
-        if self.dataloader_persistent_workers and self.dataloader_num_workers == 0:
-            raise ValueError(
-                "TrainingArguments(dataloader_persistent_workers=True) needs dataloader_num_workers > 0."
-            )
-
-    def _check_optimization(self) -> None:
-        for name in ("learning_rate", "weight_decay", "max_grad_norm"):
-            if float(getattr(self, name)) < 0:
-                raise ValueError(
-                    f"TrainingArguments({name}={getattr(self, name)}) is invalid: it must be >= 0."
-                )
-        for name in ("adam_beta1", "adam_beta2"):
-            if not 0 <= float(getattr(self, name)) < 1:
-                raise ValueError(
-                    f"TrainingArguments({name}={getattr(self, name)}) is invalid: it must be in [0, 1)."
-                )
-        if not float(self.adam_epsilon) > 0:
-            raise ValueError(
-                f"TrainingArguments(adam_epsilon={self.adam_epsilon}) is invalid: it must be > 0."
-            )
-        if not 0 <= float(self.warmup_ratio) <= 1:
-            raise ValueError(
-                f"TrainingArguments(warmup_ratio={self.warmup_ratio}) is invalid: it must be in [0, 1]."
-            )
-        self.lr_scheduler_type = _values.check_choice(
-            self.lr_scheduler_type, LR_SCHEDULER_TYPES, argument="lr_scheduler_type"
-        )
-        self.optim = _values.check_choice(self.optim, OPTIMIZERS, argument="optim")
-
-    def _check_strategies(self) -> None:
-        for name in ("logging_strategy", "eval_strategy", "save_strategy"):
-            setattr(self, name, _values.check_choice(getattr(self, name), STRATEGIES, argument=name))
-        if self.eval_strategy == "steps" and self.eval_steps is None:
-            self.eval_steps = self.logging_steps  # transformers' rule: evaluate as often as we log
-        for name in ("logging_steps", "save_steps", "eval_steps"):
-            value = getattr(self, name)
-            if value is None:
-                continue
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-                raise ValueError(
-                    f"TrainingArguments({name}={value!r}) is invalid: it must be a number of steps >= 1, or a "
-                    "fraction of the total steps in (0, 1)."
-                )
-            if value > 1 and value != int(value):
-                raise ValueError(
-                    f"TrainingArguments({name}={value}) is invalid: a value > 1 must be a whole number of steps."
-                )
-            setattr(self, name, int(value) if value >= 1 else float(value))
-
-    def _check_precision_and_compile(self) -> None:
-        if self.bf16 and self.fp16:
-            raise ValueError(
-                "TrainingArguments(bf16=True, fp16=True) is invalid: choose one mixed precision (bf16 needs no "
-                "loss scaling and is the safer choice where supported)."
-            )
-        if self.torch_compile_backend is not None or self.torch_compile_mode is not None:
-            self.torch_compile = True
-        modes = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-        if self.torch_compile_mode not in modes:
-            raise ValueError(
-                f"TrainingArguments(torch_compile_mode={self.torch_compile_mode!r}) is invalid: use one of "
-                f"{', '.join(m for m in modes if m)}."
-            )
-        self.gradient_checkpointing_kwargs = _values.load_json_dict(
-            self.gradient_checkpointing_kwargs, argument="gradient_checkpointing_kwargs"
-        )
-
-    def _check_distributed(self) -> None:
-        if self.ddp_backend is not None:
-            self.ddp_backend = _values.check_choice(self.ddp_backend, DDP_BACKENDS, argument="ddp_backend")
-        _check_int(self, "ddp_timeout", minimum=1)
-        if self.ddp_bucket_cap_mb is not None:
-            _check_int(self, "ddp_bucket_cap_mb", minimum=1)
-        self.accelerator_config = _accelerator_config(self.accelerator_config)
-        self.fsdp = parse_fsdp_options(self.fsdp)
-        self.fsdp_config = normalize_fsdp_config(
-            _values.load_json_dict(self.fsdp_config, argument="fsdp_config")
-        )
-        self.deepspeed = _values.load_json_dict(self.deepspeed, argument="deepspeed")
-        if self.fsdp and self.deepspeed:
-            raise ValueError(
-                "TrainingArguments sets both fsdp and deepspeed: they are two ways of sharding the model; choose one."
-            )
-
-    @staticmethod
-    def _parse_report_to(value: Any) -> list[str]:
-        names = [n.lower() for n in _values.name_list(value, argument="report_to")]
-        if names == ["none"] or not names:
-            return []
-        for name in names:
-            _values.check_choice(name, TRACKERS, argument="report_to")
-        return names
+        check_not_built(self)
 
     # -- derived values ---------------------------------------------------------------------------
     @property
@@ -283,8 +325,11 @@ class TrainingArguments:
         return "bf16" if self.bf16 else "fp16" if self.fp16 else None
 
     def warmup_steps_for(self, total_steps: int) -> int:
-        """Warm-up steps for a run of ``total_steps`` optimizer steps."""
-        return self.warmup_steps if self.warmup_steps > 0 else int(-(-total_steps * self.warmup_ratio // 1))
+        """Warm-up steps for a run of ``total_steps`` optimizer steps (transformers' ``get_warmup_steps``)."""
+        if self.warmup_steps >= 1:
+            return int(self.warmup_steps)
+        fraction = self.warmup_steps if self.warmup_steps > 0 else self.warmup_ratio
+        return math.ceil(total_steps * fraction)
 
     def to_dict(self) -> dict[str, Any]:
         """The arguments as plain values (for trackers and ``trainer_state.json``)."""
@@ -345,30 +390,3 @@ class TrainingArguments:
         from lockstep.trainer._cli import parse
 
         return parse(cls, argv, defaults or {}, parser=parser, allow_unknown=False)
-
-
-def _check_int(args: TrainingArguments, name: str, *, minimum: int) -> None:
-    value = getattr(args, name)
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(
-            f"TrainingArguments({name}={value!r}) is invalid: it must be an integer >= {minimum}."
-        )
-
-
-def _accelerator_config(value: Any) -> dict[str, Any]:
-    loaded = _values.load_json_dict(value, argument="accelerator_config") or {}
-    unknown = sorted(set(loaded) - set(ACCELERATOR_CONFIG_DEFAULTS))
-    if unknown:
-        raise ValueError(
-            f"TrainingArguments(accelerator_config) has unknown key(s) {unknown}; known keys: "
-            f"{', '.join(ACCELERATOR_CONFIG_DEFAULTS)}."
-        )
-    merged = {**ACCELERATOR_CONFIG_DEFAULTS, **loaded}
-    for key, item in merged.items():
-        allowed = (bool, type(None)) if key == "dispatch_batches" else (bool,)
-        if not isinstance(item, allowed):
-            raise ValueError(
-                f"TrainingArguments(accelerator_config) {key}={item!r} is invalid: it must be true or false"
-                + (" (or null)." if key == "dispatch_batches" else ".")
-            )
-    return merged

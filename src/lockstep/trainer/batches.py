@@ -223,3 +223,23 @@ def predictions_of(outputs: Any) -> Any:
     else:
         return outputs
     return values[0] if len(values) == 1 else values
+
+
+def input_tokens(batch: Any, mode: str) -> torch.Tensor:
+    """Input tokens of a batch (``include_num_input_tokens_seen``): every position of ``input_ids`` for
+    ``all``; the positions its ``attention_mask`` marks for ``non_padding``."""
+    if isinstance(batch, Mapping):
+        ids = batch.get("input_ids")
+        mask = batch.get("attention_mask")
+    else:
+        ids = batch[0] if isinstance(batch, (list, tuple)) and batch else batch
+        mask = None
+    if not isinstance(ids, torch.Tensor):
+        keys = sorted(batch) if isinstance(batch, Mapping) else type(batch).__name__
+        raise ValueError(
+            f"TrainingArguments(include_num_input_tokens_seen={mode!r}) counts the tokens of 'input_ids', but the "
+            f"batch has none (keys: {keys}). Set include_num_input_tokens_seen='no'."
+        )
+    if mode == "non_padding" and isinstance(mask, torch.Tensor):
+        return mask.sum().to(torch.int64)
+    return torch.tensor(ids.numel(), dtype=torch.int64, device=ids.device)

@@ -80,6 +80,13 @@ class TrainerState:
     num_processes: int = 1
     log_history: list[dict[str, Any]] = field(default_factory=list)
     best_metric: float | None = None
+    """The best value of ``metric_for_best_model`` so far."""
+    best_global_step: int | None = None
+    """The step of that evaluation."""
+    best_model_checkpoint: str | None = None
+    """The checkpoint folder of that step, once saved (kept by save_total_limit rotation)."""
+    num_input_tokens_seen: int = 0
+    """Input tokens trained on by all processes (``include_num_input_tokens_seen``)."""
     loss_since_log: float = 0.0
     """Sum of the step losses since the last logged loss (kept in checkpoints, so resumed logs match)."""
     steps_since_log: int = 0
@@ -208,7 +215,7 @@ class DefaultFlowCallback(TrainerCallback):
             _every(args.logging_steps, step, total) or (args.logging_first_step and step == 1)
         ):
             control.should_log = True
-        if args.eval_strategy == "steps" and _every(args.eval_steps, step, total):
+        if args.eval_strategy == "steps" and _every(args.eval_steps, step, total) and args.eval_delay <= step:
             control.should_evaluate = True
         if args.save_strategy == "steps" and _every(args.save_steps, step, total):
             control.should_save = True
@@ -225,7 +232,7 @@ class DefaultFlowCallback(TrainerCallback):
     ) -> Any:
         if args.logging_strategy == "epoch":
             control.should_log = True
-        if args.eval_strategy == "epoch":
+        if args.eval_strategy == "epoch" and args.eval_delay <= state.epoch:
             control.should_evaluate = True
         if args.save_strategy == "epoch":
             control.should_save = True

@@ -1,4 +1,9 @@
-"""The Trainer's default optimizer: AdamW (or SGD) without weight decay on biases and normalization layers."""
+"""The Trainer's optimizers (``optim``), without weight decay on biases and normalization layers.
+
+The menu is what torch alone provides, with transformers' names: ``adamw_torch``, ``adamw_torch_fused``
+(the default), ``adafactor`` (torch's ``Adafactor``), ``sgd``, ``adagrad``, ``rmsprop``; ``optim_args``
+adds the keys each takes (:data:`lockstep.trainer._optimizer_menu.OPTIM_ARGS`).
+"""
 
 from __future__ import annotations
 
@@ -7,6 +12,8 @@ from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
+
+from lockstep.trainer._optimizer_menu import optimizer_kwargs
 
 if TYPE_CHECKING:
     from lockstep.trainer.arguments import TrainingArguments
@@ -50,18 +57,20 @@ def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:
 
 
 def create_optimizer(model: nn.Module, args: TrainingArguments) -> torch.optim.Optimizer:
-    """``args.optim`` over :func:`parameter_groups` with the arguments' learning rate and betas."""
+    """``args.optim`` over :func:`parameter_groups` with the arguments' learning rate (and betas for Adam)."""
     groups = parameter_groups(model, args.weight_decay)
     if not groups:
         raise ValueError(
             f"{type(model).__name__} has no trainable parameters (every requires_grad is False): nothing to train."
         )
-    if args.optim == "sgd":
-        return torch.optim.SGD(groups, lr=args.learning_rate)
-    return torch.optim.AdamW(
-        groups,
-        lr=args.learning_rate,
-        betas=(args.adam_beta1, args.adam_beta2),
-        eps=args.adam_epsilon,
-        fused=True if args.optim == "adamw_torch_fused" else None,
-    )
+    extra = optimizer_kwargs(args.optim, args.optim_args)
+    lr = args.learning_rate
+    if args.optim in ("adamw_torch", "adamw_torch_fused"):
+        betas = (args.adam_beta1, args.adam_beta2)
+        fused = True if args.optim == "adamw_torch_fused" else None
+        return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=args.adam_epsilon, fused=fused)
+    if args.optim == "adafactor":
+        return torch.optim.Adafactor(groups, lr=lr, **extra)
+    cls = {"sgd": torch.optim.SGD, "adagrad": torch.optim.Adagrad, "rmsprop": torch.optim.RMSprop}[args.optim]
+    # The groups carry their own weight_decay; an optim_args weight_decay only sets the default.
+    return cls(groups, lr=lr, **extra)

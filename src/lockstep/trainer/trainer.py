@@ -25,9 +25,9 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from lockstep.progress import ProgressBar
-from lockstep.rng import set_seed
-from lockstep.trainer import _checkpoints, _hf_datasets, batches
+from lockstep.trainer import _best_model, _checkpoints, _hf_datasets, _process_setup, batches
 from lockstep.trainer._evaluation import EvalPrediction, PredictionOutput, evaluation_loop
+from lockstep.trainer._label_smoothing import LabelSmoothingLoss, is_causal_lm
 from lockstep.trainer._logging import format_log_line
 from lockstep.trainer.accelerator_factory import (
     create_accelerator_and_postprocess,
@@ -43,7 +43,7 @@ from lockstep.trainer.callbacks import (
 )
 from lockstep.trainer.optimizers import create_optimizer
 from lockstep.trainer.schedules import get_scheduler
-from lockstep.utils import broadcast_object_list, find_batch_size
+from lockstep.utils import broadcast_object_list, clear_device_cache, find_batch_size
 
 logger = logging.getLogger("lockstep.trainer")
 
@@ -97,14 +97,28 @@ class Trainer:
             raise TypeError(
                 f"Trainer(args=...) got {type(self.args).__name__}; pass a lockstep.TrainingArguments."
             )
-        self._check_inputs(train_dataset, eval_dataset, optimizers)
-        set_seed(self.args.seed)
+        self._check_inputs(train_dataset, eval_dataset, optimizers, compute_loss_func)
+        _process_setup.seed_everything(self.args)
         self.model = model
+        _process_setup.apply_use_cache(model, self.args)
         self._enable_gradient_checkpointing()
         self.accelerator = create_accelerator_and_postprocess(self.args, model)
+        _process_setup.apply_tf32(self.args)
+        _process_setup.apply_log_level(
+            self.args,
+            is_main=self.accelerator.is_main_process,
+            is_local_main=self.accelerator.is_local_main_process,
+        )
+        alpha = self.args.neftune_noise_alpha
+        self._neftune = _process_setup.NEFTune(model, alpha) if alpha else None
         self.train_dataset, self.eval_dataset = train_dataset, eval_dataset
         self.data_collator = data_collator
         self.compute_metrics, self.compute_loss_func = compute_metrics, compute_loss_func
+        self._loss_func = compute_loss_func
+        if self.args.label_smoothing_factor > 0:
+            self._loss_func = LabelSmoothingLoss(
+                self.args.label_smoothing_factor, shift_labels=is_causal_lm(model)
+            )
         self.label_names = self.args.label_names or batches.default_label_names(model)
         self.optimizer, self.lr_scheduler = optimizers
         self.model_wrapped: nn.Module | None = None
@@ -132,17 +146,26 @@ class Trainer:
         self._prepared = False
         self._progress: ProgressBar | None = None
         self._loss_since_log = torch.zeros((), device=self.accelerator.device)
+        self._step_learning_rate = 0.0
         self._total_loss = torch.zeros((), device=self.accelerator.device)
         self.control = self._event("on_init_end")
 
     # -- set-up -----------------------------------------------------------------------------------
-    def _check_inputs(self, train_dataset: Any, eval_dataset: Any, optimizers: tuple[Any, Any]) -> None:
+    def _check_inputs(
+        self, train_dataset: Any, eval_dataset: Any, optimizers: tuple[Any, Any], compute_loss_func: Any
+    ) -> None:
         _hf_datasets.check_dataset(train_dataset, "Trainer(train_dataset=...)")
         _hf_datasets.check_dataset(eval_dataset, "Trainer(eval_dataset=...)")
         if self.args.eval_strategy != "no" and eval_dataset is None:
             raise ValueError(
                 f"TrainingArguments(eval_strategy={self.args.eval_strategy!r}) needs an evaluation set: pass "
                 "Trainer(eval_dataset=...) or set eval_strategy='no'."
+            )
+        if compute_loss_func is not None and self.args.label_smoothing_factor > 0:
+            raise ValueError(
+                f"TrainingArguments(label_smoothing_factor={self.args.label_smoothing_factor}) smooths the default "
+                "cross-entropy loss, but Trainer(compute_loss_func=...) replaces that loss. Smooth inside "
+                "compute_loss_func, or set label_smoothing_factor=0."
             )
         if not (isinstance(optimizers, (tuple, list)) and len(optimizers) == 2):
             raise TypeError(
@@ -176,7 +199,7 @@ class Trainer:
         return DataLoader(
             dataset,
             batch_size=batch_size,
-            shuffle=train and not iterable,
+            shuffle=train and not iterable and args.train_sampling_strategy == "random",
             collate_fn=self._collate,
             drop_last=args.dataloader_drop_last if train else False,
             num_workers=workers,
@@ -184,6 +207,7 @@ class Trainer:
             pin_memory=args.dataloader_pin_memory and self.accelerator.device.type != "cpu",
             persistent_workers=args.dataloader_persistent_workers,
             prefetch_factor=args.dataloader_prefetch_factor if workers > 0 else None,
+            multiprocessing_context=args.dataloader_multiprocessing_context if workers > 0 else None,
         )
 
     def get_train_dataloader(self) -> DataLoader:
@@ -237,7 +261,9 @@ class Trainer:
             scheduler = self.lr_scheduler
             if scheduler is None:
                 warmup = self.args.warmup_steps_for(max_steps)
-                scheduler = get_scheduler(self.args.lr_scheduler_type, optimizer, warmup, max_steps)
+                scheduler = get_scheduler(
+                    self.args.lr_scheduler_type, optimizer, warmup, max_steps, self.args.lr_scheduler_kwargs
+                )
             self.model_wrapped, self.optimizer, self.lr_scheduler = self.accelerator.prepare(
                 self.model, optimizer, scheduler
             )
@@ -375,6 +401,8 @@ class Trainer:
             initial=state.global_step,
         )
         self.control = self._event("on_train_begin")
+        if args.eval_on_start:
+            self.evaluate()
         samples = 0
         epoch = getattr(self._train_loader, "iteration", 0)
         try:
@@ -396,6 +424,7 @@ class Trainer:
         self.control = self._event("on_epoch_begin")
         model.train()
         micro, samples, step_samples, step_loss = 0, 0, 0, torch.zeros((), device=accelerator.device)
+        tokens = torch.zeros((), dtype=torch.int64, device=accelerator.device)
         for batch in self._train_loader:
             if micro == 0:
                 self.control._new_step()
@@ -403,6 +432,10 @@ class Trainer:
                 step_loss.zero_()
                 step_samples = 0
             loss, grad_norm = self._training_step(model, batch)
+            if self.args.include_num_input_tokens_seen != "no":
+                tokens += batches.input_tokens(batch, self.args.include_num_input_tokens_seen).to(
+                    tokens.device
+                )
             micro += 1
             step_loss += loss
             step_samples += (find_batch_size(batch) or 0) * accelerator.num_processes
@@ -410,6 +443,9 @@ class Trainer:
                 self.control = self._event("on_substep_end")
                 continue
             samples += step_samples
+            if self.args.include_num_input_tokens_seen != "no":
+                self.state.num_input_tokens_seen += int(accelerator.reduce(tokens, reduction="sum"))
+                tokens.zero_()
             self._after_optimizer_step(step_loss / micro, grad_norm, step_samples)
             micro = 0
             if self.control.should_training_stop or self.control.should_epoch_stop:
@@ -435,7 +471,9 @@ class Trainer:
             self.optimizer.step()  # type: ignore[union-attr]
             if accelerator.sync_gradients:
                 self.control = self._event("on_optimizer_step")
-                if not accelerator.optimizer_step_was_skipped:
+                # The rate this step used (logged as transformers 5 does, before the scheduler moves on).
+                self._step_learning_rate = float(self.lr_scheduler.get_last_lr()[0])
+                if not accelerator.optimizer_step_was_skipped and not self._steps_on_metric():
                     self.lr_scheduler.step()
             self.optimizer.zero_grad()  # type: ignore[union-attr]
         return loss.detach(), grad_norm
@@ -443,7 +481,7 @@ class Trainer:
     def compute_loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
         """The loss of one batch: ``outputs.loss``, or ``compute_loss_func(outputs, labels, ...)``."""
         loss, _, _ = batches.compute_loss(
-            model, batch, label_names=self.label_names, compute_loss_func=self.compute_loss_func
+            model, batch, label_names=self.label_names, compute_loss_func=self._loss_func
         )
         return loss
 
@@ -452,6 +490,12 @@ class Trainer:
     ) -> None:
         state = self.state
         state.global_step += 1
+        if self.args.logging_nan_inf_filter:  # a nan/inf step counts as the mean since the last log
+            mean_so_far = self._loss_since_log / max(state.steps_since_log, 1)
+            step_loss = torch.where(torch.isfinite(step_loss), step_loss, mean_so_far)
+        empty_every = self.args.torch_empty_cache_steps
+        if empty_every and state.global_step % empty_every == 0:
+            clear_device_cache()
         if self._updates_per_epoch:
             state.epoch = state.global_step / self._updates_per_epoch
         else:
@@ -470,17 +514,21 @@ class Trainer:
             loss = self.accelerator.reduce(self._loss_since_log, reduction="mean") / state.steps_since_log
             logs: dict[str, Any] = {
                 "loss": float(loss),
-                "learning_rate": float(self.lr_scheduler.get_last_lr()[0]),
+                "learning_rate": self._step_learning_rate,
             }
             if grad_norm is not None:
                 logs["grad_norm"] = float(grad_norm)
+            if self.args.include_num_input_tokens_seen != "no":
+                logs["num_input_tokens_seen"] = state.num_input_tokens_seen
             self._loss_since_log.zero_()
             state.steps_since_log = 0
             self.log(logs)
         control.should_log = False
         if control.should_evaluate:
             control.should_evaluate = False
-            self.evaluate()
+            is_new_best = self._after_evaluation(self.evaluate())
+            if self.args.save_strategy == "best":
+                control.should_save = is_new_best
         if control.should_save:
             control.should_save = False
             self._save_checkpoint()
@@ -497,6 +545,12 @@ class Trainer:
             "train_loss": train_loss,
         }
         self.log(metrics)
+        if self.args.load_best_model_at_end and state.best_model_checkpoint is not None:
+            self._load_best_model()
+            if self.args.save_total_limit == 1 and self.accelerator.is_main_process:
+                # transformers' rule: with a limit of 1, the best checkpoint is the one that remains.
+                _checkpoints.keep_only(self.args.output_dir, Path(state.best_model_checkpoint))
+            self.accelerator.wait_for_everyone()
         self.control = self._event("on_train_end")
         return TrainOutput(global_step=state.global_step, training_loss=train_loss, metrics=metrics)
 
@@ -511,10 +565,19 @@ class Trainer:
     def _save_checkpoint(self) -> Path:
         self._sync_loss_totals()
         folder = _checkpoints.checkpoint_folder(self.args.output_dir, self.state.global_step)
+        best = self.state.best_global_step
+        if best is not None:
+            best_folder = _checkpoints.checkpoint_folder(self.args.output_dir, best)
+            if best == self.state.global_step or best_folder.is_dir():
+                self.state.best_model_checkpoint = str(best_folder)
         self.accelerator.save_state(str(folder))
         if self.accelerator.is_main_process:
+            protected = self.state.best_model_checkpoint
             for removed in _checkpoints.rotate_checkpoints(
-                self.args.output_dir, self.args.save_total_limit, folder
+                self.args.output_dir,
+                self.args.save_total_limit,
+                folder,
+                protected=None if protected is None else Path(protected),
             ):
                 logger.info("Deleted %s (save_total_limit=%s)", removed, self.args.save_total_limit)
         self.accelerator.wait_for_everyone()
@@ -528,6 +591,28 @@ class Trainer:
         self._sync_loss_totals()
         folder = _checkpoints.checkpoint_folder(self.args.output_dir, self.state.global_step)
         self.accelerator.checkpoint_and_exit(str(folder))
+
+    # -- best model -------------------------------------------------------------------------------
+    def _steps_on_metric(self) -> bool:
+        """Whether the scheduler is stepped with the evaluated metric (ReduceLROnPlateau), not per step."""
+        scheduler = getattr(self.lr_scheduler, "scheduler", self.lr_scheduler)
+        return isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
+
+    def _after_evaluation(self, metrics: dict[str, float]) -> bool:
+        """Step a plateau schedule with the metric; record the best. Returns whether this one is the best."""
+        if self._steps_on_metric():
+            self.lr_scheduler.step(_best_model.metric_value(self.args, metrics))
+        return _best_model.update_best(self.args, self.state, metrics)
+
+    def _load_best_model(self) -> None:
+        """Load the best checkpoint's state; the run's TrainerState (steps, logs) stays that of the end."""
+        folder, finished = self.state.best_model_checkpoint, self.state.state_dict()
+        self.accelerator.load_state(str(folder))
+        self.state.load_state_dict(finished)
+        self._print(
+            f"[train] loaded the best model from {folder} ({_best_model.metric_key(self.args)}="
+            f"{self.state.best_metric:.6g})"
+        )
 
     # -- evaluation -------------------------------------------------------------------------------
     def evaluate(self, eval_dataset: Any | None = None, metric_key_prefix: str = "eval") -> dict[str, float]:
@@ -561,9 +646,10 @@ class Trainer:
             self.model_wrapped,
             loader,
             label_names=self.label_names,
-            compute_loss_func=self.compute_loss_func,
+            compute_loss_func=self._loss_func,
             compute_metrics=self.compute_metrics,
-            prediction_loss_only=False,
+            prediction_loss_only=self.args.prediction_loss_only,
+            accumulation_steps=self.args.eval_accumulation_steps,
             metric_key_prefix=prefix,
         )
 
