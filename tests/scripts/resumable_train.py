@@ -78,7 +78,8 @@ while progress.done < args.steps:
         if progress.done == args.steps:
             break
 
+weights = accelerator.get_state_dict(model)  # every rank: a sharded model (ZeRO-3) gathers its weights
 if accelerator.is_main_process:
-    params = torch.cat([p.detach().reshape(-1) for p in accelerator.unwrap_model(model).parameters()])
+    params = torch.cat([tensor.detach().float().reshape(-1) for tensor in weights.values()])
     print("PARAMS " + json.dumps(params.tolist()), flush=True)
 accelerator.end_training()

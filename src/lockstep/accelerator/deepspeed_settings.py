@@ -13,9 +13,8 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from lockstep.config.deepspeed import DEEPSPEED_KEYS
+from lockstep.config.deepspeed_launch import plugin_fields
 from lockstep.config.deepspeed_plugin import DeepSpeedPlugin, str_to_bool
-from lockstep.config.keys import by_spelling, section_kwargs
 from lockstep.config.topology import config_section
 
 
@@ -58,13 +57,6 @@ def _launcher_asks_for_deepspeed(launch: Mapping[str, Any]) -> bool:
     if config_section(launch.get("distributed_type")) == "deepspeed_config":
         return True
     return bool(str_to_bool(os.environ.get("ACCELERATE_USE_DEEPSPEED", "false")))
-
-
-def plugin_fields(section: Mapping[str, Any]) -> dict[str, Any]:
-    """``DeepSpeedPlugin`` keyword arguments from a config file's ``deepspeed_config`` section."""
-    return section_kwargs(
-        by_spelling(DEEPSPEED_KEYS, ""), section, prefix="", where="deepspeed_config", owner="DeepSpeedPlugin"
-    )
 
 
 def accumulation_from_config(plugin: DeepSpeedPlugin, steps: int, *, given: bool) -> int:

@@ -1,12 +1,11 @@
 """Accelerate's launch flags for hardware and services lockstep does not drive: accepted, then refused.
 
-``accelerate launch`` has flags for TPUs, SageMaker, Megatron-LM, DeepSpeed, FP8 recipes, N-D parallelism
+``accelerate launch`` has flags for TPUs, SageMaker, Megatron-LM, FP8 recipes, N-D parallelism
 (``ParallelismConfig``) and mpirun. ``lockstep launch`` parses each of them in both spellings (so a
 command line written for Accelerate is understood), and giving one is a :class:`~lockstep.errors.UsageError`:
 one line naming the flag as it was typed, saying what is missing and what to do, exit code 2.
 
-:data:`UNSUPPORTED` is the one table of these flags. The DeepSpeed flags are not spelled here: they are the
-flag keys of :data:`lockstep.config.deepspeed.DEEPSPEED_KEYS`.
+:data:`UNSUPPORTED` is the one table of these flags.
 
 This module must not import torch.
 
@@ -24,9 +23,6 @@ import argparse
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
-
-from lockstep.config.deepspeed import DEEPSPEED_KEYS
-from lockstep.config.keys import flag_keys
 
 REFUSED_DEST = "unsupported_flags"
 """The namespace attribute that collects the unsupported flags given, in order."""
@@ -79,15 +75,6 @@ _PARALLELISM_OPTIONS = tuple(
     ).split()
 )
 
-DEEPSPEED = UnsupportedFlags(
-    reason="DeepSpeed is not part of this version of lockstep.",
-    advice="Use --use-fsdp: FSDP2 shards like ZeRO-3 (--fsdp-reshard-after-forward false is like ZeRO-2).",
-    switches=("use_deepspeed",),
-    options=tuple(flag_keys(DEEPSPEED_KEYS)),
-    planned=True,
-)
-"""The DeepSpeed flags: ``--use-deepspeed`` and the flag keys of the DeepSpeed table."""
-
 UNSUPPORTED: tuple[UnsupportedFlags, ...] = (
     UnsupportedFlags(
         reason="lockstep does not drive TPUs (torch_xla).",
@@ -106,7 +93,6 @@ UNSUPPORTED: tuple[UnsupportedFlags, ...] = (
         switches=("use_megatron_lm",),
         options=_MEGATRON_OPTIONS,
     ),
-    DEEPSPEED,
     UnsupportedFlags(
         reason="lockstep has no FP8 backend (TransformerEngine, MS-AMP or torchao) and no FP8 recipes.",
         advice="Use --mixed-precision bf16.",
@@ -144,7 +130,7 @@ UNSUPPORTED: tuple[UnsupportedFlags, ...] = (
 )
 """Every refused launch flag, by what it configures."""
 EPILOG = (
-    "Accelerate's flags for TPUs, SageMaker, Megatron-LM, DeepSpeed, FP8, ParallelismConfig and mpirun are "
+    "Accelerate's flags for TPUs, SageMaker, Megatron-LM, FP8, ParallelismConfig and mpirun are "
     "accepted in both spellings and refused with one line saying what to do instead (exit code 2)."
 )
 """What ``lockstep launch --help`` says about the flags of this table (each one is hidden from the list)."""

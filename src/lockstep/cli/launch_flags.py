@@ -2,9 +2,9 @@
 
 Every flag takes both spellings (``--num-processes`` and Accelerate's ``--num_processes``) and defaults to
 "not given", so that the config file applies. Flags of a config section come from its key table: the
-``--fsdp-*`` flags from ``FSDP_KEYS``, the ``--dynamo-*`` flags from ``DYNAMO_KEYS`` (the DeepSpeed flags,
-from ``DEEPSPEED_KEYS``, are refused with the other unsupported flags, see
-:mod:`lockstep.cli._unsupported_flags`). :func:`given_flags` turns what was typed into the settings that
+``--fsdp-*`` flags from ``FSDP_KEYS``, the DeepSpeed flags (``--zero-stage``, ``--deepspeed-config-file``,
+...) from ``DEEPSPEED_KEYS``, the ``--dynamo-*`` flags from ``DYNAMO_KEYS``; the flags of features lockstep
+does not drive are refused (:mod:`lockstep.cli._unsupported_flags`). :func:`given_flags` turns what was typed into the settings that
 :func:`lockstep.launcher.settings.resolve` merges over the config file.
 
 This module must not import torch.
@@ -22,7 +22,8 @@ import argparse
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from lockstep.cli._unsupported_flags import DEEPSPEED, REFUSED_DEST, add_unsupported_flags, refused
+from lockstep.cli._unsupported_flags import REFUSED_DEST, add_unsupported_flags, refused
+from lockstep.config.deepspeed import DEEPSPEED_KEYS
 from lockstep.config.fsdp_keys import FSDP_KEYS
 from lockstep.config.keys import SettingKey, flag_keys
 from lockstep.config.plugins import DYNAMO_KEYS
@@ -34,6 +35,8 @@ Flag = tuple[tuple[str, ...], dict[str, Any]]
 
 FSDP_FLAGS: dict[str, SettingKey] = flag_keys(FSDP_KEYS)
 """The ``--fsdp-*`` flags by argparse ``dest`` (the ``fsdp_config`` key each one sets)."""
+DEEPSPEED_FLAGS: dict[str, SettingKey] = flag_keys(DEEPSPEED_KEYS)
+"""The DeepSpeed flags by argparse ``dest`` (the ``deepspeed_config`` key each one sets)."""
 DYNAMO_FLAGS: dict[str, SettingKey] = {
     name: entry for name, entry in flag_keys(DYNAMO_KEYS).items() if entry.field != "backend"
 }
@@ -41,6 +44,7 @@ DYNAMO_FLAGS: dict[str, SettingKey] = {
 its own, as in Accelerate)."""
 SECTION_FLAGS: dict[str, Mapping[str, SettingKey]] = {
     "fsdp_config": FSDP_FLAGS,
+    "deepspeed_config": DEEPSPEED_FLAGS,
     "dynamo_config": DYNAMO_FLAGS,
 }
 """Each config section that flags set, with its flags by ``dest``."""
@@ -126,6 +130,8 @@ LAUNCH_FLAGS: list[Flag] = [
     ),
     _switch(("--use-fsdp", "--use_fsdp"), "shard the model with FSDP2", "use_fsdp"),
     *table_flags(FSDP_KEYS, label="FSDP"),
+    _switch(("--use-deepspeed", "--use_deepspeed"), "train with DeepSpeed ZeRO", "use_deepspeed"),
+    *table_flags(DEEPSPEED_KEYS, label="DeepSpeed"),
 ]
 """The launch flags, in ``--help`` order (unsupported flags are added hidden, after these)."""
 
@@ -147,19 +153,23 @@ def given_flags(args: argparse.Namespace) -> dict[str, Any]:
     unsupported = refused(args)
     if unsupported:
         flag, flags = unsupported[0]
-        if flags is DEEPSPEED and getattr(args, "use_fsdp", False):
-            raise UsageError(
-                f"--use-fsdp and {flag} both shard the model and cannot be combined (and DeepSpeed is not part "
-                f"of this version of lockstep): drop {flag}."
-            )
         raise UsageError(flags.message(flag))
     flags = {k: v for k, v in vars(args).items() if k not in (*_INTERNAL, REFUSED_DEST)}
     for section, keys in SECTION_FLAGS.items():
         given = {name: flags.pop(name) for name in list(flags) if name in keys}
         if given:
             flags[section] = {name: _section_flag_value(keys[name], value) for name, value in given.items()}
-    if flags.pop("use_fsdp", False) or "fsdp_config" in flags:
+    fsdp = flags.pop("use_fsdp", False) or "fsdp_config" in flags
+    deepspeed = flags.pop("use_deepspeed", False) or "deepspeed_config" in flags
+    if fsdp and deepspeed:
+        raise UsageError(
+            "--use-fsdp (or an --fsdp-* flag) and --use-deepspeed (or a DeepSpeed flag) both shard the model and "
+            "cannot be combined: keep one of them."
+        )
+    if fsdp:
         flags["distributed_type"] = "FSDP"
+    if deepspeed:
+        flags["distributed_type"] = "DEEPSPEED"
     if flags.pop("multi_gpu", False):
         flags["distributed_type"] = "MULTI_GPU"
     if "rdzv_conf" in flags:

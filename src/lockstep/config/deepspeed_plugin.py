@@ -120,6 +120,7 @@ class DeepSpeedPlugin:
     """The DeepSpeed config the engine is built with ("auto" values filled at ``prepare``)."""
 
     def __post_init__(self) -> None:
+        explicit = {name: getattr(self, name) for name in _JSON_PATHS if getattr(self, name) is not None}
         self._fill_field_defaults()
         if self.enable_msamp:
             raise NotImplementedError(
@@ -132,6 +133,7 @@ class DeepSpeedPlugin:
             self.deepspeed_config = self._config_from_fields()
         else:
             self.deepspeed_config = load_deepspeed_config(self.hf_ds_config)
+            self._merge_explicit_fields(explicit)
             self.deepspeed_config.setdefault("gradient_accumulation_steps", 1)
             if "zero_optimization" not in self.deepspeed_config:
                 raise ValueError(
@@ -201,6 +203,25 @@ class DeepSpeedPlugin:
             # Written even when 0: DeepSpeed's own default clips at 1.0, and 0 means "do not clip".
             config["gradient_clipping"] = self.gradient_clipping
         return config
+
+    def _merge_explicit_fields(self, explicit: dict[str, Any]) -> None:
+        """Fields given together with a JSON config fill what it leaves out or sets to "auto"; a field that
+        contradicts a value it sets is an error naming both (Accelerate ignores such fields)."""
+        conflicts = []
+        for name, value in explicit.items():
+            path = _JSON_PATHS[name]
+            written = self.get_value(path)
+            if written is None or written == "auto":
+                if value != "auto":
+                    _set_path(self.deepspeed_config, path, value)
+            elif written != value:
+                conflicts.append(f"{name}={value!r} against {path}={written!r}")
+        if conflicts:
+            raise ValueError(
+                f"The DeepSpeed config {self.hf_ds_config!r} and the other DeepSpeed settings disagree: "
+                + "; ".join(conflicts)
+                + '. Set each value in one place (or write "auto" in the JSON config).'
+            )
 
     def _check_stage(self) -> None:
         stage = self.get_value("zero_optimization.stage", 0)
@@ -361,6 +382,26 @@ class DeepSpeedPlugin:
     @property
     def selected(self) -> bool:
         return self._selected
+
+
+_JSON_PATHS = {
+    "gradient_accumulation_steps": "gradient_accumulation_steps",
+    "gradient_clipping": "gradient_clipping",
+    "zero_stage": "zero_optimization.stage",
+    "offload_optimizer_device": "zero_optimization.offload_optimizer.device",
+    "offload_param_device": "zero_optimization.offload_param.device",
+    "offload_optimizer_nvme_path": "zero_optimization.offload_optimizer.nvme_path",
+    "offload_param_nvme_path": "zero_optimization.offload_param.nvme_path",
+    "zero3_save_16bit_model": "zero_optimization.stage3_gather_16bit_weights_on_model_save",
+}
+"""The plugin fields that set a value of the DeepSpeed JSON config, and where."""
+
+
+def _set_path(config: dict[str, Any], path: str, value: Any) -> None:
+    *parents, key = path.split(".")
+    for parent in parents:
+        config = config.setdefault(parent, {})
+    config[key] = value
 
 
 def _offload(device: str, nvme_path: str | None) -> dict[str, Any]:

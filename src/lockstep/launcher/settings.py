@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from lockstep.config.deepspeed_launch import deepspeed_launcher_notes
 from lockstep.config.enums import DistributedType, DynamoBackend, PrecisionType
 from lockstep.config.plugins import dynamo_fields
 from lockstep.config.topology import (
@@ -25,7 +26,7 @@ from lockstep.errors import UsageError
 
 DEFAULT_SOURCE = "default"
 FLAG_SOURCE = "flag"
-SECTIONS = ("fsdp_config", "dynamo_config")
+SECTIONS = ("fsdp_config", "deepspeed_config", "dynamo_config")
 """Settings that are sections of the config file: flags override their keys one by one."""
 _TEE = re.compile(r"^[0-3]$|^(\d+:[0-3],)*\d+:[0-3]$")
 """torchrun's ``--tee`` values: one stream code for every local rank, or ``rank:code`` pairs."""
@@ -90,6 +91,8 @@ class LaunchSettings:
     """How processes share the work (derived from the topology)."""
     fsdp_config: dict[str, Any] = field(default_factory=dict)
     """FSDP settings (the config file's ``fsdp_config`` keys, overridden by ``--fsdp-*`` flags)."""
+    deepspeed_config: dict[str, Any] = field(default_factory=dict)
+    """DeepSpeed settings (the config file's ``deepspeed_config`` keys, overridden by the DeepSpeed flags)."""
     config_file: str | None = None
     """The config file that was read, if any."""
     sources: dict[str, str] = field(default_factory=dict)
@@ -117,6 +120,9 @@ class LaunchSettings:
             "fsdp_config": dict(self.fsdp_config)
             if config_section(self.distributed_type) == "fsdp_config"
             else {},
+            "deepspeed_config": dict(self.deepspeed_config)
+            if config_section(self.distributed_type) == "deepspeed_config"
+            else {},
         }
 
     def notes(self) -> list[str]:
@@ -127,6 +133,8 @@ class LaunchSettings:
                 "downcast_bf16 is a TPU setting (XLA_DOWNCAST_BF16) and changes nothing on CPUs and GPUs: "
                 "mixed_precision bf16 already computes in bf16 and keeps float32 weights."
             )
+        if config_section(self.distributed_type) == "deepspeed_config":
+            notes.extend(deepspeed_launcher_notes(self.deepspeed_config))
         if self.dynamo_backend == "no" and FLAG_SOURCE in self.sources.get("dynamo_config", ""):
             names = ", ".join(f"--{key.replace('_', '-')}" for key in self.dynamo_config)
             notes.append(
@@ -170,6 +178,10 @@ def _from_file(config: Any) -> dict[str, Any]:
         "distributed_type": getattr(config, "distributed_type", None),
         "fsdp_config": {
             k: v for k, v in (getattr(config, "fsdp_config", None) or {}).items() if v is not None
+        }
+        or None,
+        "deepspeed_config": {
+            k: v for k, v in (getattr(config, "deepspeed_config", None) or {}).items() if v is not None
         }
         or None,
     }
@@ -257,6 +269,8 @@ def _validate(s: LaunchSettings) -> None:
     check_device_agreement(s.distributed_type, use_cpu=s.use_cpu)
     if config_section(s.distributed_type) == "fsdp_config":
         _validate_fsdp(s.fsdp_config)
+    if config_section(s.distributed_type) == "deepspeed_config":
+        _validate_deepspeed(s.deepspeed_config, s.mixed_precision, s.gradient_accumulation_steps)
 
 
 def _validate_topology(s: LaunchSettings) -> None:
@@ -341,6 +355,17 @@ def _validate_fsdp(section: dict[str, Any]) -> None:
             FullyShardedDataParallelPlugin.from_config_section(section)
     except (TypeError, ValueError) as error:
         raise UsageError(f"FSDP settings: {error}") from None
+
+
+def _validate_deepspeed(section: dict[str, Any], mixed_precision: str, accumulation: int) -> None:
+    """Build the plugin once here (without DeepSpeed), so that a bad DeepSpeed setting, or a config-file key
+    that contradicts the DeepSpeed JSON config, fails before any process starts."""
+    from lockstep.config.deepspeed_launch import check_deepspeed_section
+
+    try:
+        check_deepspeed_section(section, mixed_precision=mixed_precision, accumulation=accumulation)
+    except (TypeError, ValueError) as error:
+        raise UsageError(f"DeepSpeed settings: {error}") from None
 
 
 def cpu_threads_per_process(local_processes: int) -> int:

@@ -250,7 +250,8 @@ class DeepSpeedBackend(Backend):
 
     # -- checkpoints ---------------------------------------------------------------------------------
     def model_state_dicts(self, models: Sequence[nn.Module]) -> list[dict[str, torch.Tensor] | None]:
-        return [None if self.is_engine(m) else s for m, s in zip(models, super().model_state_dicts(models))]
+        """None for an engine (it writes its own files in :meth:`save_shards`)."""
+        return [None if self.is_engine(m) else super().model_state_dicts([m])[0] for m in models]
 
     def optimizer_states(self, optimizers: Sequence[Any]) -> list[Any]:
         return [None if self._belongs_to_engine(o) else o for o in optimizers]

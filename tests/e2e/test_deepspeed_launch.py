@@ -1,0 +1,132 @@
+"""DeepSpeed under `lockstep launch`: a killed rank restarts and a preempted run resumes to exactly the
+weights of an uninterrupted run, under ZeRO-2 and ZeRO-3; the launcher's DeepSpeed flags and config keys."""
+
+import json
+import random
+import signal
+import time
+
+import pytest
+
+from tests.helpers.cli import SCRIPTS, lockstep, lockstep_popen
+from tests.helpers.optional import requires
+
+pytestmark = [pytest.mark.distributed, requires("deepspeed")]
+
+SCRIPT = str(SCRIPTS / "resumable_train.py")
+
+
+def _params(stdout: str) -> list[float]:
+    return json.loads(next(line for line in stdout.splitlines() if line.startswith("PARAMS "))[7:])
+
+
+def _zero(stage: int) -> list[str]:
+    # ZeRO-3 gathers the final weights for the script's printout (get_state_dict).
+    return ["launch", "--num-processes", "2", "--zero-stage", str(stage), "--zero3-save-16bit-model", "true"]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> dict[int, list[float]]:
+    runs = {}
+    for stage in (2, 3):
+        result = lockstep(*_zero(stage), SCRIPT, str(tmp_path_factory.mktemp(f"straight{stage}")))
+        assert result.returncode == 0, result.stderr[-3000:]
+        runs[stage] = _params(result.stdout)
+    return runs
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", [2, 3])
+def test_a_killed_rank_restarts_and_matches_an_uninterrupted_run(tmp_path, uninterrupted, stage):
+    die_at = random.Random().randint(4, 11)  # after the first checkpoint (step 3)
+    result = lockstep(*_zero(stage), "--max-restarts", "1", SCRIPT, str(tmp_path), "--die-at", str(die_at))
+    assert result.returncode == 0, f"died at step {die_at}: {result.stderr[-3000:]}"
+    assert "attempt 1 resumed from" in result.stdout
+    assert _params(result.stdout) == uninterrupted[stage], f"died at step {die_at}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", [2, 3])
+def test_a_preempted_run_exits_143_and_resumes_exactly(tmp_path, uninterrupted, stage):
+    stop_after = random.Random().randint(2, 8)
+    launcher = lockstep_popen(*_zero(stage), SCRIPT, str(tmp_path), "--step-delay", "0.2")
+    progress = tmp_path / "progress"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not (
+        progress.exists() and int(progress.read_text() or 0) >= stop_after
+    ):
+        time.sleep(0.02)
+    launcher.send_signal(signal.SIGTERM)
+    _, stderr = launcher.communicate(timeout=120)
+    assert launcher.returncode == 143, stderr[-3000:]
+    stopped_at = int(progress.read_text())
+    result = lockstep(*_zero(stage), SCRIPT, str(tmp_path))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"at step {stopped_at}" in result.stdout
+    assert _params(result.stdout) == uninterrupted[stage]
+
+
+def test_a_deepspeed_file_key_that_contradicts_the_json_config_is_refused(tmp_path):
+    config = tmp_path / "ds.json"
+    config.write_text(json.dumps({"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 2}}))
+    result = lockstep(
+        "launch",
+        "--num-processes",
+        "2",
+        "--deepspeed-config-file",
+        str(config),
+        "--zero_stage",
+        "3",
+        SCRIPT,
+        "x",
+    )
+    assert result.returncode == 2
+    assert "zero_stage=3 against zero_optimization.stage=2" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_deepspeed_and_fsdp_flags_together_are_refused():
+    result = lockstep("launch", "--use-fsdp", "--zero-stage", "2", SCRIPT, "x")
+    assert result.returncode == 2 and "both shard the model" in result.stderr
+
+
+def test_an_unknown_zero_stage_is_refused_before_any_process_starts():
+    result = lockstep("launch", "--num-processes", "2", "--use-deepspeed", "--zero-stage", "4", SCRIPT, "x")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "--zero-stage must be between 0 and 3, got 4" in result.stderr
+
+
+ACCELERATE_DEEPSPEED_YAML = """\
+compute_environment: LOCAL_MACHINE
+debug: false
+deepspeed_config:
+  gradient_accumulation_steps: 1
+  offload_optimizer_device: none
+  offload_param_device: none
+  zero3_init_flag: false
+  zero_stage: 2
+distributed_type: DEEPSPEED
+downcast_bf16: 'no'
+enable_cpu_affinity: false
+machine_rank: 0
+main_training_function: main
+mixed_precision: 'no'
+num_machines: 1
+num_processes: 2
+rdzv_backend: static
+same_network: true
+tpu_env: []
+tpu_use_cluster: false
+tpu_use_sudo: false
+use_cpu: true
+"""
+
+
+def test_an_accelerate_deepspeed_config_file_launches_unchanged(tmp_path, uninterrupted):
+    config = tmp_path / "default_config.yaml"
+    config.write_text(ACCELERATE_DEEPSPEED_YAML)  # as `accelerate config` writes it for ZeRO-2 on CPU
+    project = tmp_path / "run"
+    project.mkdir()
+    result = lockstep("launch", "--config-file", str(config), SCRIPT, str(project))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert _params(result.stdout) == uninterrupted[2]
