@@ -210,7 +210,7 @@ class DeepSpeedBackend(Backend):
                 "DeepSpeedPlugin(zero3_save_16bit_model=True), zero3_save_16bit_model: true in the config file); "
                 "or save the full training state with save_state() and merge it with lockstep merge-weights."
             )
-        return engine._zero3_consolidated_16bit_state_dict()
+        return engine._zero3_consolidated_16bit_state_dict() or {}  # the main process's; {} elsewhere
 
     def _engine_of(self, model: nn.Module) -> Any:
         if self.is_engine(model):
@@ -284,8 +284,10 @@ class DeepSpeedBackend(Backend):
         own = [(i, o) for i, o in optimizers if not self._belongs_to_engine(o)]
         super().read_model_states(plain, own, folder)
         engines = [(i, m) for i, m in models if self.is_engine(m)]
-        for index, _ in engines:
-            checkpoint.check_engine_files(folder, index)
+        for index, engine in engines:
+            checkpoint.check_engine_files(
+                folder, index, stage=engine.zero_optimization_stage(), world_size=self.state.num_processes
+            )
         return engines, folder
 
     def apply_model_states(self, models: Indexed, optimizers: Indexed, loaded: Any) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from lockstep.checkpoint.layout import read_manifest
 from lockstep.errors import CheckpointError
 
 ENGINE_FOLDER = "deepspeed_{index}"
@@ -31,13 +32,26 @@ def save_engine(engine: Any, folder: Path, index: int) -> None:
     engine.save_checkpoint(str(engine_folder(folder, index)), tag=TAG, client_state={}, save_latest=False)
 
 
-def check_engine_files(folder: Path, index: int) -> None:
-    """Raise when engine ``index``'s checkpoint is missing from ``folder``."""
+def check_engine_files(folder: Path, index: int, *, stage: int, world_size: int) -> None:
+    """Raise when engine ``index``'s checkpoint is missing from ``folder``, or was saved by a number of
+    processes DeepSpeed cannot load it on.
+
+    DeepSpeed partitions ZeRO 1-3 optimizer state (and ZeRO-3 parameters) by the number of processes and
+    loads a partitioned checkpoint on that number only; a ZeRO-0 checkpoint loads on any number.
+    """
     tagged = engine_folder(folder, index) / TAG
     if not tagged.is_dir() or not any(tagged.iterdir()):
         raise CheckpointError(
             f"Checkpoint {folder} has no DeepSpeed engine files for model {index} ({tagged} is missing): it was "
             "not saved by the DeepSpeed backend. Load it with the backend that saved it."
+        )
+    saved = read_manifest(folder).world_size
+    if stage > 0 and saved != world_size:
+        raise CheckpointError(
+            f"Checkpoint {folder} was saved by {saved} processes under ZeRO-{stage}, and this run has {world_size}: "
+            f"DeepSpeed loads a ZeRO-{stage} checkpoint on the number of processes that saved it. Resume on "
+            f"{saved} processes; or take the weights alone to any number with `lockstep merge-weights {folder} "
+            "OUT` and load them into the model before prepare()."
         )
 
 
