@@ -16,6 +16,7 @@ from lockstep import Accelerator, ParallelismConfig
 from lockstep.config.parallelism import TorchTensorParallelConfig
 from tests.helpers.fsdp_models import data_loader, full_params, loss_of, make_transformer, reference_run
 from tests.helpers.multiprocess import run_distributed
+from tests.helpers.optional import requires
 
 LENGTH, PER_REPLICA = 48, 8
 PLAN = {"layers.*.up": "colwise", "layers.*.down": "rowwise"}
@@ -206,3 +207,61 @@ def test_context_parallel_on_cpu_and_a_model_without_a_plan_fail_before_training
         "ParallelismConfig(tp_size=2) needs a tensor-parallel plan for TinyTransformer: pass ParallelismConfig("
         "tp_handler=TorchTensorParallelConfig(parallelize_plan="
     )
+
+
+def _tiny_llama(path: str) -> None:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=32,
+        tie_word_embeddings=False,
+    )
+    LlamaForCausalLM(config).save_pretrained(path)
+
+
+def _train_llama(path: str, tp_size: int) -> dict:
+    from transformers import LlamaForCausalLM
+
+    sizes = {"tp_size": tp_size} if tp_size > 1 else {}
+    accelerator = Accelerator(cpu=True, parallelism_config=ParallelismConfig(**sizes) if sizes else None)
+    model = LlamaForCausalLM.from_pretrained(path)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    generator = torch.Generator().manual_seed(1)
+    losses, norms = [], []
+    for _ in range(3):
+        ids = torch.randint(0, 64, (4, 16), generator=generator)
+        loss = model(input_ids=ids, labels=ids).loss
+        losses.append(float(loss.detach()))
+        accelerator.backward(loss)
+        norms.append(float(accelerator.clip_grad_norm_(model.parameters(), 1.0)))
+        optimizer.step()
+        optimizer.zero_grad()
+    q_proj = model.model.layers[0].self_attn.q_proj.weight
+    return {
+        "losses": losses,
+        "norms": norms,
+        "params": full_params(model),
+        "q_proj": [repr(p) for p in q_proj.placements] if isinstance(q_proj, DTensor) else None,
+    }
+
+
+@requires("transformers")
+@pytest.mark.distributed
+def test_a_transformers_llama_is_split_by_its_own_tp_plan_and_matches_one_process(tmp_path):
+    path = str(tmp_path / "tiny-llama")
+    _tiny_llama(path)
+    expected = run_distributed(_train_llama, 1, path, 1)[0]
+    results = run_distributed(_train_llama, 2, path, 2, timeout=180)
+    for result in results:
+        assert result["q_proj"] == ["Shard(dim=0)"]  # base_model_tp_plan: q_proj is colwise
+        assert result["losses"] == pytest.approx(expected["losses"], abs=1e-6)
+        assert result["norms"] == pytest.approx(expected["norms"], rel=1e-5)
+        assert (result["params"] - expected["params"]).abs().max().item() <= TOLERANCE

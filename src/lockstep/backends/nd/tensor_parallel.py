@@ -89,6 +89,9 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, plan: Mapping[s
                 "TorchTensorParallelConfig sets a parallelize_plan too. Drop one of them."
             )
         return
+    if not plan and getattr(model, "tp_plan", None):
+        _apply_model_plan(model, tp_mesh)
+        return
     if not plan:
         raise ValueError(
             f"ParallelismConfig(tp_size={tp_mesh.size()}) needs a tensor-parallel plan for "
@@ -99,3 +102,14 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, plan: Mapping[s
     check_plan(model, plan)
     check_heads(model, tp_mesh.size())
     parallelize_module(model, tp_mesh, {pattern: _style(style) for pattern, style in plan.items()})
+
+
+def _apply_model_plan(model: nn.Module, tp_mesh: DeviceMesh) -> None:
+    """Shard a transformers model with its own plan (``base_model_tp_plan``), as ``from_pretrained(tp_plan=
+    "auto")`` does: transformers resolves the plan for ``tp_size`` and installs its DTensor layers."""
+    from transformers.distributed import DistributedConfig
+    from transformers.distributed.tensor_parallel import apply_tensor_parallelism
+
+    check_heads(model, tp_mesh.size())
+    tp_plan, _, _ = model._resolve_parallel_plans(DistributedConfig(tp_size=tp_mesh.size()))  # type: ignore[operator]
+    apply_tensor_parallelism(model, tp_mesh, tp_plan)
