@@ -99,11 +99,11 @@ def test_the_coverage_figures():
     print(summary())
     figures = coverage_figures()
     assert figures == {
-        "accelerator_members": {"names": 86, "implemented": 80, "unsupported": 6},
+        "accelerator_members": {"names": 86, "implemented": 84, "unsupported": 2},
         "accelerator_attributes": {"names": 28, "implemented": 26, "absent": 2},
-        "top_level": {"names": 30, "implemented": 21, "unsupported": 8, "absent": 1},
-        "utils": {"names": 264, "implemented": 210, "unsupported": 43, "absent": 11},
-        "launch_flags": {"names": 124, "implemented": 43, "accepted": 5, "unsupported": 76},
+        "top_level": {"names": 30, "implemented": 22, "unsupported": 7, "absent": 1},
+        "utils": {"names": 264, "implemented": 213, "unsupported": 40, "absent": 11},
+        "launch_flags": {"names": 124, "implemented": 54, "accepted": 9, "unsupported": 61},
     }
 
 

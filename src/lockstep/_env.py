@@ -287,3 +287,21 @@ def announce_rank0_loading() -> None:
     """
     os.environ["ACCELERATE_USE_FSDP"] = "true"
     os.environ["FSDP_CPU_RAM_EFFICIENT_LOADING"] = "true"
+
+
+# Accelerate's ParallelismConfig defaults (set by `accelerate launch --parallelism_config_*` for its workers).
+PARALLELISM_CONFIG_PREFIX = "PARALLELISM_CONFIG_"
+USE_PARALLELISM_CONFIG = "ACCELERATE_USE_PARALLELISM_CONFIG"
+
+
+def parallelism_setting(name: str, default: str, env: Mapping[str, str] | None = None) -> str:
+    """``PARALLELISM_CONFIG_<NAME>`` (e.g. ``tp_size`` -> ``PARALLELISM_CONFIG_TP_SIZE``), else ``default``."""
+    env = os.environ if env is None else env
+    return env.get(PARALLELISM_CONFIG_PREFIX + name.upper(), default)
+
+
+def parallelism_config_requested(env: Mapping[str, str] | None = None) -> bool:
+    """Whether ``ACCELERATE_USE_PARALLELISM_CONFIG=true`` asks the Accelerator for a ``ParallelismConfig``
+    built from the ``PARALLELISM_CONFIG_*`` variables."""
+    env = os.environ if env is None else env
+    return env.get(USE_PARALLELISM_CONFIG, "").strip().lower() in {"1", "true", "yes"}

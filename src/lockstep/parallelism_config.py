@@ -1,18 +1,15 @@
-"""``accelerate.parallelism_config``: the name ``ParallelismConfig``, whose feature is not built yet.
+"""``accelerate.parallelism_config``: ``ParallelismConfig``, the N-D layout of the processes.
 
-Accelerate's ``ParallelismConfig`` lays the processes out on a device mesh of several dimensions
-(replicated and sharded data parallelism, tensor, context and sequence parallelism). lockstep distributes
-over one dimension (DDP, or FSDP2 over all processes), so constructing one raises ``NotImplementedError``,
-as passing ``Accelerator(parallelism_config=...)`` does. The same class is ``lockstep.utils.ParallelismConfig``.
+The class lives in :mod:`lockstep.config.parallelism`; it is the same object as ``lockstep.ParallelismConfig``
+and ``lockstep.utils.ParallelismConfig``.
 
 Example:
-    >>> ParallelismConfig(tp_size=2)
-    Traceback (most recent call last):
-    NotImplementedError: ParallelismConfig is not supported by lockstep: multi-dimensional parallelism (dp_replicate, dp_shard, tp, cp and sp mesh dimensions) is not built yet. Shard the model over all processes with FullyShardedDataParallelPlugin (FSDP2), or replicate it with DDP.
+    >>> ParallelismConfig(dp_shard_size=2, tp_size=2).active_mesh_dims
+    ['dp_shard', 'tp']
 """
 
 from __future__ import annotations
 
-from lockstep.utils._unsupported import ParallelismConfig
+from lockstep.config.parallelism import ParallelismConfig
 
 __all__ = ["ParallelismConfig"]

@@ -377,7 +377,8 @@ class AcceleratorState(PartialState):
 
     ``deepspeed_plugin`` is the active ``DeepSpeedPlugin`` (None without DeepSpeed). Accelerate's members for
     integrations lockstep does not drive answer as Accelerate does when they are not configured:
-    ``megatron_lm_plugin``, ``torch_tp_plugin``, ``parallelism_config`` and ``device_mesh`` are None,
+    ``megatron_lm_plugin`` and ``torch_tp_plugin`` are None; ``parallelism_config`` and ``device_mesh`` are
+    None unless the Accelerator was given a ``ParallelismConfig``;
     ``use_ipex`` is False.
 
     Args:
@@ -457,14 +458,15 @@ class AcceleratorState(PartialState):
         return None
 
     @property
-    def parallelism_config(self) -> None:
-        """None: multi-dimensional parallelism (``ParallelismConfig``) is not built yet."""
-        return None
+    def parallelism_config(self) -> Any:
+        """The Accelerator's ``ParallelismConfig`` (the N-D layout), or None."""
+        return self._ctx.accelerator_settings.get("parallelism_config")
 
     @property
-    def device_mesh(self) -> None:
-        """None: there is no multi-dimensional device mesh without a ``ParallelismConfig``."""
-        return None
+    def device_mesh(self) -> Any:
+        """The ``ParallelismConfig``'s device mesh, or None without one (or when every size is 1 on one process)."""
+        config = self.parallelism_config
+        return None if config is None else config.device_mesh
 
     def get_deepspeed_plugin(self, name: str) -> Any:
         """The DeepSpeed plugin called ``name``.

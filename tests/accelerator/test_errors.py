@@ -38,12 +38,11 @@ def test_plugin_and_steps_conflict():
         )
 
 
-@pytest.mark.parametrize(("argument", "feature"), [("parallelism_config", "ParallelismConfig")])
-def test_later_features_raise_instead_of_being_ignored(argument, feature):
+def test_parallelism_config_of_the_wrong_kind_is_refused():
     with pytest.raises(
-        NotImplementedError, match=rf"Accelerator\({argument}=...\) is not supported yet: .*{feature}"
+        TypeError, match="parallelism_config must be a lockstep ParallelismConfig, got object"
     ):
-        Accelerator(**{argument: object()})
+        Accelerator(parallelism_config=object())
 
 
 def test_kwargs_handlers_are_checked():

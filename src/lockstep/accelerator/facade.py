@@ -36,6 +36,7 @@ from torch.utils.data import DataLoader
 
 from lockstep import collectives
 from lockstep.accelerator.accumulation import GradientAccumulation
+from lockstep.accelerator.mesh_view import MeshView, build_layout
 from lockstep.accelerator.optimizer import AcceleratedOptimizer
 from lockstep.accelerator.preemption import DEFAULT_SIGNALS, PreemptionWatcher, exit_now
 from lockstep.accelerator.preparation import Preparer, has_device_map, is_unprepared_scheduler, models_first
@@ -72,7 +73,7 @@ if TYPE_CHECKING:
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-class Accelerator(ProcessView, SettingsView, UnconfiguredFeatures):
+class Accelerator(ProcessView, SettingsView, MeshView, UnconfiguredFeatures):
     """Runs one ordinary training loop on one CPU, one GPU, many processes or many machines.
 
     Args:
@@ -102,8 +103,9 @@ class Accelerator(ProcessView, SettingsView, UnconfiguredFeatures):
             launcher's ``distributed_type: FSDP``.
         split_batches, dispatch_batches, even_batches, use_seedable_sampler: Accelerate's deprecated
             spellings of the ``DataLoaderConfiguration`` fields: applied, with a FutureWarning.
-        deepspeed_plugin, deepspeed_plugins, torch_tp_plugin, megatron_lm_plugin,
-            parallelism_config: features not built yet; passing them raises NotImplementedError.
+        deepspeed_plugin, deepspeed_plugins: DeepSpeed ZeRO (``DeepSpeedPlugin``).
+        parallelism_config: an N-D layout (``ParallelismConfig``: tensor parallel, FSDP, HSDP) on a device mesh.
+        torch_tp_plugin, megatron_lm_plugin: not built; passing them raises NotImplementedError.
     """
 
     def __init__(
@@ -140,7 +142,6 @@ class Accelerator(ProcessView, SettingsView, UnconfiguredFeatures):
         reject_unbuilt_features(
             torch_tp_plugin=torch_tp_plugin,
             megatron_lm_plugin=megatron_lm_plugin,
-            parallelism_config=parallelism_config,
         )
         dataloader_config = apply_deprecated_dataloader_arguments(
             dataloader_config,
@@ -165,6 +166,7 @@ class Accelerator(ProcessView, SettingsView, UnconfiguredFeatures):
             fsdp_plugin=fsdp_plugin,
             deepspeed_plugin=deepspeed_plugin,
             deepspeed_plugins=deepspeed_plugins,
+            parallelism_config=parallelism_config,
         )
         SettingsView.__init__(self, settings)
         ProcessView.__init__(self, self._build_state(cpu=cpu, debug=debug))
@@ -197,6 +199,9 @@ class Accelerator(ProcessView, SettingsView, UnconfiguredFeatures):
 
     def _build_backend(self) -> Backend:
         handlers = self.settings.handlers
+        layout = self.settings.parallelism_config
+        if layout is not None:
+            build_layout(layout, self.state)
         backend = select_backend(
             self.state,
             mixed_precision=self.settings.mixed_precision,
@@ -206,8 +211,10 @@ class Accelerator(ProcessView, SettingsView, UnconfiguredFeatures):
             dynamo_plugin=self.settings.dynamo_plugin,
             fsdp_plugin=self.settings.fsdp_plugin,
             deepspeed_plugins=self.settings.deepspeed_plugins,
+            parallelism_config=layout,
         )
         self.state._record(
+            parallelism_config=layout,
             distributed_type=backend.distributed_type,
             dynamo_plugin=self.settings.dynamo_plugin,
             fsdp_plugin=self.settings.fsdp_plugin,

@@ -53,6 +53,13 @@ def _check_trainable_here(model: nn.Module, state: PartialState) -> None:
         )
 
 
+def _dispatches(data_loader: DataLoader, config: Any, put_on_device: bool) -> bool:
+    """Whether ``prepare_data_loader`` would read on the main process and send each process its slice."""
+    if config.dispatch_batches is not None:
+        return bool(config.dispatch_batches)
+    return put_on_device and isinstance(data_loader.dataset, torch.utils.data.IterableDataset)
+
+
 def _reject_lomo(optimizer: torch.optim.Optimizer) -> None:
     if type(optimizer).__module__.split(".")[0] == "lomo_optim":
         raise NotImplementedError(
@@ -218,11 +225,20 @@ class Preparer:
         if self.prepared.has_dataloader(data_loader):
             return data_loader
         config = self.settings.dataloader_config
+        shard = self.backend.data_shard()
+        if shard.count != self.state.num_processes and _dispatches(
+            data_loader, config, self._placement(device_placement)
+        ):
+            raise NotImplementedError(
+                "dispatch_batches=True with tensor or context parallelism is not built yet: the main process "
+                f"would send {self.state.num_processes} slices where {shard.count} data-parallel replicas need "
+                "batches. Pass Accelerator(dataloader_config=DataLoaderConfiguration(dispatch_batches=False))."
+            )
         prepared = prepare_data_loader(
             data_loader,
             device=self.state.device,
-            num_processes=self.state.num_processes,
-            process_index=self.state.process_index,
+            num_processes=shard.count,
+            process_index=shard.index,
             split_batches=config.split_batches,
             put_on_device=self._placement(device_placement),
             rng_types=[r.value for r in self.settings.rng_types],

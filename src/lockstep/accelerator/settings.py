@@ -28,6 +28,7 @@ from lockstep.config.kwargs import (
     KwargsHandler,
     ProfileKwargs,
 )
+from lockstep.config.parallelism import ParallelismConfig
 from lockstep.config.plugins import GradientAccumulationPlugin, TorchDynamoPlugin
 from lockstep.config.project import ProjectConfiguration
 from lockstep.config.topology import config_section
@@ -38,7 +39,6 @@ from lockstep.throughput.config import ThroughputKwargs
 _NOT_YET_BUILT = {
     "torch_tp_plugin": "tensor parallelism",
     "megatron_lm_plugin": "the Megatron-LM backend",
-    "parallelism_config": "multi-dimensional parallelism (ParallelismConfig)",
 }
 
 
@@ -153,6 +153,8 @@ class AcceleratorSettings:
     fsdp_plugin: FullyShardedDataParallelPlugin | None = None
     deepspeed_plugins: dict[str, Any] | None = None
     """The named ``DeepSpeedPlugin`` objects (the selected one configures the next engine), or None."""
+    parallelism_config: ParallelismConfig | None = None
+    """The N-D layout (``ParallelismConfig``), or None."""
     launcher: dict[str, Any] = field(default_factory=dict)
     """What the launcher asked for (``lockstep launch`` flags and config file, as the workers received
     them); empty when the script was not started by ``lockstep launch``. Explicit arguments override it."""
@@ -183,6 +185,50 @@ def resolve_fsdp(
     if config_section(launch.get("distributed_type")) == "fsdp_config":
         return FullyShardedDataParallelPlugin.from_config_section(launch.get("fsdp_config") or {})
     return None
+
+
+def resolve_parallelism(
+    config: ParallelismConfig | None, deepspeed: Any, launch: dict[str, Any]
+) -> ParallelismConfig | None:
+    """The ``ParallelismConfig``: the explicit one, else the launcher's ``parallelism_config`` section, else
+    one from the ``PARALLELISM_CONFIG_*`` variables when ``ACCELERATE_USE_PARALLELISM_CONFIG=true``."""
+    if config is None:
+        section = launch.get("parallelism_config") or {}
+        if section:
+            config = ParallelismConfig(**_parallelism_fields(section))
+        elif _env.parallelism_config_requested():
+            config = ParallelismConfig()
+    if config is None:
+        return None
+    if not isinstance(config, ParallelismConfig):
+        raise TypeError(
+            f"parallelism_config must be a lockstep ParallelismConfig, got {type(config).__name__}."
+        )
+    if deepspeed is not None:
+        raise NotImplementedError(
+            "Accelerator(parallelism_config=..., deepspeed_plugin=...) is not built yet: lockstep's N-D layouts "
+            "run on FSDP2 and tensor parallelism. Drop the DeepSpeed plugin (shard with dp_shard_size)."
+        )
+    if config.sp_size > 1:
+        raise NotImplementedError(
+            f"ParallelismConfig(sp_size={config.sp_size}) is not built yet: DeepSpeed-Ulysses sequence parallelism "
+            "is not part of lockstep. Leave sp_size=1."
+        )
+    return config
+
+
+def _parallelism_fields(section: dict[str, Any]) -> dict[str, Any]:
+    """``parallelism_config_tp_size: 2`` (Accelerate's file keys) -> ``{"tp_size": 2}``."""
+    from lockstep.config.parallelism import TorchContextParallelConfig
+
+    fields = {key.removeprefix("parallelism_config_"): value for key, value in section.items()}
+    strategy = fields.pop("cp_comm_strategy", None)
+    for key in ("dp_replicate_size", "dp_shard_size", "tp_size", "cp_size", "sp_size"):
+        if key in fields:
+            fields[key] = int(fields[key])
+    if strategy is not None and int(fields.get("cp_size", 1)) > 1:
+        fields["cp_handler"] = TorchContextParallelConfig(cp_comm_strategy=strategy)
+    return fields
 
 
 def resolve_mixed_precision(explicit: str | None, launch: dict[str, Any]) -> PrecisionType:
@@ -266,6 +312,7 @@ def resolve_settings(
     fsdp_plugin: FullyShardedDataParallelPlugin | None = None,
     deepspeed_plugin: Any = None,
     deepspeed_plugins: Any = None,
+    parallelism_config: ParallelismConfig | None = None,
 ) -> AcceleratorSettings:
     """Validate and resolve the Accelerator's arguments against the launcher's settings."""
     launch = launcher_settings()
@@ -300,5 +347,6 @@ def resolve_settings(
         handlers=sort_kwargs_handlers(kwargs_handlers),
         fsdp_plugin=fsdp,
         deepspeed_plugins=deepspeed,
+        parallelism_config=resolve_parallelism(parallelism_config, deepspeed, launch),
         launcher=dict(launch),
     )

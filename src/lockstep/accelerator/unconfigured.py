@@ -1,19 +1,18 @@
-"""Accelerate 1.15's Accelerator members for DeepSpeed sequence parallelism, ``ParallelismConfig``, FP8 and LOMO optimizers.
+"""Accelerate 1.15's Accelerator members for DeepSpeed sequence parallelism, pipeline parallelism, FP8 and LOMO optimizers.
 
 lockstep builds none of these yet, so each member answers as Accelerate does when the feature is not
-configured: the plugin, the configuration and the device mesh are None, the FP8 backend is ``NO``, the
-dataloader adapter for sequence parallelism returns the loader, and ``maybe_context_parallel`` runs the
-block unchanged. Members that Accelerate makes raise without the feature (the ranks of a parallelism
-dimension) raise ``NotImplementedError`` (a ``RuntimeError``, what Accelerate raises) saying what is
-missing. The base stands on its own: it needs nothing.
+configured: the FP8 backend is ``NO``, the dataloader adapter for sequence parallelism returns the loader,
+and ``maybe_context_parallel`` runs the block unchanged. ``pipeline_parallel_rank`` raises
+``NotImplementedError`` (a ``RuntimeError``, what Accelerate raises) saying what is missing. The members
+of a ``ParallelismConfig`` are :mod:`.mesh_view`'s. The base stands on its own: it needs nothing.
 
 Example:
     >>> features = UnconfiguredFeatures()
-    >>> features.parallelism_config is None, features.fp8_backend, features.has_lomo_optimizer
-    (True, <FP8BackendType.NO: 'NO'>, False)
-    >>> features.tensor_parallel_rank
+    >>> features.fp8_backend, features.has_lomo_optimizer
+    (<FP8BackendType.NO: 'NO'>, False)
+    >>> features.pipeline_parallel_rank
     Traceback (most recent call last):
-    NotImplementedError: Accelerator.tensor_parallel_rank is not supported yet: tensor parallelism needs a ParallelismConfig, and multi-dimensional parallelism is not part of this version of lockstep. Every process holds a data-parallel replica or an FSDP shard; use process_index.
+    NotImplementedError: Accelerator.pipeline_parallel_rank is not supported yet: pipeline parallelism is not built (nor in Accelerate). Every process holds a data-parallel replica or a shard of the model; use process_index.
 """
 
 from __future__ import annotations
@@ -33,14 +32,13 @@ _warned: set[str] = set()
 
 def _not_built(member: str, what: str) -> NoReturn:
     raise NotImplementedError(
-        f"Accelerator.{member} is not supported yet: {what}, and multi-dimensional parallelism is not part of "
-        "this version of lockstep. Every process holds a data-parallel replica or an FSDP shard; use "
-        "process_index."
+        f"Accelerator.{member} is not supported yet: {what}. Every process holds a data-parallel replica or a "
+        "shard of the model; use process_index."
     )
 
 
 class UnconfiguredFeatures:
-    """What Accelerate's DeepSpeed, parallelism, FP8 and LOMO members answer when none is configured."""
+    """What Accelerate's sequence/pipeline parallelism, FP8 and LOMO members answer when none is configured."""
 
     fp8_enabled: bool = False
     """Whether training runs in FP8 (``mixed_precision="fp8"``); lockstep has no FP8 backend."""
@@ -53,41 +51,11 @@ class UnconfiguredFeatures:
     has_lomo_optimizer: bool = False
     """Whether a LOMO optimizer (``lomo-optim``) was prepared; lockstep does not prepare them."""
 
-    # -- DeepSpeed and ParallelismConfig ----------------------------------------------------------
-    @property
-    def parallelism_config(self) -> None:
-        """The ``ParallelismConfig``: None, as in Accelerate when none was given."""
-        return None
-
-    @property
-    def torch_device_mesh(self) -> None:
-        """The device mesh of a ``ParallelismConfig``: None, as in Accelerate without one."""
-        return None
-
-    @property
-    def tensor_parallel_rank(self) -> int:
-        """Raises: tensor parallelism cannot be configured in this version."""
-        _not_built("tensor_parallel_rank", "tensor parallelism needs a ParallelismConfig")
-
-    @property
-    def data_parallel_rank(self) -> int:
-        """Raises: replicated data parallelism as a mesh dimension needs a ``ParallelismConfig``."""
-        _not_built("data_parallel_rank", "a dp_replicate mesh dimension needs a ParallelismConfig")
-
-    @property
-    def data_parallel_shard_rank(self) -> int:
-        """Raises: sharded data parallelism as a mesh dimension needs a ``ParallelismConfig``."""
-        _not_built("data_parallel_shard_rank", "a dp_shard mesh dimension needs a ParallelismConfig")
-
+    # -- parallelism --------------------------------------------------------------------------
     @property
     def pipeline_parallel_rank(self) -> int:
         """Raises, as in Accelerate: pipeline parallelism is not supported."""
         _not_built("pipeline_parallel_rank", "pipeline parallelism is not built (nor in Accelerate)")
-
-    @property
-    def context_parallel_rank(self) -> int:
-        """Raises, as in Accelerate: context parallelism has no rank of its own."""
-        _not_built("context_parallel_rank", "context parallelism is not built")
 
     @contextlib.contextmanager
     def maybe_context_parallel(

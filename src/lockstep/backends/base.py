@@ -22,7 +22,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -49,6 +49,13 @@ class JointlyPrepared:
     """The model steps the optimizer itself (in :meth:`Backend.backward`): the user's ``step()`` only notes it."""
     scheduler_stepped_by_model: bool = False
     """The model steps the scheduler itself: the user's ``scheduler.step()`` does nothing."""
+
+
+class DataShard(NamedTuple):
+    """Which share of the data a process reads: replica ``index`` of ``count`` data-parallel replicas."""
+
+    index: int
+    count: int
 
 
 def _compiled_like(compiled: nn.Module, module: nn.Module) -> nn.Module:
@@ -81,6 +88,11 @@ class Backend(ABC):
     @property
     def device(self) -> torch.device:
         return self.state.device
+
+    def data_shard(self) -> DataShard:
+        """The share of each dataloader this process reads: every process its own, unless processes hold
+        parts of one model replica (tensor parallelism), which then read the same batches."""
+        return DataShard(index=self.state.process_index, count=self.state.num_processes)
 
     # -- models and optimizers --------------------------------------------------------------------
     def prepare_together(

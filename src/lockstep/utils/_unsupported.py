@@ -55,12 +55,8 @@ SAGEMAKER = Feature(
     "Start the processes on the instances with `lockstep launch` or torchrun.",
 )
 TENSOR_PARALLEL = Feature(
-    "tensor parallelism is not built yet",
-    "Shard the model with FullyShardedDataParallelPlugin (FSDP2).",
-)
-MULTI_DIMENSIONAL = Feature(
-    "multi-dimensional parallelism (dp_replicate, dp_shard, tp, cp and sp mesh dimensions) is not built yet",
-    "Shard the model over all processes with FullyShardedDataParallelPlugin (FSDP2), or replicate it with DDP.",
+    "Accelerate's deprecated tensor-parallel plugin is not built",
+    "Pass Accelerator(parallelism_config=ParallelismConfig(tp_size=...)) instead.",
 )
 DISPATCH = Feature(
     "lockstep does not dispatch a model over devices or offload its weights with hooks (big-model inference)",
@@ -151,14 +147,8 @@ prepare_sagemager_args_inputs = unsupported_function("prepare_sagemager_args_inp
 
 # -- tensor parallelism (accelerate.utils.dataclasses) -----------------------------------------------
 TorchTensorParallelPlugin = unsupported_class("TorchTensorParallelPlugin", TENSOR_PARALLEL)
-TorchTensorParallelConfig = unsupported_class("TorchTensorParallelConfig", TENSOR_PARALLEL)
 
-# -- multi-dimensional parallelism (accelerate.parallelism_config, accelerate.utils.dataclasses) -------------
-# Defined here rather than in lockstep.parallelism_config so that lockstep.utils can re-export it without an
-# import cycle (lockstep.parallelism_config imports this module, whose package imports lockstep.utils).
-ParallelismConfig = unsupported_class("ParallelismConfig", MULTI_DIMENSIONAL)
-ParallelismConfig.__module__ = "lockstep.parallelism_config"
-TorchContextParallelConfig = unsupported_class("TorchContextParallelConfig", MULTI_DIMENSIONAL)
+# -- sequence parallelism (accelerate.utils.dataclasses) ------------------------------------------------
 DeepSpeedSequenceParallelConfig = unsupported_class("DeepSpeedSequenceParallelConfig", DEEPSPEED)
 
 # -- big-model dispatch and offload hooks (accelerate.big_modeling, accelerate.utils.modeling) --------------

@@ -40,6 +40,11 @@ from lockstep.config import (
 from lockstep.config.deepspeed_plugin import DeepSpeedPlugin
 from lockstep.config.enums import _StrEnum
 from lockstep.config.kwargs import FP8BackendType, ProfileKwargs
+from lockstep.config.parallelism import (
+    ParallelismConfig,
+    TorchContextParallelConfig,
+    TorchTensorParallelConfig,
+)
 from lockstep.utils._unsupported import (
     AORecipeKwargs,
     BnbQuantizationConfig,
@@ -47,10 +52,7 @@ from lockstep.utils._unsupported import (
     FP8RecipeKwargs,
     MegatronLMPlugin,
     MSAMPRecipeKwargs,
-    ParallelismConfig,
     TERecipeKwargs,
-    TorchContextParallelConfig,
-    TorchTensorParallelConfig,
     TorchTensorParallelPlugin,
 )
 

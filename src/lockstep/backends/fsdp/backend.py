@@ -97,13 +97,24 @@ class FSDPBackend(Backend):
             full_state, buffers = self._take_weights_off(model)
         elif device_placement:
             model = model.to(self.device)
+        owners = _parameter_owners(model)
+        self._shard(model, self.mesh)
+        if efficient:
+            model.to_empty(device="cpu" if self.plugin.cpu_offload else self.device)
+            broadcast_from_main(model, full_state, buffers, self.state)
+        self._record_replacements(owners)
+        self.sharded_models.append(model)
+        return model
+
+    def _shard(self, model: nn.Module, mesh: DeviceMesh) -> None:
+        """Apply ``fully_shard`` over ``mesh`` to the plugin's units (activation-checkpointed when asked),
+        then to the whole model."""
         units = select_units(model, self.plugin)
         if self.plugin.activation_checkpointing:
             units = checkpoint_activations(model, units)
-        owners = _parameter_owners(model)
         shard = functools.partial(
             fully_shard,
-            mesh=self.mesh,
+            mesh=mesh,
             reshard_after_forward=self.plugin.reshard_after_forward,
             mp_policy=self.mp_policy,
             offload_policy=self.offload_policy,
@@ -112,12 +123,6 @@ class FSDPBackend(Backend):
         for unit in units:
             shard(unit)
         shard(model)
-        if efficient:
-            model.to_empty(device="cpu" if self.plugin.cpu_offload else self.device)
-            broadcast_from_main(model, full_state, buffers, self.state)
-        self._record_replacements(owners)
-        self.sharded_models.append(model)
-        return model
 
     def _check_wrappable(self, model: nn.Module) -> None:
         if isinstance(model, FSDPModule):

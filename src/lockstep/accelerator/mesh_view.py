@@ -1,0 +1,102 @@
+"""The Accelerator's members for the N-D layout: ``parallelism_config``, ``torch_device_mesh`` and the ranks.
+
+:func:`build_layout` checks a ``ParallelismConfig`` against the run and builds its device mesh, once per
+Accelerator, before the backend is chosen. :class:`MeshView` answers Accelerate's members from the
+process state: None and raising ranks without a ``ParallelismConfig`` (as Accelerate), the mesh and each
+dimension's local rank (0 for a dimension of size 1) with one.
+
+Example:
+    >>> from lockstep.state import AcceleratorState
+    >>> view = MeshView()
+    >>> view.state = AcceleratorState(cpu=True)
+    >>> view.parallelism_config is None, view.torch_device_mesh is None
+    (True, True)
+    >>> view.tensor_parallel_rank
+    Traceback (most recent call last):
+    RuntimeError: Accelerator.tensor_parallel_rank: tensor parallelism is not configured. Pass Accelerator(parallelism_config=ParallelismConfig(tp_size=...)).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, NoReturn
+
+from lockstep.config.parallelism import ParallelismConfig
+from lockstep.state import AcceleratorState
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
+
+def build_layout(config: ParallelismConfig, state: AcceleratorState) -> None:
+    """Check ``config`` against the run's processes and build its device mesh (a collective)."""
+    config.validate_world_size(state.num_processes)
+    if config.cp_enabled:
+        where = (
+            "on CPU, torch's context-parallel attention has no kernel (aten._scaled_dot_product_flash_attention_"
+            "for_cpu has no sharding strategy), so it cannot run here; on GPUs lockstep does not build it yet"
+            if state.device.type == "cpu"
+            else "lockstep does not build context parallelism yet"
+        )
+        raise NotImplementedError(
+            f"ParallelismConfig(cp_size={config.cp_size}) is not supported: {where}. Set cp_size=1 and put the "
+            "processes in dp_shard_size or tp_size."
+        )
+    config.get_device_mesh(state.device.type)
+
+
+def _not_configured(member: str, what: str, size: str) -> NoReturn:
+    raise RuntimeError(
+        f"Accelerator.{member}: {what} is not configured. Pass "
+        f"Accelerator(parallelism_config=ParallelismConfig({size}=...))."
+    )
+
+
+class MeshView:
+    """Accelerate's members for the device mesh of a ``ParallelismConfig``; needs ``self.state``."""
+
+    state: AcceleratorState
+
+    @property
+    def parallelism_config(self) -> ParallelismConfig | None:
+        """The ``ParallelismConfig`` the Accelerator was given (or the launcher set), else None."""
+        return self.state.parallelism_config
+
+    @property
+    def torch_device_mesh(self) -> DeviceMesh | None:
+        """The N-D device mesh (dimensions in Accelerate's order, only those of size > 1), else None."""
+        return self.state.device_mesh
+
+    def _local_rank(self, dimension: str) -> int:
+        config = self.state.parallelism_config
+        assert config is not None
+        if getattr(config, f"{dimension}_size") == 1:
+            return 0
+        return config.device_mesh.get_local_rank(dimension)  # type: ignore[union-attr]
+
+    @property
+    def tensor_parallel_rank(self) -> int:
+        """This process's index in its ``tp`` group (0 when ``tp_size`` is 1)."""
+        if self.state.parallelism_config is None:
+            _not_configured("tensor_parallel_rank", "tensor parallelism", "tp_size")
+        return self._local_rank("tp")
+
+    @property
+    def data_parallel_rank(self) -> int:
+        """This process's index along ``dp_replicate`` (0 when ``dp_replicate_size`` is 1)."""
+        if self.state.parallelism_config is None:
+            _not_configured("data_parallel_rank", "replicated data parallelism", "dp_replicate_size")
+        return self._local_rank("dp_replicate")
+
+    @property
+    def data_parallel_shard_rank(self) -> int:
+        """This process's index along ``dp_shard`` (0 when ``dp_shard_size`` is 1)."""
+        if self.state.parallelism_config is None:
+            _not_configured("data_parallel_shard_rank", "sharded data parallelism", "dp_shard_size")
+        return self._local_rank("dp_shard")
+
+    @property
+    def context_parallel_rank(self) -> int:
+        """This process's index along ``cp`` (0 when ``cp_size`` is 1)."""
+        if self.state.parallelism_config is None:
+            _not_configured("context_parallel_rank", "context parallelism", "cp_size")
+        return self._local_rank("cp")

@@ -1,0 +1,5 @@
+"""N-D parallelism on a device mesh: tensor parallelism, FSDP2 and HSDP composed (``ParallelismConfig``)."""
+
+from lockstep.backends.nd.backend import NDParallelBackend
+
+__all__ = ["NDParallelBackend"]
