@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -25,10 +24,14 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from lockstep.progress import ProgressBar
-from lockstep.trainer import _best_model, _checkpoints, _hf_datasets, _process_setup, batches
+from lockstep.trainer import _best_model, _hf_datasets, _process_setup, batches
+from lockstep.trainer._checkpoint_saving import TrainerCheckpoints
 from lockstep.trainer._evaluation import EvalPrediction, PredictionOutput, evaluation_loop
 from lockstep.trainer._label_smoothing import LabelSmoothingLoss, is_causal_lm
+from lockstep.trainer._loaders import TrainerLoaders
 from lockstep.trainer._logging import format_log_line
+from lockstep.trainer._loss_sums import LossSums
+from lockstep.trainer._step_plan import plan_steps, record_plan
 from lockstep.trainer.accelerator_factory import (
     create_accelerator_and_postprocess,
     supports_gradient_checkpointing,
@@ -43,7 +46,7 @@ from lockstep.trainer.callbacks import (
 )
 from lockstep.trainer.optimizers import create_optimizer
 from lockstep.trainer.schedules import get_scheduler
-from lockstep.utils import broadcast_object_list, clear_device_cache, find_batch_size
+from lockstep.utils import clear_device_cache, find_batch_size
 
 logger = logging.getLogger("lockstep.trainer")
 
@@ -120,6 +123,7 @@ class Trainer:
                 self.args.label_smoothing_factor, shift_labels=is_causal_lm(model)
             )
         self.label_names = self.args.label_names or batches.default_label_names(model)
+        self._given_optimizers = (optimizers[0], optimizers[1])
         self.optimizer, self.lr_scheduler = optimizers
         self.model_wrapped: nn.Module | None = None
         self.callback_handler = CallbackHandler([DefaultFlowCallback, *(callbacks or [])])
@@ -129,26 +133,27 @@ class Trainer:
             num_processes=self.accelerator.num_processes,
         )
         self.control = TrainerControl()
-        self._keep_columns = (
-            batches.columns_to_keep(model, self.label_names) if self.args.remove_unused_columns else None
-        )
-        self._collate = batches.make_collator(
+        self._loaders = self._build_loaders(model, data_collator)
+        self._train_batch_size = self.args.per_device_train_batch_size
+        self._updates_per_epoch: int | None = None
+        self._num_epochs = 0
+        self._epoch_shown = 0
+        self._prepared = self._registered = False
+        self._progress: ProgressBar | None = None
+        self._losses = LossSums(self.accelerator.device, nan_inf_filter=self.args.logging_nan_inf_filter)
+        self._checkpoints = TrainerCheckpoints(self.accelerator, self.args, self.state, self._losses)
+        self._step_learning_rate = 0.0
+        self.control = self._event("on_init_end")
+
+    def _build_loaders(self, model: nn.Module, data_collator: Any) -> TrainerLoaders:
+        keep = batches.columns_to_keep(model, self.label_names) if self.args.remove_unused_columns else None
+        collate = batches.make_collator(
             model,
             data_collator,
             remove_unused_columns=self.args.remove_unused_columns,
             label_names=self.label_names,
         )
-        self._train_loader: DataLoader | None = None
-        self._eval_loaders: dict[int, tuple[Any, DataLoader]] = {}
-        self._updates_per_epoch: int | None = None
-        self._num_epochs = 0
-        self._epoch_shown = 0
-        self._prepared = False
-        self._progress: ProgressBar | None = None
-        self._loss_since_log = torch.zeros((), device=self.accelerator.device)
-        self._step_learning_rate = 0.0
-        self._total_loss = torch.zeros((), device=self.accelerator.device)
-        self.control = self._event("on_init_end")
+        return TrainerLoaders(self.accelerator, self.args, collate=collate, keep_columns=keep)
 
     # -- set-up -----------------------------------------------------------------------------------
     def _check_inputs(
@@ -191,38 +196,11 @@ class Trainer:
         else:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
-    def _loader(self, dataset: Any, *, batch_size: int, train: bool, argument: str) -> DataLoader:
-        args = self.args
-        dataset = _hf_datasets.remove_unused_columns(dataset, self._keep_columns, argument)
-        iterable = isinstance(dataset, IterableDataset)
-        workers = args.dataloader_num_workers
-        return DataLoader(
-            dataset,
-            batch_size=batch_size,
-            shuffle=train and not iterable and args.train_sampling_strategy == "random",
-            collate_fn=self._collate,
-            drop_last=args.dataloader_drop_last if train else False,
-            num_workers=workers,
-            # Pinning needs an accelerator; on a CPU-only machine torch warns and ignores it.
-            pin_memory=args.dataloader_pin_memory and self.accelerator.device.type != "cpu",
-            persistent_workers=args.dataloader_persistent_workers,
-            prefetch_factor=args.dataloader_prefetch_factor if workers > 0 else None,
-            multiprocessing_context=args.dataloader_multiprocessing_context if workers > 0 else None,
-        )
-
     def get_train_dataloader(self) -> DataLoader:
         """The prepared (sharded) training loader."""
         if self.train_dataset is None:
             raise ValueError("Trainer.train() needs Trainer(train_dataset=...).")
-        if self._train_loader is None:
-            loader = self._loader(
-                self.train_dataset,
-                batch_size=self.args.per_device_train_batch_size,
-                train=True,
-                argument="Trainer(train_dataset=...)",
-            )
-            self._train_loader = self.accelerator.prepare(loader)
-        return self._train_loader
+        return self._loaders.train_loader(self.train_dataset, self._train_batch_size)
 
     def get_eval_dataloader(self, eval_dataset: Any | None = None) -> DataLoader:
         """The prepared evaluation loader of ``eval_dataset`` (default: the Trainer's), made once per dataset."""
@@ -237,16 +215,11 @@ class Trainer:
             raise ValueError(
                 "Trainer.evaluate() needs an evaluation set: Trainer(eval_dataset=...) or evaluate(ds)."
             )
-        cached = self._eval_loaders.get(id(dataset))
-        if cached is None:
-            _hf_datasets.check_dataset(dataset, argument)
-            loader = self._loader(
-                dataset, batch_size=self.args.per_device_eval_batch_size, train=False, argument=argument
-            )
-            # The dataset is kept with its loader so that its id() is not reused by another object.
-            cached = (dataset, self.accelerator.prepare(loader))
-            self._eval_loaders[id(dataset)] = cached
-        return cached[1]
+        return self._loaders.eval_loader(dataset, argument)
+
+    @property
+    def _train_loader(self) -> DataLoader | None:
+        return self._loaders.train
 
     def _setup(self) -> None:
         """Prepare loaders, model, optimizer and scheduler once, in a fixed order (checkpoints rely on it)."""
@@ -256,9 +229,11 @@ class Trainer:
             self.get_train_dataloader()
             max_steps = self._plan_steps()
             optimizer = (
-                self.optimizer if self.optimizer is not None else create_optimizer(self.model, self.args)
+                self._given_optimizers[0]
+                if self._given_optimizers[0] is not None
+                else create_optimizer(self.model, self.args)
             )
-            scheduler = self.lr_scheduler
+            scheduler = self._given_optimizers[1]
             if scheduler is None:
                 warmup = self.args.warmup_steps_for(max_steps)
                 scheduler = get_scheduler(
@@ -271,48 +246,30 @@ class Trainer:
             self.model_wrapped = self.accelerator.prepare(self.model)
         if self.eval_dataset is not None:
             self._eval_loader(None, "Trainer(eval_dataset=...)")
-        self.accelerator.register_for_checkpointing(self.state)
-        if self.args.report_to:
-            self.accelerator.init_trackers(self.args.run_name or "trainer", config=self.args.to_dict())
+        if not self._registered:
+            self.accelerator.register_for_checkpointing(self.state)
+            if self.args.report_to:
+                self.accelerator.init_trackers(self.args.run_name or "trainer", config=self.args.to_dict())
+            self._registered = True
         self._prepared = True
 
     def _plan_steps(self) -> int:
-        """Optimizer steps of the run: per process, so the number of processes and accumulation count."""
-        args, loader = self.args, self._train_loader
-        try:
-            batches_per_epoch = len(loader)  # type: ignore[arg-type]
-        except TypeError:
-            batches_per_epoch = None
-        if batches_per_epoch is None:
-            if args.max_steps < 0:
-                raise ValueError(
-                    "The training set has no length (an iterable dataset), so epochs cannot be counted: set "
-                    "TrainingArguments(max_steps=...)."
-                )
-            self._updates_per_epoch, self._num_epochs = None, sys.maxsize
-            max_steps = args.max_steps
-        else:
-            if batches_per_epoch == 0:
-                raise ValueError(
-                    f"The training loader yields no batch on each of the {self.accelerator.num_processes} processes "
-                    f"(dataset of {len(self.train_dataset)} examples, per_device_train_batch_size="  # type: ignore[arg-type]
-                    f"{args.per_device_train_batch_size}, dataloader_drop_last={args.dataloader_drop_last})."
-                )
-            self._updates_per_epoch = math.ceil(batches_per_epoch / args.gradient_accumulation_steps)
-            if args.max_steps > 0:
-                max_steps = args.max_steps
-                self._num_epochs = math.ceil(max_steps / self._updates_per_epoch)
-            else:
-                max_steps = math.ceil(float(args.num_train_epochs) * self._updates_per_epoch)
-                self._num_epochs = math.ceil(float(args.num_train_epochs))
-        per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps
-        self.state.train_batch_size = args.per_device_train_batch_size
-        self.state.total_train_batch_size = per_step * self.accelerator.num_processes
-        self.state.max_steps = max_steps
-        self.state.num_train_epochs = self._num_epochs if batches_per_epoch is not None else 0
-        self.state.logging_steps, self.state.save_steps = args.logging_steps, args.save_steps
-        self.state.eval_steps = args.eval_steps
-        return max_steps
+        """Plan the run's optimizer steps (per process) and record them in the state; returns max_steps."""
+        plan = plan_steps(
+            self.args,
+            self._train_loader,
+            num_processes=self.accelerator.num_processes,
+            dataset=self.train_dataset,
+        )
+        self._updates_per_epoch, self._num_epochs = plan.updates_per_epoch, plan.num_epochs
+        record_plan(
+            self.state,
+            plan,
+            self.args,
+            batch_size=self._train_batch_size,
+            num_processes=self.accelerator.num_processes,
+        )
+        return plan.max_steps
 
     # -- callbacks --------------------------------------------------------------------------------
     def _event(self, name: str, **kwargs: Any) -> TrainerControl:
@@ -353,7 +310,7 @@ class Trainer:
         self._setup()
         if resume_from_checkpoint is None:
             resume_from_checkpoint = self.args.resume_from_checkpoint
-        folder = self._resolve_checkpoint(resume_from_checkpoint)
+        folder = self._checkpoints.resolve(resume_from_checkpoint)
         if folder is not None:
             planned = self.state.max_steps
             self.accelerator.load_state(str(folder))
@@ -365,32 +322,11 @@ class Trainer:
                     planned,
                 )
             self._plan_steps()
-            self._loss_since_log.fill_(self.state.loss_since_log)
-            self._total_loss.fill_(self.state.total_loss)
+            self._losses.restore(self.state)
             self._print(
                 f"[train] resumed from {folder} at step {self.state.global_step}/{self.state.max_steps}"
             )
         return self._training_loop()
-
-    def _resolve_checkpoint(self, resume: str | bool | None) -> Path | None:
-        if resume is None or resume is False:
-            return None
-        if isinstance(resume, str) and resume.strip().lower() in ("true", "latest"):
-            resume = True
-        if resume is not True:
-            return Path(resume)
-        choice: list[str | None] = [None]
-        if self.accelerator.is_main_process:
-            found = _checkpoints.newest_valid_checkpoint(self.args.output_dir)
-            choice[0] = None if found is None else str(found)
-        if self.accelerator.num_processes > 1:
-            broadcast_object_list(choice)
-        if choice[0] is None:
-            raise ValueError(
-                f"train(resume_from_checkpoint=True): {self.args.output_dir!r} holds no valid checkpoint-<step> "
-                "folder. Train without resume_from_checkpoint to start from scratch, or pass a checkpoint path."
-            )
-        return Path(choice[0])
 
     def _training_loop(self) -> TrainOutput:
         args, accelerator, state = self.args, self.accelerator, self.state
@@ -451,7 +387,9 @@ class Trainer:
             if self.control.should_training_stop or self.control.should_epoch_stop:
                 break
             if accelerator.should_stop:  # a preemption signal reached some rank: all stop at this step
-                self._checkpoint_and_exit()
+                if self._progress is not None:
+                    self._progress.close()
+                self._checkpoints.save_and_exit()
         self.control = self._event("on_epoch_end")
         self._maybe_log_save_evaluate(grad_norm=None)
         return samples
@@ -490,9 +428,6 @@ class Trainer:
     ) -> None:
         state = self.state
         state.global_step += 1
-        if self.args.logging_nan_inf_filter:  # a nan/inf step counts as the mean since the last log
-            mean_so_far = self._loss_since_log / max(state.steps_since_log, 1)
-            step_loss = torch.where(torch.isfinite(step_loss), step_loss, mean_so_far)
         empty_every = self.args.torch_empty_cache_steps
         if empty_every and state.global_step % empty_every == 0:
             clear_device_cache()
@@ -500,8 +435,7 @@ class Trainer:
             state.epoch = state.global_step / self._updates_per_epoch
         else:
             state.epoch = float(self._epoch_shown - 1)
-        self._loss_since_log += step_loss
-        self._total_loss += step_loss
+        self._losses.add(step_loss, state.steps_since_log)
         state.steps_since_log += 1
         assert self._progress is not None
         self._progress.update(1, samples=samples)
@@ -511,16 +445,14 @@ class Trainer:
     def _maybe_log_save_evaluate(self, grad_norm: torch.Tensor | None) -> None:
         control, state = self.control, self.state
         if control.should_log and state.steps_since_log > 0:
-            loss = self.accelerator.reduce(self._loss_since_log, reduction="mean") / state.steps_since_log
             logs: dict[str, Any] = {
-                "loss": float(loss),
+                "loss": self._losses.take_log_mean(self.accelerator, state.steps_since_log),
                 "learning_rate": self._step_learning_rate,
             }
             if grad_norm is not None:
                 logs["grad_norm"] = float(grad_norm)
             if self.args.include_num_input_tokens_seen != "no":
                 logs["num_input_tokens_seen"] = state.num_input_tokens_seen
-            self._loss_since_log.zero_()
             state.steps_since_log = 0
             self.log(logs)
         control.should_log = False
@@ -535,8 +467,7 @@ class Trainer:
 
     def _finish_training(self, start_step: int, samples: int, seconds: float) -> TrainOutput:
         state = self.state
-        total = float(self.accelerator.reduce(self._total_loss, reduction="mean"))
-        train_loss = total / max(state.global_step, 1)
+        train_loss = self._losses.train_loss(self.accelerator, state.global_step)
         steps = state.global_step - start_step
         metrics = {
             "train_runtime": round(seconds, 4),
@@ -546,51 +477,19 @@ class Trainer:
         }
         self.log(metrics)
         if self.args.load_best_model_at_end and state.best_model_checkpoint is not None:
-            self._load_best_model()
-            if self.args.save_total_limit == 1 and self.accelerator.is_main_process:
-                # transformers' rule: with a limit of 1, the best checkpoint is the one that remains.
-                _checkpoints.keep_only(self.args.output_dir, Path(state.best_model_checkpoint))
-            self.accelerator.wait_for_everyone()
+            folder = self._checkpoints.load_best()
+            self._print(
+                f"[train] loaded the best model from {folder} ({_best_model.metric_key(self.args)}="
+                f"{state.best_metric:.6g})"
+            )
         self.control = self._event("on_train_end")
         return TrainOutput(global_step=state.global_step, training_loss=train_loss, metrics=metrics)
 
     # -- checkpoints ------------------------------------------------------------------------------
-    def _sync_loss_totals(self) -> None:
-        """Store the losses since the last log, averaged over processes, in the state that checkpoints hold."""
-        self._loss_since_log = self.accelerator.reduce(self._loss_since_log, reduction="mean")
-        self._total_loss = self.accelerator.reduce(self._total_loss, reduction="mean")
-        self.state.loss_since_log = float(self._loss_since_log)
-        self.state.total_loss = float(self._total_loss)
-
     def _save_checkpoint(self) -> Path:
-        self._sync_loss_totals()
-        folder = _checkpoints.checkpoint_folder(self.args.output_dir, self.state.global_step)
-        best = self.state.best_global_step
-        if best is not None:
-            best_folder = _checkpoints.checkpoint_folder(self.args.output_dir, best)
-            if best == self.state.global_step or best_folder.is_dir():
-                self.state.best_model_checkpoint = str(best_folder)
-        self.accelerator.save_state(str(folder))
-        if self.accelerator.is_main_process:
-            protected = self.state.best_model_checkpoint
-            for removed in _checkpoints.rotate_checkpoints(
-                self.args.output_dir,
-                self.args.save_total_limit,
-                folder,
-                protected=None if protected is None else Path(protected),
-            ):
-                logger.info("Deleted %s (save_total_limit=%s)", removed, self.args.save_total_limit)
-        self.accelerator.wait_for_everyone()
+        folder = self._checkpoints.save()
         self.control = self._event("on_save", checkpoint=str(folder))
         return folder
-
-    def _checkpoint_and_exit(self) -> None:
-        """A preemption signal reached some rank: every rank saves one checkpoint, then the job exits (143)."""
-        if self._progress is not None:
-            self._progress.close()
-        self._sync_loss_totals()
-        folder = _checkpoints.checkpoint_folder(self.args.output_dir, self.state.global_step)
-        self.accelerator.checkpoint_and_exit(str(folder))
 
     # -- best model -------------------------------------------------------------------------------
     def _steps_on_metric(self) -> bool:
@@ -603,16 +502,6 @@ class Trainer:
         if self._steps_on_metric():
             self.lr_scheduler.step(_best_model.metric_value(self.args, metrics))
         return _best_model.update_best(self.args, self.state, metrics)
-
-    def _load_best_model(self) -> None:
-        """Load the best checkpoint's state; the run's TrainerState (steps, logs) stays that of the end."""
-        folder, finished = self.state.best_model_checkpoint, self.state.state_dict()
-        self.accelerator.load_state(str(folder))
-        self.state.load_state_dict(finished)
-        self._print(
-            f"[train] loaded the best model from {folder} ({_best_model.metric_key(self.args)}="
-            f"{self.state.best_metric:.6g})"
-        )
 
     # -- evaluation -------------------------------------------------------------------------------
     def evaluate(self, eval_dataset: Any | None = None, metric_key_prefix: str = "eval") -> dict[str, float]:
