@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 from lockstep.accelerator import Accelerator
+from lockstep.checkpoint import layout
+from lockstep.checkpoint.training_state import ACCELERATOR_STATE
 from lockstep.trainer import _checkpoints
 from lockstep.trainer._loss_sums import LossSums
 from lockstep.trainer.arguments import TrainingArguments
@@ -23,15 +26,29 @@ class TrainerCheckpoints:
         args: ``output_dir`` and ``save_total_limit``.
         state: the run's TrainerState (registered for checkpointing, so every checkpoint holds it).
         losses: the running loss sums, stored in ``state`` before each save.
+        save_weights: ``fn(folder)`` writes the model alone, as ``save_model`` does (``save_only_model``).
+        load_weights: ``fn(folder)`` loads such a folder's weights into the model (its best model).
+        write_state: ``fn(folder)`` writes ``trainer_state.json`` (main process).
     """
 
     def __init__(
-        self, accelerator: Accelerator, args: TrainingArguments, state: TrainerState, losses: LossSums
+        self,
+        accelerator: Accelerator,
+        args: TrainingArguments,
+        state: TrainerState,
+        losses: LossSums,
+        *,
+        save_weights: Callable[[Path], None],
+        load_weights: Callable[[Path], None],
+        write_state: Callable[[Path], None],
     ) -> None:
         self.accelerator = accelerator
         self.args = args
         self.state = state
         self.losses = losses
+        self.save_weights = save_weights
+        self.load_weights = load_weights
+        self.write_state = write_state
 
     def folder(self) -> Path:
         """The folder of the current step's checkpoint."""
@@ -46,9 +63,38 @@ class TrainerCheckpoints:
             best_folder = _checkpoints.checkpoint_folder(self.args.output_dir, best)
             if best == self.state.global_step or best_folder.is_dir():
                 self.state.best_model_checkpoint = str(best_folder)
-        self.accelerator.save_state(str(folder))
+        if self.args.save_only_model:
+            self._save_model_only(folder)
+        else:
+            self.accelerator.save_state(str(folder))
         self.rotate(folder)
         return folder
+
+    def _save_model_only(self, folder: Path) -> None:
+        """``save_only_model``: the weights (``save_model``'s layout) and ``trainer_state.json``, committed
+        atomically with a manifest; no optimizer, scheduler, RNG or data position, so no resuming."""
+        main = self.accelerator.is_main_process
+        staging = layout.prepare_staging(folder) if main else layout.staging_dir_for(folder)
+        self.accelerator.wait_for_everyone()
+        self.save_weights(staging)  # every rank: gathering a sharded model's weights is a collective
+        if main:
+            self.write_state(staging)
+            layout.write_manifest(
+                staging, world_size=self.accelerator.num_processes, step=self.state.global_step
+            )
+            layout.commit(staging, folder, move_latest_pointer=False)
+        self.accelerator.wait_for_everyone()
+
+    @staticmethod
+    def check_resumable(folder: Path) -> None:
+        """Refuse a checkpoint written with ``save_only_model=True`` (it holds the weights only)."""
+        if (folder / layout.MANIFEST_NAME).is_file() and not (folder / ACCELERATOR_STATE).is_file():
+            raise ValueError(
+                f"resume_from_checkpoint={str(folder)!r} was saved with save_only_model=True: it holds the model "
+                "weights only (no optimizer, scheduler, RNG or data position), so training cannot resume from it. "
+                "Load the weights (from_pretrained, or lockstep.checkpoint.load_model_weights) and train without "
+                "resume_from_checkpoint, or save full checkpoints (save_only_model=False)."
+            )
 
     def rotate(self, folder: Path) -> None:
         """Delete the checkpoints ``save_total_limit`` no longer keeps (main process), then synchronise."""
@@ -78,10 +124,11 @@ class TrainerCheckpoints:
         if resume is not True:
             return Path(resume)
         choice: list[str | None] = [None]
-        if self.accelerator.is_main_process:
+        # With save_on_each_node every node holds its own copies (node-local disks): each process looks.
+        if self.accelerator.is_main_process or self.args.save_on_each_node:
             found = _checkpoints.newest_valid_checkpoint(self.args.output_dir)
             choice[0] = None if found is None else str(found)
-        if self.accelerator.num_processes > 1:
+        if self.accelerator.num_processes > 1 and not self.args.save_on_each_node:
             broadcast_object_list(choice)
         if choice[0] is None:
             raise ValueError(
@@ -93,7 +140,10 @@ class TrainerCheckpoints:
     def load_best(self) -> Path:
         """Load the best checkpoint's state; the run's TrainerState (steps, logs) stays that of the end."""
         folder, finished = Path(str(self.state.best_model_checkpoint)), self.state.state_dict()
-        self.accelerator.load_state(str(folder))
+        if self.args.save_only_model:
+            self.load_weights(folder)
+        else:
+            self.accelerator.load_state(str(folder))
         self.state.load_state_dict(finished)
         if self.args.save_total_limit == 1 and self.accelerator.is_main_process:
             # transformers' rule: with a limit of 1, the best checkpoint is the one that remains.

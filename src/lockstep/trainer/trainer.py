@@ -24,7 +24,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from lockstep.progress import ProgressBar
-from lockstep.trainer import _best_model, _hf_datasets, _process_setup, batches
+from lockstep.trainer import _best_model, _hf_datasets, _process_setup, _transformers_format, batches
 from lockstep.trainer._checkpoint_saving import TrainerCheckpoints
 from lockstep.trainer._evaluation import EvalPrediction, PredictionOutput, evaluation_loop
 from lockstep.trainer._label_smoothing import LabelSmoothingLoss, is_causal_lm
@@ -141,7 +141,15 @@ class Trainer:
         self._prepared = self._registered = False
         self._progress: ProgressBar | None = None
         self._losses = LossSums(self.accelerator.device, nan_inf_filter=self.args.logging_nan_inf_filter)
-        self._checkpoints = TrainerCheckpoints(self.accelerator, self.args, self.state, self._losses)
+        self._checkpoints = TrainerCheckpoints(
+            self.accelerator,
+            self.args,
+            self.state,
+            self._losses,
+            save_weights=lambda folder: self.save_model(str(folder)),
+            load_weights=self._load_weights,
+            write_state=lambda folder: _transformers_format.write_trainer_state(folder, self.state),
+        )
         self._step_learning_rate = 0.0
         self.control = self._event("on_init_end")
 
@@ -248,6 +256,7 @@ class Trainer:
             self._eval_loader(None, "Trainer(eval_dataset=...)")
         if not self._registered:
             self.accelerator.register_for_checkpointing(self.state)
+            self.accelerator.register_save_state_pre_hook(self._write_transformers_files)
             if self.args.report_to:
                 self.accelerator.init_trackers(self.args.run_name or "trainer", config=self.args.to_dict())
             self._registered = True
@@ -312,21 +321,48 @@ class Trainer:
             resume_from_checkpoint = self.args.resume_from_checkpoint
         folder = self._checkpoints.resolve(resume_from_checkpoint)
         if folder is not None:
-            planned = self.state.max_steps
-            self.accelerator.load_state(str(folder))
-            if self.state.max_steps != planned:
-                logger.warning(
-                    "%s was saved by a run of %d steps; this run plans %d.",
-                    folder,
-                    self.state.max_steps,
-                    planned,
-                )
-            self._plan_steps()
-            self._losses.restore(self.state)
-            self._print(
-                f"[train] resumed from {folder} at step {self.state.global_step}/{self.state.max_steps}"
-            )
+            self._resume(folder)
         return self._training_loop()
+
+    def _resume(self, folder: Path) -> None:
+        planned = self.state.max_steps
+        if _transformers_format.is_transformers_checkpoint(folder):
+            self._check_transformers_resume(folder)
+            self._plan_steps()
+            _transformers_format.resume_from_transformers(
+                folder,
+                model=self.accelerator.unwrap_model(self.model_wrapped, keep_torch_compile=False),
+                optimizer=self.optimizer,
+                scheduler=self.lr_scheduler,
+                loader=self._train_loader,
+                state=self.state,
+                rank=self.accelerator.process_index,
+                world_size=self.accelerator.num_processes,
+                updates_per_epoch=self._updates_per_epoch,
+                accumulation=self.args.gradient_accumulation_steps,
+            )
+        else:
+            self._checkpoints.check_resumable(folder)
+            self.accelerator.load_state(str(folder))
+        if self.state.max_steps != planned:
+            logger.warning(
+                "%s was saved by a run of %d steps; this run plans %d.", folder, self.state.max_steps, planned
+            )
+        self._plan_steps()
+        self._losses.restore(self.state)
+        if self.args.restore_callback_states_from_checkpoint:
+            self.control = _transformers_format.restore_callbacks(
+                self.callback_handler, self.control, self.state.stateful_callbacks
+            )
+        self._print(f"[train] resumed from {folder} at step {self.state.global_step}/{self.state.max_steps}")
+
+    def _check_transformers_resume(self, folder: Path) -> None:
+        if self.accelerator.fsdp_plugin is not None:
+            raise NotImplementedError(
+                f"resume_from_checkpoint={str(folder)!r} is a transformers.Trainer checkpoint; lockstep reads those "
+                "into DDP or single-process runs only, not FSDP. Resume it without fsdp, or from a lockstep "
+                "checkpoint."
+            )
 
     def _training_loop(self) -> TrainOutput:
         args, accelerator, state = self.args, self.accelerator, self.state
@@ -389,6 +425,9 @@ class Trainer:
             if accelerator.should_stop:  # a preemption signal reached some rank: all stop at this step
                 if self._progress is not None:
                     self._progress.close()
+                self.state.stateful_callbacks = _transformers_format.export_callback_states(
+                    self.callback_handler, self.control
+                )
                 self._checkpoints.save_and_exit()
         self.control = self._event("on_epoch_end")
         self._maybe_log_save_evaluate(grad_norm=None)
@@ -487,9 +526,25 @@ class Trainer:
 
     # -- checkpoints ------------------------------------------------------------------------------
     def _save_checkpoint(self) -> Path:
+        self.state.stateful_callbacks = _transformers_format.export_callback_states(
+            self.callback_handler, self.control
+        )
         folder = self._checkpoints.save()
         self.control = self._event("on_save", checkpoint=str(folder))
         return folder
+
+    def _write_transformers_files(self, models: list[nn.Module], weights: list[Any], output_dir: str) -> None:
+        """Save hook: ``trainer_state.json`` and the model's ``config.json`` beside lockstep's files."""
+        writes = self.accelerator.is_main_process or (
+            self.args.save_on_each_node and self.accelerator.is_local_main_process
+        )
+        if not writes:
+            return
+        folder = Path(output_dir)
+        _transformers_format.write_trainer_state(folder, self.state)
+        if weights and weights[0] is not None:  # model.safetensors goes to the folder: add its config
+            unwrapped = self.accelerator.unwrap_model(self.model_wrapped, keep_torch_compile=False)
+            _transformers_format.write_model_config(folder, unwrapped)
 
     # -- best model -------------------------------------------------------------------------------
     def _steps_on_metric(self) -> bool:
@@ -570,6 +625,12 @@ class Trainer:
             self._progress.write(line)
         else:
             print(line, flush=True)
+
+    def _load_weights(self, folder: Path) -> None:
+        model = self.model_wrapped if self.model_wrapped is not None else self.model
+        _transformers_format.load_weights(
+            self.accelerator.unwrap_model(model, keep_torch_compile=False), folder
+        )
 
     def save_model(self, output_dir: str | None = None) -> None:
         """Write the trained model (unwrapped) to ``output_dir`` (default: ``args.output_dir``).
