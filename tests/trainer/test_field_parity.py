@@ -147,7 +147,6 @@ NOT_BUILT_VALUES = {
     "debug": "underflow_overflow",
     "skip_memory_metrics": False,
     "optim_target_modules": ["attn"],
-    "auto_find_batch_size": True,
     "batch_eval_metrics": True,
     "include_for_metrics": ["inputs"],
     "eval_do_concat_batches": False,

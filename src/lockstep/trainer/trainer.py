@@ -46,7 +46,7 @@ from lockstep.trainer.callbacks import (
 )
 from lockstep.trainer.optimizers import create_optimizer
 from lockstep.trainer.schedules import get_scheduler
-from lockstep.utils import clear_device_cache, find_batch_size
+from lockstep.utils import clear_device_cache, find_batch_size, find_executable_batch_size
 
 logger = logging.getLogger("lockstep.trainer")
 
@@ -309,20 +309,50 @@ class Trainer:
     # -- training ---------------------------------------------------------------------------------
     def train(self, resume_from_checkpoint: str | bool | None = None) -> TrainOutput:
         """Train; ``resume_from_checkpoint=True`` continues from the newest valid checkpoint of ``output_dir``,
-        a path from that checkpoint (the data order, RNGs and accumulation continue exactly).
+        a path from that checkpoint (the data order, RNGs and accumulation continue exactly), or a checkpoint
+        folder written by ``transformers.Trainer``.
+
+        With ``auto_find_batch_size``, an out-of-memory error on any process restarts the run on every process
+        with 0.9 times the per-device batch size (``find_executable_batch_size``); the weights are not reset.
 
         Example:
             >>> trainer.train(resume_from_checkpoint=True)  # doctest: +SKIP
         """
         if self.train_dataset is None:
             raise ValueError("Trainer.train() needs Trainer(train_dataset=...).")
-        self._setup()
         if resume_from_checkpoint is None:
             resume_from_checkpoint = self.args.resume_from_checkpoint
+        if not self.args.auto_find_batch_size:
+            return self._train(self._train_batch_size, resume_from_checkpoint)
+        search = find_executable_batch_size(self._train, starting_batch_size=self._train_batch_size)
+        return search(resume_from_checkpoint)
+
+    def _train(self, batch_size: int, resume_from_checkpoint: str | bool | None) -> TrainOutput:
+        if batch_size != self._train_batch_size:  # auto_find_batch_size: the last attempt ran out of memory
+            logger.warning(
+                "auto_find_batch_size: out of memory with per_device_train_batch_size=%d; retrying with %d.",
+                self._train_batch_size,
+                batch_size,
+            )
+            self._start_over(batch_size)
+        self._setup()
         folder = self._checkpoints.resolve(resume_from_checkpoint)
         if folder is not None:
             self._resume(folder)
         return self._training_loop()
+
+    def _start_over(self, batch_size: int) -> None:
+        """Forget the prepared objects and the run's progress, to train again with ``batch_size``."""
+        self.accelerator.free_memory()
+        self._loaders.clear()
+        self._prepared = False
+        self._train_batch_size = batch_size
+        self.model_wrapped = None
+        self.optimizer, self.lr_scheduler = self._given_optimizers
+        fresh = TrainerState(num_processes=self.accelerator.num_processes)
+        self.state.load_state_dict(fresh.state_dict())  # the same object: the Accelerator saves it
+        self._losses.reset()
+        self.control = TrainerControl()
 
     def _resume(self, folder: Path) -> None:
         planned = self.state.max_steps
