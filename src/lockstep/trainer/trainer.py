@@ -24,9 +24,17 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from lockstep.progress import ProgressBar
-from lockstep.trainer import _best_model, _hf_datasets, _process_setup, _transformers_format, batches
+from lockstep.trainer import (
+    _best_model,
+    _hf_datasets,
+    _hyperparameter_search,
+    _process_setup,
+    _transformers_format,
+    batches,
+)
 from lockstep.trainer._checkpoint_saving import TrainerCheckpoints
 from lockstep.trainer._evaluation import EvalPrediction, PredictionOutput, evaluation_loop
+from lockstep.trainer._hyperparameter_search import BestRun
 from lockstep.trainer._label_smoothing import LabelSmoothingLoss, is_causal_lm
 from lockstep.trainer._loaders import TrainerLoaders
 from lockstep.trainer._logging import format_log_line
@@ -78,11 +86,13 @@ class Trainer:
             scheduler is stepped once per optimizer step.
         compute_loss_func: ``fn(outputs, labels, num_items_in_batch=n) -> loss``; labels are taken out of the
             batch before the model is called.
+        model_init: ``fn()`` or ``fn(trial)`` returning a new model: used when ``model`` is None, and for each
+            trial of :meth:`hyperparameter_search`.
     """
 
     def __init__(
         self,
-        model: nn.Module,
+        model: nn.Module | None = None,
         args: TrainingArguments | None = None,
         *,
         train_dataset: Dataset | IterableDataset | Any | None = None,
@@ -92,9 +102,23 @@ class Trainer:
         callbacks: list[TrainerCallback | type[TrainerCallback]] | None = None,
         optimizers: tuple[torch.optim.Optimizer | None, Any] = (None, None),
         compute_loss_func: Callable[..., torch.Tensor] | None = None,
+        model_init: Callable[..., nn.Module] | None = None,
     ) -> None:
+        if model is None and model_init is not None:
+            model = _hyperparameter_search.call_model_init(model_init, None)
         if not isinstance(model, nn.Module):
-            raise TypeError(f"Trainer(model=...) got {type(model).__name__}; pass a torch.nn.Module.")
+            raise TypeError(
+                f"Trainer(model=...) got {type(model).__name__}; pass a torch.nn.Module, or model_init=fn returning one."
+            )
+        self.model_init = model_init
+        self._inputs = {
+            "train_dataset": train_dataset,
+            "eval_dataset": eval_dataset,
+            "data_collator": data_collator,
+            "compute_metrics": compute_metrics,
+            "callbacks": callbacks,
+            "compute_loss_func": compute_loss_func,
+        }
         self.args = args if args is not None else TrainingArguments()
         if not isinstance(self.args, TrainingArguments):
             raise TypeError(
@@ -587,6 +611,42 @@ class Trainer:
         if self._steps_on_metric():
             self.lr_scheduler.step(_best_model.metric_value(self.args, metrics))
         return _best_model.update_best(self.args, self.state, metrics)
+
+    # -- hyperparameter search ------------------------------------------------------------------
+    def hyperparameter_search(
+        self,
+        hp_space: Callable[[Any], dict[str, Any]] | None = None,
+        compute_objective: Callable[[dict[str, float]], Any] | None = None,
+        n_trials: int = 20,
+        direction: str | list[str] = "minimize",
+        backend: str | None = None,
+        hp_name: Callable[[Any], str] | None = None,
+        **kwargs: Any,
+    ) -> BestRun | list[BestRun]:
+        """Search hyperparameters with Optuna: ``n_trials`` runs, each with the arguments ``hp_space(trial)``
+        returns and a model from ``model_init``; the objective is ``compute_objective(metrics)`` of the last
+        evaluation (default: ``eval_loss``, or the sum of the ``compute_metrics`` results). Evaluations during
+        training are reported to Optuna, whose pruner may stop a trial. Every process returns the best run.
+
+        ``kwargs`` go to ``optuna.create_study`` (``sampler``, ``pruner``, ``study_name``, ``storage``...),
+        except ``timeout`` and ``catch``, which go to ``study.optimize``.
+
+        Example:
+            >>> def space(trial):  # doctest: +SKIP
+            ...     return {"learning_rate": trial.suggest_float("learning_rate", 1e-5, 1e-3, log=True)}
+            >>> best = trainer.hyperparameter_search(space, n_trials=10, direction="minimize")  # doctest: +SKIP
+            >>> best.hyperparameters["learning_rate"]  # doctest: +SKIP
+        """
+        return _hyperparameter_search.search(
+            self,
+            hp_space=hp_space,
+            compute_objective=compute_objective,
+            n_trials=n_trials,
+            direction=direction,
+            backend=backend,
+            hp_name=hp_name,
+            study_kwargs=kwargs,
+        )
 
     # -- evaluation -------------------------------------------------------------------------------
     def evaluate(self, eval_dataset: Any | None = None, metric_key_prefix: str = "eval") -> dict[str, float]:
