@@ -108,7 +108,9 @@ def test_hyperparameter_search_refuses_bad_requests(tmp_path):
     trainer = Trainer(make_model(), args, train_dataset=make_dataset(8), compute_loss_func=mse)
     with pytest.raises(RuntimeError, match=r"needs Trainer\(model_init=...\)"):
         trainer.hyperparameter_search(n_trials=1)
-    trainer = Trainer(args=args, model_init=lambda: make_model(), train_dataset=make_dataset(8), compute_loss_func=mse)
+    trainer = Trainer(
+        args=args, model_init=lambda: make_model(), train_dataset=make_dataset(8), compute_loss_func=mse
+    )
     with pytest.raises(
         NotImplementedError, match=r"backend='ray'\) is not built in lockstep: the backends are"
     ):
