@@ -11,6 +11,7 @@ Example:
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import math
@@ -33,7 +34,7 @@ from lockstep.trainer import (
     batches,
 )
 from lockstep.trainer._checkpoint_saving import TrainerCheckpoints
-from lockstep.trainer._evaluation import EvalPrediction, PredictionOutput, evaluation_loop
+from lockstep.trainer._evaluation import EvalOptions, EvalPrediction, PredictionOutput, evaluation_loop
 from lockstep.trainer._hyperparameter_search import BestRun
 from lockstep.trainer._label_smoothing import LabelSmoothingLoss, is_causal_lm
 from lockstep.trainer._loaders import TrainerLoaders
@@ -65,6 +66,18 @@ class TrainOutput(NamedTuple):
     global_step: int
     training_loss: float
     metrics: dict[str, float]
+
+
+def _check_batch_metrics(args: TrainingArguments, compute_metrics: Any) -> None:
+    if not args.batch_eval_metrics or compute_metrics is None:
+        return
+    if "compute_result" not in inspect.signature(compute_metrics).parameters:
+        raise ValueError(
+            "TrainingArguments(batch_eval_metrics=True) calls compute_metrics(prediction, compute_result=...) on "
+            "every batch (compute_result is True on the last one, which must return the metrics), but "
+            f"{getattr(compute_metrics, '__name__', compute_metrics)!r} takes no compute_result. Add that parameter, "
+            "or set batch_eval_metrics=False."
+        )
 
 
 class Trainer:
@@ -125,6 +138,7 @@ class Trainer:
                 f"Trainer(args=...) got {type(self.args).__name__}; pass a lockstep.TrainingArguments."
             )
         self._check_inputs(train_dataset, eval_dataset, optimizers, compute_loss_func)
+        _check_batch_metrics(self.args, compute_metrics)
         _process_setup.seed_everything(self.args)
         self.model = model
         _process_setup.apply_use_cache(model, self.args)
@@ -668,13 +682,25 @@ class Trainer:
         if test_dataset is None:
             raise ValueError("Trainer.predict(test_dataset=...) needs a dataset; got None.")
         output = self._run_evaluation(
-            self._eval_loader(test_dataset, "Trainer.predict(test_dataset=...)"), metric_key_prefix
+            self._eval_loader(test_dataset, "Trainer.predict(test_dataset=...)"),
+            metric_key_prefix,
+            predict=True,
         )
         self.control = self._event("on_predict", metrics=output.metrics)
         return output
 
-    def _run_evaluation(self, loader: DataLoader, prefix: str) -> PredictionOutput:
+    def _run_evaluation(self, loader: DataLoader, prefix: str, predict: bool = False) -> PredictionOutput:
         assert self.model_wrapped is not None
+        args = self.args
+        options = EvalOptions(
+            accumulation_steps=args.eval_accumulation_steps,
+            include_inputs="inputs" in args.include_for_metrics,
+            include_losses="loss" in args.include_for_metrics,
+            main_input_name=getattr(self.model, "main_input_name", "input_ids"),
+            batch_metrics=args.batch_eval_metrics,
+            keep_predictions=predict or not args.batch_eval_metrics,
+            concat_batches=args.eval_do_concat_batches,
+        )
         return evaluation_loop(
             self.accelerator,
             self.model_wrapped,
@@ -683,8 +709,8 @@ class Trainer:
             compute_loss_func=self._loss_func,
             compute_metrics=self.compute_metrics,
             prediction_loss_only=self.args.prediction_loss_only,
-            accumulation_steps=self.args.eval_accumulation_steps,
             metric_key_prefix=prefix,
+            options=options,
         )
 
     # -- logging and saving -----------------------------------------------------------------------
