@@ -17,14 +17,14 @@ import inspect
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 from lockstep.trainer.arguments import TrainingArguments
 from lockstep.trainer.callbacks import TrainerCallback, TrainerControl, TrainerState
 from lockstep.utils import broadcast_object_list
 
-if TYPE_CHECKING:
-    from lockstep.trainer.trainer import Trainer
+# The searching lockstep.Trainer; typed loosely because trainer.py imports this module.
+Trainer = Any
 
 logger = logging.getLogger("lockstep.trainer")
 
