@@ -11,7 +11,6 @@ Example:
 
 from __future__ import annotations
 
-import inspect
 import json
 import logging
 import math
@@ -27,9 +26,9 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 from lockstep.progress import ProgressBar
 from lockstep.trainer import (
     _best_model,
-    _hf_datasets,
     _hyperparameter_search,
     _process_setup,
+    _trainer_checks,
     _transformers_format,
     batches,
 )
@@ -43,7 +42,6 @@ from lockstep.trainer._loss_sums import LossSums
 from lockstep.trainer._step_plan import plan_steps, record_plan
 from lockstep.trainer.accelerator_factory import (
     create_accelerator_and_postprocess,
-    supports_gradient_checkpointing,
 )
 from lockstep.trainer.arguments import TrainingArguments
 from lockstep.trainer.callbacks import (
@@ -66,18 +64,6 @@ class TrainOutput(NamedTuple):
     global_step: int
     training_loss: float
     metrics: dict[str, float]
-
-
-def _check_batch_metrics(args: TrainingArguments, compute_metrics: Any) -> None:
-    if not args.batch_eval_metrics or compute_metrics is None:
-        return
-    if "compute_result" not in inspect.signature(compute_metrics).parameters:
-        raise ValueError(
-            "TrainingArguments(batch_eval_metrics=True) calls compute_metrics(prediction, compute_result=...) on "
-            "every batch (compute_result is True on the last one, which must return the metrics), but "
-            f"{getattr(compute_metrics, '__name__', compute_metrics)!r} takes no compute_result. Add that parameter, "
-            "or set batch_eval_metrics=False."
-        )
 
 
 class Trainer:
@@ -137,12 +123,18 @@ class Trainer:
             raise TypeError(
                 f"Trainer(args=...) got {type(self.args).__name__}; pass a lockstep.TrainingArguments."
             )
-        self._check_inputs(train_dataset, eval_dataset, optimizers, compute_loss_func)
-        _check_batch_metrics(self.args, compute_metrics)
+        _trainer_checks.check_inputs(
+            self.args,
+            train_dataset=train_dataset,
+            eval_dataset=eval_dataset,
+            optimizers=optimizers,
+            compute_loss_func=compute_loss_func,
+            compute_metrics=compute_metrics,
+        )
         _process_setup.seed_everything(self.args)
         self.model = model
         _process_setup.apply_use_cache(model, self.args)
-        self._enable_gradient_checkpointing()
+        _trainer_checks.enable_gradient_checkpointing(model, self.args)
         self.accelerator = create_accelerator_and_postprocess(self.args, model)
         _process_setup.apply_tf32(self.args)
         _process_setup.apply_log_level(
@@ -202,46 +194,6 @@ class Trainer:
         return TrainerLoaders(self.accelerator, self.args, collate=collate, keep_columns=keep)
 
     # -- set-up -----------------------------------------------------------------------------------
-    def _check_inputs(
-        self, train_dataset: Any, eval_dataset: Any, optimizers: tuple[Any, Any], compute_loss_func: Any
-    ) -> None:
-        _hf_datasets.check_dataset(train_dataset, "Trainer(train_dataset=...)")
-        _hf_datasets.check_dataset(eval_dataset, "Trainer(eval_dataset=...)")
-        if self.args.eval_strategy != "no" and eval_dataset is None:
-            raise ValueError(
-                f"TrainingArguments(eval_strategy={self.args.eval_strategy!r}) needs an evaluation set: pass "
-                "Trainer(eval_dataset=...) or set eval_strategy='no'."
-            )
-        if compute_loss_func is not None and self.args.label_smoothing_factor > 0:
-            raise ValueError(
-                f"TrainingArguments(label_smoothing_factor={self.args.label_smoothing_factor}) smooths the default "
-                "cross-entropy loss, but Trainer(compute_loss_func=...) replaces that loss. Smooth inside "
-                "compute_loss_func, or set label_smoothing_factor=0."
-            )
-        if not (isinstance(optimizers, (tuple, list)) and len(optimizers) == 2):
-            raise TypeError(
-                "Trainer(optimizers=...) must be a pair (optimizer, lr_scheduler); either may be None."
-            )
-        if optimizers[0] is None and optimizers[1] is not None:
-            raise ValueError(
-                "Trainer(optimizers=(None, scheduler)): a scheduler needs the optimizer it was built on; pass both."
-            )
-
-    def _enable_gradient_checkpointing(self) -> None:
-        if not self.args.gradient_checkpointing:
-            return
-        if not supports_gradient_checkpointing(self.model):
-            raise ValueError(
-                f"TrainingArguments(gradient_checkpointing=True), but {type(self.model).__name__} does not support it "
-                "(it has no gradient_checkpointing_enable). Use a transformers model, or wrap layers with "
-                "torch.utils.checkpoint yourself."
-            )
-        kwargs = self.args.gradient_checkpointing_kwargs or {"use_reentrant": False}
-        if hasattr(self.model, "activation_checkpointing_enable"):  # the transformers >= 5.x name
-            self.model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
-        else:
-            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
-
     def get_train_dataloader(self) -> DataLoader:
         """The prepared (sharded) training loader."""
         if self.train_dataset is None:
