@@ -5,6 +5,7 @@ Example:
 """
 
 from lockstep.trainer._evaluation import EvalPrediction, PredictionOutput
+from lockstep.trainer._hyperparameter_search import BestRun
 from lockstep.trainer.arguments import TrainingArguments
 from lockstep.trainer.callbacks import (
     CallbackHandler,
@@ -31,6 +32,7 @@ from lockstep.trainer.schedules import (
 from lockstep.trainer.trainer import Trainer, TrainOutput
 
 __all__ = [
+    "BestRun",
     "CallbackHandler",
     "DefaultFlowCallback",
     "EarlyStoppingCallback",

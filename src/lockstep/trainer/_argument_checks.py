@@ -368,6 +368,12 @@ def check_distributed(args: TrainingArguments) -> None:
         raise ValueError(
             "TrainingArguments sets both fsdp and deepspeed: they are two ways of sharding the model; choose one."
         )
+    if args.save_only_model and args.load_best_model_at_end and (args.fsdp or args.deepspeed):
+        raise ValueError(
+            "TrainingArguments(save_only_model=True, load_best_model_at_end=True) with fsdp/deepspeed: the best "
+            "model of a model-only checkpoint cannot be loaded into a sharded model (as in transformers). Set "
+            "save_only_model=False, or load_best_model_at_end=False."
+        )
 
 
 def parse_report_to(value: Any) -> list[str]:

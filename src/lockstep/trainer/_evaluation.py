@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -17,11 +18,50 @@ from lockstep.trainer import batches
 PAD_INDEX = -100
 
 
-class EvalPrediction(NamedTuple):
-    """What ``compute_metrics`` receives: NumPy arrays in dataset order (tuples for several outputs)."""
+class EvalPrediction:
+    """What ``compute_metrics`` receives: NumPy arrays in dataset order (tuples for several outputs), as
+    transformers' ``EvalPrediction``: it unpacks as ``(predictions, label_ids[, inputs][, losses])``.
 
-    predictions: Any
-    label_ids: Any
+    Attributes:
+        predictions: the model outputs without the loss.
+        label_ids: the labels.
+        inputs: the model's main input (``include_for_metrics=["inputs"]``), else None.
+        losses: the loss of each example's batch, one per example (``include_for_metrics=["loss"]``), else
+            None.
+    """
+
+    def __init__(self, predictions: Any, label_ids: Any, inputs: Any = None, losses: Any = None) -> None:
+        self.predictions = predictions
+        self.label_ids = label_ids
+        self.inputs = inputs
+        self.losses = losses
+        self.elements = (predictions, label_ids, *(v for v in (inputs, losses) if v is not None))
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.elements)
+
+    def __getitem__(self, index: int) -> Any:
+        return self.elements[index]
+
+    def __len__(self) -> int:
+        return len(self.elements)
+
+
+@dataclass(frozen=True)
+class EvalOptions:
+    """What an evaluation run collects, from the arguments."""
+
+    accumulation_steps: int | None = None
+    """``eval_accumulation_steps``: gathered batches held on the device before moving to the CPU."""
+    include_inputs: bool = False
+    include_losses: bool = False
+    main_input_name: str = "input_ids"
+    batch_metrics: bool = False
+    """``batch_eval_metrics``: ``compute_metrics(batch, compute_result=is_last)`` on every batch."""
+    keep_predictions: bool = True
+    """Hold every prediction (False for an evaluation with batch metrics: nothing is kept)."""
+    concat_batches: bool = True
+    """``eval_do_concat_batches``: one array per output, else a list of per-batch arrays."""
 
 
 class PredictionOutput(NamedTuple):
@@ -37,6 +77,8 @@ def _to_numpy(value: Any) -> Any:
         return None
     if isinstance(value, tuple):
         return tuple(_to_numpy(v) for v in value)
+    if isinstance(value, list):  # eval_do_concat_batches=False: one array per batch
+        return [_to_numpy(v) for v in value]
     tensor = value.detach().cpu()
     if tensor.dtype in (torch.bfloat16, torch.float16):
         tensor = tensor.float()
@@ -61,8 +103,11 @@ def concat_padded(chunks: Sequence[Any]) -> Any:
     return torch.cat([_pad_to(c, width) for c in chunks], dim=0)
 
 
+_KINDS = ("predictions", "labels", "inputs", "losses")
+
+
 class _Accumulator:
-    """This process's loss sum and the gathered predictions and labels of one evaluation run.
+    """This process's loss sum and the gathered predictions, labels (and inputs, losses) of one evaluation.
 
     Gathered batches wait on the device and move to the CPU every ``accumulation_steps`` batches
     (``eval_accumulation_steps``; None: every batch), so at most that many are held on the device.
@@ -72,12 +117,19 @@ class _Accumulator:
         self.loss_sum = 0.0
         self.loss_examples = 0
         self.has_loss = False
-        self.predictions: list[Any] = []
-        self.labels: list[Any] = []
+        self.values: dict[str, list[Any]] = {kind: [] for kind in _KINDS}
         self.samples = 0
         self.every = accumulation_steps or 1
-        self.pending: list[tuple[Any, Any]] = []
+        self.pending: list[dict[str, Any]] = []
         self.max_pending = 0
+
+    @property
+    def predictions(self) -> list[Any]:
+        return self.values["predictions"]
+
+    @property
+    def labels(self) -> list[Any]:
+        return self.values["labels"]
 
     def add_loss(self, loss: torch.Tensor | None, real_examples: int) -> None:
         """Count ``loss`` (a mean over ``real_examples`` examples) towards the example-weighted mean."""
@@ -87,26 +139,32 @@ class _Accumulator:
         self.loss_sum += float(loss.detach().double()) * real_examples
         self.loss_examples += real_examples
 
-    def add(self, accelerator: Accelerator, logits: Any, labels: Any) -> None:
-        gathered = []
-        for value in (logits, labels):
+    @staticmethod
+    def gather(accelerator: Accelerator, values: dict[str, Any]) -> dict[str, Any]:
+        """Every process's values of one batch, padded along dim 1 and without the even_batches filler."""
+        gathered = {}
+        for kind, value in values.items():
             if value is not None:
-                value = accelerator.pad_across_processes(value, dim=1, pad_index=PAD_INDEX)
+                if kind != "losses":
+                    value = accelerator.pad_across_processes(value, dim=1, pad_index=PAD_INDEX)
                 value = accelerator.gather_for_metrics(value)
-            gathered.append(value)
-        self.pending.append((gathered[0], gathered[1]))
+            gathered[kind] = value
+        return gathered
+
+    def add(self, gathered: dict[str, Any]) -> None:
+        self.pending.append(gathered)
         self.max_pending = max(self.max_pending, len(self.pending))
         if len(self.pending) >= self.every:
             self.flush()
 
     def flush(self) -> None:
         """Move the pending gathered batches to the CPU."""
-        for logits, labels in self.pending:
-            if logits is not None:
-                self.predictions.append(_cpu(logits))
+        for gathered in self.pending:
+            for kind, value in gathered.items():
+                if value is not None:
+                    self.values[kind].append(_cpu(value))
+            labels = gathered.get("labels")
             if labels is not None:
-                labels = _cpu(labels)
-                self.labels.append(labels)
                 self.samples += len(labels[0] if isinstance(labels, tuple) else labels)
         self.pending.clear()
 
@@ -133,40 +191,39 @@ def evaluation_loop(
     *,
     label_names: Sequence[str],
     compute_loss_func: Callable[..., torch.Tensor] | None,
-    compute_metrics: Callable[[EvalPrediction], dict[str, Any]] | None,
+    compute_metrics: Callable[..., dict[str, Any]] | None,
     prediction_loss_only: bool,
     metric_key_prefix: str,
     accumulation_steps: int | None = None,
+    options: EvalOptions | None = None,
 ) -> PredictionOutput:
     """Run ``model`` over the prepared ``loader``; predictions and labels come back complete and in order."""
+    options = options or EvalOptions(accumulation_steps=accumulation_steps)
     was_training = model.training
     model.eval()
     started = time.perf_counter()
-    collected = _Accumulator(accumulation_steps)
-    steps = 0
+    collected = _Accumulator(options.accumulation_steps)
+    steps, batch_metrics = 0, None
     try:
         for batch in loader:
             steps += 1
-            inputs, labels = batches.split_labels(batch, label_names, pop=compute_loss_func is not None)
-            with torch.no_grad():
-                outputs = batches.call_model(model, inputs)
-                if compute_loss_func is not None and labels is not None:
-                    count = batches.count_items(labels)
-                    loss = compute_loss_func(outputs, labels, num_items_in_batch=count)
-                else:
-                    loss = batches.output_loss(outputs)
-                size = _batch_size(batch, labels)
-                reals = _real_examples(accelerator, loader, size)
-                real = reals[accelerator.process_index]
-                if loss is not None and any(0 < r < size for r in reals):
-                    # The even_batches filler repeats examples from the start of the data: the loss of the real
-                    # examples is recomputed without it, so eval_loss is exact. Every process runs this forward
-                    # (FSDP's forward is a collective); one without real examples runs one row, weighted 0.
-                    rows = batches.first_rows(batch, max(real, 1), size)
-                    loss = _loss_of(model, rows, label_names, compute_loss_func)
+            loss, real, values = _evaluate_batch(
+                accelerator, model, loader, batch, label_names, compute_loss_func
+            )
             collected.add_loss(loss, real)
-            if not prediction_loss_only:
-                collected.add(accelerator, batches.predictions_of(outputs), labels)
+            if prediction_loss_only:
+                continue
+            if options.include_inputs:
+                values["inputs"] = _main_input(batch, options.main_input_name)
+            if options.include_losses and loss is not None:
+                values["losses"] = loss.detach().reshape(1).repeat(_batch_size(batch, values["labels"]))
+            gathered = _Accumulator.gather(accelerator, values)
+            if options.keep_predictions:
+                collected.add(gathered)
+            if options.batch_metrics and compute_metrics is not None and gathered["labels"] is not None:
+                batch_metrics = compute_metrics(
+                    _prediction(gathered), compute_result=accelerator.gradient_state.end_of_dataloader
+                )
         collected.flush()
     finally:
         model.train(was_training)
@@ -174,7 +231,60 @@ def evaluation_loop(
         totals = torch.tensor([collected.loss_sum, float(collected.loss_examples)], dtype=torch.float64)
         totals = accelerator.reduce(totals.to(accelerator.device), reduction="sum").cpu()
         collected.loss_sum, collected.loss_examples = float(totals[0]), int(totals[1])
-    return _finish(collected, compute_metrics, metric_key_prefix, time.perf_counter() - started, steps)
+    if options.batch_metrics:
+        compute_metrics = None  # already computed, batch by batch
+    output = _finish(
+        collected, compute_metrics, metric_key_prefix, time.perf_counter() - started, steps, options
+    )
+    if batch_metrics:
+        output.metrics.update(_prefixed(dict(batch_metrics), metric_key_prefix))
+    return output
+
+
+def _evaluate_batch(
+    accelerator: Accelerator,
+    model: nn.Module,
+    loader: DataLoader,
+    batch: Any,
+    label_names: Sequence[str],
+    compute_loss_func: Callable[..., torch.Tensor] | None,
+) -> tuple[torch.Tensor | None, int, dict[str, Any]]:
+    """(loss of the real examples, how many this process holds, {"predictions", "labels"}) of one batch."""
+    inputs, labels = batches.split_labels(batch, label_names, pop=compute_loss_func is not None)
+    with torch.no_grad():
+        outputs = batches.call_model(model, inputs)
+        if compute_loss_func is not None and labels is not None:
+            count = batches.count_items(labels)
+            loss = compute_loss_func(outputs, labels, num_items_in_batch=count)
+        else:
+            loss = batches.output_loss(outputs)
+        size = _batch_size(batch, labels)
+        reals = _real_examples(accelerator, loader, size)
+        real = reals[accelerator.process_index]
+        if loss is not None and any(0 < r < size for r in reals):
+            # The even_batches filler repeats examples from the start of the data: the loss of the real
+            # examples is recomputed without it, so eval_loss is exact. Every process runs this forward
+            # (FSDP's forward is a collective); one without real examples runs one row, weighted 0.
+            rows = batches.first_rows(batch, max(real, 1), size)
+            loss = _loss_of(model, rows, label_names, compute_loss_func)
+    return loss, real, {"predictions": batches.predictions_of(outputs), "labels": labels}
+
+
+def _main_input(batch: Any, name: str) -> torch.Tensor:
+    """The model's main input of a batch (``include_for_metrics=["inputs"]``)."""
+    if isinstance(batch, dict) and isinstance(batch.get(name), torch.Tensor):
+        return batch[name]
+    if isinstance(batch, (list, tuple)) and batch and isinstance(batch[0], torch.Tensor):
+        return batch[0]
+    keys = sorted(batch) if isinstance(batch, dict) else type(batch).__name__
+    raise ValueError(
+        f"TrainingArguments(include_for_metrics=['inputs']) gives compute_metrics the model's main input "
+        f"{name!r}, but the batch has none (keys: {keys}). Remove 'inputs' from include_for_metrics."
+    )
+
+
+def _prediction(values: dict[str, Any]) -> EvalPrediction:
+    return EvalPrediction(values["predictions"], values["labels"], values.get("inputs"), values.get("losses"))
 
 
 def _real_examples(accelerator: Accelerator, loader: DataLoader, size: int) -> list[int]:
@@ -209,12 +319,17 @@ def _finish(
     prefix: str,
     seconds: float,
     steps: int,
+    options: EvalOptions,
 ) -> PredictionOutput:
-    predictions = _to_numpy(concat_padded(collected.predictions))
-    label_ids = _to_numpy(concat_padded(collected.labels))
+    join = (
+        (lambda chunks: concat_padded(chunks)) if options.concat_batches else (lambda chunks: chunks or None)
+    )
+    values = {kind: _to_numpy(join(collected.values[kind])) for kind in _KINDS}
+    predictions, label_ids = values["predictions"], values["labels"]
     metrics: dict[str, Any] = {}
     if compute_metrics is not None and predictions is not None and label_ids is not None:
-        metrics = dict(compute_metrics(EvalPrediction(predictions=predictions, label_ids=label_ids)))
+        prediction = EvalPrediction(predictions, label_ids, values["inputs"], values["losses"])
+        metrics = dict(compute_metrics(prediction))
     if collected.has_loss and collected.loss_examples:
         metrics["loss"] = collected.loss_sum / collected.loss_examples
         samples = collected.loss_examples
@@ -223,11 +338,14 @@ def _finish(
     metrics["runtime"] = round(seconds, 4)
     metrics["samples_per_second"] = round(samples / max(seconds, 1e-9), 3)
     metrics["steps_per_second"] = round(steps / max(seconds, 1e-9), 3)
-    prefixed = {
+    return PredictionOutput(predictions=predictions, label_ids=label_ids, metrics=_prefixed(metrics, prefix))
+
+
+def _prefixed(metrics: dict[str, Any], prefix: str) -> dict[str, Any]:
+    return {
         (key if key.startswith(f"{prefix}_") else f"{prefix}_{key}"): _plain(value)
         for key, value in metrics.items()
     }
-    return PredictionOutput(predictions=predictions, label_ids=label_ids, metrics=prefixed)
 
 
 def _plain(value: Any) -> Any:

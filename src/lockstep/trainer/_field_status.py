@@ -34,11 +34,6 @@ _NOT_BUILT: dict[str, tuple[tuple[Any, ...], str]] = {
     "trackio_space_id": ((None,), "lockstep has no Trackio tracker"),
     "trackio_bucket_id": ((None,), "lockstep has no Trackio tracker"),
     "trackio_static_space_id": ((None,), "lockstep has no Trackio tracker"),
-    "save_only_model": (
-        (False,),
-        "lockstep checkpoints always hold the full resumable state; save_model() writes the weights alone",
-    ),
-    "save_on_each_node": ((False,), "lockstep writes each checkpoint once per job, to a shared output_dir"),
     "push_to_hub": (
         (False,),
         "uploading needs huggingface_hub (pip install huggingface_hub) and network access, and lockstep does not upload; push output_dir yourself with huggingface_hub.upload_folder",
@@ -58,14 +53,6 @@ _NOT_BUILT: dict[str, tuple[tuple[Any, ...], str]] = {
     "debug": (([],), "underflow/overflow detection and TPU metrics are not built"),
     "skip_memory_metrics": ((True,), "the Trainer reports no memory metrics; see lockstep.memory"),
     "optim_target_modules": ((None,), "it selects modules for GaLore/APOLLO optimizers, which are not built"),
-    "auto_find_batch_size": (
-        (False,),
-        "set per_device_train_batch_size yourself (lockstep.find_executable_batch_size helps a hand-written loop)",
-    ),
-    "batch_eval_metrics": ((False,), "compute_metrics runs once over the gathered predictions"),
-    "include_for_metrics": (([],), "EvalPrediction carries predictions and labels only"),
-    "eval_do_concat_batches": ((True,), "predictions are always concatenated"),
-    "restore_callback_states_from_checkpoint": ((False,), "callback states are not saved in checkpoints yet"),
     "average_tokens_across_devices": (
         (True,),
         "lockstep averages per-batch mean losses; only the default is accepted",
@@ -104,6 +91,7 @@ _IMPLEMENTED = (
     "dataloader_drop_last dataloader_num_workers dataloader_pin_memory dataloader_persistent_workers "
     "dataloader_prefetch_factor dataloader_multiprocessing_context remove_unused_columns label_names "
     "ddp_find_unused_parameters ddp_bucket_cap_mb "
+    "batch_eval_metrics include_for_metrics eval_do_concat_batches auto_find_batch_size save_only_model save_on_each_node restore_callback_states_from_checkpoint "
     "ddp_broadcast_buffers ddp_static_graph ddp_backend ddp_timeout fsdp fsdp_config deepspeed do_eval "
     "resume_from_checkpoint"
 ).split()

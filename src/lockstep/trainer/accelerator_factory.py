@@ -171,7 +171,11 @@ def create_accelerator_and_postprocess(
         cpu=args.use_cpu,
         gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=args.gradient_accumulation_steps),
         dataloader_config=dataloader_configuration(args),
-        project_config=ProjectConfiguration(project_dir=args.output_dir, logging_dir=args.logging_dir),
+        project_config=ProjectConfiguration(
+            project_dir=args.output_dir,
+            logging_dir=args.logging_dir,
+            save_on_each_node=args.save_on_each_node,
+        ),
         kwargs_handlers=[
             ddp_kwargs(args, model),
             InitProcessGroupKwargs(backend=args.ddp_backend, timeout=timedelta(seconds=args.ddp_timeout)),

@@ -92,6 +92,12 @@ class TrainerState:
     steps_since_log: int = 0
     total_loss: float = 0.0
     """Sum of every step loss of the run (for ``train_loss``)."""
+    stateful_callbacks: dict[str, Any] = field(default_factory=dict)
+    """States of the callbacks that export one (transformers' ``ExportableState``), taken at each save."""
+    trial_name: str | None = None
+    """The hyperparameter-search trial this run is (None outside a search)."""
+    trial_params: dict[str, Any] | None = None
+    """That trial's hyperparameters."""
     is_world_process_zero: bool = True
     is_local_process_zero: bool = True
 
@@ -116,6 +122,10 @@ class TrainerControl:
 
     def _new_step(self) -> None:
         self.should_save = self.should_evaluate = self.should_log = False
+
+    def state(self) -> dict[str, Any]:
+        """transformers' exported state (saved in checkpoints' ``stateful_callbacks``)."""
+        return {"args": dataclasses.asdict(self), "attributes": {}}
 
 
 class TrainerCallback:

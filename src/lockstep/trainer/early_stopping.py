@@ -77,6 +77,16 @@ class EarlyStoppingCallback(TrainerCallback):
             control.should_training_stop = True
         return control
 
+    def state(self) -> dict[str, Any]:
+        """transformers' exported state (``restore_callback_states_from_checkpoint`` rebuilds from it)."""
+        return {
+            "args": {
+                "early_stopping_patience": self.early_stopping_patience,
+                "early_stopping_threshold": self.early_stopping_threshold,
+            },
+            "attributes": {"early_stopping_patience_counter": self.early_stopping_patience_counter},
+        }
+
     def state_dict(self) -> dict[str, Any]:
         return {"early_stopping_patience_counter": self.early_stopping_patience_counter}
 

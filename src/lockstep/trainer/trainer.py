@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -25,13 +24,24 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from lockstep.progress import ProgressBar
-from lockstep.trainer import _best_model, _checkpoints, _hf_datasets, _process_setup, batches
-from lockstep.trainer._evaluation import EvalPrediction, PredictionOutput, evaluation_loop
+from lockstep.trainer import (
+    _best_model,
+    _hyperparameter_search,
+    _process_setup,
+    _trainer_checks,
+    _transformers_format,
+    batches,
+)
+from lockstep.trainer._checkpoint_saving import TrainerCheckpoints
+from lockstep.trainer._evaluation import EvalOptions, EvalPrediction, PredictionOutput, evaluation_loop
+from lockstep.trainer._hyperparameter_search import BestRun
 from lockstep.trainer._label_smoothing import LabelSmoothingLoss, is_causal_lm
+from lockstep.trainer._loaders import TrainerLoaders
 from lockstep.trainer._logging import format_log_line
+from lockstep.trainer._loss_sums import LossSums
+from lockstep.trainer._step_plan import plan_steps, record_plan
 from lockstep.trainer.accelerator_factory import (
     create_accelerator_and_postprocess,
-    supports_gradient_checkpointing,
 )
 from lockstep.trainer.arguments import TrainingArguments
 from lockstep.trainer.callbacks import (
@@ -43,7 +53,7 @@ from lockstep.trainer.callbacks import (
 )
 from lockstep.trainer.optimizers import create_optimizer
 from lockstep.trainer.schedules import get_scheduler
-from lockstep.utils import broadcast_object_list, clear_device_cache, find_batch_size
+from lockstep.utils import clear_device_cache, find_batch_size, find_executable_batch_size
 
 logger = logging.getLogger("lockstep.trainer")
 
@@ -75,11 +85,13 @@ class Trainer:
             scheduler is stepped once per optimizer step.
         compute_loss_func: ``fn(outputs, labels, num_items_in_batch=n) -> loss``; labels are taken out of the
             batch before the model is called.
+        model_init: ``fn()`` or ``fn(trial)`` returning a new model: used when ``model`` is None, and for each
+            trial of :meth:`hyperparameter_search`.
     """
 
     def __init__(
         self,
-        model: nn.Module,
+        model: nn.Module | None = None,
         args: TrainingArguments | None = None,
         *,
         train_dataset: Dataset | IterableDataset | Any | None = None,
@@ -89,19 +101,40 @@ class Trainer:
         callbacks: list[TrainerCallback | type[TrainerCallback]] | None = None,
         optimizers: tuple[torch.optim.Optimizer | None, Any] = (None, None),
         compute_loss_func: Callable[..., torch.Tensor] | None = None,
+        model_init: Callable[..., nn.Module] | None = None,
     ) -> None:
+        if model is None and model_init is not None:
+            model = _hyperparameter_search.call_model_init(model_init, None)
         if not isinstance(model, nn.Module):
-            raise TypeError(f"Trainer(model=...) got {type(model).__name__}; pass a torch.nn.Module.")
+            raise TypeError(
+                f"Trainer(model=...) got {type(model).__name__}; pass a torch.nn.Module, or model_init=fn returning one."
+            )
+        self.model_init = model_init
+        self._inputs = {
+            "train_dataset": train_dataset,
+            "eval_dataset": eval_dataset,
+            "data_collator": data_collator,
+            "compute_metrics": compute_metrics,
+            "callbacks": callbacks,
+            "compute_loss_func": compute_loss_func,
+        }
         self.args = args if args is not None else TrainingArguments()
         if not isinstance(self.args, TrainingArguments):
             raise TypeError(
                 f"Trainer(args=...) got {type(self.args).__name__}; pass a lockstep.TrainingArguments."
             )
-        self._check_inputs(train_dataset, eval_dataset, optimizers, compute_loss_func)
+        _trainer_checks.check_inputs(
+            self.args,
+            train_dataset=train_dataset,
+            eval_dataset=eval_dataset,
+            optimizers=optimizers,
+            compute_loss_func=compute_loss_func,
+            compute_metrics=compute_metrics,
+        )
         _process_setup.seed_everything(self.args)
         self.model = model
         _process_setup.apply_use_cache(model, self.args)
-        self._enable_gradient_checkpointing()
+        _trainer_checks.enable_gradient_checkpointing(model, self.args)
         self.accelerator = create_accelerator_and_postprocess(self.args, model)
         _process_setup.apply_tf32(self.args)
         _process_setup.apply_log_level(
@@ -120,6 +153,7 @@ class Trainer:
                 self.args.label_smoothing_factor, shift_labels=is_causal_lm(model)
             )
         self.label_names = self.args.label_names or batches.default_label_names(model)
+        self._given_optimizers = (optimizers[0], optimizers[1])
         self.optimizer, self.lr_scheduler = optimizers
         self.model_wrapped: nn.Module | None = None
         self.callback_handler = CallbackHandler([DefaultFlowCallback, *(callbacks or [])])
@@ -129,100 +163,42 @@ class Trainer:
             num_processes=self.accelerator.num_processes,
         )
         self.control = TrainerControl()
-        self._keep_columns = (
-            batches.columns_to_keep(model, self.label_names) if self.args.remove_unused_columns else None
+        self._loaders = self._build_loaders(model, data_collator)
+        self._train_batch_size = self.args.per_device_train_batch_size
+        self._updates_per_epoch: int | None = None
+        self._num_epochs = 0
+        self._epoch_shown = 0
+        self._prepared = self._registered = False
+        self._progress: ProgressBar | None = None
+        self._losses = LossSums(self.accelerator.device, nan_inf_filter=self.args.logging_nan_inf_filter)
+        self._checkpoints = TrainerCheckpoints(
+            self.accelerator,
+            self.args,
+            self.state,
+            self._losses,
+            save_weights=lambda folder: self.save_model(str(folder)),
+            load_weights=self._load_weights,
+            write_state=lambda folder: _transformers_format.write_trainer_state(folder, self.state),
         )
-        self._collate = batches.make_collator(
+        self._step_learning_rate = 0.0
+        self.control = self._event("on_init_end")
+
+    def _build_loaders(self, model: nn.Module, data_collator: Any) -> TrainerLoaders:
+        keep = batches.columns_to_keep(model, self.label_names) if self.args.remove_unused_columns else None
+        collate = batches.make_collator(
             model,
             data_collator,
             remove_unused_columns=self.args.remove_unused_columns,
             label_names=self.label_names,
         )
-        self._train_loader: DataLoader | None = None
-        self._eval_loaders: dict[int, tuple[Any, DataLoader]] = {}
-        self._updates_per_epoch: int | None = None
-        self._num_epochs = 0
-        self._epoch_shown = 0
-        self._prepared = False
-        self._progress: ProgressBar | None = None
-        self._loss_since_log = torch.zeros((), device=self.accelerator.device)
-        self._step_learning_rate = 0.0
-        self._total_loss = torch.zeros((), device=self.accelerator.device)
-        self.control = self._event("on_init_end")
+        return TrainerLoaders(self.accelerator, self.args, collate=collate, keep_columns=keep)
 
     # -- set-up -----------------------------------------------------------------------------------
-    def _check_inputs(
-        self, train_dataset: Any, eval_dataset: Any, optimizers: tuple[Any, Any], compute_loss_func: Any
-    ) -> None:
-        _hf_datasets.check_dataset(train_dataset, "Trainer(train_dataset=...)")
-        _hf_datasets.check_dataset(eval_dataset, "Trainer(eval_dataset=...)")
-        if self.args.eval_strategy != "no" and eval_dataset is None:
-            raise ValueError(
-                f"TrainingArguments(eval_strategy={self.args.eval_strategy!r}) needs an evaluation set: pass "
-                "Trainer(eval_dataset=...) or set eval_strategy='no'."
-            )
-        if compute_loss_func is not None and self.args.label_smoothing_factor > 0:
-            raise ValueError(
-                f"TrainingArguments(label_smoothing_factor={self.args.label_smoothing_factor}) smooths the default "
-                "cross-entropy loss, but Trainer(compute_loss_func=...) replaces that loss. Smooth inside "
-                "compute_loss_func, or set label_smoothing_factor=0."
-            )
-        if not (isinstance(optimizers, (tuple, list)) and len(optimizers) == 2):
-            raise TypeError(
-                "Trainer(optimizers=...) must be a pair (optimizer, lr_scheduler); either may be None."
-            )
-        if optimizers[0] is None and optimizers[1] is not None:
-            raise ValueError(
-                "Trainer(optimizers=(None, scheduler)): a scheduler needs the optimizer it was built on; pass both."
-            )
-
-    def _enable_gradient_checkpointing(self) -> None:
-        if not self.args.gradient_checkpointing:
-            return
-        if not supports_gradient_checkpointing(self.model):
-            raise ValueError(
-                f"TrainingArguments(gradient_checkpointing=True), but {type(self.model).__name__} does not support it "
-                "(it has no gradient_checkpointing_enable). Use a transformers model, or wrap layers with "
-                "torch.utils.checkpoint yourself."
-            )
-        kwargs = self.args.gradient_checkpointing_kwargs or {"use_reentrant": False}
-        if hasattr(self.model, "activation_checkpointing_enable"):  # the transformers >= 5.x name
-            self.model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
-        else:
-            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
-
-    def _loader(self, dataset: Any, *, batch_size: int, train: bool, argument: str) -> DataLoader:
-        args = self.args
-        dataset = _hf_datasets.remove_unused_columns(dataset, self._keep_columns, argument)
-        iterable = isinstance(dataset, IterableDataset)
-        workers = args.dataloader_num_workers
-        return DataLoader(
-            dataset,
-            batch_size=batch_size,
-            shuffle=train and not iterable and args.train_sampling_strategy == "random",
-            collate_fn=self._collate,
-            drop_last=args.dataloader_drop_last if train else False,
-            num_workers=workers,
-            # Pinning needs an accelerator; on a CPU-only machine torch warns and ignores it.
-            pin_memory=args.dataloader_pin_memory and self.accelerator.device.type != "cpu",
-            persistent_workers=args.dataloader_persistent_workers,
-            prefetch_factor=args.dataloader_prefetch_factor if workers > 0 else None,
-            multiprocessing_context=args.dataloader_multiprocessing_context if workers > 0 else None,
-        )
-
     def get_train_dataloader(self) -> DataLoader:
         """The prepared (sharded) training loader."""
         if self.train_dataset is None:
             raise ValueError("Trainer.train() needs Trainer(train_dataset=...).")
-        if self._train_loader is None:
-            loader = self._loader(
-                self.train_dataset,
-                batch_size=self.args.per_device_train_batch_size,
-                train=True,
-                argument="Trainer(train_dataset=...)",
-            )
-            self._train_loader = self.accelerator.prepare(loader)
-        return self._train_loader
+        return self._loaders.train_loader(self.train_dataset, self._train_batch_size)
 
     def get_eval_dataloader(self, eval_dataset: Any | None = None) -> DataLoader:
         """The prepared evaluation loader of ``eval_dataset`` (default: the Trainer's), made once per dataset."""
@@ -237,16 +213,11 @@ class Trainer:
             raise ValueError(
                 "Trainer.evaluate() needs an evaluation set: Trainer(eval_dataset=...) or evaluate(ds)."
             )
-        cached = self._eval_loaders.get(id(dataset))
-        if cached is None:
-            _hf_datasets.check_dataset(dataset, argument)
-            loader = self._loader(
-                dataset, batch_size=self.args.per_device_eval_batch_size, train=False, argument=argument
-            )
-            # The dataset is kept with its loader so that its id() is not reused by another object.
-            cached = (dataset, self.accelerator.prepare(loader))
-            self._eval_loaders[id(dataset)] = cached
-        return cached[1]
+        return self._loaders.eval_loader(dataset, argument)
+
+    @property
+    def _train_loader(self) -> DataLoader | None:
+        return self._loaders.train
 
     def _setup(self) -> None:
         """Prepare loaders, model, optimizer and scheduler once, in a fixed order (checkpoints rely on it)."""
@@ -256,9 +227,11 @@ class Trainer:
             self.get_train_dataloader()
             max_steps = self._plan_steps()
             optimizer = (
-                self.optimizer if self.optimizer is not None else create_optimizer(self.model, self.args)
+                self._given_optimizers[0]
+                if self._given_optimizers[0] is not None
+                else create_optimizer(self.model, self.args)
             )
-            scheduler = self.lr_scheduler
+            scheduler = self._given_optimizers[1]
             if scheduler is None:
                 warmup = self.args.warmup_steps_for(max_steps)
                 scheduler = get_scheduler(
@@ -271,48 +244,31 @@ class Trainer:
             self.model_wrapped = self.accelerator.prepare(self.model)
         if self.eval_dataset is not None:
             self._eval_loader(None, "Trainer(eval_dataset=...)")
-        self.accelerator.register_for_checkpointing(self.state)
-        if self.args.report_to:
-            self.accelerator.init_trackers(self.args.run_name or "trainer", config=self.args.to_dict())
+        if not self._registered:
+            self.accelerator.register_for_checkpointing(self.state)
+            self.accelerator.register_save_state_pre_hook(self._write_transformers_files)
+            if self.args.report_to:
+                self.accelerator.init_trackers(self.args.run_name or "trainer", config=self.args.to_dict())
+            self._registered = True
         self._prepared = True
 
     def _plan_steps(self) -> int:
-        """Optimizer steps of the run: per process, so the number of processes and accumulation count."""
-        args, loader = self.args, self._train_loader
-        try:
-            batches_per_epoch = len(loader)  # type: ignore[arg-type]
-        except TypeError:
-            batches_per_epoch = None
-        if batches_per_epoch is None:
-            if args.max_steps < 0:
-                raise ValueError(
-                    "The training set has no length (an iterable dataset), so epochs cannot be counted: set "
-                    "TrainingArguments(max_steps=...)."
-                )
-            self._updates_per_epoch, self._num_epochs = None, sys.maxsize
-            max_steps = args.max_steps
-        else:
-            if batches_per_epoch == 0:
-                raise ValueError(
-                    f"The training loader yields no batch on each of the {self.accelerator.num_processes} processes "
-                    f"(dataset of {len(self.train_dataset)} examples, per_device_train_batch_size="  # type: ignore[arg-type]
-                    f"{args.per_device_train_batch_size}, dataloader_drop_last={args.dataloader_drop_last})."
-                )
-            self._updates_per_epoch = math.ceil(batches_per_epoch / args.gradient_accumulation_steps)
-            if args.max_steps > 0:
-                max_steps = args.max_steps
-                self._num_epochs = math.ceil(max_steps / self._updates_per_epoch)
-            else:
-                max_steps = math.ceil(float(args.num_train_epochs) * self._updates_per_epoch)
-                self._num_epochs = math.ceil(float(args.num_train_epochs))
-        per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps
-        self.state.train_batch_size = args.per_device_train_batch_size
-        self.state.total_train_batch_size = per_step * self.accelerator.num_processes
-        self.state.max_steps = max_steps
-        self.state.num_train_epochs = self._num_epochs if batches_per_epoch is not None else 0
-        self.state.logging_steps, self.state.save_steps = args.logging_steps, args.save_steps
-        self.state.eval_steps = args.eval_steps
-        return max_steps
+        """Plan the run's optimizer steps (per process) and record them in the state; returns max_steps."""
+        plan = plan_steps(
+            self.args,
+            self._train_loader,
+            num_processes=self.accelerator.num_processes,
+            dataset=self.train_dataset,
+        )
+        self._updates_per_epoch, self._num_epochs = plan.updates_per_epoch, plan.num_epochs
+        record_plan(
+            self.state,
+            plan,
+            self.args,
+            batch_size=self._train_batch_size,
+            num_processes=self.accelerator.num_processes,
+        )
+        return plan.max_steps
 
     # -- callbacks --------------------------------------------------------------------------------
     def _event(self, name: str, **kwargs: Any) -> TrainerControl:
@@ -343,54 +299,90 @@ class Trainer:
     # -- training ---------------------------------------------------------------------------------
     def train(self, resume_from_checkpoint: str | bool | None = None) -> TrainOutput:
         """Train; ``resume_from_checkpoint=True`` continues from the newest valid checkpoint of ``output_dir``,
-        a path from that checkpoint (the data order, RNGs and accumulation continue exactly).
+        a path from that checkpoint (the data order, RNGs and accumulation continue exactly), or a checkpoint
+        folder written by ``transformers.Trainer``.
+
+        With ``auto_find_batch_size``, an out-of-memory error on any process restarts the run on every process
+        with 0.9 times the per-device batch size (``find_executable_batch_size``); the weights are not reset.
 
         Example:
             >>> trainer.train(resume_from_checkpoint=True)  # doctest: +SKIP
         """
         if self.train_dataset is None:
             raise ValueError("Trainer.train() needs Trainer(train_dataset=...).")
-        self._setup()
         if resume_from_checkpoint is None:
             resume_from_checkpoint = self.args.resume_from_checkpoint
-        folder = self._resolve_checkpoint(resume_from_checkpoint)
-        if folder is not None:
-            planned = self.state.max_steps
-            self.accelerator.load_state(str(folder))
-            if self.state.max_steps != planned:
-                logger.warning(
-                    "%s was saved by a run of %d steps; this run plans %d.",
-                    folder,
-                    self.state.max_steps,
-                    planned,
-                )
-            self._plan_steps()
-            self._loss_since_log.fill_(self.state.loss_since_log)
-            self._total_loss.fill_(self.state.total_loss)
-            self._print(
-                f"[train] resumed from {folder} at step {self.state.global_step}/{self.state.max_steps}"
+        if not self.args.auto_find_batch_size:
+            return self._train(self._train_batch_size, resume_from_checkpoint)
+        search = find_executable_batch_size(self._train, starting_batch_size=self._train_batch_size)
+        return search(resume_from_checkpoint)
+
+    def _train(self, batch_size: int, resume_from_checkpoint: str | bool | None) -> TrainOutput:
+        if batch_size != self._train_batch_size:  # auto_find_batch_size: the last attempt ran out of memory
+            logger.warning(
+                "auto_find_batch_size: out of memory with per_device_train_batch_size=%d; retrying with %d.",
+                self._train_batch_size,
+                batch_size,
             )
+            self._start_over(batch_size)
+        self._setup()
+        folder = self._checkpoints.resolve(resume_from_checkpoint)
+        if folder is not None:
+            self._resume(folder)
         return self._training_loop()
 
-    def _resolve_checkpoint(self, resume: str | bool | None) -> Path | None:
-        if resume is None or resume is False:
-            return None
-        if isinstance(resume, str) and resume.strip().lower() in ("true", "latest"):
-            resume = True
-        if resume is not True:
-            return Path(resume)
-        choice: list[str | None] = [None]
-        if self.accelerator.is_main_process:
-            found = _checkpoints.newest_valid_checkpoint(self.args.output_dir)
-            choice[0] = None if found is None else str(found)
-        if self.accelerator.num_processes > 1:
-            broadcast_object_list(choice)
-        if choice[0] is None:
-            raise ValueError(
-                f"train(resume_from_checkpoint=True): {self.args.output_dir!r} holds no valid checkpoint-<step> "
-                "folder. Train without resume_from_checkpoint to start from scratch, or pass a checkpoint path."
+    def _start_over(self, batch_size: int) -> None:
+        """Forget the prepared objects and the run's progress, to train again with ``batch_size``."""
+        self.accelerator.free_memory()
+        self._loaders.clear()
+        self._prepared = False
+        self._train_batch_size = batch_size
+        self.model_wrapped = None
+        self.optimizer, self.lr_scheduler = self._given_optimizers
+        fresh = TrainerState(num_processes=self.accelerator.num_processes)
+        self.state.load_state_dict(fresh.state_dict())  # the same object: the Accelerator saves it
+        self._losses.reset()
+        self.control = TrainerControl()
+
+    def _resume(self, folder: Path) -> None:
+        planned = self.state.max_steps
+        if _transformers_format.is_transformers_checkpoint(folder):
+            self._check_transformers_resume(folder)
+            self._plan_steps()
+            _transformers_format.resume_from_transformers(
+                folder,
+                model=self.accelerator.unwrap_model(self.model_wrapped, keep_torch_compile=False),
+                optimizer=self.optimizer,
+                scheduler=self.lr_scheduler,
+                loader=self._train_loader,
+                state=self.state,
+                rank=self.accelerator.process_index,
+                world_size=self.accelerator.num_processes,
+                updates_per_epoch=self._updates_per_epoch,
+                accumulation=self.args.gradient_accumulation_steps,
             )
-        return Path(choice[0])
+        else:
+            self._checkpoints.check_resumable(folder)
+            self.accelerator.load_state(str(folder))
+        if self.state.max_steps != planned:
+            logger.warning(
+                "%s was saved by a run of %d steps; this run plans %d.", folder, self.state.max_steps, planned
+            )
+        self._plan_steps()
+        self._losses.restore(self.state)
+        if self.args.restore_callback_states_from_checkpoint:
+            self.control = _transformers_format.restore_callbacks(
+                self.callback_handler, self.control, self.state.stateful_callbacks
+            )
+        self._print(f"[train] resumed from {folder} at step {self.state.global_step}/{self.state.max_steps}")
+
+    def _check_transformers_resume(self, folder: Path) -> None:
+        if self.accelerator.fsdp_plugin is not None:
+            raise NotImplementedError(
+                f"resume_from_checkpoint={str(folder)!r} is a transformers.Trainer checkpoint; lockstep reads those "
+                "into DDP or single-process runs only, not FSDP. Resume it without fsdp, or from a lockstep "
+                "checkpoint."
+            )
 
     def _training_loop(self) -> TrainOutput:
         args, accelerator, state = self.args, self.accelerator, self.state
@@ -451,7 +443,12 @@ class Trainer:
             if self.control.should_training_stop or self.control.should_epoch_stop:
                 break
             if accelerator.should_stop:  # a preemption signal reached some rank: all stop at this step
-                self._checkpoint_and_exit()
+                if self._progress is not None:
+                    self._progress.close()
+                self.state.stateful_callbacks = _transformers_format.export_callback_states(
+                    self.callback_handler, self.control
+                )
+                self._checkpoints.save_and_exit()
         self.control = self._event("on_epoch_end")
         self._maybe_log_save_evaluate(grad_norm=None)
         return samples
@@ -490,9 +487,6 @@ class Trainer:
     ) -> None:
         state = self.state
         state.global_step += 1
-        if self.args.logging_nan_inf_filter:  # a nan/inf step counts as the mean since the last log
-            mean_so_far = self._loss_since_log / max(state.steps_since_log, 1)
-            step_loss = torch.where(torch.isfinite(step_loss), step_loss, mean_so_far)
         empty_every = self.args.torch_empty_cache_steps
         if empty_every and state.global_step % empty_every == 0:
             clear_device_cache()
@@ -500,8 +494,7 @@ class Trainer:
             state.epoch = state.global_step / self._updates_per_epoch
         else:
             state.epoch = float(self._epoch_shown - 1)
-        self._loss_since_log += step_loss
-        self._total_loss += step_loss
+        self._losses.add(step_loss, state.steps_since_log)
         state.steps_since_log += 1
         assert self._progress is not None
         self._progress.update(1, samples=samples)
@@ -511,16 +504,14 @@ class Trainer:
     def _maybe_log_save_evaluate(self, grad_norm: torch.Tensor | None) -> None:
         control, state = self.control, self.state
         if control.should_log and state.steps_since_log > 0:
-            loss = self.accelerator.reduce(self._loss_since_log, reduction="mean") / state.steps_since_log
             logs: dict[str, Any] = {
-                "loss": float(loss),
+                "loss": self._losses.take_log_mean(self.accelerator, state.steps_since_log),
                 "learning_rate": self._step_learning_rate,
             }
             if grad_norm is not None:
                 logs["grad_norm"] = float(grad_norm)
             if self.args.include_num_input_tokens_seen != "no":
                 logs["num_input_tokens_seen"] = state.num_input_tokens_seen
-            self._loss_since_log.zero_()
             state.steps_since_log = 0
             self.log(logs)
         control.should_log = False
@@ -535,8 +526,7 @@ class Trainer:
 
     def _finish_training(self, start_step: int, samples: int, seconds: float) -> TrainOutput:
         state = self.state
-        total = float(self.accelerator.reduce(self._total_loss, reduction="mean"))
-        train_loss = total / max(state.global_step, 1)
+        train_loss = self._losses.train_loss(self.accelerator, state.global_step)
         steps = state.global_step - start_step
         metrics = {
             "train_runtime": round(seconds, 4),
@@ -546,51 +536,35 @@ class Trainer:
         }
         self.log(metrics)
         if self.args.load_best_model_at_end and state.best_model_checkpoint is not None:
-            self._load_best_model()
-            if self.args.save_total_limit == 1 and self.accelerator.is_main_process:
-                # transformers' rule: with a limit of 1, the best checkpoint is the one that remains.
-                _checkpoints.keep_only(self.args.output_dir, Path(state.best_model_checkpoint))
-            self.accelerator.wait_for_everyone()
+            folder = self._checkpoints.load_best()
+            self._print(
+                f"[train] loaded the best model from {folder} ({_best_model.metric_key(self.args)}="
+                f"{state.best_metric:.6g})"
+            )
         self.control = self._event("on_train_end")
         return TrainOutput(global_step=state.global_step, training_loss=train_loss, metrics=metrics)
 
     # -- checkpoints ------------------------------------------------------------------------------
-    def _sync_loss_totals(self) -> None:
-        """Store the losses since the last log, averaged over processes, in the state that checkpoints hold."""
-        self._loss_since_log = self.accelerator.reduce(self._loss_since_log, reduction="mean")
-        self._total_loss = self.accelerator.reduce(self._total_loss, reduction="mean")
-        self.state.loss_since_log = float(self._loss_since_log)
-        self.state.total_loss = float(self._total_loss)
-
     def _save_checkpoint(self) -> Path:
-        self._sync_loss_totals()
-        folder = _checkpoints.checkpoint_folder(self.args.output_dir, self.state.global_step)
-        best = self.state.best_global_step
-        if best is not None:
-            best_folder = _checkpoints.checkpoint_folder(self.args.output_dir, best)
-            if best == self.state.global_step or best_folder.is_dir():
-                self.state.best_model_checkpoint = str(best_folder)
-        self.accelerator.save_state(str(folder))
-        if self.accelerator.is_main_process:
-            protected = self.state.best_model_checkpoint
-            for removed in _checkpoints.rotate_checkpoints(
-                self.args.output_dir,
-                self.args.save_total_limit,
-                folder,
-                protected=None if protected is None else Path(protected),
-            ):
-                logger.info("Deleted %s (save_total_limit=%s)", removed, self.args.save_total_limit)
-        self.accelerator.wait_for_everyone()
+        self.state.stateful_callbacks = _transformers_format.export_callback_states(
+            self.callback_handler, self.control
+        )
+        folder = self._checkpoints.save()
         self.control = self._event("on_save", checkpoint=str(folder))
         return folder
 
-    def _checkpoint_and_exit(self) -> None:
-        """A preemption signal reached some rank: every rank saves one checkpoint, then the job exits (143)."""
-        if self._progress is not None:
-            self._progress.close()
-        self._sync_loss_totals()
-        folder = _checkpoints.checkpoint_folder(self.args.output_dir, self.state.global_step)
-        self.accelerator.checkpoint_and_exit(str(folder))
+    def _write_transformers_files(self, models: list[nn.Module], weights: list[Any], output_dir: str) -> None:
+        """Save hook: ``trainer_state.json`` and the model's ``config.json`` beside lockstep's files."""
+        writes = self.accelerator.is_main_process or (
+            self.args.save_on_each_node and self.accelerator.is_local_main_process
+        )
+        if not writes:
+            return
+        folder = Path(output_dir)
+        _transformers_format.write_trainer_state(folder, self.state)
+        if weights and weights[0] is not None:  # model.safetensors goes to the folder: add its config
+            unwrapped = self.accelerator.unwrap_model(self.model_wrapped, keep_torch_compile=False)
+            _transformers_format.write_model_config(folder, unwrapped)
 
     # -- best model -------------------------------------------------------------------------------
     def _steps_on_metric(self) -> bool:
@@ -604,14 +578,40 @@ class Trainer:
             self.lr_scheduler.step(_best_model.metric_value(self.args, metrics))
         return _best_model.update_best(self.args, self.state, metrics)
 
-    def _load_best_model(self) -> None:
-        """Load the best checkpoint's state; the run's TrainerState (steps, logs) stays that of the end."""
-        folder, finished = self.state.best_model_checkpoint, self.state.state_dict()
-        self.accelerator.load_state(str(folder))
-        self.state.load_state_dict(finished)
-        self._print(
-            f"[train] loaded the best model from {folder} ({_best_model.metric_key(self.args)}="
-            f"{self.state.best_metric:.6g})"
+    # -- hyperparameter search ------------------------------------------------------------------
+    def hyperparameter_search(
+        self,
+        hp_space: Callable[[Any], dict[str, Any]] | None = None,
+        compute_objective: Callable[[dict[str, float]], Any] | None = None,
+        n_trials: int = 20,
+        direction: str | list[str] = "minimize",
+        backend: str | None = None,
+        hp_name: Callable[[Any], str] | None = None,
+        **kwargs: Any,
+    ) -> BestRun | list[BestRun]:
+        """Search hyperparameters with Optuna: ``n_trials`` runs, each with the arguments ``hp_space(trial)``
+        returns and a model from ``model_init``; the objective is ``compute_objective(metrics)`` of the last
+        evaluation (default: ``eval_loss``, or the sum of the ``compute_metrics`` results). Evaluations during
+        training are reported to Optuna, whose pruner may stop a trial. Every process returns the best run.
+
+        ``kwargs`` go to ``optuna.create_study`` (``sampler``, ``pruner``, ``study_name``, ``storage``...),
+        except ``timeout`` and ``catch``, which go to ``study.optimize``.
+
+        Example:
+            >>> def space(trial):  # doctest: +SKIP
+            ...     return {"learning_rate": trial.suggest_float("learning_rate", 1e-5, 1e-3, log=True)}
+            >>> best = trainer.hyperparameter_search(space, n_trials=10, direction="minimize")  # doctest: +SKIP
+            >>> best.hyperparameters["learning_rate"]  # doctest: +SKIP
+        """
+        return _hyperparameter_search.search(
+            self,
+            hp_space=hp_space,
+            compute_objective=compute_objective,
+            n_trials=n_trials,
+            direction=direction,
+            backend=backend,
+            hp_name=hp_name,
+            study_kwargs=kwargs,
         )
 
     # -- evaluation -------------------------------------------------------------------------------
@@ -634,13 +634,25 @@ class Trainer:
         if test_dataset is None:
             raise ValueError("Trainer.predict(test_dataset=...) needs a dataset; got None.")
         output = self._run_evaluation(
-            self._eval_loader(test_dataset, "Trainer.predict(test_dataset=...)"), metric_key_prefix
+            self._eval_loader(test_dataset, "Trainer.predict(test_dataset=...)"),
+            metric_key_prefix,
+            predict=True,
         )
         self.control = self._event("on_predict", metrics=output.metrics)
         return output
 
-    def _run_evaluation(self, loader: DataLoader, prefix: str) -> PredictionOutput:
+    def _run_evaluation(self, loader: DataLoader, prefix: str, predict: bool = False) -> PredictionOutput:
         assert self.model_wrapped is not None
+        args = self.args
+        options = EvalOptions(
+            accumulation_steps=args.eval_accumulation_steps,
+            include_inputs="inputs" in args.include_for_metrics,
+            include_losses="loss" in args.include_for_metrics,
+            main_input_name=getattr(self.model, "main_input_name", "input_ids"),
+            batch_metrics=args.batch_eval_metrics,
+            keep_predictions=predict or not args.batch_eval_metrics,
+            concat_batches=args.eval_do_concat_batches,
+        )
         return evaluation_loop(
             self.accelerator,
             self.model_wrapped,
@@ -649,8 +661,8 @@ class Trainer:
             compute_loss_func=self._loss_func,
             compute_metrics=self.compute_metrics,
             prediction_loss_only=self.args.prediction_loss_only,
-            accumulation_steps=self.args.eval_accumulation_steps,
             metric_key_prefix=prefix,
+            options=options,
         )
 
     # -- logging and saving -----------------------------------------------------------------------
@@ -681,6 +693,12 @@ class Trainer:
             self._progress.write(line)
         else:
             print(line, flush=True)
+
+    def _load_weights(self, folder: Path) -> None:
+        model = self.model_wrapped if self.model_wrapped is not None else self.model
+        _transformers_format.load_weights(
+            self.accelerator.unwrap_model(model, keep_torch_compile=False), folder
+        )
 
     def save_model(self, output_dir: str | None = None) -> None:
         """Write the trained model (unwrapped) to ``output_dir`` (default: ``args.output_dir``).

@@ -1,0 +1,152 @@
+"""Saving, choosing and loading the Trainer's checkpoints (``output_dir/checkpoint-<step>``)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
+from lockstep.accelerator import Accelerator
+from lockstep.checkpoint import layout
+from lockstep.checkpoint.training_state import ACCELERATOR_STATE
+from lockstep.trainer import _checkpoints
+from lockstep.trainer._loss_sums import LossSums
+from lockstep.trainer.arguments import TrainingArguments
+from lockstep.trainer.callbacks import TrainerState
+from lockstep.utils import broadcast_object_list
+
+logger = logging.getLogger("lockstep.trainer")
+
+
+class TrainerCheckpoints:
+    """Writes and reads the checkpoints of one Trainer run.
+
+    Args:
+        accelerator: saves and loads the state (``save_state``/``load_state``).
+        args: ``output_dir`` and ``save_total_limit``.
+        state: the run's TrainerState (registered for checkpointing, so every checkpoint holds it).
+        losses: the running loss sums, stored in ``state`` before each save.
+        save_weights: ``fn(folder)`` writes the model alone, as ``save_model`` does (``save_only_model``).
+        load_weights: ``fn(folder)`` loads such a folder's weights into the model (its best model).
+        write_state: ``fn(folder)`` writes ``trainer_state.json`` (main process).
+    """
+
+    def __init__(
+        self,
+        accelerator: Accelerator,
+        args: TrainingArguments,
+        state: TrainerState,
+        losses: LossSums,
+        *,
+        save_weights: Callable[[Path], None],
+        load_weights: Callable[[Path], None],
+        write_state: Callable[[Path], None],
+    ) -> None:
+        self.accelerator = accelerator
+        self.args = args
+        self.state = state
+        self.losses = losses
+        self.save_weights = save_weights
+        self.load_weights = load_weights
+        self.write_state = write_state
+
+    def folder(self) -> Path:
+        """The folder of the current step's checkpoint."""
+        return _checkpoints.checkpoint_folder(self.args.output_dir, self.state.global_step)
+
+    def save(self) -> Path:
+        """Save the whole state into ``checkpoint-<step>``; rotate older ones (never the best model's)."""
+        self.losses.store(self.accelerator, self.state)
+        folder = self.folder()
+        best = self.state.best_global_step
+        if best is not None:
+            best_folder = _checkpoints.checkpoint_folder(self.args.output_dir, best)
+            if best == self.state.global_step or best_folder.is_dir():
+                self.state.best_model_checkpoint = str(best_folder)
+        if self.args.save_only_model:
+            self._save_model_only(folder)
+        else:
+            self.accelerator.save_state(str(folder))
+        self.rotate(folder)
+        return folder
+
+    def _save_model_only(self, folder: Path) -> None:
+        """``save_only_model``: the weights (``save_model``'s layout) and ``trainer_state.json``, committed
+        atomically with a manifest; no optimizer, scheduler, RNG or data position, so no resuming."""
+        main = self.accelerator.is_main_process
+        staging = layout.prepare_staging(folder) if main else layout.staging_dir_for(folder)
+        self.accelerator.wait_for_everyone()
+        self.save_weights(staging)  # every rank: gathering a sharded model's weights is a collective
+        if main:
+            self.write_state(staging)
+            layout.write_manifest(
+                staging, world_size=self.accelerator.num_processes, step=self.state.global_step
+            )
+            layout.commit(staging, folder, move_latest_pointer=False)
+        self.accelerator.wait_for_everyone()
+
+    @staticmethod
+    def check_resumable(folder: Path) -> None:
+        """Refuse a checkpoint written with ``save_only_model=True`` (it holds the weights only)."""
+        if (folder / layout.MANIFEST_NAME).is_file() and not (folder / ACCELERATOR_STATE).is_file():
+            raise ValueError(
+                f"resume_from_checkpoint={str(folder)!r} was saved with save_only_model=True: it holds the model "
+                "weights only (no optimizer, scheduler, RNG or data position), so training cannot resume from it. "
+                "Load the weights (from_pretrained, or lockstep.checkpoint.load_model_weights) and train without "
+                "resume_from_checkpoint, or save full checkpoints (save_only_model=False)."
+            )
+
+    def rotate(self, folder: Path) -> None:
+        """Delete the checkpoints ``save_total_limit`` no longer keeps (main process), then synchronise."""
+        if self.accelerator.is_main_process:
+            protected = self.state.best_model_checkpoint
+            for removed in _checkpoints.rotate_checkpoints(
+                self.args.output_dir,
+                self.args.save_total_limit,
+                folder,
+                protected=None if protected is None else Path(protected),
+            ):
+                logger.info("Deleted %s (save_total_limit=%s)", removed, self.args.save_total_limit)
+        self.accelerator.wait_for_everyone()
+
+    def save_and_exit(self) -> None:
+        """A preemption signal reached some rank: every rank saves one checkpoint, then the job exits (143)."""
+        self.losses.store(self.accelerator, self.state)
+        self.accelerator.checkpoint_and_exit(str(self.folder()))
+
+    def resolve(self, resume: str | bool | None) -> Path | None:
+        """The folder ``resume_from_checkpoint`` names: True (or "latest") is the newest valid checkpoint of
+        ``output_dir``, as the main process sees it."""
+        if resume is None or resume is False:
+            return None
+        if isinstance(resume, str) and resume.strip().lower() in ("true", "latest"):
+            resume = True
+        if resume is not True:
+            return Path(resume)
+        choice: list[str | None] = [None]
+        # With save_on_each_node every node holds its own copies (node-local disks): each process looks.
+        if self.accelerator.is_main_process or self.args.save_on_each_node:
+            found = _checkpoints.newest_valid_checkpoint(self.args.output_dir)
+            choice[0] = None if found is None else str(found)
+        if self.accelerator.num_processes > 1 and not self.args.save_on_each_node:
+            broadcast_object_list(choice)
+        if choice[0] is None:
+            raise ValueError(
+                f"train(resume_from_checkpoint=True): {self.args.output_dir!r} holds no valid checkpoint-<step> "
+                "folder. Train without resume_from_checkpoint to start from scratch, or pass a checkpoint path."
+            )
+        return Path(choice[0])
+
+    def load_best(self) -> Path:
+        """Load the best checkpoint's state; the run's TrainerState (steps, logs) stays that of the end."""
+        folder, finished = Path(str(self.state.best_model_checkpoint)), self.state.state_dict()
+        if self.args.save_only_model:
+            self.load_weights(folder)
+        else:
+            self.accelerator.load_state(str(folder))
+        self.state.load_state_dict(finished)
+        if self.args.save_total_limit == 1 and self.accelerator.is_main_process:
+            # transformers' rule: with a limit of 1, the best checkpoint is the one that remains.
+            _checkpoints.keep_only(self.args.output_dir, folder)
+        self.accelerator.wait_for_everyone()
+        return folder

@@ -1,0 +1,75 @@
+"""Checks of the Trainer's inputs, and the model set-up they lead to."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from torch import nn
+
+from lockstep.trainer import _hf_datasets
+from lockstep.trainer.accelerator_factory import supports_gradient_checkpointing
+from lockstep.trainer.arguments import TrainingArguments
+
+
+def check_inputs(
+    args: TrainingArguments,
+    *,
+    train_dataset: Any,
+    eval_dataset: Any,
+    optimizers: tuple[Any, Any],
+    compute_loss_func: Any,
+    compute_metrics: Any,
+) -> None:
+    """Refuse Trainer inputs that cannot work together, saying what to change."""
+    _hf_datasets.check_dataset(train_dataset, "Trainer(train_dataset=...)")
+    _hf_datasets.check_dataset(eval_dataset, "Trainer(eval_dataset=...)")
+    if args.eval_strategy != "no" and eval_dataset is None:
+        raise ValueError(
+            f"TrainingArguments(eval_strategy={args.eval_strategy!r}) needs an evaluation set: pass "
+            "Trainer(eval_dataset=...) or set eval_strategy='no'."
+        )
+    if compute_loss_func is not None and args.label_smoothing_factor > 0:
+        raise ValueError(
+            f"TrainingArguments(label_smoothing_factor={args.label_smoothing_factor}) smooths the default "
+            "cross-entropy loss, but Trainer(compute_loss_func=...) replaces that loss. Smooth inside "
+            "compute_loss_func, or set label_smoothing_factor=0."
+        )
+    if not (isinstance(optimizers, (tuple, list)) and len(optimizers) == 2):
+        raise TypeError(
+            "Trainer(optimizers=...) must be a pair (optimizer, lr_scheduler); either may be None."
+        )
+    if optimizers[0] is None and optimizers[1] is not None:
+        raise ValueError(
+            "Trainer(optimizers=(None, scheduler)): a scheduler needs the optimizer it was built on; pass both."
+        )
+    _check_batch_metrics(args, compute_metrics)
+
+
+def enable_gradient_checkpointing(model: nn.Module, args: TrainingArguments) -> None:
+    """``gradient_checkpointing``: recompute activations in the backward pass (transformers models)."""
+    if not args.gradient_checkpointing:
+        return
+    if not supports_gradient_checkpointing(model):
+        raise ValueError(
+            f"TrainingArguments(gradient_checkpointing=True), but {type(model).__name__} does not support it "
+            "(it has no gradient_checkpointing_enable). Use a transformers model, or wrap layers with "
+            "torch.utils.checkpoint yourself."
+        )
+    kwargs = args.gradient_checkpointing_kwargs or {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):  # the transformers >= 5.x name
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
+def _check_batch_metrics(args: TrainingArguments, compute_metrics: Any) -> None:
+    if not args.batch_eval_metrics or compute_metrics is None:
+        return
+    if "compute_result" not in inspect.signature(compute_metrics).parameters:
+        raise ValueError(
+            "TrainingArguments(batch_eval_metrics=True) calls compute_metrics(prediction, compute_result=...) on "
+            "every batch (compute_result is True on the last one, which must return the metrics), but "
+            f"{getattr(compute_metrics, '__name__', compute_metrics)!r} takes no compute_result. Add that parameter, "
+            "or set batch_eval_metrics=False."
+        )
