@@ -27,11 +27,8 @@ UNSUPPORTED = {
     "AORecipeKwargs": ("dataclasses", "no FP8 backend"),
     "convert_model": ("transformer_engine", "no FP8 backend"),
     "has_transformer_engine_layers": ("transformer_engine", "no FP8 backend"),
-    "TorchTensorParallelPlugin": ("dataclasses", "tensor parallelism is not built yet"),
+    "TorchTensorParallelPlugin": ("dataclasses", "deprecated tensor-parallel plugin is not built"),
     "prepare_sagemager_args_inputs": (None, "does not launch jobs on Amazon SageMaker"),
-    "TorchTensorParallelConfig": ("dataclasses", "tensor parallelism is not built yet"),
-    "ParallelismConfig": ("dataclasses", "multi-dimensional parallelism"),
-    "TorchContextParallelConfig": ("dataclasses", "multi-dimensional parallelism"),
     "DeepSpeedSequenceParallelConfig": ("dataclasses", "DeepSpeed integration is not built"),
     "convert_model_to_fp8_ao": ("ao", "no FP8 backend"),
     "filter_first_and_last_linear_layers": ("ao", "no FP8 backend"),
@@ -70,5 +67,5 @@ def test_unsupported_classes_stay_classes():
 
 def test_top_level_and_utils_share_the_stand_ins():
     assert lockstep.ParallelismConfig is lockstep.utils.ParallelismConfig
-    assert lockstep.ParallelismConfig.__module__ == "lockstep.parallelism_config"
+    assert lockstep.ParallelismConfig.__module__ == "lockstep.config.parallelism"
     assert lockstep.infer_auto_device_map is lockstep.utils.infer_auto_device_map
