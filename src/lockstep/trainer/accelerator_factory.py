@@ -8,7 +8,8 @@ Accelerator settings (the counterpart of transformers' method of the same name):
 * ``accelerator_config`` -> ``DataLoaderConfiguration`` (with ``non_blocking`` and the data seed);
 * ``ddp_*`` -> ``DistributedDataParallelKwargs``; ``ddp_backend``/``ddp_timeout`` ->
   ``InitProcessGroupKwargs``; ``torch_compile*`` -> ``TorchDynamoPlugin``; ``fsdp``/``fsdp_config`` ->
-  ``FullyShardedDataParallelPlugin``; ``report_to`` -> trackers; ``output_dir`` -> project folder.
+  ``FullyShardedDataParallelPlugin``; ``deepspeed`` -> ``DeepSpeedPlugin`` (:mod:`lockstep.trainer.deepspeed_options`); ``report_to`` -> trackers;
+  ``output_dir`` -> project folder.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from lockstep.config.fsdp import FullyShardedDataParallelPlugin
 from lockstep.config.fsdp_keys import plugin_fields
 from lockstep.config.topology import config_section
 from lockstep.trainer.arguments import TrainingArguments
+from lockstep.trainer.deepspeed_options import deepspeed_plugin_for
 from lockstep.trainer.fsdp_options import fsdp_plugin_kwargs
 
 logger = logging.getLogger("lockstep.trainer")
@@ -152,15 +154,9 @@ def create_accelerator_and_postprocess(
     """Create the Accelerator the Trainer drives, then validate the combination.
 
     Raises:
-        NotImplementedError: for ``deepspeed`` (no DeepSpeed backend yet).
-        ValueError: FSDP activation checkpointing together with ``gradient_checkpointing``; a launcher
+        ValueError: DeepSpeed config values that contradict the arguments; FSDP activation checkpointing together with ``gradient_checkpointing``; a launcher
             config that contradicts the arguments.
     """
-    if args.deepspeed:
-        raise NotImplementedError(
-            "TrainingArguments(deepspeed=...) is not supported yet: this version of lockstep has no DeepSpeed "
-            "backend. Remove deepspeed (use DDP, or fsdp once available)."
-        )
     launch = launcher_settings()  # the Accelerator's reading of what lockstep launch asked for
     check_launcher_agreement(args, launch)
     check_accumulation(args, launch)
@@ -182,11 +178,19 @@ def create_accelerator_and_postprocess(
         ],
         dynamo_plugin=dynamo_plugin(args),
         fsdp_plugin=fsdp_plugin,
+        deepspeed_plugin=deepspeed_plugin_for(args, _world_size()),
         log_with=list(args.report_to) or None,  # type: ignore[arg-type]
         step_scheduler_with_optimizer=False,  # the Trainer steps its scheduler once per optimizer step
     )
     _postprocess(args, accelerator)
     return accelerator
+
+
+def _world_size() -> int:
+    """The job's number of processes before the Accelerator exists (the launcher's WORLD_SIZE)."""
+    from lockstep.state import PartialState
+
+    return PartialState().num_processes
 
 
 def _check_activation_checkpointing(args: TrainingArguments, fsdp_plugin: Any) -> None:

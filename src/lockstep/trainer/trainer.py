@@ -51,6 +51,7 @@ from lockstep.trainer.callbacks import (
     TrainerControl,
     TrainerState,
 )
+from lockstep.trainer.deepspeed_options import optimizer_and_scheduler
 from lockstep.trainer.optimizers import create_optimizer
 from lockstep.trainer.schedules import get_scheduler
 from lockstep.utils import clear_device_cache, find_batch_size, find_executable_batch_size
@@ -225,18 +226,7 @@ class Trainer:
             return
         if self.train_dataset is not None:
             self.get_train_dataloader()
-            max_steps = self._plan_steps()
-            optimizer = (
-                self._given_optimizers[0]
-                if self._given_optimizers[0] is not None
-                else create_optimizer(self.model, self.args)
-            )
-            scheduler = self._given_optimizers[1]
-            if scheduler is None:
-                warmup = self.args.warmup_steps_for(max_steps)
-                scheduler = get_scheduler(
-                    self.args.lr_scheduler_type, optimizer, warmup, max_steps, self.args.lr_scheduler_kwargs
-                )
+            optimizer, scheduler = self._optimizer_and_scheduler(self._plan_steps())
             self.model_wrapped, self.optimizer, self.lr_scheduler = self.accelerator.prepare(
                 self.model, optimizer, scheduler
             )
@@ -251,6 +241,30 @@ class Trainer:
                 self.accelerator.init_trackers(self.args.run_name or "trainer", config=self.args.to_dict())
             self._registered = True
         self._prepared = True
+
+    def _optimizer_and_scheduler(self, max_steps: int) -> tuple[Any, Any]:
+        """The given optimizer and scheduler, else the Trainer's own (or the DeepSpeed config's)."""
+        warmup = self.args.warmup_steps_for(max_steps)
+
+        def schedule(optimizer: Any) -> Any:
+            return get_scheduler(
+                self.args.lr_scheduler_type, optimizer, warmup, max_steps, self.args.lr_scheduler_kwargs
+            )
+
+        optimizer, scheduler = self._given_optimizers
+        plugin = self.accelerator.deepspeed_plugin
+        if optimizer is None and plugin is not None:
+            return optimizer_and_scheduler(
+                plugin,
+                self.model,
+                self.args,
+                warmup_steps=warmup,
+                max_steps=max_steps,
+                build_optimizer=lambda: create_optimizer(self.model, self.args),
+                build_scheduler=schedule,
+            )
+        optimizer = optimizer if optimizer is not None else create_optimizer(self.model, self.args)
+        return optimizer, scheduler if scheduler is not None else schedule(optimizer)
 
     def _plan_steps(self) -> int:
         """Plan the run's optimizer steps (per process) and record them in the state; returns max_steps."""

@@ -1,0 +1,111 @@
+"""``TrainingArguments(deepspeed=...)``: the DeepSpeed plugin the Trainer's Accelerator trains with.
+
+The config's ``"auto"`` values are filled from the arguments, as transformers fills them: batch sizes,
+accumulation, ``max_grad_norm``, AdamW's learning rate, betas, epsilon and weight decay, the warm-up
+scheduler's rates and steps, bf16/fp16. A value the config writes that contradicts an argument is an
+error listing every such value. The bucket sizes that depend on the model are filled at ``prepare``.
+
+A config ``optimizer`` is used through ``DummyOptim`` and a config ``scheduler`` through
+``DummyScheduler``; without them the Trainer's own optimizer and scheduler are used (a scheduler for the
+config's optimizer is built on the optimizer DeepSpeed makes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from torch import nn
+
+from lockstep.config.deepspeed_plugin import DeepSpeedPlugin
+from lockstep.trainer.arguments import TrainingArguments
+
+
+def deepspeed_plugin_for(args: TrainingArguments, num_processes: int) -> DeepSpeedPlugin | None:
+    """The plugin for ``args.deepspeed`` with the arguments' values filled in (None without it).
+
+    Raises:
+        ValueError: config values that contradict the arguments, each listed.
+    """
+    if not args.deepspeed:
+        return None
+    plugin = DeepSpeedPlugin(hf_ds_config=args.deepspeed)
+    micro = args.per_device_train_batch_size
+    _fill(
+        plugin,
+        {
+            "train_micro_batch_size_per_gpu": micro,
+            "gradient_accumulation_steps": args.gradient_accumulation_steps,
+            "train_batch_size": micro * args.gradient_accumulation_steps * num_processes,
+            "gradient_clipping": args.max_grad_norm,
+            "optimizer.params.lr": args.learning_rate,
+            "optimizer.params.betas": [args.adam_beta1, args.adam_beta2],
+            "optimizer.params.eps": args.adam_epsilon,
+            "optimizer.params.weight_decay": args.weight_decay,
+            "scheduler.params.warmup_min_lr": 0,
+            "scheduler.params.warmup_max_lr": args.learning_rate,
+            "fp16.enabled": bool(args.fp16),
+            "bf16.enabled": bool(args.bf16),
+        },
+    )
+    return plugin
+
+
+def fill_schedule(plugin: DeepSpeedPlugin, *, warmup_steps: int, max_steps: int) -> None:
+    """Fill the config scheduler's step counts once the run's steps are planned.
+
+    Raises:
+        ValueError: the config's step counts contradict the planned ones.
+    """
+    _fill(
+        plugin,
+        {
+            "scheduler.params.warmup_num_steps": warmup_steps,
+            "scheduler.params.total_num_steps": max_steps,
+            "scheduler.params.last_batch_iteration": -1,
+        },
+        only_auto={"scheduler.params.last_batch_iteration"},
+    )
+
+
+def optimizer_and_scheduler(
+    plugin: DeepSpeedPlugin,
+    model: nn.Module,
+    args: TrainingArguments,
+    *,
+    warmup_steps: int,
+    max_steps: int,
+    build_optimizer: Callable[[], Any],
+    build_scheduler: Callable[[Any], Any],
+) -> tuple[Any, Any]:
+    """What the Trainer hands to ``prepare``: the config's optimizer and scheduler as placeholders, or its
+    own (``build_scheduler(optimizer)`` makes the Trainer's schedule on an optimizer)."""
+    from lockstep.utils import DummyOptim, DummyScheduler
+
+    config = plugin.deepspeed_config
+    if "optimizer" not in config:
+        optimizer = build_optimizer()
+        return optimizer, build_scheduler(optimizer)
+    optimizer = DummyOptim(model.parameters(), lr=args.learning_rate, weight_decay=args.weight_decay)
+    if "scheduler" in config:
+        fill_schedule(plugin, warmup_steps=warmup_steps, max_steps=max_steps)
+        return optimizer, DummyScheduler(optimizer, warmup_num_steps=warmup_steps)
+    return optimizer, DummyScheduler(optimizer, lr_scheduler_callable=build_scheduler)
+
+
+def _fill(plugin: DeepSpeedPlugin, values: dict[str, Any], only_auto: set[str] | None = None) -> None:
+    mismatches: list[str] = []
+    for key, value in values.items():
+        written = plugin.get_value(key)
+        if written is None:
+            continue
+        if written == "auto":
+            plugin.fill_match(key, must_match=False, **{key: value})
+        elif key not in (only_auto or set()) and written != value:
+            mismatches.append(f"- {key}: DeepSpeed config {written!r}, TrainingArguments {value!r}")
+    if mismatches:
+        raise ValueError(
+            "TrainingArguments(deepspeed=...): these DeepSpeed config values contradict the TrainingArguments:\n"
+            + "\n".join(mismatches)
+            + '\nMake them agree, or write "auto" in the DeepSpeed config to take the arguments\' values.'
+        )
