@@ -217,8 +217,13 @@ class DeepSpeedPlugin:
             elif written != value:
                 conflicts.append(f"{name}={value!r} against {path}={written!r}")
         if conflicts:
+            source = (
+                repr(self.hf_ds_config)
+                if isinstance(self.hf_ds_config, str | os.PathLike)
+                else "(hf_ds_config)"
+            )
             raise ValueError(
-                f"The DeepSpeed config {self.hf_ds_config!r} and the other DeepSpeed settings disagree: "
+                f"The DeepSpeed config {source} and the other DeepSpeed settings disagree: "
                 + "; ".join(conflicts)
                 + '. Set each value in one place (or write "auto" in the JSON config).'
             )

@@ -1,0 +1,149 @@
+"""The Accelerator's API under DeepSpeed on one process (a process group of one, as DeepSpeed needs):
+get_state_dict and save_model under ZeRO-3, free_memory, named plugins, zero3_init, the scheduler the
+engine steps, and the errors before any work (fp16 on this CPU, DeepSpeed missing, wrong plugin types)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.helpers.fsdp_models import data_loader, loss_of, make_transformer
+from tests.helpers.multiprocess import run_distributed
+from tests.helpers.optional import requires
+
+pytestmark = [requires("deepspeed"), pytest.mark.distributed]
+
+
+def _zero3_model_io(folder: str) -> dict:
+    from lockstep import Accelerator
+    from lockstep.utils import DeepSpeedPlugin
+
+    accelerator = Accelerator(deepspeed_plugin=DeepSpeedPlugin(zero_stage=3))
+    model = make_transformer()
+    model, _, _ = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1), data_loader(16, 4))
+    result = {"unwrapped": type(accelerator.unwrap_model(model)).__name__}
+    try:
+        accelerator.get_state_dict(model)
+    except ValueError as error:
+        result["error"] = str(error)
+    accelerator.deepspeed_plugin.deepspeed_config["zero_optimization"][
+        "stage3_gather_16bit_weights_on_model_save"
+    ] = True
+    model._config.zero_config.gather_16bit_weights_on_model_save = True  # what the config now says
+    accelerator.save_model(model, folder)
+    result["norm"] = accelerator.clip_grad_norm_(model.parameters(), 1.0)
+    accelerator.free_memory()
+    result["engines_after_free"] = len(accelerator.backend.engines)
+    return result
+
+
+def test_zero3_get_state_dict_needs_its_flag_save_model_writes_and_free_memory_destroys(tmp_path):
+    from safetensors.torch import load_file
+
+    result = run_distributed(_zero3_model_io, 1, str(tmp_path / "model"), timeout=120)[0]
+    assert result["unwrapped"] == "TinyTransformer"
+    assert "stage3_gather_16bit_weights_on_model_save is false. Set it to true" in result["error"]
+    assert "zero3_save_16bit_model" in result["error"]
+    weights = load_file(tmp_path / "model" / "model.safetensors")
+    expected = make_transformer().state_dict()
+    assert weights.keys() == expected.keys() and all(torch.equal(weights[k], expected[k]) for k in expected)
+    assert result["engines_after_free"] == 0
+
+
+def _named_plugins() -> dict:
+    from lockstep import Accelerator
+    from lockstep.state import AcceleratorState
+    from lockstep.utils import DeepSpeedPlugin, DummyOptim, DummyScheduler
+
+    student = DeepSpeedPlugin(zero_stage=2, gradient_clipping=0.0)
+    teacher = DeepSpeedPlugin(zero_stage=3)
+    accelerator = Accelerator(deepspeed_plugin={"student": student, "teacher": teacher})
+    first = accelerator.deepspeed_plugin is student
+    config = {
+        "zero_optimization": {"stage": 2},
+        "train_micro_batch_size_per_gpu": 4,
+        "optimizer": {"type": "AdamW", "params": {"lr": "auto", "torch_adam": True}},
+    }
+    accelerator.state.deepspeed_plugins["student"].deepspeed_config.update(config)
+    model = make_transformer()
+    optimizer = DummyOptim(model.parameters(), lr=0.5)
+    schedule = DummyScheduler(
+        optimizer, lr_scheduler_callable=lambda o: torch.optim.lr_scheduler.StepLR(o, 1, 0.5)
+    )
+    model, optimizer, scheduler, loader = accelerator.prepare(model, optimizer, schedule, data_loader(16, 4))
+    rates = []
+    for batch in loader:
+        accelerator.backward(loss_of(model, batch))
+        optimizer.step()
+        scheduler.step()  # the engine stepped it already: this does nothing
+        rates.append(scheduler.get_last_lr()[0])
+    AcceleratorState().select_deepspeed_plugin("teacher")
+    frozen = accelerator.prepare(make_transformer())
+    return {
+        "first_active": first,
+        "active_after": accelerator.deepspeed_plugin is accelerator.state.get_deepspeed_plugin("teacher"),
+        "stages": [model.zero_optimization_stage(), frozen.zero_optimization_stage()],
+        "rates": rates,
+        "wrappers": [type(optimizer).__name__, type(scheduler).__name__],
+    }
+
+
+def test_named_plugins_give_each_model_its_engine_and_the_engine_steps_the_scheduler():
+    result = run_distributed(_named_plugins, 1, timeout=120)[0]
+    assert result["first_active"] and result["active_after"]
+    assert result["stages"] == [2, 3]
+    assert result["wrappers"] == ["DeepSpeedOptimizerWrapper", "DeepSpeedSchedulerWrapper"]
+    assert result["rates"] == [0.25, 0.125, 0.0625, 0.03125]  # halved once per step by the engine alone
+
+
+def _zero3_init() -> list[int]:
+    from lockstep import Accelerator
+    from lockstep.config.deepspeed_zero3 import zero3_init
+    from lockstep.utils import DeepSpeedPlugin
+
+    plugin = DeepSpeedPlugin(
+        zero_stage=3, hf_ds_config={"zero_optimization": {"stage": 3}, "train_micro_batch_size_per_gpu": 4}
+    )
+    Accelerator(deepspeed_plugin=plugin)
+    with zero3_init(plugin):
+        model = make_transformer()
+    return [p.numel() for p in model.parameters()]
+
+
+def test_zero3_init_builds_the_model_already_partitioned():
+    sizes = run_distributed(_zero3_init, 2, timeout=120)[0]
+    assert all(size == 0 for size in sizes)  # each process holds its partition aside; the module holds none
+
+
+def _refusals() -> dict:
+    from lockstep import Accelerator
+    from lockstep.utils import DeepSpeedPlugin, FullyShardedDataParallelPlugin
+
+    found = {}
+    for name, build in {
+        "fp16": lambda: Accelerator(mixed_precision="fp16", deepspeed_plugin=DeepSpeedPlugin()),
+        "type": lambda: Accelerator(deepspeed_plugin=object()),
+        "both": lambda: Accelerator(
+            deepspeed_plugin=DeepSpeedPlugin(), fsdp_plugin=FullyShardedDataParallelPlugin()
+        ),
+    }.items():
+        try:
+            build()
+        except (TypeError, ValueError) as error:
+            found[name] = str(error)
+    return found
+
+
+def test_bad_set_ups_are_refused_before_any_work():
+    found = run_distributed(_refusals, 1, timeout=120)[0]
+    assert "DeepSpeed cannot train in fp16 on this device (cpu)" in found["fp16"] and "bf16" in found["fp16"]
+    assert found["type"] == "DeepSpeed plugin 'default' must be a lockstep DeepSpeedPlugin, got object."
+    assert "FSDP and DeepSpeed both shard the model" in found["both"]
+
+
+def test_a_missing_deepspeed_names_the_pip_line(monkeypatch):
+    from lockstep.backends.deepspeed import loading
+
+    monkeypatch.setattr(loading, "is_deepspeed_installed", lambda: False)
+    with pytest.raises(ModuleNotFoundError, match=r"pip install 'lockstep\[deepspeed\]'"):
+        loading.import_deepspeed(device_type="cpu", local_rank=0)
