@@ -129,23 +129,24 @@ def _hand_written(model, make_optimizer, dataset, *, batch_size, shuffle, fsdp) 
 
 
 def _lockstep(model, make_optimizer, dataset, *, batch_size, shuffle, fsdp) -> Loop:
-    accelerator = lockstep_accelerator(fsdp)
-    optimizer = make_optimizer(model)
-    steps = [0]
-    _count_steps(optimizer, steps)
-    loader = DataLoader(dataset, batch_size=batch_size, shuffle=shuffle)
-    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
-    return Loop("lockstep", model, optimizer, loader, accelerator.backward, steps)
+    return _four_line_change(
+        "lockstep", lockstep_accelerator(fsdp), model, make_optimizer, dataset, batch_size, shuffle
+    )
 
 
 def _accelerate(model, make_optimizer, dataset, *, batch_size, shuffle, fsdp) -> Loop:
     accelerator = accelerate_accelerator(fsdp)
+    return _four_line_change("accelerate", accelerator, model, make_optimizer, dataset, batch_size, shuffle)
+
+
+def _four_line_change(tool, accelerator, model, make_optimizer, dataset, batch_size, shuffle) -> Loop:
+    """The same code for lockstep and Accelerate: only the Accelerator differs (the drop-in promise)."""
     optimizer = make_optimizer(model)
     steps = [0]
     _count_steps(optimizer, steps)
     loader = DataLoader(dataset, batch_size=batch_size, shuffle=shuffle)
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
-    return Loop("accelerate", model, optimizer, loader, accelerator.backward, steps)
+    return Loop(tool, model, optimizer, loader, accelerator.backward, steps)
 
 
 def _fabric(model, make_optimizer, dataset, *, batch_size, shuffle, fsdp) -> Loop:

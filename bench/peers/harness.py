@@ -101,7 +101,9 @@ def measure(
     extra: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One measure of the result file: its title, unit, the load average when it was taken, the summary
-    per tool, and a note per tool where the figure needs one (a fallback, a missing feature)."""
+    per tool, and a note per tool where the figure needs one (a fallback, a missing feature). ``extra``
+    may hold ``flags``: a few words per tool whose figure does not measure the same work (the table and
+    the chart show them)."""
     return {
         "title": title,
         "unit": unit,
@@ -193,9 +195,11 @@ def headline(entry: Mapping[str, Any], tool: str) -> str:
     figures = entry["tools"].get(tool)
     if figures is None:
         return "n/a"
+    flag = entry.get("flags", {}).get(tool)
+    suffix = f" [{flag}]" if flag else ""
     if entry["kind"] == "delta":
-        return f"{figures['delta']:+.2f} {entry['unit']}"
-    return f"{figures['ratio']:.3f} ({figures['q1']:.2f}-{figures['q3']:.2f})"
+        return f"{figures['delta']:+.2f} {entry['unit']}{suffix}"
+    return f"{figures['ratio']:.3f} ({figures['q1']:.2f}-{figures['q3']:.2f}){suffix}"
 
 
 def format_table(result: Mapping[str, Any], tools: Iterable[str] = TOOLS) -> str:
@@ -233,6 +237,11 @@ def write_charts(result: Mapping[str, Any], folder: Path, stem: str) -> list[Pat
         figure, axes = plt.subplots(figsize=(6.4, 3.6), dpi=80)
         colors = ["#888888" if t == BASELINE else "#1f77b4" if t == "lockstep" else "#ff7f0e" for t in tools]
         axes.bar([LABELS[t] for t in tools], centers, yerr=[lower, upper], capsize=4, color=colors)
+        for index, tool in enumerate(tools):  # a figure that does not measure the same thing says so
+            if tool in entry.get("flags", {}):
+                axes.annotate(
+                    entry["flags"][tool], (index, centers[index]), ha="center", va="bottom", fontsize=8
+                )
         reference = 1.0 if kind == "ratio" else 0.0
         axes.axhline(reference, color="black", linewidth=0.8)
         axes.set_ylabel("ratio to hand-written" if kind == "ratio" else f"extra {entry['unit']}")

@@ -133,7 +133,8 @@ def step_worker(workload: str, blocks: int, steps: int) -> tuple[dict, dict]:
         "transformer": "DDP step, transformer (0.5M), 2 processes",
         "fsdp": "FSDP2 step (4.7M), 2 processes",
     }
-    notes, extra = {}, {"optimizer_steps": raw["steps"], "parameters": raw["parameters"]}
+    notes, flags = {}, {}
+    extra = {"optimizer_steps": raw["steps"], "parameters": raw["parameters"], "flags": flags}
     if raw["bytes"]:
         extra["bytes_per_rank"] = raw["bytes"]
         sharded = raw["bytes"]["torch"]
@@ -143,6 +144,7 @@ def step_worker(workload: str, blocks: int, steps: int) -> tuple[dict, dict]:
                     f"not sharded: {nbytes / 2**20:.1f} MiB per rank against {sharded / 2**20:.1f} MiB for "
                     "hand-written FSDP2 (falls back to DDP on CPU without a word)"
                 )
+                flags[tool] = "not sharded: DDP"
     milliseconds = {tool: [s * 1e3 for s in values] for tool, values in raw["seconds"].items()}
     entry = measure(
         titles[workload], "ms", milliseconds, load_average=[before, load()], notes=notes, extra=extra
@@ -261,11 +263,20 @@ def versions() -> dict[str, str]:
     }
 
 
+def cpu_model() -> str:
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return platform.processor() or platform.machine()
+    names = [line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")]
+    return names[0] if names else platform.machine()
+
+
 def machine() -> dict:
     return {
         "cpus": os.cpu_count(),
         "platform": platform.platform(),
-        "processor": platform.processor() or platform.machine(),
+        "processor": cpu_model(),
         "gpu": "none",
         "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
     }
@@ -279,7 +290,7 @@ SIZES = {
         "transformer": (20, 20),
         "fsdp": (10, 10),
         "params": 25.0,
-        "io": 3,
+        "io": 5,
     },
     "quick": {"repeats": 2, "ddp": (2, 5), "transformer": (2, 3), "fsdp": (2, 2), "params": 1.0, "io": 2},
 }
@@ -310,6 +321,11 @@ def print_checks(checks: dict) -> None:
         steps = "equal" if check["timed_steps_equal"] else f"DIFFER {check['timed_optimizer_steps']}"
         diffs = ", ".join(f"{t} {v['loss_diff']:.1e}" for t, v in check["in_order"]["tools"].items())
         print(f"equal work, {name}: optimizer steps {steps}; final loss diff (data in order) {diffs}")
+        shuffled = ", ".join(
+            f"{t} {v['loss_diff']:.1e}{'' if v['same_order'] else ' (other order)'}"
+            for t, v in check["shuffled"]["tools"].items()
+        )
+        print(f"  shuffled: {shuffled}")
     for tool, figures in checks["resume_correctness"]["tools"].items():
         verdict = "yes" if figures["weights_equal"] else "no"
         print(f"mid-epoch resume exact, {tool}: {verdict} (max diff {figures['max_abs_diff']:.2e})")

@@ -30,6 +30,7 @@ def sample_result() -> dict:
         },
         load_average=[1.234, 2.0],
         notes={"fabric": "a note"},
+        extra={"flags": {"fabric": "not sharded: DDP"}},
     )
     imports = harness.measure(
         "import", "s", {"torch": [1.0, 1.2], "lockstep": [1.05, 1.2]}, kind="delta", load_average=[1, 1]
@@ -115,6 +116,7 @@ def test_table_shows_ratios_with_quartiles_and_load():
     assert lines[0] == "| measure | hand-written PyTorch | lockstep | Lightning Fabric | load avg |"
     assert lines[2].startswith("| DDP step | 1.000 (1.00-1.00) | 1.025 (")
     assert lines[2].endswith("| 1.2/2.0 |")
+    assert lines[2].endswith("| 1.100 (1.07-1.10) [not sharded: DDP] | 1.2/2.0 |")
     assert "| import | +0.00 s | +0.03 s | n/a |" in table
 
 
