@@ -1,7 +1,7 @@
 """Worker of run.py (2 processes under torchrun): step time of the four tools' loops, interleaved ABBA,
 then the equal-work runs and, for FSDP, the bytes each rank holds.
 
-    torchrun --nproc_per_node 2 bench/peers/_step_worker.py --workload mlp|transformer|fsdp
+    torchrun --nproc_per_node 2 bench/peers/_step_worker.py --workload mlp|transformer|fsdp [--tools a,b]
 
 Rank 0 prints one JSON line: seconds per step per block and tool, optimizer steps counted, the final
 losses of the equal-work runs (data in order and shuffled), and for FSDP the bytes per rank.
@@ -105,13 +105,13 @@ def build(tool: str, workload: str, *, shuffle: bool) -> _tools.Loop:
     )
 
 
-def time_tools(workload: str, blocks: int, steps: int) -> dict:
-    loops = {tool: build(tool, workload, shuffle=True) for tool in TOOLS}
+def time_tools(workload: str, blocks: int, steps: int, tools: list[str]) -> dict:
+    loops = {tool: build(tool, workload, shuffle=True) for tool in tools}
     batches = {tool: endless(loop.loader) for tool, loop in loops.items()}
     for tool, loop in loops.items():  # warm-up
         timed_steps(loop, batches[tool], 3)
-    times: dict[str, list[float]] = {tool: [] for tool in TOOLS}
-    for order in abba_order(TOOLS, blocks):
+    times: dict[str, list[float]] = {tool: [] for tool in tools}
+    for order in abba_order(tools, blocks):
         for tool in order:
             times[tool].append(timed_steps(loops[tool], batches[tool], steps))
     memory = {}
@@ -137,13 +137,16 @@ def main() -> None:
     parser.add_argument("--workload", choices=sorted(WORKLOADS), required=True)
     parser.add_argument("--blocks", type=int, default=12)
     parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--tools", default=",".join(TOOLS), help="a subset, in ABBA order (timing only)")
     args = parser.parse_args()
     dist.init_process_group("gloo")
-    result = time_tools(args.workload, args.blocks, args.steps)
-    result["equal_work"] = {
-        order: {tool: final_loss(tool, args.workload, shuffle=order == "shuffled") for tool in TOOLS}
-        for order in ("in_order", "shuffled")
-    }
+    tools = args.tools.split(",")
+    result = time_tools(args.workload, args.blocks, args.steps, tools)
+    if tools == list(TOOLS):
+        result["equal_work"] = {
+            order: {tool: final_loss(tool, args.workload, shuffle=order == "shuffled") for tool in TOOLS}
+            for order in ("in_order", "shuffled")
+        }
     result["parameters"] = sum(p.numel() for p in WORKLOADS[args.workload][0]().parameters())
     if dist.get_rank() == 0:
         print(json.dumps(result), flush=True)

@@ -154,3 +154,10 @@ def test_quick_run_end_to_end(tmp_path):
     assert result["checks"]["resume_correctness"]["tools"]["lockstep"]["weights_equal"]
     assert all(c["timed_steps_equal"] for c in result["checks"]["equal_work"].values())
     assert len(list(tmp_path.glob("*.png"))) == len(result["measures"])
+
+
+def test_the_docstring_examples_hold():
+    import doctest
+
+    failures, tried = doctest.testmod(harness)
+    assert (failures, tried) == (0, 2)
