@@ -236,7 +236,10 @@ def write_charts(result: Mapping[str, Any], folder: Path, stem: str) -> list[Pat
         upper = [entry["tools"][t]["q3"] - c for c, t in zip(centers, tools)]
         figure, axes = plt.subplots(figsize=(6.4, 3.6), dpi=80)
         colors = ["#888888" if t == BASELINE else "#1f77b4" if t == "lockstep" else "#ff7f0e" for t in tools]
-        axes.bar([LABELS[t] for t in tools], centers, yerr=[lower, upper], capsize=4, color=colors)
+        bars = axes.bar([LABELS[t] for t in tools], centers, yerr=[lower, upper], capsize=4, color=colors)
+        axes.bar_label(bars, fmt="%.2f" if kind == "ratio" else "%+.2f", label_type="center", fontsize=8)
+        if kind == "ratio" and max(centers) > 10 * min(centers):  # a 100x bar would flatten the others
+            axes.set_yscale("log")
         for index, tool in enumerate(tools):  # a figure that does not measure the same thing says so
             if tool in entry.get("flags", {}):
                 axes.annotate(

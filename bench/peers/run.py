@@ -35,6 +35,7 @@ from harness import (  # noqa: E402
     format_table,
     make_result,
     measure,
+    validate,
     write_charts,
 )
 
@@ -336,7 +337,17 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="tiny sizes, for trying the harness")
     parser.add_argument("--out", type=Path, default=BENCH / "results")
     parser.add_argument("--date", default=datetime.date.today().isoformat())
+    parser.add_argument(
+        "--redraw", type=Path, metavar="JSON", help="only redraw the charts and table of a result"
+    )
     args = parser.parse_args()
+    if args.redraw:
+        result = json.loads(args.redraw.read_text())
+        validate(result)
+        charts = write_charts(result, args.redraw.parent, args.redraw.stem)
+        print(format_table(result))
+        print(f"redrew {len(charts)} charts of {args.redraw}")
+        return
     try:
         found = versions()
     except ImportError as error:
