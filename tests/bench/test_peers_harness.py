@@ -1,0 +1,163 @@
+"""The peers benchmark's pure parts (bench/peers/harness.py): ABBA order, ratios and their spread, the
+result schema, the equal-work check, the table and the charts. None of this needs the peers' environment;
+the end-to-end run does, and skips without it."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PEERS = ROOT / "bench" / "peers"
+spec = importlib.util.spec_from_file_location("peers_harness", PEERS / "harness.py")
+harness = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(harness)
+
+
+def sample_result() -> dict:
+    step = harness.measure(
+        "DDP step",
+        "ms",
+        {
+            "torch": [10.0, 12.0, 11.0, 10.0],
+            "lockstep": [10.0, 12.6, 11.0, 10.5],
+            "fabric": [11.0, 12.0, 12.1, 11.0],
+        },
+        load_average=[1.234, 2.0],
+        notes={"fabric": "a note"},
+        extra={"flags": {"fabric": "not sharded: DDP"}},
+    )
+    imports = harness.measure(
+        "import", "s", {"torch": [1.0, 1.2], "lockstep": [1.05, 1.2]}, kind="delta", load_average=[1, 1]
+    )
+    return harness.make_result(
+        date="2026-12-01",
+        machine={"cpus": 2},
+        versions={"torch": "2.13.0"},
+        settings={"size": "quick"},
+        measures={"ddp": step, "import": imports},
+        checks={},
+    )
+
+
+def test_abba_order_reverses_every_other_block():
+    assert harness.abba_order(["a", "b", "c"], 3) == [["a", "b", "c"], ["c", "b", "a"], ["a", "b", "c"]]
+    # over two blocks every tool sits at every distance from the start equally
+    positions = {
+        t: sum(order.index(t) for order in harness.abba_order(harness.TOOLS, 2)) for t in harness.TOOLS
+    }
+    assert set(positions.values()) == {3}
+    with pytest.raises(ValueError, match=r"abba_order\(blocks=0\) is invalid"):
+        harness.abba_order(["a"], 0)
+
+
+def test_summarize_takes_the_median_of_per_block_ratios():
+    summary = harness.summarize({"torch": [10.0, 20.0, 10.0], "x": [11.0, 20.0, 12.0]})
+    assert summary["torch"]["ratio"] == 1.0
+    assert summary["x"]["ratio"] == pytest.approx(1.1)  # blocks 1.1, 1.0, 1.2
+    assert (summary["x"]["min"], summary["x"]["max"]) == (pytest.approx(1.0), pytest.approx(1.2))
+    assert summary["x"]["q1"] == pytest.approx(1.05) and summary["x"]["q3"] == pytest.approx(1.15)
+    assert summary["x"]["median"] == 12.0 and summary["x"]["samples"] == [11.0, 20.0, 12.0]
+    delta = harness.summarize({"torch": [1.0, 2.0], "x": [1.5, 2.1]}, kind="delta")
+    assert delta["x"]["delta"] == pytest.approx(0.3)
+
+
+def test_summarize_refuses_blocks_not_run_side_by_side():
+    with pytest.raises(ValueError, match="x has 1 blocks and torch 2"):
+        harness.summarize({"torch": [1.0, 2.0], "x": [1.0]})
+    with pytest.raises(ValueError, match="needs the baseline 'torch'"):
+        harness.summarize({"x": [1.0]})
+    with pytest.raises(ValueError, match="kind='speed'"):
+        harness.summarize({"torch": [1.0]}, kind="speed")
+
+
+def test_result_schema_round_trips_and_names_every_problem():
+    result = sample_result()
+    assert json.loads(json.dumps(result)) == result
+    assert result["measures"]["ddp"]["load_average"] == [1.23, 2.0]
+    assert result["measures"]["ddp"]["tools"]["lockstep"]["ratio"] == pytest.approx(1.025)
+    broken = json.loads(json.dumps(result))
+    broken["schema"] = "other/0"
+    del broken["measures"]["ddp"]["tools"]["torch"]
+    broken["measures"]["import"]["tools"]["lockstep"].pop("delta")
+    with pytest.raises(ValueError) as error:
+        harness.validate(broken)
+    message = str(error.value)
+    assert "schema is 'other/0'" in message
+    assert "measures.ddp.tools has no 'torch' baseline" in message
+    assert "measures.import.tools.lockstep.delta is missing" in message
+
+
+def test_equal_work_holds_steps_and_loss_to_the_tolerance():
+    runs = {
+        "torch": {"steps": 20, "final_loss": 2.0},
+        "lockstep": {"steps": 20, "final_loss": 2.0 + 5e-6},
+        "fabric": {"steps": 20, "final_loss": 2.0 + 2e-5},
+    }
+    check = harness.equal_work(runs)
+    assert not check["ok"]
+    assert check["tools"]["lockstep"]["ok"] and not check["tools"]["fabric"]["ok"]
+    assert check["tools"]["fabric"]["loss_diff"] == pytest.approx(2e-5)
+    # a different data order is reported, not held to the tolerance; a missing step always fails
+    runs["fabric"]["same_order"] = False
+    assert harness.equal_work(runs)["ok"]
+    runs["lockstep"]["steps"] = 19
+    assert not harness.equal_work(runs)["tools"]["lockstep"]["ok"]
+
+
+def test_table_shows_ratios_with_quartiles_and_load():
+    table = harness.format_table(sample_result(), tools=["torch", "lockstep", "fabric"])
+    lines = table.splitlines()
+    assert lines[0] == "| measure | hand-written PyTorch | lockstep | Lightning Fabric | load avg |"
+    assert lines[2].startswith("| DDP step | 1.000 (1.00-1.00) | 1.025 (")
+    assert lines[2].endswith("| 1.2/2.0 |")
+    assert lines[2].endswith("| 1.100 (1.07-1.10) [not sharded: DDP] | 1.2/2.0 |")
+    assert "| import | +0.00 s | +0.03 s | n/a |" in table
+
+
+def test_charts_are_one_small_png_per_measure(tmp_path):
+    pytest.importorskip("matplotlib")
+    paths = harness.write_charts(sample_result(), tmp_path, "peers-test")
+    assert [p.name for p in paths] == ["peers-test-ddp.png", "peers-test-import.png"]
+    for path in paths:
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert path.stat().st_size < 100_000
+
+
+def test_the_committed_results_follow_the_schema():
+    results = sorted((ROOT / "bench" / "results").glob("peers-*.json"))
+    if not results:
+        pytest.skip("no bench/results/peers-*.json committed yet")
+    for path in results:
+        harness.validate(json.loads(path.read_text()))
+
+
+PEERS_PYTHON = PEERS / ".venv" / "bin" / "python"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    not PEERS_PYTHON.exists() or not os.environ.get("LOCKSTEP_PEERS_E2E"),
+    reason="needs the peers' environment (bash bench/peers/setup.sh) and LOCKSTEP_PEERS_E2E=1 (about 3 minutes)",
+)
+def test_quick_run_end_to_end(tmp_path):
+    command = [str(PEERS / "run"), "--quick", "--out", str(tmp_path), "--date", "2000-01-01"]
+    completed = subprocess.run(command, capture_output=True, text=True, timeout=900, env={**os.environ})
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    result = json.loads((tmp_path / "peers-2000-01-01-quick.json").read_text())
+    harness.validate(result)
+    assert result["checks"]["resume_correctness"]["tools"]["lockstep"]["weights_equal"]
+    assert all(c["timed_steps_equal"] for c in result["checks"]["equal_work"].values())
+    assert len(list(tmp_path.glob("*.png"))) == len(result["measures"])
+
+
+def test_the_docstring_examples_hold():
+    import doctest
+
+    failures, tried = doctest.testmod(harness)
+    assert (failures, tried) == (0, 2)
