@@ -63,8 +63,8 @@ BASE = {
 
 
 def test_wizard_reads_piped_answers(home):
-    # kind, machines, processes, precision, accumulation, dynamo backend
-    result = lockstep_config(home, stdin="multi-cpu\n\n4\nbf16\n8\ninductor\n")
+    # kind, machines, processes, sharding, precision, accumulation, dynamo backend
+    result = lockstep_config(home, stdin="multi-cpu\n\n4\n\nbf16\n8\ninductor\n")
     assert result.returncode == 0, result.stderr
     assert f"Wrote {home / 'default_config.yaml'}: MULTI_CPU, 4 processes" in result.stdout
     assert written(home) == {
@@ -80,7 +80,7 @@ def test_wizard_reads_piped_answers(home):
 
 def test_wizard_asks_for_the_rendezvous_of_several_machines(home, tmp_path):
     target = tmp_path / "multi.yaml"
-    answers = "1\n2\n1\n10.1.2.3\n29555\nc10d\nno\n8\nfp16\n\n"  # end of input: default dynamo backend
+    answers = "1\n2\n1\n10.1.2.3\n29555\nc10d\nno\n8\n\nfp16\n\n"  # end of input: default dynamo backend
     result = lockstep_config(home, "--config_file", str(target), stdin=answers)
     assert result.returncode == 0, result.stderr
     assert not home.exists()
@@ -99,6 +99,28 @@ def test_wizard_asks_for_the_rendezvous_of_several_machines(home, tmp_path):
     }
 
 
+def test_wizard_asks_accelerates_deepspeed_questions_and_the_file_launches_checked(home):
+    # kind, machines, processes, sharding, JSON file, stage, optimizer offload, parameter offload, zero3 init,
+    # 16-bit save, clipping, precision, accumulation, dynamo backend
+    answers = "multi-cpu\n\n2\ndeepspeed\n\n3\n\n\nno\nyes\n0.5\nbf16\n4\n\n"
+    result = lockstep_config(home, stdin=answers)
+    assert result.returncode == 0, result.stderr
+    config = written(home)
+    assert config["distributed_type"] == "DEEPSPEED" and "gradient_accumulation_steps" not in config
+    assert config["deepspeed_config"] == {
+        "zero_stage": 3,
+        "offload_optimizer_device": "none",
+        "offload_param_device": "none",
+        "zero3_init_flag": False,
+        "zero3_save_16bit_model": True,
+        "gradient_clipping": 0.5,
+        "gradient_accumulation_steps": 4,
+    }
+    explained = lockstep_config(home, "explain")
+    assert explained.returncode == 0, explained.stderr
+    assert "zero_stage" in explained.stdout and "DEEPSPEED" in explained.stdout
+
+
 def test_wizard_takes_every_default_at_end_of_input(home):
     result = lockstep_config(home, stdin="")
     assert result.returncode == 0, result.stderr
@@ -112,7 +134,7 @@ def test_wizard_takes_every_default_at_end_of_input(home):
 
 
 def test_wizard_asks_again_after_a_bad_answer(home):
-    result = lockstep_config(home, stdin="quantum\nmulti-cpu\n\n3\nfp17\nfp16\n")
+    result = lockstep_config(home, stdin="quantum\nmulti-cpu\n\n3\n\nfp17\nfp16\n")
     assert result.returncode == 0, result.stderr
     assert "'quantum' is not one of: no, multi-cpu, multi-gpu. Try again." in result.stdout
     assert "'fp17' is not one of: no, fp16, bf16. Try again." in result.stdout
@@ -215,7 +237,7 @@ def test_unknown_flag_is_a_usage_error(home):
 
 def test_round_trip_wizard_file_explain(home):
     """Answers -> default file -> `config explain` with a flag on top: every value and its source."""
-    assert lockstep_config(home, stdin="multi-cpu\n\n4\nbf16\n8\neager\n").returncode == 0
+    assert lockstep_config(home, stdin="multi-cpu\n\n4\n\nbf16\n8\neager\n").returncode == 0
     result = lockstep_config(home, "explain", "--mixed-precision", "fp16")
     assert result.returncode == 0, result.stderr
     lines = {line.split()[0]: line for line in result.stdout.splitlines()[1:]}
@@ -258,3 +280,15 @@ def test_env_reports_versions_and_the_config(home):
     assert torch.__version__ in result.stdout
     assert f"Config file       : {home / 'default_config.yaml'}" in result.stdout
     assert "distributed_type: MULTI_CPU" in result.stdout and "num_processes: 2" in result.stdout
+
+
+def test_validate_checks_a_deepspeed_section_against_its_json_config(home, tmp_path):
+    (tmp_path / "ds.json").write_text('{"zero_optimization": {"stage": 2}}')
+    config = tmp_path / "ds.yaml"
+    config.write_text(
+        f"deepspeed_config:\n  deepspeed_config_file: {tmp_path / 'ds.json'}\n  zero_stage: 3\n"
+        "distributed_type: DEEPSPEED\nnum_processes: 2\nuse_cpu: true\n"
+    )
+    result = lockstep_config(home, "validate", str(config))
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "zero_stage=3 against zero_optimization.stage=2" in result.stderr

@@ -166,6 +166,9 @@ def run_validate(args: argparse.Namespace) -> int:
             config = load_config_file(args.file)
     except ConfigFileError as error:
         raise UsageError(str(error)) from None
+    from lockstep.launcher.settings import resolve
+
+    resolve({}, config, str(args.file))  # what launch checks before starting processes (FSDP, DeepSpeed, ...)
     print(f"{args.file} is valid: {config.summary()}")
     return 0
 
@@ -327,6 +330,42 @@ def _ask_num_processes(prompter: _Prompter, kind: MachineKind, machines: int) ->
     return prompter.ask(f"How many {unit} in total, on all machines?", str(per_machine * machines), parse)
 
 
+def _ask_sharding(prompter: _Prompter) -> dict[str, Any]:
+    """Whether to shard the model, and for DeepSpeed the questions Accelerate's wizard asks."""
+    sharding = prompter.ask(
+        "Shard the model (no, fsdp, deepspeed)?", "no", _parse_choice(("no", "fsdp", "deepspeed"))
+    )
+    if sharding == "fsdp":
+        return {"distributed_type": DistributedType.FSDP, "fsdp_config": {"fsdp_version": 2}}
+    if sharding == "no":
+        return {}
+    section: dict[str, Any] = {}
+    config_file = prompter.ask(
+        "DeepSpeed JSON config file (none: answer the questions instead)?", "none", _parse_text
+    )
+    if config_file is not None:
+        section["deepspeed_config_file"] = config_file
+        return {"distributed_type": DistributedType.DEEPSPEED, "deepspeed_config": section}
+    section["zero_stage"] = prompter.ask("ZeRO stage (0, 1, 2, 3)?", "2", _parse_int(0, 3))
+    devices = ("none", "cpu", "nvme")
+    section["offload_optimizer_device"] = prompter.ask(
+        "Offload the optimizer state to (none, cpu, nvme)?", "none", _parse_choice(devices)
+    )
+    if section["zero_stage"] == 3:
+        section["offload_param_device"] = prompter.ask(
+            "Offload the parameters to (none, cpu, nvme)?", "none", _parse_choice(devices)
+        )
+        section["zero3_init_flag"] = prompter.ask(
+            "Build models already partitioned (zero3_init_flag, yes/no)?", "yes", _parse_yes_no
+        )
+        section["zero3_save_16bit_model"] = prompter.ask(
+            "Gather the whole 16-bit model when saving it (yes/no)?", "no", _parse_yes_no
+        )
+    clipping = prompter.ask("Clip the gradient norm to (0: do not clip)?", "1.0", float)
+    section["gradient_clipping"] = clipping
+    return {"distributed_type": DistributedType.DEEPSPEED, "deepspeed_config": section}
+
+
 def _ask_config(prompter: _Prompter) -> ClusterConfig:
     """The wizard's questions, in order; returns the config the answers describe."""
     kind = MACHINE_KINDS[
@@ -342,6 +381,7 @@ def _ask_config(prompter: _Prompter) -> ClusterConfig:
         settings["num_processes"] = _ask_num_processes(prompter, kind, settings["num_machines"])
         settings["distributed_type"] = kind.distributed_type(processes=2)  # data parallel, whatever the count
         settings["use_cpu"] = kind.cpu
+        settings.update(_ask_sharding(prompter))
     else:
         settings["use_cpu"] = prompter.ask(
             "Train on the CPU only, even if a GPU is present (yes/no)?", "no", _parse_yes_no
@@ -350,7 +390,12 @@ def _ask_config(prompter: _Prompter) -> ClusterConfig:
         "Mixed precision (no, fp16, bf16)?", "no", _parse_choice(WIZARD_PRECISIONS)
     )
     steps = prompter.ask("Gradient accumulation steps?", "1", _parse_int(1))
-    settings["gradient_accumulation_steps"] = None if steps == 1 else steps  # unset keeps Accelerate's schema
+    if "deepspeed_config" in settings:  # where Accelerate's wizard writes it for DeepSpeed
+        settings["deepspeed_config"]["gradient_accumulation_steps"] = steps
+    else:
+        settings["gradient_accumulation_steps"] = (
+            None if steps == 1 else steps
+        )  # unset keeps Accelerate's schema
     backend = prompter.ask(
         "torch.compile backend (no, eager, aot_eager, inductor)?", "no", _parse_choice(WIZARD_DYNAMO_BACKENDS)
     )
