@@ -147,3 +147,41 @@ def test_a_missing_deepspeed_names_the_pip_line(monkeypatch):
     monkeypatch.setattr(loading, "is_deepspeed_installed", lambda: False)
     with pytest.raises(ModuleNotFoundError, match=r"pip install 'lockstep\[deepspeed\]'"):
         loading.import_deepspeed(device_type="cpu", local_rank=0)
+
+
+def _from_pretrained_under_zero3_init(folder: str) -> dict:
+    import transformers
+
+    from lockstep import Accelerator
+    from lockstep.utils import DeepSpeedPlugin
+
+    plugin = DeepSpeedPlugin(zero_stage=3, zero3_init_flag=True, zero3_save_16bit_model=True)
+    accelerator = Accelerator(deepspeed_plugin=plugin)
+    model = transformers.BertModel.from_pretrained(folder)
+    local = [p.numel() for p in model.parameters()]
+    with plugin.zero3_init_context_manager(enable=False):
+        whole = transformers.BertModel.from_pretrained(folder)
+    loader = torch.utils.data.DataLoader(torch.zeros(8, 4), batch_size=4)  # the micro batch comes from it
+    model, _, _ = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1), loader)
+    gathered = accelerator.get_state_dict(model)
+    return {
+        "partitioned": all(n == 0 for n in local),
+        "whole_outside_context": all(p.numel() > 0 for p in whole.parameters()),
+        "weights": {k: v.clone() for k, v in gathered.items()},
+    }
+
+
+@requires("transformers")
+def test_zero3_init_flag_makes_from_pretrained_build_the_model_partitioned(tmp_path):
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.BertConfig(
+        vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=37
+    )
+    transformers.BertModel(config).save_pretrained(tmp_path / "bert")
+    expected = transformers.BertModel.from_pretrained(tmp_path / "bert").state_dict()
+    result = run_distributed(_from_pretrained_under_zero3_init, 2, str(tmp_path / "bert"), timeout=180)[0]
+    assert result["partitioned"] and result["whole_outside_context"]
+    for name, tensor in result["weights"].items():  # the pretrained weights, loaded into the partitions
+        assert torch.equal(tensor, expected[name]), name

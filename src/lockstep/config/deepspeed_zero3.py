@@ -86,8 +86,17 @@ def zero3_init(plugin: DeepSpeedPlugin) -> contextlib.AbstractContextManager:
 
 
 def _without_auto(config: dict[str, Any]) -> dict[str, Any]:
-    """The config with its top-level ``"auto"`` batch values left out (not known before ``prepare``)."""
-    return {k: v for k, v in config.items() if v != "auto"}
+    """The config for construction-time partitioning: its ``"auto"`` values (not known before ``prepare``)
+    left out at every level, and a placeholder micro batch (DeepSpeed's config parser requires one; building
+    a model does not use it)."""
+
+    def strip(node: dict[str, Any]) -> dict[str, Any]:
+        return {k: strip(v) if isinstance(v, dict) else v for k, v in node.items() if v != "auto"}
+
+    stripped = strip(config)
+    if "train_batch_size" not in stripped and "train_micro_batch_size_per_gpu" not in stripped:
+        stripped["train_micro_batch_size_per_gpu"] = 1
+    return stripped
 
 
 def set_moe_leaves(plugin: DeepSpeedPlugin, model: Any) -> None:
