@@ -47,6 +47,25 @@ except RuntimeError as error:
 """
 
 
+DEEPSPEED_CELL = """
+import torch
+from lockstep import Accelerator, notebook_launcher
+from lockstep.utils import DeepSpeedPlugin
+
+def zero3_function():
+    accelerator = Accelerator(deepspeed_plugin=DeepSpeedPlugin(zero_stage=3))
+    model = torch.nn.Linear(3, 1)
+    loader = torch.utils.data.DataLoader(torch.ones(8, 3), batch_size=2)
+    model, optimizer, loader = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1), loader)
+    for batch in loader:
+        accelerator.backward(model(batch).pow(2).mean())
+        optimizer.step()
+    accelerator.print(f"ZeRO-{model.zero_optimization_stage()} engine trained on {accelerator.num_processes} processes")
+
+notebook_launcher(zero3_function, num_processes=2)
+"""
+
+
 def _run_notebook(*cells: str) -> list[str]:
     notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(cell) for cell in cells])
     env_threads = os.environ.get("OMP_NUM_THREADS")
@@ -114,3 +133,11 @@ def test_a_failing_worker_raises_torchs_child_failed_error_with_lockstep_message
     assert text.startswith("A worker process failed:\nrank 1 (local rank 1, pid ")
     assert "KeyError" in text and "missing column 'label' on rank one" in text
     assert "FAILED" not in text  # lockstep's lines, not torch's banner
+
+
+@pytest.mark.distributed
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_deepspeed_runs_on_the_notebook_launchers_process_group():
+    pytest.importorskip("deepspeed")
+    (output,) = _run_notebook(DEEPSPEED_CELL)
+    assert "ZeRO-3 engine trained on 2 processes" in output
