@@ -200,7 +200,7 @@ def test_plain_torch_launchers_run_a_lockstep_script(launcher):
             ["--mixed-precision", "fp32", "x.py"],
             "--mixed-precision='fp32' is invalid: it must be one of 'no', 'fp16'",
         ),
-        (["--use-deepspeed", "x.py"], "--use-deepspeed is not supported yet"),
+        (["--use-deepspeed", "--zero-stage", "5", "x.py"], "--zero-stage must be between 0 and 3, got 5"),
         (
             ["--num-processes", "two", "x.py"],
             "argument --num-processes/--num_processes: invalid int value: 'two'",
