@@ -60,6 +60,24 @@ def test_tiny_bert_under_zero3_with_auto_everywhere_trains_evaluates_and_resumes
     assert resumed["metrics"]["eval_loss"] == result["metrics"]["eval_loss"]
 
 
+@pytest.mark.slow
+def test_bf16_through_the_deepspeed_config_trains_under_zero2(tmp_path):
+    config = {**AUTO, "zero_optimization": {"stage": 2}}
+    result, _ = run_distributed(
+        _train,
+        2,
+        str(tmp_path / "bf16"),
+        {"deepspeed": config, "bf16": True, "warmup_steps": 2},
+        timeout=300,
+        env=QUIET,
+    )
+    assert result["losses"][-1] < 0.8 * result["losses"][0], result["losses"]
+    assert result["metrics"]["eval_accuracy"] > 0.9
+    assert all(
+        tensor.dtype == torch.bfloat16 for tensor in result["weights"].values()
+    )  # the engine's bf16 copy
+
+
 def test_auto_values_come_from_the_arguments(tmp_path):
     args = TrainingArguments(
         output_dir=str(tmp_path),
