@@ -117,3 +117,14 @@ def test_config_values_that_contradict_the_arguments_are_listed(tmp_path):
     assert "gradient_clipping: DeepSpeed config 2.0, TrainingArguments 1.0" in message
     with pytest.raises(ValueError, match="both fsdp and deepspeed"):
         TrainingArguments(output_dir=str(tmp_path), fsdp="full_shard", deepspeed=AUTO)
+
+
+def test_a_warmup_scheduler_without_warmup_steps_is_refused_with_what_to_set():
+    from lockstep.config.deepspeed_plugin import DeepSpeedPlugin
+    from lockstep.trainer.deepspeed_options import fill_schedule
+
+    plugin = DeepSpeedPlugin(hf_ds_config=AUTO)
+    with pytest.raises(ValueError, match="WarmupDecayLR needs at least one warm-up step.*Set warmup_steps"):
+        fill_schedule(plugin, warmup_steps=0, max_steps=10)
+    fill_schedule(plugin, warmup_steps=2, max_steps=10)
+    assert plugin.deepspeed_config["scheduler"]["params"]["total_num_steps"] == 10

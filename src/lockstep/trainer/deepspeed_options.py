@@ -55,8 +55,15 @@ def fill_schedule(plugin: DeepSpeedPlugin, *, warmup_steps: int, max_steps: int)
     """Fill the config scheduler's step counts once the run's steps are planned.
 
     Raises:
-        ValueError: the config's step counts contradict the planned ones.
+        ValueError: the config's step counts contradict the planned ones, or DeepSpeed's warm-up scheduler
+            would get no warm-up step (DeepSpeed refuses 0 deep inside ``initialize``).
     """
+    kind = plugin.get_value("scheduler.type")
+    if warmup_steps < 1 and plugin.is_auto("scheduler.params.warmup_num_steps") and "Warmup" in str(kind):
+        raise ValueError(
+            f"The DeepSpeed config's scheduler {kind} needs at least one warm-up step, and the TrainingArguments "
+            "give none. Set warmup_steps (or warmup_ratio) above 0, or write warmup_num_steps in the config."
+        )
     _fill(
         plugin,
         {
