@@ -88,12 +88,26 @@ def test_find_unused_parameters_default():
     assert ddp_kwargs(explicit, plain).find_unused_parameters is True
 
 
-def test_deepspeed_is_refused_until_the_backend_exists(tmp_path):
-    args = TrainingArguments(output_dir=str(tmp_path), deepspeed={"zero_optimization": {"stage": 2}})
-    with pytest.raises(
-        NotImplementedError, match=r"deepspeed=...\) is not supported yet: .* no DeepSpeed backend"
-    ):
-        create_accelerator_and_postprocess(args, None)
+def _deepspeed_accelerator(folder: str) -> tuple[str, int, int]:
+    args = TrainingArguments(
+        output_dir=folder, per_device_train_batch_size=3, deepspeed={"zero_optimization": {"stage": 2}}
+    )
+    accelerator = create_accelerator_and_postprocess(args, None)
+    config = accelerator.deepspeed_plugin.deepspeed_config
+    return (
+        accelerator.distributed_type.value,
+        config["zero_optimization"]["stage"],
+        config["gradient_accumulation_steps"],
+    )
+
+
+@pytest.mark.distributed
+def test_deepspeed_arguments_build_the_deepspeed_plugin(tmp_path):
+    pytest.importorskip("deepspeed")
+    from tests.helpers.multiprocess import run_distributed
+
+    # In a forked worker: DeepSpeed sets process-wide variables (LOCAL_RANK, DS_ACCELERATOR) when it loads.
+    assert run_distributed(_deepspeed_accelerator, 1, str(tmp_path), timeout=120)[0] == ("DEEPSPEED", 2, 1)
 
 
 def test_fsdp_arguments_build_the_plugin(tmp_path):
