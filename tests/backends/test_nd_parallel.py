@@ -265,3 +265,72 @@ def test_a_transformers_llama_is_split_by_its_own_tp_plan_and_matches_one_proces
         assert result["losses"] == pytest.approx(expected["losses"], abs=1e-6)
         assert result["norms"] == pytest.approx(expected["norms"], rel=1e-5)
         assert (result["params"] - expected["params"]).abs().max().item() <= TOLERANCE
+
+
+def _evaluate(sizes: dict) -> dict:
+    """Evaluate 10 samples (batches of 4: the last global batch is short) and gather per-sample values."""
+    from torch.utils.data import DataLoader
+
+    accelerator = _accelerator(sizes)
+    model = accelerator.prepare(make_transformer())
+    ids = torch.arange(10, dtype=torch.float32)
+    features = torch.stack([ids] * 8, dim=1)
+    eval_dl = accelerator.prepare(DataLoader(torch.utils.data.TensorDataset(features), batch_size=4))
+    gathered, objects, count, loss_sum = [], [], torch.tensor(0), torch.tensor(0.0)
+    with torch.no_grad():
+        for (x,) in eval_dl:
+            prediction = model(x).squeeze(-1)
+            sample_ids = x[:, 0]
+            ids_now, prediction = accelerator.gather_for_metrics((sample_ids, prediction))
+            gathered.append((ids_now, prediction))
+            objects += accelerator.gather_for_metrics([int(i) for i in sample_ids], use_gather_object=True)
+            count += len(sample_ids)
+            loss_sum += prediction.sum()
+    # a DTensor (a column-sharded activation on the tp mesh) is made whole before it is gathered
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    mesh = accelerator.torch_device_mesh["tp"]
+    sharded = distribute_tensor(torch.arange(8.0).reshape(2, 4), mesh, [Shard(1)])
+    return {
+        "ids": torch.cat([g[0] for g in gathered]).tolist(),
+        "predictions": torch.cat([g[1] for g in gathered]),
+        "objects": objects,
+        "summed_count": int(accelerator.reduce(count, reduction="sum")),
+        "mean_count": float(accelerator.reduce(count.float(), reduction="mean")),
+        "dtensor": accelerator.gather_for_metrics(sharded).tolist(),
+    }
+
+
+def _single_predictions() -> torch.Tensor:
+    ids = torch.arange(10, dtype=torch.float32)
+    with torch.no_grad():
+        return make_transformer()(torch.stack([ids] * 8, dim=1)).squeeze(-1)
+
+
+@pytest.mark.distributed
+def test_gather_for_metrics_and_reduce_count_each_sample_once_under_tensor_parallel():
+    results = run_distributed(_evaluate, 2, {"tp_size": 2})
+    expected = _single_predictions()
+    for result in results:
+        # one data-parallel replica: every sample once, in order (not once per tp rank)
+        assert result["ids"] == list(range(10))
+        assert result["objects"] == list(range(10))
+        assert (result["predictions"] - expected).abs().max().item() <= TOLERANCE
+        assert result["summed_count"] == 10  # not 20: the two tp ranks saw the same samples
+        assert result["mean_count"] == 10.0
+        assert result["dtensor"] == torch.arange(8.0).reshape(2, 4).tolist()
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_gather_for_metrics_and_reduce_over_the_data_parallel_replicas_of_dp_by_tp():
+    results = run_distributed(_evaluate, 4, {"dp_shard_size": 2, "tp_size": 2}, timeout=180)
+    expected = _single_predictions()
+    for result in results:
+        # two replicas (batches of 4 each, 8 per global batch): 10 samples once each, in dataset order
+        assert result["ids"] == list(range(10))
+        assert result["objects"] == list(range(10))
+        assert (result["predictions"] - expected).abs().max().item() <= TOLERANCE
+        # 2 global batches of 8 (the last one evened out with repeated samples), not 32 (once per tp rank)
+        assert result["summed_count"] == 16
+        assert result["dtensor"] == 2 * torch.arange(8.0).reshape(2, 4).tolist()  # one per replica
