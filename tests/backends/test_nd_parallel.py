@@ -334,3 +334,84 @@ def test_gather_for_metrics_and_reduce_over_the_data_parallel_replicas_of_dp_by_
         # 2 global batches of 8 (the last one evened out with repeated samples), not 32 (once per tp rank)
         assert result["summed_count"] == 16
         assert result["dtensor"] == 2 * torch.arange(8.0).reshape(2, 4).tolist()  # one per replica
+
+
+def _steps(accelerator: Accelerator, model, optimizer, batches) -> None:
+    for batch in batches:
+        accelerator.backward(loss_of(model, batch))
+        optimizer.step()
+        optimizer.zero_grad()
+
+
+def _save_then_train_on(sizes: dict, batch_size: int, folder: str) -> dict:
+    """Two AdamW steps, save_state, two more steps: the parameters at the save and at the end."""
+    accelerator = _accelerator(sizes)
+    model = make_transformer()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model, optimizer, train_dl = accelerator.prepare(model, optimizer, data_loader(LENGTH, batch_size))
+    batches = list(train_dl)
+    _steps(accelerator, model, optimizer, batches[:2])
+    accelerator.save_state(folder)
+    saved = full_params(model)
+    _steps(accelerator, model, optimizer, batches[2:4])
+    return {"saved": saved, "end": full_params(model)}
+
+
+def _load_on_another_layout(sizes: dict | None, batch_size: int, folder: str) -> dict:
+    """Load the checkpoint into another layout (None: FSDP on one process), then the same two steps."""
+    from lockstep.utils import FullyShardedDataParallelPlugin
+
+    if sizes is None:
+        accelerator = Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin())
+    else:
+        accelerator = _accelerator(sizes)
+    model = make_transformer(seed=5)  # other weights: everything must come from the checkpoint
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model, optimizer, train_dl = accelerator.prepare(model, optimizer, data_loader(LENGTH, batch_size))
+    batches = list(train_dl)
+    accelerator.load_state(folder)
+    loaded = full_params(model)
+    _steps(accelerator, model, optimizer, batches[2:4])
+    return {"loaded": loaded, "end": full_params(model)}
+
+
+RESHARD_WARNINGS = pytest.mark.filterwarnings("ignore:The dataloader state was saved with")
+
+
+@RESHARD_WARNINGS
+@pytest.mark.distributed
+def test_a_tp2_checkpoint_loads_into_fsdp_and_one_process_and_trains_on(tmp_path):
+    # AdamW state (step, both moments) is resharded too: the next two steps match the tp=2 run's
+    folder = str(tmp_path / "tp2")
+    reference = run_distributed(_save_then_train_on, 2, {"tp_size": 2}, PER_REPLICA, folder)[0]
+    for sizes, processes, batch_size in (({"dp_shard_size": 2}, 2, PER_REPLICA // 2), (None, 1, PER_REPLICA)):
+        result = run_distributed(_load_on_another_layout, processes, sizes, batch_size, folder)[0]
+        assert torch.equal(result["loaded"], reference["saved"])
+        assert (result["end"] - reference["end"]).abs().max().item() <= 1e-5
+    # merge-weights assembles the tp-split shards into one full safetensors model, no process group needed
+    from safetensors.torch import load_file
+
+    from tests.helpers.cli import lockstep
+
+    merged = lockstep("merge-weights", folder, str(tmp_path / "merged"))
+    assert merged.returncode == 0, merged.stderr
+    weights = load_file(str(tmp_path / "merged" / "model.safetensors"))
+    reference_model = make_transformer()
+    assert sorted(weights) == sorted(reference_model.state_dict())
+    flat = torch.cat([weights[name].reshape(-1) for name, _ in reference_model.named_parameters()])
+    assert torch.equal(flat, reference["saved"])
+
+
+@RESHARD_WARNINGS
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_a_dp2_by_tp2_checkpoint_loads_into_dp_shard_4(tmp_path):
+    folder = str(tmp_path / "dp2tp2")
+    reference = run_distributed(
+        _save_then_train_on, 4, {"dp_shard_size": 2, "tp_size": 2}, PER_REPLICA, folder, timeout=180
+    )[0]
+    result = run_distributed(
+        _load_on_another_layout, 4, {"dp_shard_size": 4}, PER_REPLICA // 2, folder, timeout=180
+    )[0]
+    assert torch.equal(result["loaded"], reference["saved"])
+    assert (result["end"] - reference["end"]).abs().max().item() <= 1e-5
