@@ -7,6 +7,8 @@ matmuls and reductions is the only difference).
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 from torch.distributed.fsdp import FSDPModule
@@ -415,3 +417,59 @@ def test_a_dp2_by_tp2_checkpoint_loads_into_dp_shard_4(tmp_path):
     )[0]
     assert torch.equal(result["loaded"], reference["saved"])
     assert (result["end"] - reference["end"]).abs().max().item() <= 1e-5
+
+
+class _TinyLM(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = torch.nn.Embedding(64, 32)
+        self.up = torch.nn.Linear(32, 64)
+        self.down = torch.nn.Linear(64, 32)
+        self.head = torch.nn.Linear(32, 64, bias=False)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        h = self.embed(ids)
+        return self.head(h + self.down(torch.tanh(self.up(h))))
+
+
+def _train_with_loss_parallel(tp_size: int) -> dict:
+    """The LM head split over the vocabulary (its logits stay a DTensor) and the loss computed on the shards
+    by torch's loss_parallel, against plain cross-entropy on one process; AdamW with accumulation 2."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, loss_parallel
+
+    plan = {"up": "colwise", "down": "rowwise", "head": ColwiseParallel(use_local_output=False)}
+    config = (
+        ParallelismConfig(tp_size=tp_size, tp_handler=TorchTensorParallelConfig(parallelize_plan=plan))
+        if tp_size > 1
+        else None
+    )
+    accelerator = Accelerator(parallelism_config=config, gradient_accumulation_steps=2)
+    model = _TinyLM()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    generator = torch.Generator().manual_seed(1)
+    losses, placements = [], None
+    for _ in range(6):
+        ids = torch.randint(0, 64, (4, 8), generator=generator)
+        with accelerator.accumulate(model):
+            logits = model(ids)
+            if isinstance(logits, DTensor):
+                placements = [repr(p) for p in logits.placements]
+            with loss_parallel() if tp_size > 1 else contextlib.nullcontext():
+                loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), ids.flatten())
+                accelerator.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+        loss = loss.detach()
+        losses.append(float(loss.full_tensor() if isinstance(loss, DTensor) else loss))
+    return {"losses": losses, "params": full_params(model), "logits_placements": placements}
+
+
+@pytest.mark.distributed
+def test_loss_parallel_on_a_vocabulary_sharded_head_matches_one_process():
+    expected = run_distributed(_train_with_loss_parallel, 1, 1)[0]
+    for result in run_distributed(_train_with_loss_parallel, 2, 2):
+        assert result["logits_placements"] == ["Shard(dim=2)"]  # never gathered whole
+        assert result["losses"] == pytest.approx(expected["losses"], abs=1e-5)
+        assert (result["params"] - expected["params"]).abs().max().item() <= 1e-5
