@@ -103,7 +103,7 @@ def test_the_coverage_figures():
         "accelerator_attributes": {"names": 28, "implemented": 26, "absent": 2},
         "top_level": {"names": 30, "implemented": 22, "unsupported": 7, "absent": 1},
         "utils": {"names": 264, "implemented": 213, "unsupported": 40, "absent": 11},
-        "launch_flags": {"names": 124, "implemented": 54, "accepted": 9, "unsupported": 61},
+        "launch_flags": {"names": 124, "implemented": 61, "accepted": 9, "unsupported": 54},
     }
 
 

@@ -4,6 +4,11 @@ Every function accepts a tensor or a nested list / tuple / namedtuple / dict of 
 structure. With one process they do no communication: ``gather`` and ``gather_object`` return their
 input unchanged, ``broadcast`` returns it as is, ``reduce`` returns a (scaled) copy.
 
+``gather``, ``gather_object``, ``reduce`` and ``gather_for_metrics`` take an optional ``group`` (a torch
+``ProcessGroup``): they then run among its processes only. The Accelerator passes its data-parallel group
+when processes of one model replica (tensor parallelism) hold the same samples, so that each sample is
+counted once.
+
 Tensors travel on the device the process group's backend needs (CPU for gloo, the current GPU for nccl)
 and come back on the device they were on.
 
@@ -54,6 +59,13 @@ def _state() -> PartialState:
 
 def _where(state: PartialState) -> str:
     return f"rank {state.process_index} of world size {state.num_processes}"
+
+
+def _group_size(state: PartialState, group: dist.ProcessGroup | None) -> int:
+    """How many processes a collective over ``group`` (None: every process) runs among."""
+    if group is None or state.num_processes <= 1:
+        return state.num_processes
+    return dist.get_world_size(group)
 
 
 def _check_source(op: str, from_process: int, state: PartialState) -> None:
@@ -117,7 +129,14 @@ def _mismatch(
     return None
 
 
-def _verify(op: str, data: Any, state: PartialState, *, same_shapes: bool = True) -> None:
+def _verify(
+    op: str,
+    data: Any,
+    state: PartialState,
+    *,
+    same_shapes: bool = True,
+    group: dist.ProcessGroup | None = None,
+) -> None:
     """In debug mode, make sure every rank runs ``op`` on tensors of the same shapes and dtypes.
 
     Args:
@@ -125,11 +144,12 @@ def _verify(op: str, data: Any, state: PartialState, *, same_shapes: bool = True
         data: this rank's (nested) tensors; None for object collectives.
         state: the process state.
         same_shapes: compare full shapes; when False only the number of tensors and of dimensions.
+        group: the processes ``op`` runs among (None: every process).
     """
     if not state.debug:
         return
-    reports: list[Any] = [None] * state.num_processes
-    dist.all_gather_object(reports, (op, *_describe(data)))
+    reports: list[Any] = [None] * _group_size(state, group)
+    dist.all_gather_object(reports, (op, *_describe(data)), group=group)
     problem = _mismatch(op, reports, same_shapes=same_shapes)
     if problem is not None:
         raise DistributedOperationException(
@@ -149,25 +169,28 @@ def _require_tensors(op: str, data: Any, state: PartialState) -> None:
     recursively_apply(check, data, test_type=lambda _: True)
 
 
-def _prepare(op: str, data: Any, *, same_shapes: bool = True) -> PartialState | None:
-    """The state when ``op`` must communicate (after validating ``data``), None at world size 1."""
+def _prepare(op: str, data: Any, *, same_shapes: bool = True, group: dist.ProcessGroup | None = None) -> int:
+    """How many processes ``op`` runs among (after validating ``data``); 1 means no communication."""
     state = _state()
-    if state.num_processes <= 1:
-        return None
+    size = _group_size(state, group)
+    if size <= 1:
+        return 1
     _require_tensors(op, data, state)
-    _verify(op, data, state, same_shapes=same_shapes)
-    return state
+    _verify(op, data, state, same_shapes=same_shapes, group=group)
+    return size
 
 
 # -- gather ----------------------------------------------------------------------------------------
-def _gather_one(tensor: torch.Tensor, world_size: int) -> torch.Tensor:
+def _gather_one(
+    tensor: torch.Tensor, world_size: int, group: dist.ProcessGroup | None = None
+) -> torch.Tensor:
     local = _to_comm(tensor if tensor.dim() > 0 else tensor[None])
     parts = [torch.empty_like(local) for _ in range(world_size)]
-    dist.all_gather(parts, local)
+    dist.all_gather(parts, local, group=group)
     return torch.cat(parts, dim=0).to(tensor.device)
 
 
-def gather(tensor: Any) -> Any:
+def gather(tensor: Any, *, group: dist.ProcessGroup | None = None) -> Any:
     """Gather tensors from every process and concatenate them along dim 0, in rank order.
 
     0-dim tensors become 1-D (one value per process). Every rank must pass tensors of the same shapes;
@@ -175,6 +198,7 @@ def gather(tensor: Any) -> Any:
 
     Args:
         tensor: a tensor or a nested list / tuple / dict of tensors.
+        group: gather among this process group's processes only (None: every process).
 
     Returns:
         The same structure with every tensor replaced by the concatenation over processes. With one
@@ -185,17 +209,18 @@ def gather(tensor: Any) -> Any:
         >>> gather(torch.tensor([1, 2]))  # on 2 processes rank 1 passing [3, 4] gives tensor([1, 2, 3, 4])
         tensor([1, 2])
     """
-    state = _prepare("gather", tensor)
-    if state is None:
+    size = _prepare("gather", tensor, group=group)
+    if size <= 1:
         return tensor
-    return recursively_apply(_gather_one, tensor, state.num_processes)
+    return recursively_apply(_gather_one, tensor, size, group)
 
 
-def gather_object(object: Any) -> Any:
+def gather_object(object: Any, *, group: dist.ProcessGroup | None = None) -> Any:
     """Gather a list of picklable objects from every process and flatten the lists in rank order.
 
     Args:
         object: a list (or tuple) of picklable objects.
+        group: gather among this process group's processes only (None: every process).
 
     Returns:
         One list holding every process's items, rank 0's first. With one process the input itself.
@@ -208,16 +233,17 @@ def gather_object(object: Any) -> Any:
         ['a', 'b']
     """
     state = _state()
-    if state.num_processes <= 1:
+    size = _group_size(state, group)
+    if size <= 1:
         return object
     if not isinstance(object, (list, tuple)):
         raise TypeError(
             f"gather_object() on {_where(state)} needs a list or tuple of objects, got a "
             f"{type(object).__name__}; wrap a single object in a list: gather_object([obj])."
         )
-    _verify("gather_object", None, state)
-    gathered: list[Any] = [None] * state.num_processes
-    dist.all_gather_object(gathered, object)
+    _verify("gather_object", None, state, group=group)
+    gathered: list[Any] = [None] * size
+    dist.all_gather_object(gathered, object, group=group)
     return [item for rank_items in gathered for item in rank_items]
 
 
@@ -248,7 +274,7 @@ def broadcast(tensor: Any, from_process: int = 0) -> Any:
     state = _state()
     if state.num_processes > 1:
         _check_source("broadcast", from_process, state)
-    if _prepare("broadcast", tensor) is None:
+    if _prepare("broadcast", tensor) <= 1:
         return tensor
     return recursively_apply(_broadcast_one, tensor, from_process)
 
@@ -277,19 +303,27 @@ def broadcast_object_list(object_list: list[Any], from_process: int = 0) -> list
 
 
 # -- reduce ----------------------------------------------------------------------------------------
-def _reduce_one(tensor: torch.Tensor, reduction: str, scale: float, world_size: int) -> torch.Tensor:
+def _reduce_one(
+    tensor: torch.Tensor,
+    reduction: str,
+    scale: float,
+    world_size: int,
+    group: dist.ProcessGroup | None = None,
+) -> torch.Tensor:
     """``world_size`` is 1 when nothing is to be communicated (one process, or ``"none"``)."""
     result = tensor.clone()
     if world_size > 1:
         buffer = _to_comm(result)
-        dist.all_reduce(buffer, op=_REDUCE_OPS[reduction])
+        dist.all_reduce(buffer, op=_REDUCE_OPS[reduction], group=group)
         result = buffer.to(tensor.device)
         if reduction == "mean":
             result = result / world_size
     return result * scale if scale != 1.0 else result
 
 
-def reduce(tensor: Any, reduction: str = "mean", scale: float = 1.0) -> Any:
+def reduce(
+    tensor: Any, reduction: str = "mean", scale: float = 1.0, *, group: dist.ProcessGroup | None = None
+) -> Any:
     """Reduce tensors across processes; every process gets the result.
 
     ``"sum"``, ``"mean"`` and ``"max"`` are Accelerate's; ``"min"`` is the element-wise minimum
@@ -304,6 +338,7 @@ def reduce(tensor: Any, reduction: str = "mean", scale: float = 1.0) -> Any:
         reduction: ``"sum"``, ``"mean"``, ``"max"``, ``"min"`` (element-wise across processes) or
             ``"none"``.
         scale: a factor applied after the reduction.
+        group: reduce among this process group's processes only (None: every process).
 
     Returns:
         New tensors in the same structure (the input is not modified).
@@ -325,10 +360,10 @@ def reduce(tensor: Any, reduction: str = "mean", scale: float = 1.0) -> Any:
             f"Choose one of {', '.join(map(repr, REDUCTIONS))}."
         )
     _require_tensors("reduce", tensor, state)
-    world_size = 1 if reduction == "none" else state.num_processes
+    world_size = 1 if reduction == "none" else _group_size(state, group)
     if world_size > 1:
-        _verify("reduce", tensor, state)
-    return recursively_apply(_reduce_one, tensor, reduction, scale, world_size)
+        _verify("reduce", tensor, state, group=group)
+    return recursively_apply(_reduce_one, tensor, reduction, scale, world_size, group)
 
 
 # -- padding ---------------------------------------------------------------------------------------
@@ -392,14 +427,14 @@ def pad_across_processes(tensor: Any, dim: int = 0, pad_index: int = 0, pad_firs
         tensor([1., 1.])
     """
     _warn_nested(leaves(tensor))
-    state = _prepare("pad_across_processes", tensor, same_shapes=False)
-    if state is None:
+    size = _prepare("pad_across_processes", tensor, same_shapes=False)
+    if size <= 1:
         return tensor
     tensors = leaves(tensor)
     dims = [None if t.is_nested else _normalize_dim(dim, t.dim()) for t in tensors]
     if not tensors:
         return tensor
-    sizes = iter(zip(_largest_sizes(tensors, dims, state.num_processes), dims))
+    sizes = iter(zip(_largest_sizes(tensors, dims, size), dims))
 
     def pad(leaf: torch.Tensor) -> torch.Tensor:
         size, leaf_dim = next(sizes)
@@ -440,7 +475,13 @@ def gather_for_metrics_truncate(data: Any, remainder: int, *, from_gather_object
     return slice_batch(data, slice(0, remainder))
 
 
-def gather_for_metrics(input_data: Any, gradient_state: Any, use_gather_object: bool = False) -> Any:
+def gather_for_metrics(
+    input_data: Any,
+    gradient_state: Any,
+    use_gather_object: bool = False,
+    *,
+    group: dist.ProcessGroup | None = None,
+) -> Any:
     """Gather like :func:`gather`, then drop the samples repeated to even out the last batch.
 
     Args:
@@ -448,16 +489,26 @@ def gather_for_metrics(input_data: Any, gradient_state: Any, use_gather_object: 
         gradient_state: the process's ``GradientState``, which knows whether the prepared loader being
             iterated is at its end and how many real samples its last global batch holds.
         use_gather_object: gather as Python objects even when ``input_data`` holds only tensors.
+        group: gather among the processes of this group (the data-parallel replicas) only; DTensor
+            values (a vocabulary-sharded logits tensor) are made whole first.
     """
+    input_data = recursively_apply(_whole, input_data)
     tensors_only = all(isinstance(x, torch.Tensor) for x in _flat_values(input_data))
     as_objects = use_gather_object or not tensors_only
     if as_objects:
-        data = gather_object(input_data if isinstance(input_data, list) else [input_data])
+        data = gather_object(input_data if isinstance(input_data, list) else [input_data], group=group)
     else:
-        data = gather(input_data)
+        data = gather(input_data, group=group)
     if not gradient_state.end_of_dataloader:
         return data
     return gather_for_metrics_truncate(data, gradient_state.remainder, from_gather_object=as_objects)
+
+
+def _whole(tensor: torch.Tensor) -> torch.Tensor:
+    """A DTensor's full value (each process of its mesh holds part of it); other tensors unchanged."""
+    from torch.distributed.tensor import DTensor
+
+    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
 
 
 def _flat_values(data: Any) -> list[Any]:

@@ -7,6 +7,8 @@ matmuls and reductions is the only difference).
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 from torch.distributed.fsdp import FSDPModule
@@ -265,3 +267,209 @@ def test_a_transformers_llama_is_split_by_its_own_tp_plan_and_matches_one_proces
         assert result["losses"] == pytest.approx(expected["losses"], abs=1e-6)
         assert result["norms"] == pytest.approx(expected["norms"], rel=1e-5)
         assert (result["params"] - expected["params"]).abs().max().item() <= TOLERANCE
+
+
+def _evaluate(sizes: dict) -> dict:
+    """Evaluate 10 samples (batches of 4: the last global batch is short) and gather per-sample values."""
+    from torch.utils.data import DataLoader
+
+    accelerator = _accelerator(sizes)
+    model = accelerator.prepare(make_transformer())
+    ids = torch.arange(10, dtype=torch.float32)
+    features = torch.stack([ids] * 8, dim=1)
+    eval_dl = accelerator.prepare(DataLoader(torch.utils.data.TensorDataset(features), batch_size=4))
+    gathered, objects, count, loss_sum = [], [], torch.tensor(0), torch.tensor(0.0)
+    with torch.no_grad():
+        for (x,) in eval_dl:
+            prediction = model(x).squeeze(-1)
+            sample_ids = x[:, 0]
+            ids_now, prediction = accelerator.gather_for_metrics((sample_ids, prediction))
+            gathered.append((ids_now, prediction))
+            objects += accelerator.gather_for_metrics([int(i) for i in sample_ids], use_gather_object=True)
+            count += len(sample_ids)
+            loss_sum += prediction.sum()
+    # a DTensor (a column-sharded activation on the tp mesh) is made whole before it is gathered
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    mesh = accelerator.torch_device_mesh["tp"]
+    sharded = distribute_tensor(torch.arange(8.0).reshape(2, 4), mesh, [Shard(1)])
+    return {
+        "ids": torch.cat([g[0] for g in gathered]).tolist(),
+        "predictions": torch.cat([g[1] for g in gathered]),
+        "objects": objects,
+        "summed_count": int(accelerator.reduce(count, reduction="sum")),
+        "mean_count": float(accelerator.reduce(count.float(), reduction="mean")),
+        "dtensor": accelerator.gather_for_metrics(sharded).tolist(),
+    }
+
+
+def _single_predictions() -> torch.Tensor:
+    ids = torch.arange(10, dtype=torch.float32)
+    with torch.no_grad():
+        return make_transformer()(torch.stack([ids] * 8, dim=1)).squeeze(-1)
+
+
+@pytest.mark.distributed
+def test_gather_for_metrics_and_reduce_count_each_sample_once_under_tensor_parallel():
+    results = run_distributed(_evaluate, 2, {"tp_size": 2})
+    expected = _single_predictions()
+    for result in results:
+        # one data-parallel replica: every sample once, in order (not once per tp rank)
+        assert result["ids"] == list(range(10))
+        assert result["objects"] == list(range(10))
+        assert (result["predictions"] - expected).abs().max().item() <= TOLERANCE
+        assert result["summed_count"] == 10  # not 20: the two tp ranks saw the same samples
+        assert result["mean_count"] == 10.0
+        assert result["dtensor"] == torch.arange(8.0).reshape(2, 4).tolist()
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_gather_for_metrics_and_reduce_over_the_data_parallel_replicas_of_dp_by_tp():
+    results = run_distributed(_evaluate, 4, {"dp_shard_size": 2, "tp_size": 2}, timeout=180)
+    expected = _single_predictions()
+    for result in results:
+        # two replicas (batches of 4 each, 8 per global batch): 10 samples once each, in dataset order
+        assert result["ids"] == list(range(10))
+        assert result["objects"] == list(range(10))
+        assert (result["predictions"] - expected).abs().max().item() <= TOLERANCE
+        # 2 global batches of 8 (the last one evened out with repeated samples), not 32 (once per tp rank)
+        assert result["summed_count"] == 16
+        assert result["dtensor"] == 2 * torch.arange(8.0).reshape(2, 4).tolist()  # one per replica
+
+
+def _steps(accelerator: Accelerator, model, optimizer, batches) -> None:
+    for batch in batches:
+        accelerator.backward(loss_of(model, batch))
+        optimizer.step()
+        optimizer.zero_grad()
+
+
+def _save_then_train_on(sizes: dict, batch_size: int, folder: str) -> dict:
+    """Two AdamW steps, save_state, two more steps: the parameters at the save and at the end."""
+    accelerator = _accelerator(sizes)
+    model = make_transformer()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model, optimizer, train_dl = accelerator.prepare(model, optimizer, data_loader(LENGTH, batch_size))
+    batches = list(train_dl)
+    _steps(accelerator, model, optimizer, batches[:2])
+    accelerator.save_state(folder)
+    saved = full_params(model)
+    _steps(accelerator, model, optimizer, batches[2:4])
+    return {"saved": saved, "end": full_params(model)}
+
+
+def _load_on_another_layout(sizes: dict | None, batch_size: int, folder: str) -> dict:
+    """Load the checkpoint into another layout (None: FSDP on one process), then the same two steps."""
+    from lockstep.utils import FullyShardedDataParallelPlugin
+
+    if sizes is None:
+        accelerator = Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin())
+    else:
+        accelerator = _accelerator(sizes)
+    model = make_transformer(seed=5)  # other weights: everything must come from the checkpoint
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model, optimizer, train_dl = accelerator.prepare(model, optimizer, data_loader(LENGTH, batch_size))
+    batches = list(train_dl)
+    accelerator.load_state(folder)
+    loaded = full_params(model)
+    _steps(accelerator, model, optimizer, batches[2:4])
+    return {"loaded": loaded, "end": full_params(model)}
+
+
+RESHARD_WARNINGS = pytest.mark.filterwarnings("ignore:The dataloader state was saved with")
+
+
+@RESHARD_WARNINGS
+@pytest.mark.distributed
+def test_a_tp2_checkpoint_loads_into_fsdp_and_one_process_and_trains_on(tmp_path):
+    # AdamW state (step, both moments) is resharded too: the next two steps match the tp=2 run's
+    folder = str(tmp_path / "tp2")
+    reference = run_distributed(_save_then_train_on, 2, {"tp_size": 2}, PER_REPLICA, folder)[0]
+    for sizes, processes, batch_size in (({"dp_shard_size": 2}, 2, PER_REPLICA // 2), (None, 1, PER_REPLICA)):
+        result = run_distributed(_load_on_another_layout, processes, sizes, batch_size, folder)[0]
+        assert torch.equal(result["loaded"], reference["saved"])
+        assert (result["end"] - reference["end"]).abs().max().item() <= 1e-5
+    # merge-weights assembles the tp-split shards into one full safetensors model, no process group needed
+    from safetensors.torch import load_file
+
+    from tests.helpers.cli import lockstep
+
+    merged = lockstep("merge-weights", folder, str(tmp_path / "merged"))
+    assert merged.returncode == 0, merged.stderr
+    weights = load_file(str(tmp_path / "merged" / "model.safetensors"))
+    reference_model = make_transformer()
+    assert sorted(weights) == sorted(reference_model.state_dict())
+    flat = torch.cat([weights[name].reshape(-1) for name, _ in reference_model.named_parameters()])
+    assert torch.equal(flat, reference["saved"])
+
+
+@RESHARD_WARNINGS
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_a_dp2_by_tp2_checkpoint_loads_into_dp_shard_4(tmp_path):
+    folder = str(tmp_path / "dp2tp2")
+    reference = run_distributed(
+        _save_then_train_on, 4, {"dp_shard_size": 2, "tp_size": 2}, PER_REPLICA, folder, timeout=180
+    )[0]
+    result = run_distributed(
+        _load_on_another_layout, 4, {"dp_shard_size": 4}, PER_REPLICA // 2, folder, timeout=180
+    )[0]
+    assert torch.equal(result["loaded"], reference["saved"])
+    assert (result["end"] - reference["end"]).abs().max().item() <= 1e-5
+
+
+class _TinyLM(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = torch.nn.Embedding(64, 32)
+        self.up = torch.nn.Linear(32, 64)
+        self.down = torch.nn.Linear(64, 32)
+        self.head = torch.nn.Linear(32, 64, bias=False)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        h = self.embed(ids)
+        return self.head(h + self.down(torch.tanh(self.up(h))))
+
+
+def _train_with_loss_parallel(tp_size: int) -> dict:
+    """The LM head split over the vocabulary (its logits stay a DTensor) and the loss computed on the shards
+    by torch's loss_parallel, against plain cross-entropy on one process; AdamW with accumulation 2."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, loss_parallel
+
+    plan = {"up": "colwise", "down": "rowwise", "head": ColwiseParallel(use_local_output=False)}
+    config = (
+        ParallelismConfig(tp_size=tp_size, tp_handler=TorchTensorParallelConfig(parallelize_plan=plan))
+        if tp_size > 1
+        else None
+    )
+    accelerator = Accelerator(parallelism_config=config, gradient_accumulation_steps=2)
+    model = _TinyLM()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    generator = torch.Generator().manual_seed(1)
+    losses, placements = [], None
+    for _ in range(6):
+        ids = torch.randint(0, 64, (4, 8), generator=generator)
+        with accelerator.accumulate(model):
+            logits = model(ids)
+            if isinstance(logits, DTensor):
+                placements = [repr(p) for p in logits.placements]
+            with loss_parallel() if tp_size > 1 else contextlib.nullcontext():
+                loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), ids.flatten())
+                accelerator.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+        loss = loss.detach()
+        losses.append(float(loss.full_tensor() if isinstance(loss, DTensor) else loss))
+    return {"losses": losses, "params": full_params(model), "logits_placements": placements}
+
+
+@pytest.mark.distributed
+def test_loss_parallel_on_a_vocabulary_sharded_head_matches_one_process():
+    expected = run_distributed(_train_with_loss_parallel, 1, 1)[0]
+    for result in run_distributed(_train_with_loss_parallel, 2, 2):
+        assert result["logits_placements"] == ["Shard(dim=2)"]  # never gathered whole
+        assert result["losses"] == pytest.approx(expected["losses"], abs=1e-5)
+        assert (result["params"] - expected["params"]).abs().max().item() <= 1e-5

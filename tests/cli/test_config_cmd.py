@@ -121,6 +121,26 @@ def test_wizard_asks_accelerates_deepspeed_questions_and_the_file_launches_check
     assert "zero_stage" in explained.stdout and "DEEPSPEED" in explained.stdout
 
 
+def test_wizard_asks_the_device_mesh_sizes_and_the_file_launches_checked(home):
+    # kind, machines, processes, sharding, tp size (3 does not divide 8: asked again), FSDP shard size,
+    # precision, accumulation, dynamo backend
+    answers = "multi-cpu\n\n8\nmesh\n3\n2\n2\n\n\n\n"
+    result = lockstep_config(home, stdin=answers)
+    assert result.returncode == 0, result.stderr
+    assert "3 does not divide 8 processes" in result.stdout + result.stderr
+    config = written(home)
+    assert config["distributed_type"] == "MULTI_CPU"
+    assert config["parallelism_config"] == {
+        "parallelism_config_dp_replicate_size": 2,
+        "parallelism_config_dp_shard_size": 2,
+        "parallelism_config_tp_size": 2,
+        "parallelism_config_cp_size": 1,
+    }
+    validated = lockstep_config(home, "validate", str(home / "default_config.yaml"))
+    assert validated.returncode == 0, validated.stderr
+    assert "device mesh dp_replicate=2 x dp_shard=2 x tp=2" in validated.stdout
+
+
 def test_wizard_takes_every_default_at_end_of_input(home):
     result = lockstep_config(home, stdin="")
     assert result.returncode == 0, result.stderr

@@ -6,7 +6,7 @@ import typing
 
 import pytest
 
-from lockstep import TrainingArguments
+from lockstep import ParallelismConfig, TrainingArguments
 from lockstep.trainer._field_status import ACCEPTED, FIELD_STATUS, IMPLEMENTED, LOCKSTEP_ONLY, NOT_BUILT
 
 transformers = pytest.importorskip("transformers")
@@ -142,7 +142,6 @@ NOT_BUILT_VALUES = {
     "hub_always_push": True,
     "hub_revision": "dev",
     "ignore_data_skip": True,
-    "parallelism_config": object(),
     "dataloader_in_order": False,
     "debug": "underflow_overflow",
     "skip_memory_metrics": False,
@@ -168,6 +167,7 @@ def test_fields_not_built_refuse_other_values_at_construction():
 
 
 CLI_SAMPLES = {
+    "parallelism_config": ('{"tp_size": 2}', ParallelismConfig(tp_size=2)),
     "output_dir": ("runs/x", "runs/x"),
     "lr_scheduler_type": ("cosine", "cosine"),
     "lr_scheduler_kwargs": ('{"num_cycles": 2}', {"num_cycles": 2}),

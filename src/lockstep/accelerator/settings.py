@@ -29,6 +29,7 @@ from lockstep.config.kwargs import (
     ProfileKwargs,
 )
 from lockstep.config.parallelism import ParallelismConfig
+from lockstep.config.parallelism_keys import config_from_section
 from lockstep.config.plugins import GradientAccumulationPlugin, TorchDynamoPlugin
 from lockstep.config.project import ProjectConfiguration
 from lockstep.config.topology import config_section
@@ -190,12 +191,14 @@ def resolve_fsdp(
 def resolve_parallelism(
     config: ParallelismConfig | None, deepspeed: Any, launch: dict[str, Any]
 ) -> ParallelismConfig | None:
-    """The ``ParallelismConfig``: the explicit one, else the launcher's ``parallelism_config`` section, else
-    one from the ``PARALLELISM_CONFIG_*`` variables when ``ACCELERATE_USE_PARALLELISM_CONFIG=true``."""
+    """The ``ParallelismConfig``: the explicit one, else the launcher's ``parallelism_config`` section (sent
+    when ``lockstep launch`` got ``--use-parallelism-config``, a ``--parallelism-config-*`` flag or the
+    config file's section), else one from the ``PARALLELISM_CONFIG_*`` variables when
+    ``ACCELERATE_USE_PARALLELISM_CONFIG=true``."""
     if config is None:
-        section = launch.get("parallelism_config") or {}
-        if section:
-            config = ParallelismConfig(**_parallelism_fields(section))
+        section = launch.get("parallelism_config")
+        if section is not None:
+            config = config_from_section(section)
         elif _env.parallelism_config_requested():
             config = ParallelismConfig()
     if config is None:
@@ -215,20 +218,6 @@ def resolve_parallelism(
             "is not part of lockstep. Leave sp_size=1."
         )
     return config
-
-
-def _parallelism_fields(section: dict[str, Any]) -> dict[str, Any]:
-    """``parallelism_config_tp_size: 2`` (Accelerate's file keys) -> ``{"tp_size": 2}``."""
-    from lockstep.config.parallelism import TorchContextParallelConfig
-
-    fields = {key.removeprefix("parallelism_config_"): value for key, value in section.items()}
-    strategy = fields.pop("cp_comm_strategy", None)
-    for key in ("dp_replicate_size", "dp_shard_size", "tp_size", "cp_size", "sp_size"):
-        if key in fields:
-            fields[key] = int(fields[key])
-    if strategy is not None and int(fields.get("cp_size", 1)) > 1:
-        fields["cp_handler"] = TorchContextParallelConfig(cp_comm_strategy=strategy)
-    return fields
 
 
 def resolve_mixed_precision(explicit: str | None, launch: dict[str, Any]) -> PrecisionType:

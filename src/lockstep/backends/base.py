@@ -94,6 +94,11 @@ class Backend(ABC):
         parts of one model replica (tensor parallelism), which then read the same batches."""
         return DataShard(index=self.state.process_index, count=self.state.num_processes)
 
+    def data_parallel_group(self) -> Any:
+        """The ``ProcessGroup`` of the data-parallel replicas this process belongs to, which metrics are
+        gathered and reduced over so that each sample counts once; None: every process (the default)."""
+        return None
+
     # -- models and optimizers --------------------------------------------------------------------
     def prepare_together(
         self, objects: Sequence[Any], *, accumulation_steps: int, split_batches: bool

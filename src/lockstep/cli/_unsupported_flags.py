@@ -1,7 +1,7 @@
 """Accelerate's launch flags for hardware and services lockstep does not drive: accepted, then refused.
 
-``accelerate launch`` has flags for TPUs, SageMaker, Megatron-LM, FP8 recipes, N-D parallelism
-(``ParallelismConfig``) and mpirun. ``lockstep launch`` parses each of them in both spellings (so a
+``accelerate launch`` has flags for TPUs, SageMaker, Megatron-LM, FP8 recipes, sequence parallelism
+(``ParallelismConfig``'s DeepSpeed-Ulysses ``sp_*`` settings) and mpirun. ``lockstep launch`` parses each of them in both spellings (so a
 command line written for Accelerate is understood), and giving one is a :class:`~lockstep.errors.UsageError`:
 one line naming the flag as it was typed, saying what is missing and what to do, exit code 2.
 
@@ -67,12 +67,9 @@ _FP8_OPTIONS = tuple(
         "opt_level enable_fsdp_float8_all_gather pad_inner_dim"
     ).split()
 )
-_PARALLELISM_OPTIONS = tuple(
+_SEQUENCE_PARALLEL_OPTIONS = tuple(
     f"parallelism_config_{name}"
-    for name in (
-        "dp_replicate_size dp_shard_size tp_size cp_size cp_backend cp_comm_strategy sp_size sp_backend "
-        "sp_seq_length sp_seq_length_is_variable sp_attn_implementation"
-    ).split()
+    for name in "sp_size sp_backend sp_seq_length sp_seq_length_is_variable sp_attn_implementation".split()
 )
 
 UNSUPPORTED: tuple[UnsupportedFlags, ...] = (
@@ -101,12 +98,10 @@ UNSUPPORTED: tuple[UnsupportedFlags, ...] = (
         planned=True,
     ),
     UnsupportedFlags(
-        reason="N-D parallelism (ParallelismConfig: tensor, context and sequence parallel sizes) is not part "
-        "of this version of lockstep.",
-        advice="Use --use-fsdp for sharded data parallelism over all processes.",
-        switches=("use_parallelism_config",),
-        options=_PARALLELISM_OPTIONS,
-        planned=True,
+        reason="DeepSpeed-Ulysses sequence parallelism (ParallelismConfig's sp_* settings) is not part of "
+        "lockstep.",
+        advice="Split the processes with --parallelism-config-tp-size and --parallelism-config-dp-shard-size.",
+        options=_SEQUENCE_PARALLEL_OPTIONS,
     ),
     UnsupportedFlags(
         reason="lockstep's FSDP2 does not offload checkpointed activations to the CPU.",
@@ -130,7 +125,7 @@ UNSUPPORTED: tuple[UnsupportedFlags, ...] = (
 )
 """Every refused launch flag, by what it configures."""
 EPILOG = (
-    "Accelerate's flags for TPUs, SageMaker, Megatron-LM, FP8, ParallelismConfig and mpirun are "
+    "Accelerate's flags for TPUs, SageMaker, Megatron-LM, FP8, sequence parallelism and mpirun are "
     "accepted in both spellings and refused with one line saying what to do instead (exit code 2)."
 )
 """What ``lockstep launch --help`` says about the flags of this table (each one is hidden from the list)."""

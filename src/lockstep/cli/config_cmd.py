@@ -330,13 +330,49 @@ def _ask_num_processes(prompter: _Prompter, kind: MachineKind, machines: int) ->
     return prompter.ask(f"How many {unit} in total, on all machines?", str(per_machine * machines), parse)
 
 
-def _ask_sharding(prompter: _Prompter) -> dict[str, Any]:
-    """Whether to shard the model, and for DeepSpeed the questions Accelerate's wizard asks."""
+def _divisor_of(total: int) -> Callable[[str], int]:
+    def parse(answer: str) -> int:
+        number = _parse_int(1)(answer)
+        if total % number:
+            raise ValueError(f"{number} does not divide {total} processes.")
+        return number
+
+    return parse
+
+
+def _ask_mesh(prompter: _Prompter, processes: int) -> dict[str, Any]:
+    """The device mesh: tensor-parallel size, then FSDP shard size; the rest of the processes are replicas."""
+    tp = prompter.ask(
+        "Tensor-parallel size (processes each layer is split over)?", "1", _divisor_of(processes)
+    )
+    rest = processes // tp
+    shard = prompter.ask(
+        f"FSDP shard size (of the {rest} remaining processes; the others replicate, HSDP)?",
+        str(rest),
+        _divisor_of(rest),
+    )
+    return {
+        "parallelism_config": {
+            "parallelism_config_dp_replicate_size": rest // shard,
+            "parallelism_config_dp_shard_size": shard,
+            "parallelism_config_tp_size": tp,
+            "parallelism_config_cp_size": 1,
+        }
+    }
+
+
+def _ask_sharding(prompter: _Prompter, processes: int) -> dict[str, Any]:
+    """Whether to shard the model: FSDP, the device mesh's sizes (``ParallelismConfig``: tensor parallel,
+    FSDP, HSDP), or for DeepSpeed the questions Accelerate's wizard asks."""
     sharding = prompter.ask(
-        "Shard the model (no, fsdp, deepspeed)?", "no", _parse_choice(("no", "fsdp", "deepspeed"))
+        "Shard the model (no, fsdp, deepspeed, mesh: tensor parallel / FSDP / HSDP sizes)?",
+        "no",
+        _parse_choice(("no", "fsdp", "deepspeed", "mesh")),
     )
     if sharding == "fsdp":
         return {"distributed_type": DistributedType.FSDP, "fsdp_config": {"fsdp_version": 2}}
+    if sharding == "mesh":
+        return _ask_mesh(prompter, processes)
     if sharding == "no":
         return {}
     section: dict[str, Any] = {}
@@ -381,7 +417,7 @@ def _ask_config(prompter: _Prompter) -> ClusterConfig:
         settings["num_processes"] = _ask_num_processes(prompter, kind, settings["num_machines"])
         settings["distributed_type"] = kind.distributed_type(processes=2)  # data parallel, whatever the count
         settings["use_cpu"] = kind.cpu
-        settings.update(_ask_sharding(prompter))
+        settings.update(_ask_sharding(prompter, settings["num_processes"]))
     else:
         settings["use_cpu"] = prompter.ask(
             "Train on the CPU only, even if a GPU is present (yes/no)?", "no", _parse_yes_no

@@ -3,7 +3,8 @@
 Every flag takes both spellings (``--num-processes`` and Accelerate's ``--num_processes``) and defaults to
 "not given", so that the config file applies. Flags of a config section come from its key table: the
 ``--fsdp-*`` flags from ``FSDP_KEYS``, the DeepSpeed flags (``--zero-stage``, ``--deepspeed-config-file``,
-...) from ``DEEPSPEED_KEYS``, the ``--dynamo-*`` flags from ``DYNAMO_KEYS``; the flags of features lockstep
+...) from ``DEEPSPEED_KEYS``, the ``--dynamo-*`` flags from ``DYNAMO_KEYS``, the ``--parallelism-config-*``
+flags from ``PARALLELISM_KEYS``; the flags of features lockstep
 does not drive are refused (:mod:`lockstep.cli._unsupported_flags`). :func:`given_flags` turns what was typed into the settings that
 :func:`lockstep.launcher.settings.resolve` merges over the config file.
 
@@ -26,6 +27,7 @@ from lockstep.cli._unsupported_flags import REFUSED_DEST, add_unsupported_flags,
 from lockstep.config.deepspeed import DEEPSPEED_KEYS
 from lockstep.config.fsdp_keys import FSDP_KEYS
 from lockstep.config.keys import SettingKey, flag_keys
+from lockstep.config.parallelism_keys import PARALLELISM_KEYS
 from lockstep.config.plugins import DYNAMO_KEYS
 from lockstep.errors import UsageError
 from lockstep.launcher.settings import parse_rdzv_conf
@@ -37,6 +39,8 @@ FSDP_FLAGS: dict[str, SettingKey] = flag_keys(FSDP_KEYS)
 """The ``--fsdp-*`` flags by argparse ``dest`` (the ``fsdp_config`` key each one sets)."""
 DEEPSPEED_FLAGS: dict[str, SettingKey] = flag_keys(DEEPSPEED_KEYS)
 """The DeepSpeed flags by argparse ``dest`` (the ``deepspeed_config`` key each one sets)."""
+PARALLELISM_FLAGS: dict[str, SettingKey] = flag_keys(PARALLELISM_KEYS)
+"""The ``--parallelism-config-*`` flags by argparse ``dest`` (the ``parallelism_config`` key each one sets)."""
 DYNAMO_FLAGS: dict[str, SettingKey] = {
     name: entry for name, entry in flag_keys(DYNAMO_KEYS).items() if entry.field != "backend"
 }
@@ -46,6 +50,7 @@ SECTION_FLAGS: dict[str, Mapping[str, SettingKey]] = {
     "fsdp_config": FSDP_FLAGS,
     "deepspeed_config": DEEPSPEED_FLAGS,
     "dynamo_config": DYNAMO_FLAGS,
+    "parallelism_config": PARALLELISM_FLAGS,
 }
 """Each config section that flags set, with its flags by ``dest``."""
 TARGET_FLAGS = ("module", "no_python", "main_training_function")
@@ -132,6 +137,12 @@ LAUNCH_FLAGS: list[Flag] = [
     *table_flags(FSDP_KEYS, label="FSDP"),
     _switch(("--use-deepspeed", "--use_deepspeed"), "train with DeepSpeed ZeRO", "use_deepspeed"),
     *table_flags(DEEPSPEED_KEYS, label="DeepSpeed"),
+    _switch(
+        ("--use-parallelism-config", "--use_parallelism_config"),
+        "lay the processes out on an N-D device mesh (ParallelismConfig; sizes from the flags below, else 1)",
+        "use_parallelism_config",
+    ),
+    *table_flags(PARALLELISM_KEYS, label="ParallelismConfig"),
 ]
 """The launch flags, in ``--help`` order (unsupported flags are added hidden, after these)."""
 
@@ -170,6 +181,8 @@ def given_flags(args: argparse.Namespace) -> dict[str, Any]:
         flags["distributed_type"] = "FSDP"
     if deepspeed:
         flags["distributed_type"] = "DEEPSPEED"
+    if flags.pop("use_parallelism_config", False) or "parallelism_config" in flags:
+        flags["use_parallelism_config"] = True
     if flags.pop("multi_gpu", False):
         flags["distributed_type"] = "MULTI_GPU"
     if "rdzv_conf" in flags:

@@ -30,6 +30,7 @@ from lockstep.config.deepspeed import DEEPSPEED_KEYS
 from lockstep.config.enums import DistributedType, PrecisionType
 from lockstep.config.fsdp_keys import FSDP_KEYS
 from lockstep.config.keys import Check, SettingKey, file_keys
+from lockstep.config.parallelism_keys import PARALLELISM_KEYS
 from lockstep.config.plugins import DYNAMO_KEYS
 from lockstep.errors import ConfigFileError
 
@@ -47,6 +48,8 @@ FSDP_CONFIG_KEYS: dict[str, SettingKey] = file_keys(FSDP_KEYS)
 """``fsdp_config`` keys, from :data:`lockstep.config.fsdp_keys.FSDP_KEYS`."""
 DEEPSPEED_CONFIG_KEYS: dict[str, SettingKey] = file_keys(DEEPSPEED_KEYS)
 """``deepspeed_config`` keys, from :data:`lockstep.config.deepspeed.DEEPSPEED_KEYS`."""
+PARALLELISM_CONFIG_KEYS: dict[str, SettingKey] = file_keys(PARALLELISM_KEYS)
+"""``parallelism_config`` keys, from :data:`lockstep.config.parallelism_keys.PARALLELISM_KEYS`."""
 
 # Accelerate keys for hardware and services lockstep does not drive: accepted, warned about, ignored.
 IGNORED_KEYS = frozenset(
@@ -78,7 +81,7 @@ _FIELD_CHECKS: dict[str, Check] = {
     "fsdp_config": checks.section(FSDP_CONFIG_KEYS),
     "deepspeed_config": checks.section(DEEPSPEED_CONFIG_KEYS),
     "megatron_lm_config": checks.open_section,
-    "parallelism_config": checks.open_section,
+    "parallelism_config": checks.section(PARALLELISM_CONFIG_KEYS),
     "tp_config": checks.open_section,
     "fp8_config": checks.open_section,
     "mpirun_config": checks.open_section,
@@ -174,7 +177,8 @@ class ClusterConfig:
     megatron_lm_config: dict[str, Any] = field(default_factory=dict)
     """Megatron-LM settings, kept as written."""
     parallelism_config: dict[str, Any] = field(default_factory=dict)
-    """N-D parallelism sizes (data / tensor / context parallel), kept as written."""
+    """N-D parallelism sizes (parallelism_config_tp_size, ...): a non-empty section makes the workers build a
+    ParallelismConfig (a device mesh for tensor parallelism, FSDP and HSDP)."""
     tp_config: dict[str, Any] = field(default_factory=dict)
     """Tensor parallel settings of older Accelerate versions, kept as written."""
     fp8_config: dict[str, Any] = field(default_factory=dict)
@@ -234,6 +238,13 @@ class ClusterConfig:
             parts.append("CPU only")
         if self.gradient_accumulation_steps is not None:
             parts.append(f"gradient accumulation {self.gradient_accumulation_steps}")
+        sizes = [
+            f"{key.removeprefix('parallelism_config_').removesuffix('_size')}={value}"
+            for key, value in self.parallelism_config.items()
+            if key.endswith("_size") and value not in (None, 1)
+        ]
+        if self.parallelism_config:
+            parts.append(f"device mesh {' x '.join(sizes) or 'data parallel'}")
         backend = self.dynamo_config.get("dynamo_backend")
         if backend not in (None, "NO"):
             parts.append(f"torch.compile {str(backend).lower()}")

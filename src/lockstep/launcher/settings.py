@@ -26,7 +26,7 @@ from lockstep.errors import UsageError
 
 DEFAULT_SOURCE = "default"
 FLAG_SOURCE = "flag"
-SECTIONS = ("fsdp_config", "deepspeed_config", "dynamo_config")
+SECTIONS = ("fsdp_config", "deepspeed_config", "dynamo_config", "parallelism_config")
 """Settings that are sections of the config file: flags override their keys one by one."""
 _TEE = re.compile(r"^[0-3]$|^(\d+:[0-3],)*\d+:[0-3]$")
 """torchrun's ``--tee`` values: one stream code for every local rank, or ``rank:code`` pairs."""
@@ -93,6 +93,12 @@ class LaunchSettings:
     """FSDP settings (the config file's ``fsdp_config`` keys, overridden by ``--fsdp-*`` flags)."""
     deepspeed_config: dict[str, Any] = field(default_factory=dict)
     """DeepSpeed settings (the config file's ``deepspeed_config`` keys, overridden by the DeepSpeed flags)."""
+    use_parallelism_config: bool = False
+    """Lay the processes out on an N-D device mesh (a ``ParallelismConfig`` in every worker); set by
+    ``--use-parallelism-config``, a ``--parallelism-config-*`` flag or a non-empty ``parallelism_config``."""
+    parallelism_config: dict[str, Any] = field(default_factory=dict)
+    """The mesh's sizes (the config file's ``parallelism_config`` keys, overridden by the
+    ``--parallelism-config-*`` flags); unset sizes are 1, and all 1 is plain data parallelism."""
     config_file: str | None = None
     """The config file that was read, if any."""
     sources: dict[str, str] = field(default_factory=dict)
@@ -123,6 +129,7 @@ class LaunchSettings:
             "deepspeed_config": dict(self.deepspeed_config)
             if config_section(self.distributed_type) == "deepspeed_config"
             else {},
+            "parallelism_config": dict(self.parallelism_config) if self.use_parallelism_config else None,
         }
 
     def notes(self) -> list[str]:
@@ -184,6 +191,10 @@ def _from_file(config: Any) -> dict[str, Any]:
             k: v for k, v in (getattr(config, "deepspeed_config", None) or {}).items() if v is not None
         }
         or None,
+        "parallelism_config": {
+            k: v for k, v in (getattr(config, "parallelism_config", None) or {}).items() if v is not None
+        }
+        or None,
     }
     if values["num_processes"] is not None and values["num_processes"] < 0:
         values["num_processes"] = None  # Accelerate writes -1 for "unset"
@@ -218,6 +229,8 @@ def resolve(flags: dict[str, Any], file_config: Any = None, file_path: str | Non
         elif name in from_file:
             merged[name], sources[name] = from_file[name], f"config file {file_path}"
     _fill_topology_defaults(merged, sources)
+    if merged.get("parallelism_config") and not merged.get("use_parallelism_config"):
+        merged["use_parallelism_config"], sources["use_parallelism_config"] = True, "derived"
     settings = LaunchSettings(**merged, config_file=file_path, sources=sources)
     _validate(settings)
     return settings
@@ -271,6 +284,8 @@ def _validate(s: LaunchSettings) -> None:
         _validate_fsdp(s.fsdp_config)
     if config_section(s.distributed_type) == "deepspeed_config":
         _validate_deepspeed(s.deepspeed_config, s.mixed_precision, s.gradient_accumulation_steps)
+    if s.use_parallelism_config:
+        _validate_parallelism(s)
 
 
 def _validate_topology(s: LaunchSettings) -> None:
@@ -366,6 +381,28 @@ def _validate_deepspeed(section: dict[str, Any], mixed_precision: str, accumulat
         check_deepspeed_section(section, mixed_precision=mixed_precision, accumulation=accumulation)
     except (TypeError, ValueError) as error:
         raise UsageError(f"DeepSpeed settings: {error}") from None
+
+
+def _validate_parallelism(s: LaunchSettings) -> None:
+    """Build the ``ParallelismConfig`` once here, so that sizes that do not multiply to ``--num-processes``
+    (or a layout lockstep does not build) fail before any process starts."""
+    from lockstep.config.parallelism_keys import config_from_section
+
+    try:
+        config = config_from_section(s.parallelism_config)
+        config.validate_world_size(s.num_processes)
+    except (TypeError, ValueError) as error:
+        raise UsageError(f"ParallelismConfig settings: {error}") from None
+    _check(
+        config.cp_size == 1,
+        f"--parallelism-config-cp-size {config.cp_size} is not supported yet: context parallelism is not built "
+        "in lockstep (on CPUs torch has no context-parallel attention kernel). Use tp_size or dp_shard_size.",
+    )
+    _check(
+        config_section(s.distributed_type) != "deepspeed_config",
+        "--use-parallelism-config with DeepSpeed is not built: lockstep's N-D layouts run on FSDP2 and tensor "
+        "parallelism. Drop --use-deepspeed (shard with --parallelism-config-dp-shard-size).",
+    )
 
 
 def cpu_threads_per_process(local_processes: int) -> int:

@@ -368,11 +368,39 @@ def check_distributed(args: TrainingArguments) -> None:
         raise ValueError(
             "TrainingArguments sets both fsdp and deepspeed: they are two ways of sharding the model; choose one."
         )
+    _check_parallelism_config(args)
     if args.save_only_model and args.load_best_model_at_end and (args.fsdp or args.deepspeed):
         raise ValueError(
             "TrainingArguments(save_only_model=True, load_best_model_at_end=True) with fsdp/deepspeed: the best "
             "model of a model-only checkpoint cannot be loaded into a sharded model (as in transformers). Set "
             "save_only_model=False, or load_best_model_at_end=False."
+        )
+
+
+def _check_parallelism_config(args: TrainingArguments) -> None:
+    from lockstep.config.parallelism import ParallelismConfig
+
+    config = args.parallelism_config
+    if config is None:
+        return
+    if isinstance(config, (str, dict, os.PathLike)):  # the command line's JSON: {"tp_size": 2, ...}
+        sizes = _values.load_json_dict(config, argument="parallelism_config") or {}
+        try:
+            config = args.parallelism_config = ParallelismConfig(**sizes)
+        except TypeError:
+            raise ValueError(
+                f"TrainingArguments(parallelism_config={sizes!r}) is invalid: its keys are ParallelismConfig's "
+                "arguments (dp_replicate_size, dp_shard_size, tp_size, cp_size)."
+            ) from None
+    if not isinstance(config, ParallelismConfig):
+        raise TypeError(
+            f"TrainingArguments(parallelism_config=...) must be a ParallelismConfig (from lockstep import "
+            f"ParallelismConfig) or a dict of its sizes, got {type(config).__name__}."
+        )
+    if args.deepspeed:
+        raise ValueError(
+            "TrainingArguments sets both parallelism_config and deepspeed: lockstep's device mesh runs on FSDP2 and "
+            "tensor parallelism, not DeepSpeed. Drop deepspeed (shard with dp_shard_size)."
         )
 
 

@@ -14,6 +14,7 @@ from torch.utils.data import DataLoader
 
 from lockstep.accelerator import Accelerator
 from lockstep.trainer import batches
+from lockstep.trainer._process_setup import data_parallel_share
 
 PAD_INDEX = -100
 
@@ -260,7 +261,7 @@ def _evaluate_batch(
             loss = batches.output_loss(outputs)
         size = _batch_size(batch, labels)
         reals = _real_examples(accelerator, loader, size)
-        real = reals[accelerator.process_index]
+        real = reals[data_parallel_share(accelerator)[0]]
         if loss is not None and any(0 < r < size for r in reals):
             # The even_batches filler repeats examples from the start of the data: the loss of the real
             # examples is recomputed without it, so eval_loss is exact. Every process runs this forward
@@ -288,12 +289,13 @@ def _prediction(values: dict[str, Any]) -> EvalPrediction:
 
 
 def _real_examples(accelerator: Accelerator, loader: DataLoader, size: int) -> list[int]:
-    """Per process: examples of its current batch that are not even_batches filler.
+    """Per data-parallel replica: examples of its current batch that are not even_batches filler.
 
-    Only the last batch has filler. Its real examples fill the processes in rank order (the batch of rank
+    Only the last batch has filler. Its real examples fill the replicas in order (the batch of replica
     r holds examples ``r * size ...`` of the last global batch), so every process computes the same list.
+    The processes of one tensor-parallel group are one replica: they read the same batch.
     """
-    world = accelerator.num_processes
+    world = data_parallel_share(accelerator)[1]
     remainder = getattr(loader, "remainder", -1)
     if not accelerator.gradient_state.end_of_dataloader or remainder <= 0:  # unknown, or no filler
         return [size] * world

@@ -45,10 +45,6 @@ _NOT_BUILT: dict[str, tuple[tuple[Any, ...], str]] = {
     "hub_always_push": ((False,), "lockstep does not upload to the Hub (see push_to_hub)"),
     "hub_revision": ((None,), "lockstep does not upload to the Hub (see push_to_hub)"),
     "ignore_data_skip": ((False,), "a resumed run always continues at the next unseen batch (exactly)"),
-    "parallelism_config": (
-        (None,),
-        "tensor and context parallelism through the Trainer are not wired yet; use fsdp for sharding",
-    ),
     "dataloader_in_order": ((True,), "worker batches always arrive in order"),
     "debug": (([],), "underflow/overflow detection and TPU metrics are not built"),
     "skip_memory_metrics": ((True,), "the Trainer reports no memory metrics; see lockstep.memory"),
@@ -93,6 +89,7 @@ _IMPLEMENTED = (
     "ddp_find_unused_parameters ddp_bucket_cap_mb "
     "batch_eval_metrics include_for_metrics eval_do_concat_batches auto_find_batch_size save_only_model save_on_each_node restore_callback_states_from_checkpoint "
     "ddp_broadcast_buffers ddp_static_graph ddp_backend ddp_timeout fsdp fsdp_config deepspeed do_eval "
+    "parallelism_config "
     "resume_from_checkpoint"
 ).split()
 

@@ -78,3 +78,14 @@ class NEFTune:
 
     def remove(self) -> None:
         self.handle.remove()
+
+
+def data_parallel_share(accelerator: Any) -> tuple[int, int]:
+    """(this process's data-parallel replica, the number of replicas): the processes that read different
+    batches. On a device mesh with tensor parallelism the processes of one replica read the same batches,
+    so batch sizes and sample counts multiply by the replicas, not by the processes."""
+    config = accelerator.parallelism_config
+    if config is None:
+        return accelerator.process_index, accelerator.num_processes
+    index = accelerator.data_parallel_rank * config.dp_shard_size + accelerator.data_parallel_shard_rank
+    return index, config.data_parallel_size

@@ -9,7 +9,8 @@ Accelerator settings (the counterpart of transformers' method of the same name):
 * ``ddp_*`` -> ``DistributedDataParallelKwargs``; ``ddp_backend``/``ddp_timeout`` ->
   ``InitProcessGroupKwargs``; ``torch_compile*`` -> ``TorchDynamoPlugin``; ``fsdp``/``fsdp_config`` ->
   ``FullyShardedDataParallelPlugin``; ``deepspeed`` -> ``DeepSpeedPlugin`` (:mod:`lockstep.trainer.deepspeed_options`); ``report_to`` -> trackers;
-  ``output_dir`` -> project folder.
+  ``output_dir`` -> project folder; ``parallelism_config`` -> the device mesh (a model transformers sharded
+  at load time, ``tp_plan="auto"``, sets its tensor-parallel size by itself, as in transformers).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from lockstep.config import (
 )
 from lockstep.config.fsdp import FullyShardedDataParallelPlugin
 from lockstep.config.fsdp_keys import plugin_fields
+from lockstep.config.parallelism import ParallelismConfig
 from lockstep.config.topology import config_section
 from lockstep.trainer.arguments import TrainingArguments
 from lockstep.trainer.deepspeed_options import deepspeed_plugin_for
@@ -179,11 +181,36 @@ def create_accelerator_and_postprocess(
         dynamo_plugin=dynamo_plugin(args),
         fsdp_plugin=fsdp_plugin,
         deepspeed_plugin=deepspeed_plugin_for(args, _world_size()),
+        parallelism_config=parallelism_config_for(args, model),
         log_with=list(args.report_to) or None,  # type: ignore[arg-type]
         step_scheduler_with_optimizer=False,  # the Trainer steps its scheduler once per optimizer step
     )
     _postprocess(args, accelerator)
     return accelerator
+
+
+def parallelism_config_for(args: TrainingArguments, model: nn.Module | None) -> ParallelismConfig | None:
+    """``args.parallelism_config``; for a model transformers split at load time (``from_pretrained(...,
+    tp_plan="auto")``: ``model.tp_size > 1``) one with the model's tensor-parallel size (and the data-parallel
+    size of its ``distributed_config``), as transformers' Trainer does."""
+    config = args.parallelism_config
+    model_tp = (getattr(model, "tp_size", None) or 1) if model is not None else 1
+    if model_tp <= 1:
+        return config
+    distributed = getattr(getattr(model, "config", None), "distributed_config", None)
+    model_dp = getattr(distributed, "dp_size", None) or 1
+    if config is None:
+        return ParallelismConfig(tp_size=model_tp, dp_shard_size=model_dp)
+    if config.tp_size != model_tp:
+        logger.warning(
+            "TrainingArguments(parallelism_config=...) has tp_size=%s, but the model was split over %s processes "
+            "when it was loaded (tp_plan): the Trainer uses tp_size=%s.",
+            config.tp_size,
+            model_tp,
+            model_tp,
+        )
+        config.tp_size = model_tp
+    return config
 
 
 def _world_size() -> int:

@@ -253,7 +253,12 @@ class TrainingArguments:
         },
     )
     parallelism_config: Any = field(
-        default=None, metadata={"help": "Tensor/context parallel layout (not built yet)."}
+        default=None,
+        metadata={
+            "help": "A ParallelismConfig (or a dict / JSON of its sizes: tp_size, dp_shard_size, dp_replicate_size): "
+            "the device mesh for tensor parallel, FSDP and HSDP. A model loaded with tp_plan='auto' sets tp_size "
+            "by itself."
+        },
     )
     # -- data -----------------------------------------------------------------------------------
     dataloader_drop_last: bool = _help(False, "Drop the last incomplete training batch.")

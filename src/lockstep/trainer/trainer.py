@@ -268,19 +268,15 @@ class Trainer:
 
     def _plan_steps(self) -> int:
         """Plan the run's optimizer steps (per process) and record them in the state; returns max_steps."""
-        plan = plan_steps(
-            self.args,
-            self._train_loader,
-            num_processes=self.accelerator.num_processes,
-            dataset=self.train_dataset,
-        )
+        _, replicas = _process_setup.data_parallel_share(self.accelerator)
+        plan = plan_steps(self.args, self._train_loader, num_processes=replicas, dataset=self.train_dataset)
         self._updates_per_epoch, self._num_epochs = plan.updates_per_epoch, plan.num_epochs
         record_plan(
             self.state,
             plan,
             self.args,
             batch_size=self._train_batch_size,
-            num_processes=self.accelerator.num_processes,
+            num_processes=replicas,
         )
         return plan.max_steps
 
@@ -431,6 +427,7 @@ class Trainer:
         model.train()
         micro, samples, step_samples, step_loss = 0, 0, 0, torch.zeros((), device=accelerator.device)
         tokens = torch.zeros((), dtype=torch.int64, device=accelerator.device)
+        _, replicas = _process_setup.data_parallel_share(accelerator)
         for batch in self._train_loader:
             if micro == 0:
                 self.control._new_step()
@@ -444,7 +441,7 @@ class Trainer:
                 )
             micro += 1
             step_loss += loss
-            step_samples += (find_batch_size(batch) or 0) * accelerator.num_processes
+            step_samples += (find_batch_size(batch) or 0) * replicas
             if not accelerator.sync_gradients:
                 self.control = self._event("on_substep_end")
                 continue

@@ -65,6 +65,7 @@ class NDParallelBackend(FSDPBackend):
                 "tensor parallelism needs the weights on every process. Set cpu_ram_efficient_loading=False."
             )
         self.config = config
+        self._own_group: dist.ProcessGroup | None = None
         shards = config.dp_shard_enabled or config.cp_enabled or config.dp_replicate_enabled
         self.distributed_type = (
             DistributedType.FSDP
@@ -92,6 +93,21 @@ class NDParallelBackend(FSDPBackend):
             return DataShard(index=0, count=1)
         dp = self.config.get_submesh("dp")
         return DataShard(index=dp.get_local_rank(), count=dp.size())
+
+    def data_parallel_group(self) -> dist.ProcessGroup | None:
+        """One process per data-parallel replica: the ``dp`` sub-mesh's group, which holds this process and
+        the processes at the same ``tp``/``cp`` coordinates in the other replicas. With tensor parallelism
+        alone (no data-parallel dimension) a group of this process only. None when every process is a
+        replica of its own (no tensor or context parallelism)."""
+        config = self.config
+        if not config.non_dp_dim_names:
+            return None
+        if config.dp_dim_names:
+            return config.get_submesh("dp").get_group()
+        if self._own_group is None:
+            # Only this process takes part, so no other process has to call new_group at the same time.
+            self._own_group = dist.new_group([self.state.process_index], use_local_synchronization=True)
+        return self._own_group
 
     # -- models -----------------------------------------------------------------------------------
     def wrap_model(self, model: nn.Module, *, device_placement: bool = True) -> nn.Module:

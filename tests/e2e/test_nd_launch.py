@@ -1,0 +1,87 @@
+"""N-D parallelism from the launcher: ``--parallelism-config-*`` flags (both spellings) and the config file's
+``parallelism_config:`` section reach the workers, and bad sizes fail before any process starts."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.helpers.cli import lockstep
+from tests.helpers.optional import requires
+
+pytestmark = pytest.mark.distributed
+SCRIPT = "tests/scripts/nd_launch_train.py"
+ACCELERATE_YAML = """\
+compute_environment: LOCAL_MACHINE
+distributed_type: MULTI_CPU
+num_machines: 1
+num_processes: 2
+use_cpu: true
+parallelism_config:
+  parallelism_config_dp_replicate_size: 1
+  parallelism_config_dp_shard_size: 1
+  parallelism_config_tp_size: 2
+  parallelism_config_cp_size: 1
+  parallelism_config_cp_comm_strategy: allgather
+"""
+
+
+@requires("transformers")
+def test_tp_flags_launch_two_processes_that_match_one_process(tmp_path):
+    single = tmp_path / "single.json"
+    result = lockstep("launch", "--num-processes", "1", "--cpu", SCRIPT, str(single), timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = tmp_path / "tp.json"
+    result = lockstep(
+        "launch", "--num_processes", "2", "--cpu", "--use_parallelism_config",
+        "--parallelism-config-tp-size", "2", SCRIPT, str(out), timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    expected, report = json.loads(single.read_text()), json.loads(out.read_text())
+    assert expected["mesh"] is None and report["mesh"] == ["tp"]
+    assert report["world"] == 2 and report["tp_size"] == 2 and report["tp_ranks"] == [0, 1]
+    assert report["losses"] == pytest.approx(expected["losses"], abs=1e-6)
+    diff = max(abs(a - b) for a, b in zip(report["params"], expected["params"], strict=True))
+    assert diff <= 1e-6
+
+
+@requires("transformers")
+def test_an_accelerate_parallelism_config_section_launches_unchanged(tmp_path):
+    config = tmp_path / "tp.yaml"
+    config.write_text(ACCELERATE_YAML)
+    out = tmp_path / "tp.json"
+    result = lockstep("launch", "--config-file", str(config), SCRIPT, str(out), timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["mesh"] == ["tp"] and report["tp_ranks"] == [0, 1]
+    explained = lockstep("config", "explain", str(config), "--parallelism_config_tp_size", "2")
+    assert explained.returncode == 0, explained.stderr
+    assert "use_parallelism_config" in explained.stdout and "parallelism_config_tp_size" in explained.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["--num-processes", "2", "--parallelism-config-tp-size", "4"],
+            "ParallelismConfig settings: ParallelismConfig(dp_replicate_size=1, dp_shard_size=1, tp_size=4, "
+            "cp_size=1, sp_size=1) needs 1 x 1 x 4 x 1 x 1 = 4 processes, but this run has 2.",
+        ),
+        (["--num-processes", "2", "--parallelism-config-tp-size", "0"], "--parallelism-config-tp-size must be >= 1"),
+        (["--num-processes", "2", "--parallelism-config-cp-size", "2"], "--parallelism-config-cp-size 2 is not supported yet"),
+        (["--parallelism_config_sp_size", "2"], "--parallelism_config_sp_size is not supported: DeepSpeed-Ulysses"),
+    ],
+)  # fmt: skip
+def test_bad_parallelism_flags_exit_2_before_any_process_starts(args, message):
+    result = lockstep("launch", "--cpu", *args, SCRIPT, "x")
+    assert result.returncode == 2
+    assert message in result.stderr
+
+
+def test_an_unknown_parallelism_config_key_names_its_path(tmp_path):
+    config = tmp_path / "bad.yaml"
+    config.write_text(ACCELERATE_YAML.replace("parallelism_config_cp_size", "parallelism_config_pp_size"))
+    result = lockstep("launch", "--config-file", str(config), SCRIPT, "x")
+    assert result.returncode == 2
+    assert "parallelism_config.parallelism_config_pp_size" in result.stderr
