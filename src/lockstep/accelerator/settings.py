@@ -223,7 +223,7 @@ def _parallelism_fields(section: dict[str, Any]) -> dict[str, Any]:
 
     fields = {key.removeprefix("parallelism_config_"): value for key, value in section.items()}
     strategy = fields.pop("cp_comm_strategy", None)
-    for key in ("dp_replicate_size", "dp_shard_size", "tp_size", "cp_size", "sp_size"):
+    for key in ("dp_replicate_size", "dp_shard_size", "tp_size", "cp_size", "sp_size", "pp_size"):
         if key in fields:
             fields[key] = int(fields[key])
     if strategy is not None and int(fields.get("cp_size", 1)) > 1:
