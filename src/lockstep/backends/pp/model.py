@@ -58,6 +58,9 @@ class PipelinedModel(nn.Module):
         persistent_keys: the state-dict keys of the user's model, in its order (other buffers are non-persistent).
     """
 
+    flat_optimizer_state = True
+    """Checkpoints save the optimizer state flattened, one entry per parameter (see the FSDP checkpoint)."""
+
     def __init__(
         self,
         stages: Sequence[Any],
