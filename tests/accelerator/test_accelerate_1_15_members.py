@@ -349,15 +349,6 @@ def test_deepspeed_and_parallelism_members_answer_as_accelerate_without_them(cap
     ) == 1
 
 
-def test_pipeline_parallel_rank_raises_the_not_yet_error():
-    accelerator = Accelerator(cpu=True)
-    with pytest.raises(
-        NotImplementedError,
-        match="Accelerator.pipeline_parallel_rank is not supported yet: pipeline parallelism is not built",
-    ):
-        _ = accelerator.pipeline_parallel_rank
-
-
 @pytest.mark.parametrize(
     ("member", "size"),
     [
@@ -365,6 +356,7 @@ def test_pipeline_parallel_rank_raises_the_not_yet_error():
         ("data_parallel_rank", "dp_replicate_size"),
         ("data_parallel_shard_rank", "dp_shard_size"),
         ("context_parallel_rank", "cp_size"),
+        ("pipeline_parallel_rank", "pp_size"),
     ],
 )
 def test_mesh_ranks_without_a_parallelism_config_raise_runtime_error_as_accelerate(member, size):

@@ -96,8 +96,8 @@ def test_sizes_must_multiply_to_the_number_of_processes():
     config = ParallelismConfig(dp_shard_size=2, tp_size=2)
     with pytest.raises(
         ValueError,
-        match=r"ParallelismConfig\(dp_replicate_size=1, dp_shard_size=2, tp_size=2, cp_size=1, sp_size=1\) needs "
-        r"1 x 2 x 2 x 1 x 1 = 4 processes, but this run has 2. Choose sizes whose product is 2",
+        match=r"ParallelismConfig\(dp_replicate_size=1, dp_shard_size=2, tp_size=2, cp_size=1, sp_size=1, pp_size=1\) needs "
+        r"1 x 2 x 2 x 1 x 1 x 1 = 4 processes, but this run has 2. Choose sizes whose product is 2",
     ):
         config.validate_world_size(2)
     ones = ParallelismConfig()
@@ -106,7 +106,7 @@ def test_sizes_must_multiply_to_the_number_of_processes():
 
 
 def test_the_accelerator_refuses_a_layout_for_another_world_size():
-    with pytest.raises(ValueError, match=r"needs 1 x 1 x 2 x 1 x 1 = 2 processes, but this run has 1"):
+    with pytest.raises(ValueError, match=r"needs 1 x 1 x 2 x 1 x 1 x 1 = 2 processes, but this run has 1"):
         Accelerator(cpu=True, parallelism_config=ParallelismConfig(tp_size=2))
 
 

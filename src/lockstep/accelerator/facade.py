@@ -424,6 +424,26 @@ class Accelerator(ProcessView, SettingsView, MeshView, UnconfiguredFeatures):
         with self._step_timer.backward():
             self.backend.backward(loss, **kwargs)
 
+    def pipeline_step(
+        self, model: nn.Module, *args: Any, target: Any = None, loss_fn: Any = None, **kwargs: Any
+    ) -> torch.Tensor | None:
+        """One pipeline-parallel step (``ParallelismConfig(pp_size=...)``): forward and backward of every
+        micro-batch of ``model(*args, **kwargs)`` against ``target``, divided by the accumulation steps like
+        :meth:`backward`. Returns the batch's mean loss on the ranks holding the last stage, else None.
+
+        Example:
+            >>> loss = accelerator.pipeline_step(model, x, target=y, loss_fn=F.mse_loss)  # doctest: +SKIP
+        """
+        with self._step_timer.backward():
+            return self.backend.pipeline_step(
+                model,
+                args,
+                kwargs,
+                target=target,
+                loss_fn=loss_fn,
+                accumulation_steps=self.gradient_accumulation_steps,
+            )
+
     @contextlib.contextmanager
     def accumulate(self, *models: nn.Module) -> Iterator[None]:
         """Accumulate gradients over ``gradient_accumulation_steps`` micro-batches.

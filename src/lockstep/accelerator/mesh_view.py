@@ -95,6 +95,13 @@ class MeshView:
         return self._local_rank("dp_shard")
 
     @property
+    def pipeline_parallel_rank(self) -> int:
+        """This process's index along ``pp`` (0 when ``pp_size`` is 1): which pipeline stages it holds."""
+        if self.state.parallelism_config is None:
+            _not_configured("pipeline_parallel_rank", "pipeline parallelism", "pp_size")
+        return self._local_rank("pp")
+
+    @property
     def context_parallel_rank(self) -> int:
         """This process's index along ``cp`` (0 when ``cp_size`` is 1)."""
         if self.state.parallelism_config is None:

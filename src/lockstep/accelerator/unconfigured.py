@@ -1,18 +1,14 @@
-"""Accelerate 1.15's Accelerator members for DeepSpeed sequence parallelism, pipeline parallelism, FP8 and LOMO optimizers.
+"""Accelerate 1.15's Accelerator members for DeepSpeed sequence parallelism, FP8 and LOMO optimizers.
 
 lockstep builds none of these yet, so each member answers as Accelerate does when the feature is not
 configured: the FP8 backend is ``NO``, the dataloader adapter for sequence parallelism returns the loader,
-and ``maybe_context_parallel`` runs the block unchanged. ``pipeline_parallel_rank`` raises
-``NotImplementedError`` (a ``RuntimeError``, what Accelerate raises) saying what is missing. The members
-of a ``ParallelismConfig`` are :mod:`.mesh_view`'s. The base stands on its own: it needs nothing.
+and ``maybe_context_parallel`` runs the block unchanged. The members of a ``ParallelismConfig``
+(``pipeline_parallel_rank`` included) are :mod:`.mesh_view`'s. The base stands on its own: it needs nothing.
 
 Example:
     >>> features = UnconfiguredFeatures()
     >>> features.fp8_backend, features.has_lomo_optimizer
     (<FP8BackendType.NO: 'NO'>, False)
-    >>> features.pipeline_parallel_rank
-    Traceback (most recent call last):
-    NotImplementedError: Accelerator.pipeline_parallel_rank is not supported yet: pipeline parallelism is not built (nor in Accelerate). Every process holds a data-parallel replica or a shard of the model; use process_index.
 """
 
 from __future__ import annotations
@@ -20,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Iterator
-from typing import Any, NoReturn
+from typing import Any
 
 import torch
 
@@ -30,15 +26,8 @@ logger = logging.getLogger("lockstep.accelerator")
 _warned: set[str] = set()
 
 
-def _not_built(member: str, what: str) -> NoReturn:
-    raise NotImplementedError(
-        f"Accelerator.{member} is not supported yet: {what}. Every process holds a data-parallel replica or a "
-        "shard of the model; use process_index."
-    )
-
-
 class UnconfiguredFeatures:
-    """What Accelerate's sequence/pipeline parallelism, FP8 and LOMO members answer when none is configured."""
+    """What Accelerate's sequence parallelism, FP8 and LOMO members answer when none is configured."""
 
     fp8_enabled: bool = False
     """Whether training runs in FP8 (``mixed_precision="fp8"``); lockstep has no FP8 backend."""
@@ -52,11 +41,6 @@ class UnconfiguredFeatures:
     """Whether a LOMO optimizer (``lomo-optim``) was prepared; lockstep does not prepare them."""
 
     # -- parallelism --------------------------------------------------------------------------
-    @property
-    def pipeline_parallel_rank(self) -> int:
-        """Raises, as in Accelerate: pipeline parallelism is not supported."""
-        _not_built("pipeline_parallel_rank", "pipeline parallelism is not built (nor in Accelerate)")
-
     @contextlib.contextmanager
     def maybe_context_parallel(
         self,

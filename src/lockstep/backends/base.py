@@ -193,6 +193,24 @@ class Backend(ABC):
         """``loss.backward()`` in this backend's precision (scaled under fp16)."""
         self.precision.backward(loss, **kwargs)
 
+    def pipeline_step(
+        self,
+        model: nn.Module,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        *,
+        target: Any,
+        loss_fn: Any,
+        accumulation_steps: int,
+    ) -> torch.Tensor | None:
+        """One pipeline-parallel training step (forward and backward of every micro-batch); only a pipeline
+        backend has one."""
+        raise RuntimeError(
+            "accelerator.pipeline_step() runs a pipeline-parallel model, and this Accelerator has no pipeline: "
+            "pass Accelerator(parallelism_config=ParallelismConfig(pp_size=...)), or train this model with "
+            "loss = loss_fn(model(inputs), labels); accelerator.backward(loss)."
+        )
+
     def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager:
         """A context in which backward passes do not synchronise gradients."""
         return contextlib.nullcontext()

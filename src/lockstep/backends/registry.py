@@ -38,7 +38,7 @@ def select_backend(
     one). FSDP is used whenever its plugin is given, even with one process (a mesh of one), so that
     checkpoints have the same sharded format whatever the number of processes. A ``ParallelismConfig`` with
     a tensor, context or sharded data-parallel dimension gets the N-D backend (its FSDP settings from the
-    plugin when one is given); one with ``dp_replicate`` alone is plain data parallelism (DDP).
+    plugin when one is given), one with a pipeline dimension the pipeline backend; one with ``dp_replicate`` alone is plain data parallelism (DDP).
 
     Example:
         >>> from lockstep.state import PartialState
@@ -53,6 +53,17 @@ def select_backend(
             state, plugins=deepspeed_plugins, mixed_precision=mixed_precision, dynamo_plugin=dynamo_plugin
         )
     if parallelism_config is not None and parallelism_config.device_mesh is not None:
+        if parallelism_config.pp_enabled:
+            from lockstep.backends.fsdp.precision import FSDPPrecision
+            from lockstep.backends.pp import PipelineBackend
+
+            return PipelineBackend(
+                state,
+                config=parallelism_config,
+                plugin=fsdp_plugin if fsdp_plugin is not None else FullyShardedDataParallelPlugin(),
+                precision=FSDPPrecision(mixed_precision, state.device, **precision_kwargs),
+                dynamo_plugin=dynamo_plugin,
+            )
         if parallelism_config.dp_shard_cp_dim_names or parallelism_config.tp_enabled:
             from lockstep.backends.fsdp.precision import FSDPPrecision
             from lockstep.backends.nd import NDParallelBackend

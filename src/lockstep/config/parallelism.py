@@ -1,12 +1,15 @@
 """``ParallelismConfig``: how the processes are laid out on an N-D device mesh (Accelerate's names).
 
-The processes form a mesh with up to five dimensions, in Accelerate's order ``dp_replicate, dp_shard,
-cp, sp, tp`` (only the dimensions of size > 1 exist). Three flattened sub-meshes are added: ``dp`` (the
+The processes form a mesh with up to six dimensions, in torchtitan's order ``pp, dp_replicate, dp_shard,
+cp, sp, tp`` (Accelerate's order with lockstep's pipeline dimension ``pp`` outermost; only the dimensions
+of size > 1 exist). Three flattened sub-meshes are added: ``dp`` (the
 data-parallel dimensions), ``dp_shard_cp`` (what FSDP shards over: ``dp_shard`` with ``cp``/``sp``) and
 ``dp_cp`` (what the loss is averaged over). Ranks that differ only in ``tp`` (or ``cp``) see the same batch.
 
 - ``dp_shard_size > 1``: FSDP2 over ``dp_shard``; with ``dp_replicate_size > 1`` too, HSDP.
 - ``tp_size > 1``: tensor parallelism (``parallelize_module``) over ``tp``, then FSDP over ``dp_shard``.
+- ``pp_size > 1``: pipeline parallelism over ``pp`` (lockstep's extension; ``pp_handler`` says how), then
+  FSDP over ``dp_shard`` within each stage.
 - every size 1 on N processes: plain data parallelism (``dp_replicate = N``), as in Accelerate.
 
 Unlike Accelerate, lockstep builds these meshes on CPUs (gloo) as on GPUs, so a layout can be tested
@@ -29,13 +32,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from lockstep import _env
+from lockstep.config.pipeline import TorchPipelineParallelConfig
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
-MESH_ORDER = ("dp_replicate", "dp_shard", "cp", "sp", "tp")
-"""Accelerate's order of the mesh dimensions (outermost first)."""
-_SIZES = ("dp_replicate_size", "dp_shard_size", "tp_size", "cp_size", "sp_size")
+MESH_ORDER = ("pp", "dp_replicate", "dp_shard", "cp", "sp", "tp")
+"""The order of the mesh dimensions (outermost first): Accelerate's, with the pipeline dimension first."""
+_SIZES = ("dp_replicate_size", "dp_shard_size", "tp_size", "cp_size", "sp_size", "pp_size")
 PLAN_STYLES = ("colwise", "rowwise", "sequence_parallel")
 """The names a ``parallelize_plan`` may use instead of a torch ``ParallelStyle`` object."""
 CP_COMM_STRATEGIES = ("allgather", "alltoall")
@@ -128,6 +132,10 @@ class ParallelismConfig:
         tp_handler: a :class:`TorchTensorParallelConfig` (made when ``tp_size > 1`` and none is given).
         cp_handler: a :class:`TorchContextParallelConfig` (made when ``cp_size > 1`` and none is given).
         sp_handler: accepted for Accelerate's signature; sequence parallelism is not built.
+        pp_size: pipeline stages the model is cut into across processes (lockstep's extension: Accelerate
+            has no pipeline training).
+        pp_handler: a :class:`~lockstep.config.pipeline.TorchPipelineParallelConfig` (made when
+            ``pp_size > 1`` and none is given): schedule, micro-batches, split points.
 
     Example:
         >>> from lockstep import Accelerator
@@ -146,6 +154,8 @@ class ParallelismConfig:
     tp_handler: TorchTensorParallelConfig | None = None
     cp_handler: TorchContextParallelConfig | None = None
     sp_handler: Any = None
+    pp_size: int | None = None
+    pp_handler: TorchPipelineParallelConfig | None = None
     device_mesh: DeviceMesh | None = field(default=None, init=False, repr=False, compare=False)
     """The mesh, once :meth:`get_device_mesh` built it (the Accelerator builds it)."""
     _flattened_meshes: dict[str, DeviceMesh] = field(
@@ -183,6 +193,13 @@ class ParallelismConfig:
                 f"ParallelismConfig(tp_handler=...) must be a TorchTensorParallelConfig, got "
                 f"{type(self.tp_handler).__name__}."
             )
+        if self.pp_size > 1 and self.pp_handler is None:
+            self.pp_handler = TorchPipelineParallelConfig()
+        if self.pp_handler is not None and not isinstance(self.pp_handler, TorchPipelineParallelConfig):
+            raise TypeError(
+                f"ParallelismConfig(pp_handler=...) must be a TorchPipelineParallelConfig, got "
+                f"{type(self.pp_handler).__name__}."
+            )
         if self.cp_handler is not None and not isinstance(self.cp_handler, TorchContextParallelConfig):
             raise TypeError(
                 f"ParallelismConfig(cp_handler=...) must be a TorchContextParallelConfig, got "
@@ -202,19 +219,46 @@ class ParallelismConfig:
                 "compose with replicated data parallelism alone (as in Accelerate). Use dp_shard_size instead of "
                 "dp_replicate_size (FSDP + TP/CP), or both > 1 (HSDP + TP/CP)."
             )
+        if self.pp_size > 1:
+            self._check_pipeline_combinations()
+
+    def _check_pipeline_combinations(self) -> None:
+        others = {
+            name: getattr(self, f"{name}_size")
+            for name in ("tp", "cp", "sp")
+            if getattr(self, f"{name}_size") > 1
+        }
+        if others:
+            sizes = ", ".join(f"{name}_size={size}" for name, size in others.items())
+            raise NotImplementedError(
+                f"ParallelismConfig(pp_size={self.pp_size}, {sizes}) is not built yet: pipeline parallelism composes "
+                "with data parallelism (dp_shard_size) only. Set the other sizes to 1."
+            )
+        if self.dp_replicate_size > 1 and self.dp_shard_size == 1:
+            raise NotImplementedError(
+                f"ParallelismConfig(pp_size={self.pp_size}, dp_replicate_size={self.dp_replicate_size}) is not built "
+                "yet: pipeline stages are replicated with FSDP. Use dp_shard_size instead of dp_replicate_size."
+            )
 
     def __repr__(self) -> str:
         sizes = ", ".join(f"{name}={getattr(self, name)}" for name in _SIZES)
         return (
             f"ParallelismConfig({sizes}, total_size={self.total_size}, tp_handler={self.tp_handler}, "
-            f"cp_handler={self.cp_handler})"
+            f"cp_handler={self.cp_handler}, pp_handler={self.pp_handler})"
         )
 
     # -- sizes -------------------------------------------------------------------------------------
     @property
     def total_size(self) -> int:
         """The product of all sizes: the number of processes this layout needs."""
-        return self.dp_replicate_size * self.dp_shard_size * self.tp_size * self.cp_size * self.sp_size
+        return (
+            self.pp_size
+            * self.dp_replicate_size
+            * self.dp_shard_size
+            * self.tp_size
+            * self.cp_size
+            * self.sp_size
+        )
 
     @property
     def data_parallel_size(self) -> int:
@@ -245,6 +289,10 @@ class ParallelismConfig:
     @property
     def sp_enabled(self) -> bool:
         return self.sp_size > 1
+
+    @property
+    def pp_enabled(self) -> bool:
+        return self.pp_size > 1
 
     # -- dimension names ---------------------------------------------------------------------------
     def _enabled(self, *names: str) -> list[str]:
@@ -278,7 +326,7 @@ class ParallelismConfig:
     @property
     def active_mesh_dims(self) -> list[str]:
         """Every enabled dimension."""
-        return self.dp_dim_names + self.non_dp_dim_names
+        return self._enabled("pp") + self.dp_dim_names + self.non_dp_dim_names
 
     # -- the mesh ----------------------------------------------------------------------------------
     def _get_mesh(self) -> tuple[tuple[str, ...], tuple[int, ...]]:
@@ -349,7 +397,7 @@ class ParallelismConfig:
                 f"{self.total_size} processes, but this run has {num_processes}. Choose sizes whose product is "
                 f"{num_processes}, or launch {self.total_size} processes."
             )
-        for name in ("tp", "cp", "sp"):
+        for name in ("tp", "cp", "sp", "pp"):
             if getattr(self, f"{name}_size") == 1 and getattr(self, f"{name}_handler") is not None:
                 warnings.warn(
                     f"ParallelismConfig.{name}_handler is set but {name}_size is 1: the handler is ignored.",
@@ -367,4 +415,5 @@ class ParallelismConfig:
                 if handler is None
                 else {k: v for k, v in vars(handler).items() if k != "parallelize_plan"}
             )
+        data["pp_handler"] = None if self.pp_handler is None else self.pp_handler.to_json()
         return data

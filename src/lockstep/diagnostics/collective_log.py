@@ -50,9 +50,9 @@ _OPS: dict[str, tuple[int | None, str | None, bool]] = {
     "monitored_barrier": (None, None, False),
     "send": (0, "tensor", False),
     "recv": (0, "tensor", False),
-    "isend": (0, "tensor", True),
-    "irecv": (0, "tensor", True),
 }
+# isend/irecv stay torch's own: dist.P2POp (which torch.distributed.pipelining builds from dist.isend and
+# dist.irecv) refuses any other function ("Invalid ``op``"), so a wrapper would break every pipeline.
 
 _LOCKSTEP_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep

@@ -55,6 +55,15 @@ def _model(model: nn.Module) -> nn.Module:
     return getattr(model, "_orig_mod", model)
 
 
+def _sharded_optimizer_options(model: nn.Module) -> Any:
+    """A pipelined model's optimizer state is saved flattened (``param_groups.<name>.lr``, one entry per
+    parameter): each pipeline rank holds other parameters, and one ``param_groups`` list per rank would
+    collide under one DCP key (only one rank's list would be kept)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(flatten_optimizer_state_dict=getattr(model, "flat_optimizer_state", False))
+
+
 # -- full state dicts (FULL_STATE_DICT) ---------------------------------------------------------------
 def full_optimizer_state(model: nn.Module, optimizer: Any) -> dict[str, Any]:
     """The optimizer's whole state, keyed by parameter name, on the main process ({} elsewhere)."""
@@ -95,7 +104,9 @@ def save_optimizer_shards(model: nn.Module, optimizer: Any, path: Path) -> None:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
-    state = get_optimizer_state_dict(_model(model), _inner(optimizer))
+    state = get_optimizer_state_dict(
+        _model(model), _inner(optimizer), options=_sharded_optimizer_options(model)
+    )
     dcp.save({OPTIMIZER_KEY: state}, checkpoint_id=path)
 
 
@@ -145,9 +156,10 @@ def load_optimizer_shards(model: nn.Module, optimizer: Any, path: Path) -> None:
 
     from lockstep.checkpoint import safe_dcp
 
-    holder = {OPTIMIZER_KEY: get_optimizer_state_dict(_model(model), _inner(optimizer))}
+    options = _sharded_optimizer_options(model)
+    holder = {OPTIMIZER_KEY: get_optimizer_state_dict(_model(model), _inner(optimizer), options=options)}
     safe_dcp.load(holder, path)
-    set_optimizer_state_dict(_model(model), _inner(optimizer), holder[OPTIMIZER_KEY])
+    set_optimizer_state_dict(_model(model), _inner(optimizer), holder[OPTIMIZER_KEY], options=options)
 
 
 # -- what a folder holds ------------------------------------------------------------------------------

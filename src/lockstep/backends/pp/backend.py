@@ -1,0 +1,263 @@
+"""The pipeline backend: the model cut into stages over ``pp``, each stage FSDP-sharded over ``dp_shard``.
+
+torchtitan's recipe on torch's own pieces: ``prepare`` traces the model once with an example micro-batch
+(``torch.distributed.pipelining.pipeline``), cuts it at the split points (:mod:`.split`), keeps this
+rank's stages, shards each with ``fully_shard`` over ``dp_shard`` when there is one, wraps them in
+``PipelineStage`` objects on the ``pp`` process group, and returns a :class:`~.model.PipelinedModel`
+that holds them under the model's own parameter names and runs torch's schedule
+(``ScheduleGPipe``, ``Schedule1F1B``, ``ScheduleInterleaved1F1B``, ...).
+
+Everything else is the N-D/FSDP backend's, because the pipelined model looks like an ordinary module:
+optimizers built before ``prepare`` are re-bound to this rank's (sharded) parameters and forget those
+other ranks hold; ``save_state`` writes every rank's stages into one ``torch.distributed.checkpoint``
+folder (stages have disjoint names); clipping reduces the norm over the ``dp_shard`` shards, then over
+the pipeline ranks; ``get_state_dict`` gathers every stage on the main process.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor
+
+from lockstep.backends.fsdp.backend import _parameter_owners
+from lockstep.backends.fsdp.clipping import global_grad_norm
+from lockstep.backends.fsdp.precision import FSDPPrecision
+from lockstep.backends.nd.backend import NDParallelBackend, _sum_reductions_only
+from lockstep.backends.pp.model import PipelinedModel
+from lockstep.backends.pp.split import resolve_split_points, stage_indices, trace_stages
+from lockstep.config.fsdp import FullyShardedDataParallelPlugin
+from lockstep.config.parallelism import ParallelismConfig
+from lockstep.config.pipeline import TorchPipelineParallelConfig
+from lockstep.config.plugins import TorchDynamoPlugin
+from lockstep.state import PartialState
+
+
+class PipelineBackend(NDParallelBackend):
+    """Pipeline parallelism over ``pp`` (with FSDP2 over ``dp_shard`` inside each stage).
+
+    Args:
+        state: the process state.
+        config: the layout (``pp_size > 1``); its mesh is built already.
+        plugin: FSDP settings for the ``dp_shard`` dimension.
+        precision: the Accelerator's mixed precision (full precision only, for now).
+        dynamo_plugin: ``torch.compile`` settings (not built with pipelining yet).
+    """
+
+    def __init__(
+        self,
+        state: PartialState,
+        *,
+        config: ParallelismConfig,
+        plugin: FullyShardedDataParallelPlugin,
+        precision: FSDPPrecision,
+        dynamo_plugin: TorchDynamoPlugin | None = None,
+    ) -> None:
+        super().__init__(
+            state, config=config, plugin=plugin, precision=precision, dynamo_plugin=dynamo_plugin
+        )
+        assert config.pp_handler is not None
+        self.handler: TorchPipelineParallelConfig = config.pp_handler
+        if precision.enabled:
+            raise NotImplementedError(
+                f"mixed_precision={precision.mixed_precision.value!r} with pipeline parallelism (pp_size="
+                f"{config.pp_size}) is not built yet: the stages run in full precision. Use mixed_precision='no'."
+            )
+        if dynamo_plugin is not None and dynamo_plugin.enabled:
+            raise NotImplementedError(
+                "torch.compile (dynamo_backend / TorchDynamoPlugin) with pipeline parallelism is not built yet: "
+                "the traced stages are not compiled. Drop the dynamo setting."
+            )
+        self._elsewhere: set[int] = set()
+        """ids of the user's parameters that other pipeline ranks hold (dropped from optimizers)."""
+
+    @property
+    def pp_mesh(self) -> DeviceMesh:
+        return self.config.get_submesh("pp")
+
+    # -- models -----------------------------------------------------------------------------------
+    def prepare_model(
+        self, model: nn.Module, *, device_placement: bool, evaluation_mode: bool = False
+    ) -> nn.Module:
+        if evaluation_mode:
+            raise NotImplementedError(
+                "prepare_model(evaluation_mode=True) with pipeline parallelism is not built yet (pipelined "
+                "inference, Accelerate's prepare_pippy). Prepare the model for training, or without pp_size."
+            )
+        return self.wrap_model(model, device_placement=device_placement)
+
+    def wrap_model(self, model: nn.Module, *, device_placement: bool = True) -> nn.Module:
+        if isinstance(model, PipelinedModel):
+            raise ValueError("This model is pipelined already; pass the plain model to prepare().")
+        handler, pp_size = self.handler, self.config.pp_size
+        num_stages = pp_size * handler.stages_per_rank  # type: ignore[operator]
+        microbatches = handler.num_microbatches or num_stages
+        points = resolve_split_points(model, handler.split_points, num_stages)
+        modules = trace_stages(model, _example_microbatch(model, handler, microbatches), points)
+        indices = stage_indices(
+            self.pp_mesh.get_local_rank(), pp_size, handler.stages_per_rank, handler.stage_layout
+        )  # type: ignore[arg-type]
+        local = [modules[index] for index in indices]
+        here = {id(p) for module in local for p in module.parameters()}
+        self._elsewhere |= {id(p) for p in model.parameters() if id(p) not in here}
+        if device_placement:
+            for module in local:
+                module.to(self.device)
+        owners = [owner for module in local for owner in _parameter_owners(module)]
+        fsdp_mesh = self._fsdp_mesh
+        if fsdp_mesh is not None:
+            for module in local:
+                self._shard_stage(module, fsdp_mesh)
+        self._record_replacements(owners)
+        pipelined = PipelinedModel(
+            self._stages(local, indices, num_stages),
+            schedule_class=_schedule_class(handler.schedule_class_name),
+            num_microbatches=microbatches,
+            persistent_keys=list(model.state_dict()),
+        )
+        self.sharded_models.append(pipelined)
+        return pipelined
+
+    def _shard_stage(self, module: nn.Module, mesh: DeviceMesh) -> None:
+        """One FSDP unit per stage (the traced stage has no block classes left to wrap apart)."""
+        fully_shard(
+            module,
+            mesh=mesh,
+            reshard_after_forward=self.plugin.reshard_after_forward,
+            mp_policy=self.mp_policy,
+            offload_policy=self.offload_policy,
+        )
+        if dist.get_backend() == "gloo":
+            _sum_reductions_only(module)
+
+    def _stages(self, modules: list[nn.Module], indices: list[int], num_stages: int) -> list[Any]:
+        from torch.distributed.pipelining import PipelineStage
+
+        group = self.pp_mesh.get_group()
+        return [
+            PipelineStage(module, index, num_stages, self.device, group=group)
+            for module, index in zip(modules, indices, strict=True)
+        ]
+
+    # -- optimizers -------------------------------------------------------------------------------
+    def prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+        """Re-bind to this rank's (sharded) parameters; parameters other pipeline ranks hold are dropped."""
+        for group in optimizer.param_groups:
+            group["params"] = [p for p in group["params"] if id(p) not in self._elsewhere]
+        return super().prepare_optimizer(optimizer)
+
+    # -- training step ----------------------------------------------------------------------------
+    def pipeline_step(
+        self,
+        model: nn.Module,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        *,
+        target: Any,
+        loss_fn: Any,
+        accumulation_steps: int,
+    ) -> torch.Tensor | None:
+        if not isinstance(model, PipelinedModel):
+            raise TypeError(
+                f"pipeline_step() needs the model prepare() returned (a PipelinedModel), got {type(model).__name__}."
+            )
+        loss_fn = loss_fn if loss_fn is not None else self.handler.loss_fn
+        if loss_fn is None:
+            raise ValueError(
+                "pipeline_step() needs a loss function for the last stage: pass pipeline_step(model, inputs, "
+                "target=labels, loss_fn=fn) or TorchPipelineParallelConfig(loss_fn=fn), where fn(outputs, target) "
+                "returns the mean loss of a micro-batch."
+            )
+        if target is None:
+            raise ValueError(
+                "pipeline_step() needs target=... (the labels the last stage's loss function reads)."
+            )
+        return model.train_step(
+            args, kwargs, target=target, loss_fn=loss_fn, accumulation_steps=accumulation_steps
+        )
+
+    def clip_grad_norm_(
+        self, parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float = 2.0
+    ) -> torch.Tensor:
+        """Clip by the norm of every stage's gradients together (reduced over ``dp_shard``, then ``pp``)."""
+        grads = [p.grad for p in parameters if p.grad is not None]
+        norm_type = float(norm_type)
+        local = global_grad_norm(grads, norm_type, self.state).to(self.device)
+        group = self.pp_mesh.get_group()
+        if math.isinf(norm_type):
+            dist.all_reduce(local, op=dist.ReduceOp.MAX, group=group)
+            total = local
+        else:
+            powered = local**norm_type
+            dist.all_reduce(powered, op=dist.ReduceOp.SUM, group=group)
+            total = powered ** (1.0 / norm_type)
+        coefficient = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+        with torch.no_grad():
+            for grad in grads:
+                part = grad.to_local() if isinstance(grad, DTensor) else grad
+                part.mul_(coefficient.to(device=part.device, dtype=part.dtype))
+        return total
+
+    # -- state dicts and checkpoints --------------------------------------------------------------
+    @property
+    def _writes_shards(self) -> bool:
+        # Every pipeline rank writes its own stages: no rank holds the whole model to write it in one file.
+        return True
+
+    def full_state_dict(self, model: nn.Module) -> dict[str, Any]:
+        """The whole model's weights on the main process (every stage gathered; {} on the others)."""
+        if not isinstance(model, PipelinedModel):
+            return super().full_state_dict(model)
+        local = {
+            key: (value.full_tensor() if isinstance(value, DTensor) else value).detach().cpu()
+            for key, value in model.state_dict().items()
+        }
+        gathered: list[Any] = [None] * dist.get_world_size() if self.state.is_main_process else []
+        dist.gather_object(local, gathered if self.state.is_main_process else None, dst=0)
+        if not self.state.is_main_process:
+            return {}
+        merged = {key: value for part in gathered for key, value in part.items()}
+        return {key: merged[key] for key in model.key_order if key in merged}
+
+
+def _schedule_class(name: str) -> type:
+    import torch.distributed.pipelining as pipelining
+
+    schedule = getattr(pipelining, name, None)
+    if schedule is None:
+        raise NotImplementedError(
+            f"The pipeline schedule {name} is not in this torch ({torch.__version__}): upgrade torch or choose "
+            "another TorchPipelineParallelConfig(schedule=...)."
+        )
+    return schedule
+
+
+def _example_microbatch(
+    model: nn.Module, handler: TorchPipelineParallelConfig, microbatches: int
+) -> tuple[Any, ...]:
+    """The first micro-batch of ``example_args``, on the model's device, to trace the model with."""
+    if handler.example_args is None:
+        raise ValueError(
+            f"Pipeline parallelism traces {type(model).__name__} once to cut it into stages, and needs an example "
+            "batch of its inputs: pass ParallelismConfig(pp_size=..., pp_handler=TorchPipelineParallelConfig("
+            "example_args=(inputs,))) with inputs shaped like one batch given to pipeline_step."
+        )
+    device = next(model.parameters()).device
+    micro: list[Any] = []
+    for value in handler.example_args:
+        if isinstance(value, torch.Tensor):
+            if value.shape[0] % microbatches:
+                raise ValueError(
+                    f"TorchPipelineParallelConfig(example_args=...) has a batch of {value.shape[0]}, which "
+                    f"{microbatches} micro-batches do not divide. Give a batch shaped like the training batches."
+                )
+            value = value[: value.shape[0] // microbatches].to(device)
+        micro.append(value)
+    return tuple(micro)
