@@ -52,6 +52,7 @@ from lockstep.accelerator.settings import (
 )
 from lockstep.accelerator.settings_view import SettingsView
 from lockstep.accelerator.trackers import Trackers
+from lockstep.accelerator.tracking_view import TrackingView
 from lockstep.accelerator.unconfigured import UnconfiguredFeatures
 from lockstep.backends.registry import select_backend
 from lockstep.config.dataloader import DataLoaderConfiguration
@@ -68,12 +69,11 @@ from lockstep.throughput.build import build_step_timer
 if TYPE_CHECKING:
     from lockstep.accelerator.checkpoints import CheckpointManager, SaveReport
     from lockstep.backends.base import Backend
-    from lockstep.tracking.base import GeneralTracker
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-class Accelerator(ProcessView, SettingsView, MeshView, UnconfiguredFeatures):
+class Accelerator(ProcessView, SettingsView, MeshView, TrackingView, UnconfiguredFeatures):
     """Runs one ordinary training loop on one CPU, one GPU, many processes or many machines.
 
     Args:
@@ -176,8 +176,8 @@ class Accelerator(ProcessView, SettingsView, MeshView, UnconfiguredFeatures):
         self._accumulation = GradientAccumulation(self.gradient_state)
         self.backend = self._build_backend()
         self._prepared = PreparedObjects()
-        self._trackers = Trackers(
-            log_with, project=self.project_configuration, is_main_process=self.is_main_process
+        TrackingView.__init__(
+            self, Trackers(log_with, project=self.project_configuration, is_main_process=self.is_main_process)
         )
         self._step_timer = self._build_step_timer(step_timing)
         self._preemption = PreemptionWatcher(preemption_signals, preemption_grace_period)
@@ -596,42 +596,6 @@ class Accelerator(ProcessView, SettingsView, MeshView, UnconfiguredFeatures):
             self.flag_tensor = torch.tensor(0, device=self.device)
             return True
         return False
-
-    # -- trackers ---------------------------------------------------------------------------------
-    def init_trackers(
-        self, project_name: str, config: dict | None = None, init_kwargs: dict | None = None
-    ) -> None:
-        """Start the trackers given as ``log_with`` (on the main process) and record ``config``.
-
-        Example:
-            >>> accelerator = Accelerator(log_with="jsonl", project_dir="runs/a")  # doctest: +SKIP
-            >>> accelerator.init_trackers("sentiment", config={"lr": 3e-5})  # doctest: +SKIP
-            >>> accelerator.log({"loss": 0.5}, step=1)  # doctest: +SKIP
-        """
-        self._trackers.start(project_name, config=config, init_kwargs=init_kwargs)
-
-    @property
-    def log_with(self) -> list[Any]:
-        """The trackers ``log_with`` asked for, checked (names and tracker objects), before ``init_trackers``."""
-        return list(self._trackers.specs)
-
-    @property
-    def trackers(self) -> list[GeneralTracker]:
-        """The trackers started on this process (empty on processes that do not log)."""
-        return self._trackers.started
-
-    @trackers.setter
-    def trackers(self, trackers: list[GeneralTracker]) -> None:
-        self._trackers.started = trackers
-
-    def log(self, values: dict, step: int | None = None, log_kwargs: dict | None = None) -> None:
-        """Send ``values`` to every started tracker (a no-op on processes that do not log)."""
-        self._trackers.log(values, step=step, log_kwargs=log_kwargs)
-
-    def get_tracker(self, name: str, unwrap: bool = False) -> Any:
-        """The tracker called ``name`` (its underlying object with ``unwrap``); a do-nothing stand-in on
-        processes that do not log."""
-        return self._trackers.get(name, unwrap=unwrap)
 
     # -- memory and shutdown ----------------------------------------------------------------------
     def free_memory(self, *objects: Any) -> list[Any]:

@@ -16,7 +16,7 @@ This module must not import torch.
 
 Example:
     >>> config_from_section({"parallelism_config_dp_shard_size": 2, "parallelism_config_tp_size": 2})
-    ParallelismConfig(dp_replicate_size=1, dp_shard_size=2, tp_size=2, cp_size=1, sp_size=1, total_size=4, tp_handler=TorchTensorParallelConfig(enable_async_tp=False, parallelize_plan=None), cp_handler=None)
+    ParallelismConfig(dp_replicate_size=1, dp_shard_size=2, tp_size=2, cp_size=1, sp_size=1, pp_size=1, total_size=4, tp_handler=TorchTensorParallelConfig(enable_async_tp=False, parallelize_plan=None), cp_handler=None, pp_handler=None)
     >>> config_from_section({"parallelism_config_pp_size": 2})
     Traceback (most recent call last):
     ValueError: parallelism_config.parallelism_config_pp_size is not a setting of ParallelismConfig.
