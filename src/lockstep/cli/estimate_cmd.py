@@ -22,6 +22,7 @@ _STRATEGY_NOTES = {
     "zero2": "ZeRO-2: + gradients sharded",
     "zero3": "ZeRO-3: + parameters sharded",
     "fsdp": "FSDP FULL_SHARD (= ZeRO-3)",
+    "mesh": "an N-D layout: TP splits what the model's tp plan names, FSDP shards over dp_shard x cp",
 }
 
 
@@ -60,6 +61,19 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--optimizer", default="adamw", help="adamw, adam, sgd-momentum or sgd (adamw)")
     parser.add_argument("--batch-size", "--batch_size", default="1", help="micro-batch per process (1)")
     parser.add_argument("--seq-len", "--seq_len", default="512", help="sequence length (512)")
+    for flag, what in (
+        ("--tp", "tensor-parallel size"),
+        ("--cp", "context-parallel size"),
+        ("--dp-shard", "FSDP (sharded data parallel) size"),
+        ("--dp-replicate", "replicated data parallel size"),
+    ):
+        parser.add_argument(
+            flag,
+            flag.replace("-", "_").replace("__", "--"),
+            dest=flag[2:].replace("-", "_"),
+            metavar="N",
+            help=f"{what} of an N-D layout (ParallelismConfig): adds a 'mesh' row",
+        )
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.set_defaults(handler=run_estimate)
 
@@ -105,6 +119,17 @@ def run_estimate(args: argparse.Namespace) -> int:
         "seq_len": _positive_ints(args.seq_len, "--seq-len")[0],
     }
     check_choices(dtypes=options["dtypes"], strategies=options["strategies"], optimizer=options["optimizer"])
+    sizes = {name: getattr(args, name) for name in ("tp", "cp", "dp_shard", "dp_replicate")}
+    if any(value is not None for value in sizes.values()):
+        from lockstep.memory.estimate.formulas import MeshLayout
+
+        options["layout"] = MeshLayout(
+            **{
+                name: _positive_ints(value, f"--{name.replace('_', '-')}")[0]
+                for name, value in sizes.items()
+                if value
+            }
+        )
     settings = _settings(args.settings)
 
     from lockstep.memory.estimate import (  # imports torch: after the cheap checks
@@ -166,7 +191,7 @@ def format_table(estimate: Any) -> list[str]:
         for row in (r for r in estimate.rows if r.dtype == dtype):
             table.append(
                 (
-                    row.strategy,
+                    row.layout or row.strategy,
                     str(row.num_processes),
                     *(human_bytes(v) for v in (row.parameters, row.gradients, row.optimizer_state)),
                     human_bytes(row.model_state),

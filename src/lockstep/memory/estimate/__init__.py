@@ -20,6 +20,7 @@ _EXPORTS = {
     "estimate_memory": "lockstep.memory.estimate.estimator",
     "STRATEGIES": "lockstep.memory.estimate.formulas",
     "RankMemory": "lockstep.memory.estimate.formulas",
+    "MeshLayout": "lockstep.memory.estimate.formulas",
     "TransformerShape": "lockstep.memory.estimate.formulas",
     "ModelDescription": "lockstep.memory.estimate.model_source",
     "describe_model": "lockstep.memory.estimate.model_source",
@@ -27,7 +28,7 @@ _EXPORTS = {
 
 if TYPE_CHECKING:
     from lockstep.memory.estimate.estimator import MemoryEstimate, estimate_memory
-    from lockstep.memory.estimate.formulas import STRATEGIES, RankMemory, TransformerShape
+    from lockstep.memory.estimate.formulas import STRATEGIES, MeshLayout, RankMemory, TransformerShape
     from lockstep.memory.estimate.model_source import ModelDescription, describe_model
 
 
@@ -41,6 +42,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "STRATEGIES",
     "MemoryEstimate",
+    "MeshLayout",
     "ModelDescription",
     "RankMemory",
     "TransformerShape",

@@ -9,9 +9,12 @@ from lockstep.errors import UsageError
 from lockstep.memory.estimate.formulas import (
     ACTIVATION_FORMULA,
     STRATEGIES,
+    MeshLayout,
     RankMemory,
     activation_bytes,
     check_choices,
+    mesh_activation_bytes,
+    mesh_model_state_bytes,
     model_state_bytes,
 )
 from lockstep.memory.estimate.model_source import ModelDescription
@@ -60,6 +63,7 @@ def estimate_memory(
     optimizer: str = "adamw",
     batch_size: int = 1,
     seq_len: int = 512,
+    layout: MeshLayout | None = None,
 ) -> MemoryEstimate:
     """Estimate the training memory each rank needs.
 
@@ -71,6 +75,8 @@ def estimate_memory(
         optimizer: ``adamw``, ``adam``, ``sgd-momentum`` or ``sgd``.
         batch_size: micro-batch size per process (activations).
         seq_len: sequence length (activations).
+        layout: an N-D layout (tensor, context, sharded and replicated data parallel sizes); adds one
+            ``mesh`` row per dtype (the model's own tensor-parallel plan says what TP splits).
 
     Example:
         >>> from lockstep.memory.estimate import describe_model
@@ -99,4 +105,29 @@ def estimate_memory(
                     optimizer=optimizer,
                 )
                 rows.append(RankMemory(strategy, dtype, count, params, grads, optim, activations))
+        if layout is not None:
+            rows.append(
+                _mesh_row(model, layout, dtype, optimizer=optimizer, batch_size=batch_size, seq_len=seq_len)
+            )
     return MemoryEstimate(model=model, optimizer=optimizer, batch_size=batch_size, seq_len=seq_len, rows=rows)
+
+
+def _mesh_row(
+    model: ModelDescription, layout: MeshLayout, dtype: str, *, optimizer: str, batch_size: int, seq_len: int
+) -> RankMemory:
+    params, grads, optim = mesh_model_state_bytes(
+        layout,
+        dtype,
+        trainable=model.trainable_parameters,
+        frozen=model.frozen_parameters,
+        tensor_parallel=model.tensor_parallel_parameters,
+        optimizer=optimizer,
+    )
+    activations = None
+    if model.transformer is not None:
+        activations = mesh_activation_bytes(
+            model.transformer, layout, batch_size=batch_size, seq_len=seq_len, dtype=dtype
+        )
+    return RankMemory(
+        "mesh", dtype, layout.num_processes, params, grads, optim, activations, layout=layout.name
+    )

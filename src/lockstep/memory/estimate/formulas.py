@@ -19,6 +19,7 @@ Frozen parameters hold only P (sharded under zero3/fsdp).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
@@ -63,6 +64,8 @@ class RankMemory:
     gradients: int
     optimizer_state: int
     activations: int | None
+    layout: str | None = None
+    """For the ``mesh`` strategy: the N-D layout, e.g. ``dp_shard=2 x tp=2``."""
 
     @property
     def model_state(self) -> int:
@@ -122,6 +125,65 @@ def model_state_bytes(
         share(trainable * grad, shard_grads),
         share(trainable * optim, shard_optim),
     )
+
+
+@dataclass(frozen=True)
+class MeshLayout:
+    """An N-D layout (``ParallelismConfig``): tensor, context, sharded and replicated data parallel sizes."""
+
+    tp: int = 1
+    cp: int = 1
+    dp_shard: int = 1
+    dp_replicate: int = 1
+
+    @property
+    def num_processes(self) -> int:
+        return self.tp * self.cp * self.dp_shard * self.dp_replicate
+
+    @property
+    def name(self) -> str:
+        sizes = {"dp_replicate": self.dp_replicate, "dp_shard": self.dp_shard, "cp": self.cp, "tp": self.tp}
+        return " x ".join(f"{k}={v}" for k, v in sizes.items() if v > 1) or "one process"
+
+
+def mesh_model_state_bytes(
+    layout: MeshLayout,
+    dtype: str,
+    *,
+    trainable: int,
+    frozen: int = 0,
+    tensor_parallel: int = 0,
+    optimizer: str = "adamw",
+) -> tuple[int, int, int]:
+    """(parameters, gradients, optimizer state) bytes per rank of an N-D layout, as lockstep builds it:
+    tensor parallelism splits the ``tensor_parallel`` elements over ``tp`` (the rest is replicated on the TP
+    mesh), then FSDP shards everything over ``dp_shard x cp``; ``dp_replicate`` holds whole copies.
+
+    Example:
+        >>> mesh_model_state_bytes(MeshLayout(tp=2, dp_shard=2), "fp32", trainable=1000, tensor_parallel=800)
+        (1200, 1200, 2400)
+    """
+    param, grad, optim = bytes_per_parameter(dtype, optimizer)
+    total = trainable + frozen
+    split = min(tensor_parallel, total)
+    local = split / layout.tp + (total - split)  # elements this TP rank holds, before FSDP
+    sharded = local / (layout.dp_shard * layout.cp)
+    trained = sharded * (trainable / total if total else 1.0)
+    return math.ceil(sharded * param), math.ceil(trained * grad), math.ceil(trained * optim)
+
+
+def mesh_activation_bytes(
+    shape: TransformerShape, layout: MeshLayout, *, batch_size: int, seq_len: int, dtype: str
+) -> int:
+    """:func:`activation_bytes` under tensor and context parallelism (no sequence parallelism): context
+    parallelism divides the sequence a rank holds by ``cp``; tensor parallelism divides the attention and MLP
+    activations by ``tp`` (Korthikanti et al.: ``s*b*h*(10 + 24/t + 5*a*s/(h*t))`` for I = 4h)."""
+    s, b, h = seq_len // layout.cp or 1, batch_size, shape.hidden_size
+    split = s * b * (8 * h + 4 * shape.intermediate_size) + 5 * shape.num_heads * s * seq_len * b
+    per_layer_16bit = s * b * 10 * h + split / layout.tp
+    scale = 2 if DTYPE_BYTES[dtype] == 4 else 1
+    logits = 4 * s * b * shape.vocab_size if shape.vocab_size else 0
+    return math.ceil(shape.num_layers * per_layer_16bit * scale + logits)
 
 
 def activation_bytes(shape: TransformerShape, *, batch_size: int, seq_len: int, dtype: str) -> int:

@@ -9,6 +9,7 @@ Three ways to name a model:
 
 from __future__ import annotations
 
+import fnmatch
 import importlib
 import importlib.util
 import json
@@ -48,6 +49,9 @@ class ModelDescription:
     frozen_parameters: int
     transformer: TransformerShape | None
     unknown_activations_reason: str = ""
+    tensor_parallel_parameters: int = 0
+    """Elements that tensor parallelism splits: the weights (and column-split biases) of the modules the
+    model's own plan names; 0 without a plan."""
 
     @property
     def num_parameters(self) -> int:
@@ -222,6 +226,35 @@ def _describe_module(source: str, model: nn.Module) -> ModelDescription:
         frozen_parameters=frozen,
         transformer=shape,
         unknown_activations_reason=reason,
+        tensor_parallel_parameters=tensor_parallel_elements(model),
+    )
+
+
+def tensor_parallel_elements(model: nn.Module) -> int:
+    """Elements of the parameters a tensor-parallel plan splits, by the model's own plan (transformers' resolved
+    ``_tp_plan``, which adds the embeddings and LM head, else ``config.base_model_tp_plan``): every module whose
+    name ends with a pattern (``layers.*.mlp.up_proj``) has its weight split, and its bias too when the style
+    is column-wise."""
+    plan = getattr(model, "_tp_plan", None) or getattr(
+        getattr(model, "config", None), "base_model_tp_plan", None
+    )
+    plan = plan if isinstance(plan, dict) else {}
+    total = 0
+    for name, module in model.named_modules():
+        style = next((style for pattern, style in plan.items() if _ends_with(name, pattern)), None)
+        if style is None:
+            continue
+        weight, bias = getattr(module, "weight", None), getattr(module, "bias", None)
+        total += weight.numel() if isinstance(weight, torch.Tensor) else 0
+        if isinstance(bias, torch.Tensor) and str(style).startswith("colwise"):
+            total += bias.numel()
+    return total
+
+
+def _ends_with(name: str, pattern: str) -> bool:
+    parts, atoms = name.split("."), pattern.split(".")
+    return len(parts) >= len(atoms) and all(
+        fnmatch.fnmatchcase(p, a) for p, a in zip(parts[-len(atoms) :], atoms, strict=True)
     )
 
 
