@@ -15,7 +15,13 @@ from torch import nn
 
 from lockstep import Accelerator, ParallelismConfig
 from lockstep.config.pipeline import TorchPipelineParallelConfig
-from tests.helpers.fsdp_models import FEATURES, data_loader, make_data, make_transformer
+from tests.helpers.fsdp_models import (
+    FEATURES,
+    TinyTransformer,
+    data_loader,
+    make_data,
+    make_transformer,
+)
 from tests.helpers.multiprocess import run_distributed
 
 LENGTH, PER_REPLICA, DEPTH, ACCUMULATION, CLIP = 48, 8, 4, 2, 0.5
@@ -131,6 +137,72 @@ def test_pipeline_by_fully_sharded_data_parallel_on_four_processes_matches_one_p
     print(f"pp x dp_shard: max parameter diff {_check_parity(results, 2 * PER_REPLICA, [2, 3]):.2e}")
 
 
+EVAL_LENGTH = 44  # five batches of 8 and a last one of 4 (padded to 8 for the stages, then cut back)
+
+
+def _evaluate(schedule: str, options: dict) -> dict:
+    config = ParallelismConfig(pp_size=2, pp_handler=_handler(schedule, **options))
+    accelerator = Accelerator(parallelism_config=config)
+    model = make_transformer(depth=DEPTH)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, optimizer, train_dl, eval_dl = accelerator.prepare(
+        model, optimizer, data_loader(LENGTH, PER_REPLICA), data_loader(EVAL_LENGTH, PER_REPLICA)
+    )
+
+    def evaluate() -> torch.Tensor:
+        model.eval()
+        with torch.no_grad():
+            outputs = [accelerator.gather_for_metrics(model(x)) for x, _ in eval_dl]
+        model.train()
+        return torch.cat(outputs)
+
+    before = evaluate()
+    x, y = next(iter(train_dl))
+    accelerator.pipeline_step(model, x, target=y)  # training after evaluation: the schedule re-infers shapes
+    optimizer.step()
+    optimizer.zero_grad()
+    after = evaluate()
+    with torch.no_grad():  # training mode under no_grad evaluates too
+        batch_outputs = model(x)
+    return {
+        "before": before,
+        "after": after,
+        "batch": batch_outputs,
+        "replicas": float(accelerator.reduce(torch.tensor(1.0), reduction="sum")),
+    }
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("schedule", ["1f1b", "interleaved_1f1b"])
+def test_evaluation_returns_the_last_stage_outputs_on_every_rank(schedule):
+    results = run_distributed(_evaluate, 2, schedule, {"num_microbatches": 2}, timeout=120)
+    data = make_data(EVAL_LENGTH).tensors[0]
+    model = make_transformer(depth=DEPTH)
+    with torch.no_grad():
+        expected_before = model(data)
+    x, y = make_data(LENGTH)[:PER_REPLICA]
+    nn.functional.mse_loss(model(x), y).backward()
+    torch.optim.SGD(model.parameters(), lr=0.1).step()
+    with torch.no_grad():
+        expected_after, expected_batch = model(data), model(x)
+    for result in results:  # every rank: all 44 samples once, in order (the padded tail cut back)
+        assert result["before"].shape == (EVAL_LENGTH, 1)
+        assert (result["before"] - expected_before).abs().max().item() <= TOLERANCE
+        assert (result["after"] - expected_after).abs().max().item() <= TOLERANCE
+        assert (result["batch"] - expected_batch).abs().max().item() <= TOLERANCE
+        assert result["replicas"] == 1.0  # reduce/gather run over the data-parallel replicas, not over pp
+    assert torch.equal(results[0]["after"], results[1]["after"])
+
+
+class _DropoutTransformer(TinyTransformer):
+    def __init__(self) -> None:
+        super().__init__(depth=DEPTH)
+        self.drop = nn.Dropout(0.25)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(self.drop(x))
+
+
 def _save_and_reload(folder: str, model_folder: str) -> dict:
     config = ParallelismConfig(pp_size=2, pp_handler=_handler("1f1b", num_microbatches=2))
     accelerator = Accelerator(parallelism_config=config)
@@ -215,6 +287,29 @@ def _errors() -> dict:
             call()
         except (ValueError, RuntimeError) as error:
             messages[name] = str(error)
+    reset_lockstep_state()
+    accelerator = Accelerator(
+        parallelism_config=ParallelismConfig(pp_size=2, pp_handler=_handler("gpipe", num_microbatches=4))
+    )
+    model = accelerator.prepare(_DropoutTransformer())  # traced in train mode: the dropout is baked in
+    x, y = torch.randn(PER_REPLICA, FEATURES), torch.zeros(PER_REPLICA, 1)
+    trained = accelerator.pipeline_step(model, x, target=y)
+    model.eval()
+    try:
+        model(x)
+    except NotImplementedError as error:
+        messages["dropout"] = str(error)
+    messages["trained"] = str(trained is not None or accelerator.process_index == 0)
+    reset_lockstep_state()
+    accelerator = Accelerator(
+        parallelism_config=ParallelismConfig(pp_size=2, pp_handler=_handler("zbv_zero_bubble"))
+    )
+    model = accelerator.prepare(make_transformer(depth=DEPTH))
+    model.eval()
+    try:
+        model(x)
+    except NotImplementedError as error:
+        messages["zbv_eval"] = str(error)
     return messages
 
 
@@ -233,7 +328,16 @@ def test_bad_split_points_stage_counts_and_batches_are_clear_errors():
         "pipeline_step() got a batch of 6 samples, which 4 micro-batches do not divide."
     )
     assert messages["direct_call"].startswith(
-        "A pipelined model (ParallelismConfig(pp_size > 1)) is not called directly"
+        "A pipelined model (ParallelismConfig(pp_size > 1)) is not called directly for training"
+    )
+    assert messages["trained"] == "True"
+    assert messages["dropout"] == (
+        "Evaluation (model(inputs)) in eval() mode is not built yet for this pipelined model: the stages were "
+        "traced in train() mode, and the tracer baked that mode into drop (their behaviour depends on the "
+        "mode). Set their dropout to 0 (BatchNorm: use LayerNorm), or run the model in train() mode only."
+    )
+    assert messages["zbv_eval"].startswith(
+        "Evaluation (model(inputs)) with TorchPipelineParallelConfig(schedule='zbv_zero_bubble') is not built yet"
     )
 
 

@@ -31,7 +31,7 @@ from lockstep.backends.fsdp.backend import _parameter_owners
 from lockstep.backends.fsdp.clipping import global_grad_norm
 from lockstep.backends.fsdp.precision import FSDPPrecision
 from lockstep.backends.nd.backend import NDParallelBackend, _sum_reductions_only
-from lockstep.backends.pp.model import PipelinedModel
+from lockstep.backends.pp.model import PipelinedModel, mode_dependent_modules
 from lockstep.backends.pp.split import resolve_split_points, stage_indices, trace_stages
 from lockstep.config.fsdp import FullyShardedDataParallelPlugin
 from lockstep.config.parallelism import ParallelismConfig
@@ -82,6 +82,16 @@ class PipelineBackend(NDParallelBackend):
     def pp_mesh(self) -> DeviceMesh:
         return self.config.get_submesh("pp")
 
+    def data_parallel_group(self) -> dist.ProcessGroup | None:
+        """The ``dp`` replicas only: the ranks of one pipeline read the same batch (and, after an evaluation
+        forward, hold the same outputs), so metrics gathered over every process would count them ``pp_size``
+        times."""
+        if self.config.dp_dim_names:
+            return self.config.get_submesh("dp").get_group()
+        if self._own_group is None:
+            self._own_group = dist.new_group([self.state.process_index], use_local_synchronization=True)
+        return self._own_group
+
     # -- models -----------------------------------------------------------------------------------
     def prepare_model(
         self, model: nn.Module, *, device_placement: bool, evaluation_mode: bool = False
@@ -116,11 +126,16 @@ class PipelineBackend(NDParallelBackend):
             for module in local:
                 self._shard_stage(module, fsdp_mesh)
         self._record_replacements(owners)
+        layout = (pp_size, handler.stages_per_rank, handler.stage_layout)
         pipelined = PipelinedModel(
             self._stages(local, indices, num_stages),
             schedule_class=_schedule_class(handler.schedule_class_name),
             num_microbatches=microbatches,
             persistent_keys=list(model.state_dict()),
+            group=self.pp_mesh.get_group(),
+            last_stage_rank=next(r for r in range(pp_size) if num_stages - 1 in stage_indices(r, *layout)),  # type: ignore[arg-type]
+            traced_training=model.training,
+            mode_dependent=mode_dependent_modules(model),
         )
         self.sharded_models.append(pipelined)
         return pipelined

@@ -4,8 +4,17 @@
 the stages this rank holds, under the names they have in the user's model (``layers.3.up.weight``), so
 optimizers, clipping, ``torch.distributed.checkpoint`` and the FSDP checkpoint code see an ordinary
 module. A training step is one call of the torch schedule (forward and backward of every micro-batch):
-:meth:`PipelinedModel.train_step`, reached through ``accelerator.pipeline_step``. Calling the model
-directly is an error that says so.
+:meth:`PipelinedModel.train_step`, reached through ``accelerator.pipeline_step``.
+
+Evaluation is an ordinary call: in ``model.eval()`` mode or under ``torch.no_grad()``, ``model(inputs)`` runs
+the schedule forward only (torch's ``schedule.eval``) and returns the last stage's outputs on *every* rank
+of the pipeline (broadcast over ``pp``), so ``accelerator.gather_for_metrics(outputs)``, which gathers over
+the data-parallel replicas only, counts each sample once. Calling the model in training mode with
+gradients enabled is an error that points to ``pipeline_step``.
+
+The tracer bakes the train/eval mode into the stages: a ``Dropout`` traced in training mode stays active
+after ``model.eval()``. Models with such modules (see :data:`MODE_DEPENDENT`) therefore run only in the mode
+they were traced in; the other mode is a clear ``NotImplementedError``.
 
 Gradients: each micro-batch's loss is divided by ``micro-batches x accumulation steps`` before its
 backward (the schedule is built with ``scale_grads=False``, since torch's own scaling would also divide
@@ -19,14 +28,41 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 _MISUSE = (
-    "A pipelined model (ParallelismConfig(pp_size > 1)) is not called directly: each rank holds some stages "
-    "only, and one training step runs forward and backward of every micro-batch through all of them. Call "
-    "loss = accelerator.pipeline_step(model, inputs, target=labels) (the loss on the last stage, None on the "
-    "others), then optimizer.step()."
+    "A pipelined model (ParallelismConfig(pp_size > 1)) is not called directly for training: each rank holds "
+    "some stages only, and one training step runs forward and backward of every micro-batch through all of "
+    "them. Call loss = accelerator.pipeline_step(model, inputs, target=labels) (the loss on the last stage, "
+    "None on the others), then optimizer.step(). To evaluate, call model.eval() (or use torch.no_grad()) "
+    "first: model(inputs) then returns the outputs on every rank."
 )
+
+MODE_DEPENDENT: tuple[type[nn.Module], ...] = (
+    nn.modules.dropout._DropoutNd,
+    nn.modules.batchnorm._BatchNorm,
+    nn.MultiheadAttention,
+    nn.RNNBase,
+)
+"""Module classes that behave differently in ``train()`` and ``eval()`` mode (counted when their dropout
+probability is > 0, for those that have one)."""
+
+
+_NO_EVAL = {"ScheduleZBVZeroBubble": "zbv_zero_bubble"}
+"""Schedules whose ``eval()`` fails in torch 2.13 (the ZBV runtime asserts it has no backward)."""
+
+
+def mode_dependent_modules(model: nn.Module) -> list[str]:
+    """The names of ``model``'s modules whose behaviour depends on train/eval mode (see the module docs)."""
+    names = []
+    for name, module in model.named_modules():
+        if not isinstance(module, MODE_DEPENDENT):
+            continue
+        probability = getattr(module, "p", getattr(module, "dropout", 0.0))
+        if isinstance(module, nn.modules.batchnorm._BatchNorm) or probability:
+            names.append(name)
+    return names
 
 
 class _ScaledLoss:
@@ -35,8 +71,13 @@ class _ScaledLoss:
     def __init__(self) -> None:
         self.fn: Callable[..., torch.Tensor] | None = None
         self.divisor = 1
+        self.evaluating = False
+        """Forward only: torch's schedules still call the loss function on the last stage (with a placeholder
+        target), so it returns a constant instead of reading labels the evaluation does not have."""
 
     def __call__(self, output: Any, target: Any) -> torch.Tensor:
+        if self.evaluating:
+            return torch.zeros(())
         assert self.fn is not None
         return self.fn(output, target) / self.divisor
 
@@ -56,6 +97,10 @@ class PipelinedModel(nn.Module):
         schedule_class: the torch schedule class (``ScheduleGPipe``, ``Schedule1F1B``, ...).
         num_microbatches: micro-batches per batch.
         persistent_keys: the state-dict keys of the user's model, in its order (other buffers are non-persistent).
+        group: the ``pp`` process group the stages exchange activations on.
+        last_stage_rank: the rank in ``group`` that holds the last stage (its outputs are broadcast from there).
+        traced_training: the train/eval mode the stages were traced in.
+        mode_dependent: names of modules the traced mode is baked into (:func:`mode_dependent_modules`).
     """
 
     flat_optimizer_state = True
@@ -68,6 +113,10 @@ class PipelinedModel(nn.Module):
         schedule_class: type,
         num_microbatches: int,
         persistent_keys: list[str],
+        group: dist.ProcessGroup,
+        last_stage_rank: int,
+        traced_training: bool = True,
+        mode_dependent: Sequence[str] = (),
     ) -> None:
         super().__init__()
         self._stages = list(stages)  # a plain list: the stage modules are not children under another name
@@ -76,10 +125,17 @@ class PipelinedModel(nn.Module):
         self.key_order = list(persistent_keys)
         self._loss = _ScaledLoss()
         self._schedule: Any = None
-        self._batch_size: int | None = None
+        self._batch_sizes: dict[
+            bool, int
+        ] = {}  # per kind of step (with backward or not): its fixed batch size
+        self._group = group
+        self._last_stage_rank = last_stage_rank
+        self._traced_training = traced_training
+        self._mode_dependent = list(mode_dependent)
         for stage in self._stages:
             _merge_into(self, stage.submod)
         _mark_non_persistent(self, set(persistent_keys))
+        self.train(traced_training)
 
     # -- what this rank holds ------------------------------------------------------------------------
     @property
@@ -101,7 +157,10 @@ class PipelinedModel(nn.Module):
         return any(stage.is_last for stage in self._stages)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        raise RuntimeError(_MISUSE)
+        """Forward only, in ``eval()`` mode or under ``torch.no_grad()``: the outputs on every pipeline rank."""
+        if self.training and torch.is_grad_enabled():
+            raise RuntimeError(_MISUSE)
+        return self.eval_step(args, kwargs)
 
     def train(self, mode: bool = True) -> PipelinedModel:
         super().train(mode)
@@ -121,9 +180,20 @@ class PipelinedModel(nn.Module):
             )
         return self._schedule
 
-    def check_batch(self, args: tuple[Any, ...], target: Any) -> None:
+    def _check_mode(self, what: str) -> None:
+        if self._mode_dependent and self.training != self._traced_training:
+            traced, now = ("train", "eval") if self._traced_training else ("eval", "train")
+            raise NotImplementedError(
+                f"{what} in {now}() mode is not built yet for this pipelined model: the stages were traced in "
+                f"{traced}() mode, and the tracer baked that mode into {', '.join(self._mode_dependent[:5])} "
+                f"(their behaviour depends on the mode). Set their dropout to 0 (BatchNorm: use LayerNorm), or "
+                f"run the model in {traced}() mode only."
+            )
+
+    def check_batch(self, args: tuple[Any, ...], target: Any, *, backward: bool = True) -> None:
         """Raise a ``ValueError`` when the batch cannot be cut into the micro-batches the stages expect."""
         tensor = _first_tensor((*args, target))
+        what = "pipeline_step()" if backward else "Evaluation (model(inputs))"
         if tensor is None:
             raise TypeError(
                 "pipeline_step() got no tensor: pass the model's inputs (a tensor first) and target=labels."
@@ -131,17 +201,22 @@ class PipelinedModel(nn.Module):
         size = tensor.shape[0]
         if size % self.num_microbatches:
             raise ValueError(
-                f"pipeline_step() got a batch of {size} samples, which {self.num_microbatches} micro-batches do not "
+                f"{what} got a batch of {size} samples, which {self.num_microbatches} micro-batches do not "
                 f"divide. Use a batch size that is a multiple of {self.num_microbatches} (drop_last=True in the "
                 "DataLoader), or change TorchPipelineParallelConfig(num_microbatches=...)."
             )
-        if self._batch_size is not None and size != self._batch_size:
-            raise ValueError(
-                f"pipeline_step() got a batch of {size} samples after batches of {self._batch_size}: the pipeline "
-                "stages exchange micro-batches of one fixed shape. Keep the batch size fixed (drop_last=True in the "
-                "DataLoader)."
+        fixed = self._batch_sizes.get(backward)
+        if fixed is not None and size != fixed:
+            hint = (
+                "Keep the batch size fixed (drop_last=True in the DataLoader)."
+                if backward
+                else "Smaller batches are padded, larger ones are not: evaluate with one batch size."
             )
-        self._batch_size = size
+            raise ValueError(
+                f"{what} got a batch of {size} samples after batches of {fixed}: the pipeline stages exchange "
+                f"micro-batches of one fixed shape. {hint}"
+            )
+        self._batch_sizes[backward] = size
 
     def train_step(
         self,
@@ -154,10 +229,12 @@ class PipelinedModel(nn.Module):
     ) -> torch.Tensor | None:
         """Forward and backward of every micro-batch of one batch; the batch's mean loss on the rank holding
         the last stage (None on the others). Gradients accumulate into ``.grad`` (see the module docs)."""
+        self._check_mode("pipeline_step()")
         self.check_batch(args, target)
         schedule = self._built_schedule()
         self._loss.fn = loss_fn
         self._loss.divisor = self.num_microbatches * accumulation_steps
+        self._batch_sizes.pop(False, None)  # the schedule re-infers the shapes at the next evaluation
         losses: list[torch.Tensor] = []
         first, last = self.holds_first_stage, self.holds_last_stage
         schedule.step(
@@ -170,6 +247,105 @@ class PipelinedModel(nn.Module):
         if not last:
             return None
         return torch.stack([loss.detach() for loss in losses]).sum() * accumulation_steps
+
+    def eval_step(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Forward of every micro-batch (torch's ``schedule.eval``, no backward, no loss); the last stage's
+        outputs, merged along the batch, broadcast to every rank of the pipeline. A batch smaller than the
+        first evaluation batch (a loader's last) is padded to that size with its last sample, and the
+        outputs cut back, because the stages exchange micro-batches of one fixed shape."""
+        self._check_mode("Evaluation (model(inputs))")
+        if self._schedule_class.__name__ in _NO_EVAL:
+            raise NotImplementedError(
+                f"Evaluation (model(inputs)) with TorchPipelineParallelConfig(schedule="
+                f"{_NO_EVAL[self._schedule_class.__name__]!r}) is not built yet: torch {torch.__version__}'s "
+                "forward-only run of this schedule still performs its backward actions and fails. Evaluate with "
+                "another schedule (e.g. 'interleaved_zero_bubble')."
+            )
+        first = _first_tensor((*args, *kwargs.values()))
+        size, fixed = (None if first is None else first.shape[0]), self._batch_sizes.get(False)
+        padded = size is not None and fixed is not None and size < fixed
+        if padded:
+            args, kwargs = _pad_batch((args, kwargs), size, fixed)  # type: ignore[arg-type]
+        self.check_batch((*args, *kwargs.values()), None, backward=False)
+        schedule = self._built_schedule()
+        placeholder = torch.zeros(self._batch_sizes[False]) if self.holds_last_stage else None
+        self._loss.evaluating = True
+        try:
+            with torch.no_grad():
+                if self.holds_first_stage:
+                    outputs = schedule.eval(*args, target=placeholder, **kwargs)
+                else:
+                    outputs = schedule.eval(target=placeholder)
+        finally:
+            self._loss.evaluating = False
+        outputs = broadcast_outputs(outputs, self._group, self._last_stage_rank, self._stages[0].device)
+        return _cut_batch(outputs, fixed, size) if padded else outputs  # type: ignore[arg-type]
+
+
+def _pad_batch(values: Any, size: int, fixed: int) -> Any:
+    from torch.utils._pytree import tree_map
+
+    def pad(value: Any) -> Any:
+        if not isinstance(value, torch.Tensor) or value.dim() == 0 or value.shape[0] != size:
+            return value
+        return torch.cat([value, value[-1:].expand(fixed - size, *value.shape[1:])])
+
+    return tree_map(pad, values)
+
+
+def _cut_batch(values: Any, fixed: int, size: int) -> Any:
+    from torch.utils._pytree import tree_map
+
+    def cut(value: Any) -> Any:
+        if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == fixed:
+            return value[:size]
+        return value
+
+    return tree_map(cut, values)
+
+
+def broadcast_outputs(outputs: Any, group: dist.ProcessGroup, src: int, device: torch.device) -> Any:
+    """``outputs`` (tensors in any nested structure) of group rank ``src``, on every rank of ``group``: the
+    structure, shapes and dtypes as one object, then each tensor by ``broadcast``."""
+    from torch.utils._pytree import tree_flatten, tree_unflatten
+
+    is_source = dist.get_rank(group) == src
+    leaves, spec = tree_flatten(outputs) if is_source else ([], None)
+    described = [(t.shape, t.dtype) if isinstance(t, torch.Tensor) else t for t in leaves]
+    meta = [(_dump_spec(spec) if is_source else None, described)]
+    dist.broadcast_object_list(meta, group=group, group_src=src)
+    dumped, described = meta[0]
+    received = []
+    for index, item in enumerate(described):
+        if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], torch.dtype)):
+            received.append(item)  # a non-tensor leaf came with the structure
+            continue
+        shape, dtype = item
+        tensor = (
+            leaves[index].detach().contiguous()
+            if is_source
+            else torch.empty(shape, dtype=dtype, device=device)
+        )
+        dist.broadcast(tensor, group=group, group_src=src)
+        received.append(tensor)
+    return tree_unflatten(received, _load_spec(dumped))
+
+
+def _dump_spec(spec: Any) -> tuple[str, Any]:
+    """The structure as JSON where torch can write it (pickling a ``TreeSpec`` warns in torch 2.13)."""
+    from torch.utils._pytree import treespec_dumps
+
+    try:
+        return ("json", treespec_dumps(spec))
+    except Exception:  # a node type registered without serialization: send the object itself
+        return ("object", spec)
+
+
+def _load_spec(dumped: tuple[str, Any]) -> Any:
+    from torch.utils._pytree import treespec_loads
+
+    kind, value = dumped
+    return treespec_loads(value) if kind == "json" else value
 
 
 def _merge_into(shell: nn.Module, source: nn.Module) -> None:
