@@ -253,6 +253,17 @@ def test_pipeline_checkpoint_round_trip_and_save_model(tmp_path):
     assert sorted(written) == sorted(make_transformer(depth=DEPTH).state_dict())  # safetensors sorts keys
     assert len(results[0]["full"]) == len(written)
     assert all(torch.equal(written[k], v) for k, v in results[0]["full"].items())
+    # `lockstep merge-weights` on the pp=2 checkpoint (one process, no group): one whole model, and it
+    # loads into the plain (pp=1) model
+    from lockstep.cli.main import main
+
+    assert main(["merge-weights", str(tmp_path / "ckpt"), str(tmp_path / "merged")]) == 0
+    merged = load_file(str(tmp_path / "merged" / "model.safetensors"))
+    assert sorted(merged) == sorted(written)
+    assert all(torch.equal(merged[k], written[k]) for k in written)
+    plain = make_transformer(seed=1, depth=DEPTH)
+    plain.load_state_dict(merged)
+    assert all(torch.equal(plain.state_dict()[k], v) for k, v in results[0]["full"].items())
 
 
 def _errors() -> dict:
