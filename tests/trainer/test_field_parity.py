@@ -147,7 +147,6 @@ NOT_BUILT_VALUES = {
     "skip_memory_metrics": False,
     "optim_target_modules": ["attn"],
     "eval_use_gather_object": True,
-    "train_sampling_strategy": "group_by_length",
 }
 
 

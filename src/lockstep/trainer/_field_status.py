@@ -50,10 +50,6 @@ _NOT_BUILT: dict[str, tuple[tuple[Any, ...], str]] = {
     "skip_memory_metrics": ((True,), "the Trainer reports no memory metrics; see lockstep.memory"),
     "optim_target_modules": ((None,), "it selects modules for GaLore/APOLLO optimizers, which are not built"),
     "eval_use_gather_object": ((False,), "predictions are gathered as tensors (padded across processes)"),
-    "train_sampling_strategy": (
-        ("random", "sequential"),
-        "group_by_length is not built; 'random' and 'sequential' are",
-    ),
 }
 """Fields not built yet: the values accepted, and what to do instead."""
 
@@ -63,7 +59,6 @@ _ACCEPTED_NOTES = {
     "local_rank": "launchers set LOCAL_RANK; lockstep reads the environment and ignores the field",
     "do_train": "read by scripts only, as in transformers",
     "do_predict": "read by scripts only, as in transformers",
-    "length_column_name": "read only by train_sampling_strategy='group_by_length', which is not built",
 }
 
 _IMPLEMENTED = (
@@ -82,7 +77,7 @@ _IMPLEMENTED = (
     "ddp_find_unused_parameters ddp_bucket_cap_mb "
     "batch_eval_metrics include_for_metrics eval_do_concat_batches auto_find_batch_size save_only_model save_on_each_node restore_callback_states_from_checkpoint "
     "ddp_broadcast_buffers ddp_static_graph ddp_backend ddp_timeout fsdp fsdp_config deepspeed do_eval "
-    "parallelism_config average_tokens_across_devices "
+    "parallelism_config average_tokens_across_devices train_sampling_strategy length_column_name "
     "resume_from_checkpoint"
 ).split()
 

@@ -196,7 +196,10 @@ class Trainer:
             remove_unused_columns=self.args.remove_unused_columns,
             label_names=self.label_names,
         )
-        return TrainerLoaders(self.accelerator, self.args, collate=collate, keep_columns=keep)
+        input_name = getattr(model, "main_input_name", "input_ids")
+        return TrainerLoaders(
+            self.accelerator, self.args, collate=collate, keep_columns=keep, input_name=input_name
+        )
 
     # -- set-up -----------------------------------------------------------------------------------
     def get_train_dataloader(self) -> DataLoader:
