@@ -28,7 +28,8 @@ QUIET = {"LOCKSTEP_DISABLE_PROGRESS_BARS": "1"}
 
 
 def mse(outputs, labels, num_items_in_batch=None):
-    return nn.functional.mse_loss(outputs, labels)
+    # Normalised by the labels of the whole step (average_tokens_across_devices), as transformers expects.
+    return nn.functional.mse_loss(outputs, labels, reduction="sum") / num_items_in_batch
 
 
 class Recorder(TrainerCallback):
@@ -215,5 +216,8 @@ def test_preempted_run_resumes_exactly_from_its_newest_valid_checkpoint(tmp_path
     resumed, _ = run_distributed(_resumable_run, 2, str(tmp_path / "run"), True, None, env=QUIET)
     assert resumed["step"] == 8
     assert torch.equal(resumed["params"], full["params"])  # bitwise: data order, dropout, Adam, schedule
-    assert resumed["losses"][6] == full["losses"][6] and resumed["losses"][8] == full["losses"][8]
+    # The logged losses sum the processes' step losses in another order after a resume (the checkpoint holds
+    # their mean since the last log), so they agree to rounding, not bitwise.
+    assert resumed["losses"][6] == pytest.approx(full["losses"][6], rel=1e-6)
+    assert resumed["losses"][8] == pytest.approx(full["losses"][8], rel=1e-6)
     assert Path(tmp_path / "run" / "checkpoint-8").is_dir()

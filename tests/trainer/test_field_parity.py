@@ -146,9 +146,7 @@ NOT_BUILT_VALUES = {
     "debug": "underflow_overflow",
     "skip_memory_metrics": False,
     "optim_target_modules": ["attn"],
-    "average_tokens_across_devices": False,
     "eval_use_gather_object": True,
-    "train_sampling_strategy": "group_by_length",
 }
 
 

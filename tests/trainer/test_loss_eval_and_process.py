@@ -158,9 +158,9 @@ def test_a_nan_step_loss_is_logged_as_the_mean_since_the_last_log(tmp_path):
     real = trainer.compute_loss
     calls = []
 
-    def loss(model, batch):
+    def loss(model, batch, **kwargs):
         calls.append(1)
-        value = real(model, batch)
+        value = real(model, batch, **kwargs)
         return value * float("nan") if len(calls) == 2 else value
 
     trainer.compute_loss = loss
@@ -170,9 +170,9 @@ def test_a_nan_step_loss_is_logged_as_the_mean_since_the_last_log(tmp_path):
     trainer = _trainer(tmp_path / "b", logging_steps=3, logging_nan_inf_filter=False)
     real_b, calls_b = trainer.compute_loss, []
 
-    def loss_b(model, batch):
+    def loss_b(model, batch, **kwargs):
         calls_b.append(1)
-        value = real_b(model, batch)
+        value = real_b(model, batch, **kwargs)
         return value * float("nan") if len(calls_b) == 2 else value
 
     trainer.compute_loss = loss_b

@@ -49,28 +49,16 @@ _NOT_BUILT: dict[str, tuple[tuple[Any, ...], str]] = {
     "debug": (([],), "underflow/overflow detection and TPU metrics are not built"),
     "skip_memory_metrics": ((True,), "the Trainer reports no memory metrics; see lockstep.memory"),
     "optim_target_modules": ((None,), "it selects modules for GaLore/APOLLO optimizers, which are not built"),
-    "average_tokens_across_devices": (
-        (True,),
-        "lockstep averages per-batch mean losses; only the default is accepted",
-    ),
     "eval_use_gather_object": ((False,), "predictions are gathered as tensors (padded across processes)"),
-    "train_sampling_strategy": (
-        ("random", "sequential"),
-        "group_by_length is not built; 'random' and 'sequential' are",
-    ),
 }
 """Fields not built yet: the values accepted, and what to do instead."""
 
 _ACCEPTED_NOTES = {
-    "average_tokens_across_devices": "True (the default) is taken; each micro-batch loss is its own mean over "
-    "its labels and DDP averages the gradients, so a compute_loss_func loss is not renormalised by the tokens "
-    "of the whole step (False is refused as not built)",
     "enable_jit_checkpoint": "lockstep's Trainer always checkpoints and exits on SIGTERM/SIGUSR1 (preemption), "
     "whatever the value",
     "local_rank": "launchers set LOCAL_RANK; lockstep reads the environment and ignores the field",
     "do_train": "read by scripts only, as in transformers",
     "do_predict": "read by scripts only, as in transformers",
-    "length_column_name": "read only by train_sampling_strategy='group_by_length', which is not built",
 }
 
 _IMPLEMENTED = (
@@ -89,7 +77,7 @@ _IMPLEMENTED = (
     "ddp_find_unused_parameters ddp_bucket_cap_mb "
     "batch_eval_metrics include_for_metrics eval_do_concat_batches auto_find_batch_size save_only_model save_on_each_node restore_callback_states_from_checkpoint "
     "ddp_broadcast_buffers ddp_static_graph ddp_backend ddp_timeout fsdp fsdp_config deepspeed do_eval "
-    "parallelism_config "
+    "parallelism_config average_tokens_across_devices train_sampling_strategy length_column_name "
     "resume_from_checkpoint"
 ).split()
 

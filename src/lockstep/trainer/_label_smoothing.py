@@ -29,17 +29,22 @@ class LabelSmoothingLoss:
         self.shift_labels = shift_labels
 
     def __call__(
-        self, outputs: Any, labels: torch.Tensor, num_items_in_batch: int | None = None
+        self, outputs: Any, labels: torch.Tensor, num_items_in_batch: int | torch.Tensor | None = None
     ) -> torch.Tensor:
         logits = _logits(outputs)
         if self.shift_labels:
             logits, labels = logits[..., :-1, :], labels[..., 1:]
-        return functional.cross_entropy(
+        loss = functional.cross_entropy(
             logits.reshape(-1, logits.shape[-1]).float(),
             labels.reshape(-1),
             ignore_index=IGNORE_INDEX,
             label_smoothing=self.epsilon,
+            reduction="sum" if isinstance(num_items_in_batch, torch.Tensor) else "mean",
         )
+        if not isinstance(num_items_in_batch, torch.Tensor):  # a batch's own count (evaluation): the mean
+            return loss
+        # The accumulation cycle's label count (of the whole job with average_tokens_across_devices).
+        return loss / num_items_in_batch.to(loss.device)
 
 
 def _logits(outputs: Any) -> torch.Tensor:

@@ -9,6 +9,7 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from lockstep.accelerator import Accelerator
 from lockstep.trainer import _hf_datasets
+from lockstep.trainer._length_grouping import LengthGroupedSampler, dataset_lengths
 from lockstep.trainer.arguments import TrainingArguments
 
 
@@ -20,6 +21,8 @@ class TrainerLoaders:
         args: the loader settings (batch sizes, workers, sampling, drop_last...).
         collate: the collate function of every loader.
         keep_columns: the columns of a ``datasets`` object to keep (None: all).
+        input_name: the model's main input, whose length ``group_by_length`` reads when the dataset has no
+            ``length_column_name`` column.
     """
 
     def __init__(
@@ -29,7 +32,9 @@ class TrainerLoaders:
         *,
         collate: Callable[[list[Any]], Any],
         keep_columns: list[str] | None,
+        input_name: str = "input_ids",
     ) -> None:
+        self.input_name = input_name
         self.accelerator = accelerator
         self.args = args
         self.collate = collate
@@ -45,6 +50,7 @@ class TrainerLoaders:
     def build(self, dataset: Any, *, batch_size: int, train: bool, argument: str) -> DataLoader:
         """A plain (not prepared) loader of ``dataset``, as the arguments describe it."""
         args = self.args
+        sampler = self._length_sampler(dataset, batch_size) if train else None
         dataset = _hf_datasets.remove_unused_columns(dataset, self.keep_columns, argument)
         iterable = isinstance(dataset, IterableDataset)
         workers = args.dataloader_num_workers
@@ -52,6 +58,7 @@ class TrainerLoaders:
             dataset,
             batch_size=batch_size,
             shuffle=train and not iterable and args.train_sampling_strategy == "random",
+            sampler=sampler,
             collate_fn=self.collate,
             drop_last=args.dataloader_drop_last if train else False,
             num_workers=workers,
@@ -61,6 +68,20 @@ class TrainerLoaders:
             prefetch_factor=args.dataloader_prefetch_factor if workers > 0 else None,
             multiprocessing_context=args.dataloader_multiprocessing_context if workers > 0 else None,
         )
+
+    def _length_sampler(self, dataset: Any, batch_size: int) -> LengthGroupedSampler | None:
+        """The ``group_by_length`` sampler (groups sized for one optimizer step of one process), or None."""
+        args = self.args
+        if args.train_sampling_strategy != "group_by_length":
+            return None
+        if isinstance(dataset, IterableDataset):  # datasets.IterableDataset is one too
+            raise ValueError(
+                "TrainingArguments(train_sampling_strategy='group_by_length') needs a map-style train_dataset; "
+                f"got the iterable {type(dataset).__name__}. Use 'random' or 'sequential'."
+            )
+        lengths = dataset_lengths(dataset, args.length_column_name, self.input_name)
+        seed = args.data_seed if args.data_seed is not None else args.seed
+        return LengthGroupedSampler(lengths, batch_size * args.gradient_accumulation_steps, seed)
 
     def train_loader(self, dataset: Any, batch_size: int) -> DataLoader:
         """The prepared training loader, made on the first call."""

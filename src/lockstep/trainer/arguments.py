@@ -112,7 +112,9 @@ class TrainingArguments:
         0.0, "Label smoothing of the cross-entropy loss, in [0, 1) (0: none); needs logits and labels."
     )
     average_tokens_across_devices: bool = _help(
-        True, "Normalise a compute_loss_func loss by the label tokens of the whole step on all processes."
+        True,
+        "Sum num_items_in_batch (the label tokens of an accumulation cycle) over all processes, so the loss "
+        "is the mean over the label tokens of the whole step; False: over this process's tokens.",
     )
     # -- precision, memory, speed ---------------------------------------------------------------
     bf16: bool = _help(False, "Train with bfloat16 autocast.")

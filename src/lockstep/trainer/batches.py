@@ -178,9 +178,14 @@ def compute_loss(
     *,
     label_names: Sequence[str],
     compute_loss_func: Callable[..., torch.Tensor] | None,
+    num_items_in_batch: torch.Tensor | None = None,
+    model_takes_items: bool = False,
 ) -> tuple[torch.Tensor, Any, Any]:
-    """(loss, outputs, labels) of one batch."""
+    """(loss, outputs, labels) of one batch. ``num_items_in_batch`` (the label count of the accumulation
+    cycle) goes to ``compute_loss_func`` and, with ``model_takes_items``, to a dict batch's forward."""
     inputs, labels = split_labels(batch, label_names, pop=compute_loss_func is not None)
+    if num_items_in_batch is not None and model_takes_items and isinstance(inputs, Mapping):
+        inputs = {**inputs, "num_items_in_batch": num_items_in_batch}
     outputs = call_model(model, inputs)
     if compute_loss_func is not None:
         if labels is None:
@@ -189,7 +194,8 @@ def compute_loss(
                 f"{sorted(batch) if isinstance(batch, Mapping) else type(batch).__name__}). Set "
                 "TrainingArguments(label_names=[...])."
             )
-        return compute_loss_func(outputs, labels, num_items_in_batch=count_items(labels)), outputs, labels
+        items = num_items_in_batch if num_items_in_batch is not None else count_items(labels)
+        return compute_loss_func(outputs, labels, num_items_in_batch=items), outputs, labels
     loss = output_loss(outputs)
     if loss is None:
         keys = sorted(outputs) if isinstance(outputs, Mapping) else type(outputs).__name__

@@ -27,6 +27,7 @@ from lockstep.progress import ProgressBar
 from lockstep.trainer import (
     _best_model,
     _hyperparameter_search,
+    _num_items,
     _process_setup,
     _trainer_checks,
     _transformers_format,
@@ -154,6 +155,9 @@ class Trainer:
                 self.args.label_smoothing_factor, shift_labels=is_causal_lm(model)
             )
         self.label_names = self.args.label_names or batches.default_label_names(model)
+        self._item_counter = _num_items.item_counter(
+            self.accelerator, model, self.args, loss_func=self._loss_func, label_names=self.label_names
+        )
         self._given_optimizers = (optimizers[0], optimizers[1])
         self.optimizer, self.lr_scheduler = optimizers
         self.model_wrapped: nn.Module | None = None
@@ -192,7 +196,10 @@ class Trainer:
             remove_unused_columns=self.args.remove_unused_columns,
             label_names=self.label_names,
         )
-        return TrainerLoaders(self.accelerator, self.args, collate=collate, keep_columns=keep)
+        input_name = getattr(model, "main_input_name", "input_ids")
+        return TrainerLoaders(
+            self.accelerator, self.args, collate=collate, keep_columns=keep, input_name=input_name
+        )
 
     # -- set-up -----------------------------------------------------------------------------------
     def get_train_dataloader(self) -> DataLoader:
@@ -428,13 +435,15 @@ class Trainer:
         micro, samples, step_samples, step_loss = 0, 0, 0, torch.zeros((), device=accelerator.device)
         tokens = torch.zeros((), dtype=torch.int64, device=accelerator.device)
         _, replicas = _process_setup.data_parallel_share(accelerator)
-        for batch in self._train_loader:
+        steps = self.args.gradient_accumulation_steps
+        for micro_batch in _num_items.micro_batches(self._train_loader, self._item_counter, steps):
+            batch = micro_batch.batch
             if micro == 0:
                 self.control._new_step()
                 self.control = self._event("on_step_begin")
                 step_loss.zero_()
                 step_samples = 0
-            loss, grad_norm = self._training_step(model, batch)
+            loss, grad_norm = self._training_step(model, micro_batch)
             if self.args.include_num_input_tokens_seen != "no":
                 tokens += batches.input_tokens(batch, self.args.include_num_input_tokens_seen).to(
                     tokens.device
@@ -449,7 +458,9 @@ class Trainer:
             if self.args.include_num_input_tokens_seen != "no":
                 self.state.num_input_tokens_seen += int(accelerator.reduce(tokens, reduction="sum"))
                 tokens.zero_()
-            self._after_optimizer_step(step_loss / micro, grad_norm, step_samples)
+            # A counted loss is already the step's share (transformers sums it); a per-batch mean is averaged.
+            counted = micro_batch.num_items is not None
+            self._after_optimizer_step(step_loss if counted else step_loss / micro, grad_norm, step_samples)
             micro = 0
             if self.control.should_training_stop or self.control.should_epoch_stop:
                 break
@@ -464,13 +475,23 @@ class Trainer:
         self._maybe_log_save_evaluate(grad_norm=None)
         return samples
 
-    def _training_step(self, model: nn.Module, batch: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _training_step(
+        self, model: nn.Module, micro_batch: _num_items.MicroBatch
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Forward, backward and (on the last micro-batch) clip, optimizer and scheduler steps.
 
         Returns the (undivided) loss of the batch and, on the last micro-batch, the gradient norm."""
         accelerator, grad_norm = self.accelerator, None
-        with accelerator.accumulate(model):
-            loss = self.compute_loss(model, batch)
+        if self._item_counter is None:
+            context = accelerator.accumulate(model)
+        else:
+            context = _num_items.counted_micro_step(accelerator, model, micro_batch)
+        with context:
+            if micro_batch.num_items is None:
+                loss = self.compute_loss(model, micro_batch.batch)
+            else:  # DDP averages the replicas' gradients: a loss over the whole job's tokens undoes it
+                loss = self.compute_loss(model, micro_batch.batch, num_items_in_batch=micro_batch.num_items)
+                loss = loss * self._item_counter.loss_scale  # type: ignore[union-attr]
             accelerator.backward(loss)
             if accelerator.sync_gradients:
                 if self.args.max_grad_norm:
@@ -486,10 +507,18 @@ class Trainer:
             self.optimizer.zero_grad()  # type: ignore[union-attr]
         return loss.detach(), grad_norm
 
-    def compute_loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
-        """The loss of one batch: ``outputs.loss``, or ``compute_loss_func(outputs, labels, ...)``."""
+    def compute_loss(
+        self, model: nn.Module, batch: Any, num_items_in_batch: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """The loss of one batch: ``outputs.loss``, or ``compute_loss_func(outputs, labels, ...)``;
+        ``num_items_in_batch`` (the label tokens of the accumulation cycle) goes to both."""
         loss, _, _ = batches.compute_loss(
-            model, batch, label_names=self.label_names, compute_loss_func=self._loss_func
+            model,
+            batch,
+            label_names=self.label_names,
+            compute_loss_func=self._loss_func,
+            num_items_in_batch=num_items_in_batch,
+            model_takes_items=self._item_counter is not None and _num_items.accepts_loss_kwargs(self.model),
         )
         return loss
 
