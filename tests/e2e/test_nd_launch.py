@@ -66,7 +66,7 @@ def test_an_accelerate_parallelism_config_section_launches_unchanged(tmp_path):
         (
             ["--num-processes", "2", "--parallelism-config-tp-size", "4"],
             "ParallelismConfig settings: ParallelismConfig(dp_replicate_size=1, dp_shard_size=1, tp_size=4, "
-            "cp_size=1, sp_size=1) needs 1 x 1 x 4 x 1 x 1 = 4 processes, but this run has 2.",
+            "cp_size=1, sp_size=1, pp_size=1) needs 1 x 1 x 4 x 1 x 1 x 1 = 4 processes, but this run has 2.",
         ),
         (["--num-processes", "2", "--parallelism-config-tp-size", "0"], "--parallelism-config-tp-size must be >= 1"),
         (["--num-processes", "2", "--parallelism-config-cp-size", "2"], "--parallelism-config-cp-size 2 is not supported yet"),
