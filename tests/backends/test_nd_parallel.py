@@ -473,3 +473,16 @@ def test_loss_parallel_on_a_vocabulary_sharded_head_matches_one_process():
         assert result["logits_placements"] == ["Shard(dim=2)"]  # never gathered whole
         assert result["losses"] == pytest.approx(expected["losses"], abs=1e-5)
         assert (result["params"] - expected["params"]).abs().max().item() <= 1e-5
+
+
+@pytest.mark.distributed
+def test_a_tp2_run_resumes_exactly_in_a_fresh_process_group(tmp_path):
+    # one run: two AdamW steps, save_state, two more; another process group (new processes, new tp mesh,
+    # other initial weights) loads the checkpoint and takes the same two steps: bitwise the same weights
+    folder = str(tmp_path / "tp2")
+    uninterrupted = run_distributed(_save_then_train_on, 2, {"tp_size": 2}, PER_REPLICA, folder)
+    resumed = run_distributed(_load_on_another_layout, 2, {"tp_size": 2}, PER_REPLICA, folder)
+    for rank in range(2):
+        assert not torch.equal(resumed[rank]["end"], resumed[rank]["loaded"])
+        assert torch.equal(resumed[rank]["loaded"], uninterrupted[rank]["saved"])
+        assert torch.equal(resumed[rank]["end"], uninterrupted[rank]["end"])
