@@ -486,3 +486,57 @@ def test_a_tp2_run_resumes_exactly_in_a_fresh_process_group(tmp_path):
         assert not torch.equal(resumed[rank]["end"], resumed[rank]["loaded"])
         assert torch.equal(resumed[rank]["loaded"], uninterrupted[rank]["saved"])
         assert torch.equal(resumed[rank]["end"], uninterrupted[rank]["end"])
+
+
+ACCUMULATION_LENGTH, ACCUMULATION = 64, 2
+
+
+def _train_accumulating(sizes: dict, batch_size: int) -> dict:
+    """AdamW with accumulation 2 through the plain Accelerator loop; the loss of each global micro-batch."""
+    accelerator = _accelerator(sizes, gradient_accumulation_steps=ACCUMULATION)
+    model = make_transformer()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model, optimizer, train_dl = accelerator.prepare(
+        model, optimizer, data_loader(ACCUMULATION_LENGTH, batch_size)
+    )
+    losses = []
+    for _ in range(2):
+        for batch in train_dl:
+            with accelerator.accumulate(model):
+                loss = loss_of(model, batch)
+                accelerator.backward(loss)
+                optimizer.step()
+                optimizer.zero_grad()
+            losses.append(accelerator.reduce(loss.detach(), "mean").item())
+    return {"params": full_params(model), "losses": losses}
+
+
+def _reference_accumulating(global_micro_batch: int) -> tuple[torch.Tensor, list[float]]:
+    """One process, plain PyTorch, AdamW on global micro-batches, stepping every ACCUMULATION of them."""
+    model = make_transformer()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    batches = list(data_loader(ACCUMULATION_LENGTH, global_micro_batch))
+    losses = []
+    for _ in range(2):
+        for index, batch in enumerate(batches):
+            loss = loss_of(model, batch)
+            (loss / ACCUMULATION).backward()
+            losses.append(loss.item())
+            if (index + 1) % ACCUMULATION == 0:
+                optimizer.step()
+                optimizer.zero_grad()
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()]), losses
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_hsdp_with_adamw_and_accumulation_matches_one_process():
+    # 2 replicas x 2 shards, 4 samples each: global micro-batches of 16, an optimizer step every 32 samples
+    results = run_distributed(
+        _train_accumulating, 4, {"dp_replicate_size": 2, "dp_shard_size": 2}, 4, timeout=180
+    )
+    expected, losses = _reference_accumulating(16)
+    assert len(losses) == 2 * ACCUMULATION_LENGTH // 16
+    for result in results:
+        assert result["losses"] == pytest.approx(losses, abs=1e-5)
+        assert _max_diff(result, expected) <= 1e-5
