@@ -94,9 +94,13 @@ def through_lockstep(accelerator: Accelerator):
 
 
 def timed(step, data, steps: int) -> float:
+    """Seconds per step of the whole group: the barriers keep one rank's lag from the previous block (or
+    from a scheduler stall under load) out of this block's time."""
+    dist.barrier()
     started = time.perf_counter()
     for _ in range(steps):
         step(*next(data))
+    dist.barrier()
     return (time.perf_counter() - started) / steps
 
 
@@ -134,7 +138,10 @@ def main() -> None:
         for name in list(runs) if block % 2 == 0 else list(runs)[::-1]:
             times[name].append(timed(runs[name][0], data[name], args.steps))
     _, model, optimizer = runs["lockstep"]
+    x, y = next(data["lockstep"])  # gradients held, as in ddp_bytes (the timed steps end with zero_grad)
+    accelerator.backward(nn.functional.cross_entropy(model(x), y))
     held = account_memory(model, optimizer).model_state_bytes
+    optimizer.zero_grad()
     ddp = ddp_bytes()
     if dist.get_rank() == 0:
         ratios = [lock / hand for lock, hand in zip(times["lockstep"], times["torch"])]
