@@ -1,9 +1,10 @@
-"""A pipeline-parallel (pp=2) checkpoint loads without pipelining: one process, and DDP on 2 processes.
+"""A pipeline-parallel (pp=2) checkpoint loads without pipelining (one process, DDP on 2), and back.
 
 The pp=2 run trains 2 steps, saves, trains 2 more. Loading its checkpoint elsewhere must give its gathered
 weights bit for bit and, since the AdamW state comes back too (keyed by parameter name), the 2 further steps
 must land where the pp=2 run landed (within 1e-5: micro-batch sums reorder floats); a fresh AdamW lands far
-from it, which is what shows the optimizer state was restored.
+from it, which is what shows the optimizer state was restored. The other way, a one-process checkpoint
+(``model.safetensors``, ``optimizer.bin``) loads into pp=2 stages the same way.
 """
 
 from __future__ import annotations
@@ -104,3 +105,53 @@ def test_pp2_checkpoint_loads_into_ddp_on_two_processes(pipelined):
         assert set(result["steps"]) == {STEPS}
         assert _diff(result["after"], expected["after"]) <= TOLERANCE
     assert all(torch.equal(results[0]["after"][k], results[1]["after"][k]) for k in expected["after"])
+
+
+def _single(folder: str) -> dict:
+    """One process, no pipeline: 2 steps, save, 2 more steps."""
+    accelerator = Accelerator()
+    model = make_transformer(depth=DEPTH)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    data = make_data(LENGTH)
+    for step in range(2 * STEPS):
+        if step == STEPS:
+            accelerator.save_state(folder)
+            saved = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        x, y = data[step * PER_REPLICA : (step + 1) * PER_REPLICA]
+        accelerator.backward(nn.functional.mse_loss(model(x), y))
+        optimizer.step()
+        optimizer.zero_grad()
+    return {"saved": saved, "after": {k: v.detach().clone() for k, v in model.state_dict().items()}}
+
+
+def _pipelined_from(folder: str) -> dict:
+    config = ParallelismConfig(pp_size=2, pp_handler=_handler("1f1b", num_microbatches=2))
+    accelerator = Accelerator(parallelism_config=config)
+    model = make_transformer(seed=1, depth=DEPTH)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    accelerator.load_state(folder)
+    loaded = accelerator.get_state_dict(model)
+    steps = [int(s["step"]) for s in optimizer.optimizer.state_dict()["state"].values()]
+    data = make_data(LENGTH)
+    for step in range(STEPS, 2 * STEPS):
+        x, y = data[step * PER_REPLICA : (step + 1) * PER_REPLICA]
+        accelerator.pipeline_step(model, x, target=y)
+        optimizer.step()
+        optimizer.zero_grad()
+    return {"loaded": loaded, "steps": steps, "after": accelerator.get_state_dict(model)}
+
+
+@pytest.mark.distributed
+def test_one_process_checkpoint_loads_into_pp2(tmp_path):
+    expected = _single(str(tmp_path / "ckpt"))
+    results = run_distributed(_pipelined_from, 2, str(tmp_path / "ckpt"), timeout=120)
+    main = results[0]  # the gathered state dicts are on the main process
+    assert list(main["loaded"]) == list(expected["saved"])
+    assert all(torch.equal(main["loaded"][k], v) for k, v in expected["saved"].items())
+    for result in results:  # each pipeline rank restored the AdamW state of the parameters it holds
+        assert result["steps"] and set(result["steps"]) == {STEPS}
+    continued = _diff(main["after"], expected["after"])
+    assert continued <= TOLERANCE
+    print(f"1 process -> pp=2: continued {continued:.1e} from one process")
