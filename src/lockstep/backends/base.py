@@ -56,6 +56,8 @@ class DataShard(NamedTuple):
 
     index: int
     count: int
+    place_batches: bool = True
+    """Move this process's batches to its device (False: it uses none of them, e.g. a middle pipeline stage)."""
 
 
 def _compiled_like(compiled: nn.Module, module: nn.Module) -> nn.Module:

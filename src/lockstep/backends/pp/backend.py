@@ -32,7 +32,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
-from lockstep.backends.base import Backend, Indexed
+from lockstep.backends.base import Backend, DataShard, Indexed
 from lockstep.backends.fsdp import checkpoint as shards
 from lockstep.backends.fsdp.backend import _parameter_owners
 from lockstep.backends.fsdp.clipping import global_grad_norm
@@ -92,6 +92,18 @@ class PipelineBackend(NDParallelBackend):
     @property
     def pp_mesh(self) -> DeviceMesh:
         return self.config.get_submesh("pp")
+
+    def data_shard(self) -> DataShard:
+        """The data-parallel replica's share, as every rank of a pipeline iterates it (see the README's
+        pipeline section for why); ranks holding neither the first nor the last stage use no batch, so
+        their batches stay where the loader made them (no copy to the device)."""
+        handler, pp_size = self.handler, self.config.pp_size
+        num_stages = pp_size * handler.stages_per_rank  # type: ignore[operator]
+        held = stage_indices(
+            self.pp_mesh.get_local_rank(), pp_size, handler.stages_per_rank, handler.stage_layout
+        )  # type: ignore[arg-type]
+        uses = 0 in held or num_stages - 1 in held
+        return super().data_shard()._replace(place_batches=uses)
 
     def data_parallel_group(self) -> dist.ProcessGroup | None:
         """The ``dp`` replicas only: the ranks of one pipeline read the same batch (and, after an evaluation
@@ -203,9 +215,10 @@ class PipelineBackend(NDParallelBackend):
                 "target=labels, loss_fn=fn) or TorchPipelineParallelConfig(loss_fn=fn), where fn(outputs, target) "
                 "returns the mean loss of a micro-batch."
             )
-        if target is None:
+        if target is None and model.holds_last_stage:
             raise ValueError(
-                "pipeline_step() needs target=... (the labels the last stage's loss function reads)."
+                "pipeline_step() needs target=... on the ranks holding the last stage (the labels its loss "
+                "function reads); the other ranks may pass target=None."
             )
         return model.train_step(
             args, kwargs, target=target, loss_fn=loss_fn, accumulation_steps=accumulation_steps
