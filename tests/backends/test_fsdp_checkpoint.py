@@ -159,3 +159,19 @@ def test_saving_in_the_middle_of_an_accumulation_cycle_with_fsdp_warns_that_grad
         "--",
     ]
     assert not list((tmp_path / "ckpt").glob("grads_*"))  # no file pretends to hold them
+
+
+def _load_plain(folder: str) -> dict:
+    accelerator = Accelerator()  # no FSDP: the shards are read whole (lockstep.backends.from_shards)
+    model = make_transformer(seed=7)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    accelerator.load_state(folder)
+    return {"params": full_params(model), "optimizer": _full_optimizer_state(model, optimizer)}
+
+
+@pytest.mark.distributed
+def test_sharded_checkpoint_loads_without_fsdp_in_one_process(tmp_path):
+    folder = str(tmp_path / "ckpt")
+    saved = run_distributed(_save, 2, 2, folder, "SHARDED_STATE_DICT")[0]
+    _assert_same(saved, _load_plain(folder))

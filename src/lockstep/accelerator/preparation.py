@@ -240,7 +240,7 @@ class Preparer:
             num_processes=shard.count,
             process_index=shard.index,
             split_batches=config.split_batches,
-            put_on_device=self._placement(device_placement),
+            put_on_device=self._placement(device_placement) and shard.place_batches,
             rng_types=[r.value for r in self.settings.rng_types],
             dispatch_batches=config.dispatch_batches,
             even_batches=config.even_batches,

@@ -56,6 +56,8 @@ class DataShard(NamedTuple):
 
     index: int
     count: int
+    place_batches: bool = True
+    """Move this process's batches to its device (False: it uses none of them, e.g. a middle pipeline stage)."""
 
 
 def _compiled_like(compiled: nn.Module, module: nn.Module) -> nn.Module:
@@ -268,14 +270,25 @@ class Backend(ABC):
         """Read this process's files and restore what needs no communication; the result goes to
         :meth:`apply_model_states`. Runs inside the checkpoint's error agreement, so a missing or bad file
         on one rank is raised on every rank."""
-        from lockstep.checkpoint.model_files import load_model_weights  # checkpoints load on first use
-        from lockstep.checkpoint.training_state import load_each, model_location
+        from lockstep.backends import from_shards  # checkpoints load on first use
+        from lockstep.checkpoint.model_files import load_model_weights
+        from lockstep.checkpoint.training_state import find_model_weights, load_each, model_location
 
-        for index, model in models:
-            load_model_weights(
-                self.unwrap_model(model, keep_torch_compile=False), model_location(folder, index)
-            )
-        load_each(optimizers, folder, "optimizer", ".bin")
+        plain = {index: self.unwrap_model(model, keep_torch_compile=False) for index, model in models}
+        for index, model in plain.items():
+            shards = from_shards.model_shards(folder, index)
+            if find_model_weights(folder, index) is None and shards is not None:  # saved by FSDP or pp
+                from_shards.load_model(model, shards)
+            else:
+                load_model_weights(model, model_location(folder, index))
+        whole = [(index, o) for index, o in optimizers if not _sharded_only(folder, index)]
+        load_each(whole, folder, "optimizer", ".bin")
+        for index, optimizer in optimizers:
+            if _sharded_only(folder, index):
+                model = _owner(plain.values(), optimizer)
+                from_shards.load_optimizer(
+                    model, optimizer, folder / from_shards.OPTIMIZER_FOLDER.format(index=index)
+                )
         return None
 
     def apply_model_states(self, models: Indexed, optimizers: Indexed, loaded: Any) -> None:
@@ -290,3 +303,27 @@ class Backend(ABC):
             for name, parameter in self.unwrap_model(model, keep_torch_compile=False).named_parameters():
                 saved = gradients.get(f"{index}.{name}")
                 parameter.grad = None if saved is None else saved.to(self.device, dtype=parameter.dtype)
+
+
+def _sharded_only(folder: Path, index: int) -> bool:
+    """Optimizer ``index`` was saved as shards (FSDP, pipeline parallelism) and not as ``optimizer_N.bin``."""
+    from lockstep.backends.from_shards import optimizer_shards
+    from lockstep.checkpoint.training_state import indexed
+
+    return (
+        not (folder / indexed("optimizer", index, ".bin")).is_file()
+        and optimizer_shards(folder, index) is not None
+    )
+
+
+def _owner(models: Iterable[nn.Module], optimizer: Any) -> nn.Module:
+    """The model whose parameters ``optimizer`` updates (sharded optimizer state is keyed by their names)."""
+    inner = getattr(optimizer, "optimizer", optimizer)
+    params = {id(p) for group in inner.param_groups for p in group["params"]}
+    for model in models:
+        if any(id(p) in params for p in model.parameters()):
+            return model
+    raise ValueError(
+        "The checkpoint holds an optimizer's state keyed by parameter names, but the optimizer updates "
+        "parameters of no prepared model: prepare the model together with its optimizer."
+    )

@@ -11,13 +11,18 @@ Everything else is the N-D/FSDP backend's, because the pipelined model looks lik
 optimizers built before ``prepare`` are re-bound to this rank's (sharded) parameters and forget those
 other ranks hold; ``save_state`` writes every rank's stages into one ``torch.distributed.checkpoint``
 folder (stages have disjoint names); clipping reduces the norm over the ``dp_shard`` shards, then over
-the pipeline ranks; ``get_state_dict`` gathers every stage on the main process.
+the pipeline ranks; ``get_state_dict`` gathers every stage on the main process. A checkpoint saved
+without pipelining (``model.safetensors``, ``optimizer.bin``) loads too: every rank reads the whole files
+and keeps its stages' entries (:mod:`.full_load`); the reverse, a pp checkpoint loaded by one process or
+DDP, is :mod:`lockstep.backends.from_shards`.
 """
 
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -27,10 +32,13 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
+from lockstep.backends.base import Backend, DataShard, Indexed
+from lockstep.backends.fsdp import checkpoint as shards
 from lockstep.backends.fsdp.backend import _parameter_owners
 from lockstep.backends.fsdp.clipping import global_grad_norm
 from lockstep.backends.fsdp.precision import FSDPPrecision
 from lockstep.backends.nd.backend import NDParallelBackend, _sum_reductions_only
+from lockstep.backends.pp import full_load
 from lockstep.backends.pp.model import PipelinedModel, mode_dependent_modules
 from lockstep.backends.pp.split import resolve_split_points, stage_indices, trace_stages
 from lockstep.config.fsdp import FullyShardedDataParallelPlugin
@@ -77,10 +85,25 @@ class PipelineBackend(NDParallelBackend):
             )
         self._elsewhere: set[int] = set()
         """ids of the user's parameters that other pipeline ranks hold (dropped from optimizers)."""
+        self._names: dict[int, str] = {}
+        """The user's parameters' names by id (to read an ``optimizer.bin`` saved without pipelining)."""
+        self._optimizer_names: weakref.WeakKeyDictionary[Any, list[list[str]]] = weakref.WeakKeyDictionary()
 
     @property
     def pp_mesh(self) -> DeviceMesh:
         return self.config.get_submesh("pp")
+
+    def data_shard(self) -> DataShard:
+        """The data-parallel replica's share, as every rank of a pipeline iterates it (see the README's
+        pipeline section for why); ranks holding neither the first nor the last stage use no batch, so
+        their batches stay where the loader made them (no copy to the device)."""
+        handler, pp_size = self.handler, self.config.pp_size
+        num_stages = pp_size * handler.stages_per_rank  # type: ignore[operator]
+        held = stage_indices(
+            self.pp_mesh.get_local_rank(), pp_size, handler.stages_per_rank, handler.stage_layout
+        )  # type: ignore[arg-type]
+        uses = 0 in held or num_stages - 1 in held
+        return super().data_shard()._replace(place_batches=uses)
 
     def data_parallel_group(self) -> dist.ProcessGroup | None:
         """The ``dp`` replicas only: the ranks of one pipeline read the same batch (and, after an evaluation
@@ -116,6 +139,7 @@ class PipelineBackend(NDParallelBackend):
         )  # type: ignore[arg-type]
         local = [modules[index] for index in indices]
         here = {id(p) for module in local for p in module.parameters()}
+        self._names |= {id(p): name for name, p in model.named_parameters()}
         self._elsewhere |= {id(p) for p in model.parameters() if id(p) not in here}
         if device_placement:
             for module in local:
@@ -164,6 +188,7 @@ class PipelineBackend(NDParallelBackend):
     # -- optimizers -------------------------------------------------------------------------------
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
         """Re-bind to this rank's (sharded) parameters; parameters other pipeline ranks hold are dropped."""
+        self._optimizer_names[optimizer] = full_load.original_names(optimizer, self._names)
         for group in optimizer.param_groups:
             group["params"] = [p for p in group["params"] if id(p) not in self._elsewhere]
         return super().prepare_optimizer(optimizer)
@@ -190,9 +215,10 @@ class PipelineBackend(NDParallelBackend):
                 "target=labels, loss_fn=fn) or TorchPipelineParallelConfig(loss_fn=fn), where fn(outputs, target) "
                 "returns the mean loss of a micro-batch."
             )
-        if target is None:
+        if target is None and model.holds_last_stage:
             raise ValueError(
-                "pipeline_step() needs target=... (the labels the last stage's loss function reads)."
+                "pipeline_step() needs target=... on the ranks holding the last stage (the labels its loss "
+                "function reads); the other ranks may pass target=None."
             )
         return model.train_step(
             args, kwargs, target=target, loss_fn=loss_fn, accumulation_steps=accumulation_steps
@@ -240,6 +266,33 @@ class PipelineBackend(NDParallelBackend):
             return {}
         merged = {key: value for part in gathered for key, value in part.items()}
         return {key: merged[key] for key in model.key_order if key in merged}
+
+    def read_model_states(self, models: Indexed, optimizers: Indexed, folder: Path) -> Any:
+        """Every pipeline rank reads how each model is stored, and whole model files itself (its stages'
+        entries only are used: there is no main process holding the whole model to send from)."""
+        sharded_models, sharded_optimizers, other_models, other_optimizers = self._split(models, optimizers)
+        Backend.read_model_states(self, other_models, other_optimizers, folder)
+        return shards.read_contents(
+            folder, [i for i, _ in sharded_models], [i for i, _, _ in sharded_optimizers]
+        )
+
+    def apply_model_states(self, models: Indexed, optimizers: Indexed, loaded: Any) -> None:
+        contents: shards.FolderContents = loaded
+        sharded_models, sharded_optimizers, _, _ = self._split(models, optimizers)
+        for index, model in sharded_models:
+            if contents.models[index] == shards.FULL:
+                full_load.load_full_model(model, contents.full_models[index])
+        for index, model, optimizer in sharded_optimizers:
+            if contents.optimizers[index] == shards.FULL:
+                inner = getattr(optimizer, "optimizer", optimizer)
+                names = self._optimizer_names.get(inner)
+                full_load.load_full_optimizer(model, optimizer, contents.full_optimizers[index], names)
+        shards.load_contents(
+            contents,
+            [(i, m) for i, m in sharded_models if contents.models[i] == shards.SHARDS],
+            [(i, m, o) for i, m, o in sharded_optimizers if contents.optimizers[i] == shards.SHARDS],
+            distributed=True,
+        )
 
 
 def _schedule_class(name: str) -> type:

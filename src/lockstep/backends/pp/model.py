@@ -230,13 +230,14 @@ class PipelinedModel(nn.Module):
         """Forward and backward of every micro-batch of one batch; the batch's mean loss on the rank holding
         the last stage (None on the others). Gradients accumulate into ``.grad`` (see the module docs)."""
         self._check_mode("pipeline_step()")
-        self.check_batch(args, target)
+        first, last = self.holds_first_stage, self.holds_last_stage
+        if first or last:  # the inputs are read on the first stage only, the target on the last only
+            self.check_batch((*args, *kwargs.values()) if first else (), target if last else None)
         schedule = self._built_schedule()
         self._loss.fn = loss_fn
         self._loss.divisor = self.num_microbatches * accumulation_steps
         self._batch_sizes.pop(False, None)  # the schedule re-infers the shapes at the next evaluation
         losses: list[torch.Tensor] = []
-        first, last = self.holds_first_stage, self.holds_last_stage
         schedule.step(
             *(args if first else ()),
             target=target if last else None,
