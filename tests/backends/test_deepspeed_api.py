@@ -79,7 +79,12 @@ def _named_plugins() -> dict:
         rates.append(scheduler.get_last_lr()[0])
     AcceleratorState().select_deepspeed_plugin("teacher")
     frozen = accelerator.prepare(make_transformer())
+    wrapped = accelerator.deepspeed_engine_wrapped
     return {
+        "accelerate_attributes": [
+            wrapped.engine is model,
+            accelerator.deepspeed_config is accelerator.deepspeed_plugin.deepspeed_config,
+        ],
         "first_active": first,
         "active_after": accelerator.deepspeed_plugin is accelerator.state.get_deepspeed_plugin("teacher"),
         "stages": [model.zero_optimization_stage(), frozen.zero_optimization_stage()],
@@ -91,6 +96,10 @@ def _named_plugins() -> dict:
 def test_named_plugins_give_each_model_its_engine_and_the_engine_steps_the_scheduler():
     result = run_distributed(_named_plugins, 1, timeout=120)[0]
     assert result["first_active"] and result["active_after"]
+    assert result["accelerate_attributes"] == [
+        True,
+        True,
+    ]  # Accelerate's deepspeed_engine_wrapped, deepspeed_config
     assert result["stages"] == [2, 3]
     assert result["wrappers"] == ["DeepSpeedOptimizerWrapper", "DeepSpeedSchedulerWrapper"]
     assert result["rates"] == [0.25, 0.125, 0.0625, 0.03125]  # halved once per step by the engine alone

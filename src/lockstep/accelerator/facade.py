@@ -349,6 +349,18 @@ class Accelerator(ProcessView, SettingsView, MeshView, TrackingView, Unconfigure
         """Whether any prepared optimizer skipped its last step (fp16 overflow)."""
         return any(optimizer.step_was_skipped for optimizer in self._prepared.optimizers)
 
+    @property
+    def deepspeed_engine_wrapped(self) -> Any:
+        """Accelerate's wrapper of the DeepSpeed engine that ``backward`` steps; exists only under DeepSpeed."""
+        engine = self.backend.stepping_engine()
+        if engine is None:
+            raise AttributeError(
+                "'Accelerator' has no attribute 'deepspeed_engine_wrapped': no DeepSpeed engine."
+            )
+        from lockstep.accelerator.engine_stepped import DeepSpeedEngineWrapper
+
+        return DeepSpeedEngineWrapper(engine)
+
     # -- prepare ----------------------------------------------------------------------------------
     def prepare(self, *args: Any, device_placement: Sequence[bool | None] | None = None) -> Any:
         """Prepare models, optimizers, schedulers and dataloaders; returns them in the same order.

@@ -52,6 +52,18 @@ class SettingsView:
         return self.settings.fsdp_plugin
 
     @property
+    def deepspeed_config(self) -> dict[str, Any]:
+        """The active DeepSpeed config ("auto" values filled at ``prepare``). Like Accelerate, the attribute
+        exists only when DeepSpeed is used."""
+        plugins = self.settings.deepspeed_plugins
+        if not plugins:
+            raise AttributeError(
+                "'Accelerator' has no attribute 'deepspeed_config': DeepSpeed is not in use."
+            )
+        active = next((p for p in plugins.values() if p.selected), next(iter(plugins.values())))
+        return active.deepspeed_config
+
+    @property
     def project_configuration(self) -> ProjectConfiguration:
         return self.settings.project_config
 

@@ -182,6 +182,10 @@ class Backend(ABC):
         """The whole (unwrapped) model's weights; sharding backends gather them on the main process."""
         return model.state_dict()
 
+    def stepping_engine(self) -> Any:
+        """The engine that steps the optimizer inside ``backward`` (DeepSpeed's), or None."""
+        return None
+
     def release(self, model: Any) -> None:
         """Free what the backend holds for a prepared model that ``free_memory`` drops; nothing here."""
         return None

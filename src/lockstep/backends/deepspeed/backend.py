@@ -231,6 +231,10 @@ class DeepSpeedBackend(Backend):
         if sync:
             engine.step()
 
+    def stepping_engine(self) -> Any:
+        """The first engine prepared with an optimizer (the one ``backward`` steps), or None before ``prepare``."""
+        return next((e for e in self.engines if e.optimizer is not None), None)
+
     def _training_engine(self) -> Any:
         engine = next((e for e in self.engines if e.optimizer is not None), None)
         if engine is None:
