@@ -11,6 +11,7 @@ import time
 
 import torch
 import torch.distributed as dist
+from _residual_mlp import BATCH, WIDTH, batches, make_model
 from torch import nn
 
 from lockstep import Accelerator
@@ -19,23 +20,6 @@ from lockstep.memory.estimate.formulas import model_state_bytes
 from lockstep.utils import DeepSpeedPlugin
 
 torch.set_num_threads(1)
-WIDTH, DEPTH, BATCH = 384, 4, 32
-
-
-class Layer(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.norm = nn.LayerNorm(WIDTH)
-        self.up = nn.Linear(WIDTH, 4 * WIDTH)
-        self.down = nn.Linear(4 * WIDTH, WIDTH)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.down(torch.relu(self.up(self.norm(x))))
-
-
-def make_model() -> nn.Module:
-    torch.manual_seed(0)
-    return nn.Sequential(*[Layer() for _ in range(DEPTH)], nn.Linear(WIDTH, 10))
 
 
 def config(stage: int) -> dict:
@@ -54,15 +38,6 @@ def config(stage: int) -> dict:
         "zero_allow_untested_optimizer": True,
         "steps_per_print": 10**9,
     }
-
-
-def batches(rank: int):
-    generator = torch.Generator().manual_seed(rank)
-    while True:
-        yield (
-            torch.randn(BATCH, WIDTH, generator=generator),
-            torch.randint(0, 10, (BATCH,), generator=generator),
-        )
 
 
 def hand_written(deepspeed, stage: int):

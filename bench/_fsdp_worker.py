@@ -9,6 +9,7 @@ import time
 
 import torch
 import torch.distributed as dist
+from _residual_mlp import DEPTH, batches, make_model
 from torch import nn
 from torch.distributed.fsdp import fully_shard
 
@@ -16,32 +17,6 @@ from lockstep import Accelerator, FullyShardedDataParallelPlugin
 from lockstep.memory.accounting import account_memory
 
 torch.set_num_threads(1)
-WIDTH, DEPTH, BATCH = 384, 4, 32
-
-
-class Layer(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.norm = nn.LayerNorm(WIDTH)
-        self.up = nn.Linear(WIDTH, 4 * WIDTH)
-        self.down = nn.Linear(4 * WIDTH, WIDTH)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.down(torch.relu(self.up(self.norm(x))))
-
-
-def make_model() -> nn.Module:
-    torch.manual_seed(0)
-    return nn.Sequential(*[Layer() for _ in range(DEPTH)], nn.Linear(WIDTH, 10))
-
-
-def batches(rank: int):
-    generator = torch.Generator().manual_seed(rank)
-    while True:
-        yield (
-            torch.randn(BATCH, WIDTH, generator=generator),
-            torch.randint(0, 10, (BATCH,), generator=generator),
-        )
 
 
 def timed_steps(model, optimizer, data, backward, steps: int) -> float:

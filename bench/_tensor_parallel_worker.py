@@ -10,6 +10,7 @@ import time
 
 import torch
 import torch.distributed as dist
+from _residual_mlp import DEPTH, WIDTH, Layer, batches
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
@@ -20,19 +21,7 @@ from lockstep.memory.accounting import account_memory
 from lockstep.utils import TorchTensorParallelConfig
 
 torch.set_num_threads(1)
-WIDTH, DEPTH, BATCH = 384, 4, 32
 PLAN = {"layers.*.up": "colwise", "layers.*.down": "rowwise"}
-
-
-class Layer(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.norm = nn.LayerNorm(WIDTH)
-        self.up = nn.Linear(WIDTH, 4 * WIDTH)
-        self.down = nn.Linear(4 * WIDTH, WIDTH)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.down(torch.relu(self.up(self.norm(x))))
 
 
 class Model(nn.Module):
@@ -50,15 +39,6 @@ class Model(nn.Module):
 def make_model() -> nn.Module:
     torch.manual_seed(0)
     return Model()
-
-
-def batches(dp_rank: int):
-    generator = torch.Generator().manual_seed(dp_rank)
-    while True:
-        yield (
-            torch.randn(BATCH, WIDTH, generator=generator),
-            torch.randint(0, 10, (BATCH,), generator=generator),
-        )
 
 
 def hand_written(tp: int, dp_shard: int):
