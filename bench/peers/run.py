@@ -8,6 +8,8 @@ all alike, and is reported as the ratio to hand-written PyTorch (median of the p
 quartiles of the blocks); import time as seconds over ``import torch``. Writes
 ``<out>/peers-<date>.json`` and one PNG chart per measure, then prints the table and the checks (equal
 work, exact mid-epoch resume). ``--quick`` shrinks every size, for trying the harness (a few minutes).
+``--only checkpoints,resume`` measures only those groups again and replaces their entries in the day's
+result file (each entry keeps the load average of its own run), e.g. after a change to one of them.
 """
 
 from __future__ import annotations
@@ -297,24 +299,72 @@ SIZES = {
 }
 
 
-def run(sizes: dict, log: Callable[[str], None]) -> tuple[dict, dict]:
-    measures, checks = {}, {"equal_work": {}}
-    log("import")
-    measures["import"] = measure_import(sizes["repeats"])
-    log("launch")
-    measures["launch"] = measure_launch(sizes["repeats"])
-    for workload, key in (("mlp", "ddp"), ("transformer", "transformer"), ("fsdp", "fsdp")):
-        log(f"step time: {workload}")
-        name = "fsdp" if workload == "fsdp" else f"ddp_{workload}"
-        measures[name], raw = step_worker(workload, *sizes[key])
-        checks["equal_work"][name] = equal_work_checks(workload, raw)
-    log("checkpoints")
-    measures.update(measure_checkpoints(sizes["params"], sizes["io"]))
-    log("resume time")
-    measures.update(measure_resume_time(sizes["io"] + 2))
-    log("mid-epoch resume correctness")
-    checks["resume_correctness"] = resume_correctness(stop_at=25)
+GROUPS = ("import", "launch", "steps", "checkpoints", "resume")
+"""The measures ``--only`` can run again, in the order a whole run takes them."""
+
+
+def run(sizes: dict, log: Callable[[str], None], groups: tuple[str, ...] = GROUPS) -> tuple[dict, dict]:
+    measures: dict = {}
+    checks: dict = {}
+    if "import" in groups:
+        log("import")
+        measures["import"] = measure_import(sizes["repeats"])
+    if "launch" in groups:
+        log("launch")
+        measures["launch"] = measure_launch(sizes["repeats"])
+    if "steps" in groups:
+        checks["equal_work"] = {}
+        for workload, key in (("mlp", "ddp"), ("transformer", "transformer"), ("fsdp", "fsdp")):
+            log(f"step time: {workload}")
+            name = "fsdp" if workload == "fsdp" else f"ddp_{workload}"
+            measures[name], raw = step_worker(workload, *sizes[key])
+            checks["equal_work"][name] = equal_work_checks(workload, raw)
+    if "checkpoints" in groups:
+        log("checkpoints")
+        measures.update(measure_checkpoints(sizes["params"], sizes["io"]))
+    if "resume" in groups:
+        log("resume time")
+        measures.update(measure_resume_time(sizes["io"] + 2))
+        log("mid-epoch resume correctness")
+        checks["resume_correctness"] = resume_correctness(stop_at=25)
     return measures, checks
+
+
+def parse_groups(text: str) -> tuple[str, ...]:
+    """``--only``'s comma-separated groups, refused by name when one is unknown."""
+    groups = tuple(part.strip() for part in text.split(",") if part.strip())
+    unknown = [group for group in groups if group not in GROUPS]
+    if unknown or not groups:
+        raise SystemExit(
+            f"bench/peers/run: --only {text!r} names {unknown or 'no group'}; the groups are {', '.join(GROUPS)}."
+        )
+    return groups
+
+
+def merged_into(path: Path, measures: dict, checks: dict, versions_found: dict) -> dict:
+    """The result file at ``path`` with ``measures`` and ``checks`` replacing its entries of the same name."""
+    if not path.is_file():
+        raise SystemExit(
+            f"bench/peers/run: --only replaces entries of {path}, which does not exist; run all first."
+        )
+    result = json.loads(path.read_text())
+    validate(result)
+    if result["versions"] != versions_found:
+        raise SystemExit(
+            f"bench/peers/run: {path} was measured with {result['versions']}, this environment has "
+            f"{versions_found}; measure everything again instead of mixing them."
+        )
+    result["measures"].update(measures)
+    for name, check in checks.items():
+        if isinstance(check, dict) and isinstance(result["checks"].get(name), dict):
+            result["checks"][name].update(check)
+        else:
+            result["checks"][name] = check
+    remeasured = result["machine"].setdefault("remeasured", {})
+    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    remeasured.update(dict.fromkeys(measures, when))
+    validate(result)
+    return result
 
 
 def print_checks(checks: dict) -> None:
@@ -340,7 +390,11 @@ def main() -> None:
     parser.add_argument(
         "--redraw", type=Path, metavar="JSON", help="only redraw the charts and table of a result"
     )
+    parser.add_argument(
+        "--only", metavar="GROUPS", help=f"measure only these ({','.join(GROUPS)}) into the day's result file"
+    )
     args = parser.parse_args()
+    groups = parse_groups(args.only) if args.only else GROUPS
     if args.redraw:
         result = json.loads(args.redraw.read_text())
         validate(result)
@@ -358,25 +412,30 @@ def main() -> None:
         print(f"[{time.perf_counter() - started:6.0f} s, load {load():.1f}] {what}", flush=True)
 
     size = "quick" if args.quick else "full"
+    stem = f"peers-{args.date}" + ("-quick" if args.quick else "")
+    path = args.out / f"{stem}.json"
+    if args.only and not path.is_file():
+        merged_into(path, {}, {}, found)  # refuses before measuring anything
     info = machine()
-    measures, checks = run(SIZES[size], log)
+    measures, checks = run(SIZES[size], log, groups)
     info["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
     info["seconds"] = round(time.perf_counter() - started)
-    result = make_result(
-        date=args.date,
-        machine=info,
-        versions=found,
-        settings={"size": size, **SIZES[size]},
-        measures=measures,
-        checks=checks,
-    )
-    stem = f"peers-{args.date}" + ("-quick" if args.quick else "")
+    if args.only:
+        result = merged_into(path, measures, checks, found)
+    else:
+        result = make_result(
+            date=args.date,
+            machine=info,
+            versions=found,
+            settings={"size": size, **SIZES[size]},
+            measures=measures,
+            checks=checks,
+        )
     args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"{stem}.json"
     path.write_text(json.dumps(result, indent=1) + "\n")
     charts = write_charts(result, args.out, stem)
     print(format_table(result))
-    print_checks(checks)
+    print_checks(result["checks"])
     print(f"wrote {path} and {len(charts)} charts in {info['seconds']} s")
 
 

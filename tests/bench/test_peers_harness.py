@@ -161,3 +161,38 @@ def test_the_docstring_examples_hold():
 
     failures, tried = doctest.testmod(harness)
     assert (failures, tried) == (0, 2)
+
+
+def _run_module():
+    run_spec = importlib.util.spec_from_file_location("peers_run", PEERS / "run.py")
+    module = importlib.util.module_from_spec(run_spec)
+    run_spec.loader.exec_module(module)
+    return module
+
+
+def test_only_refuses_unknown_groups_by_name():
+    run = _run_module()
+    assert run.parse_groups("checkpoints, resume") == ("checkpoints", "resume")
+    with pytest.raises(SystemExit, match=r"names \['ckpt'\]; the groups are import, launch, steps"):
+        run.parse_groups("ckpt,resume")
+
+
+def test_only_replaces_the_named_entries_and_keeps_the_others(tmp_path):
+    run = _run_module()
+    path = tmp_path / "peers-2026-12-01.json"
+    with pytest.raises(SystemExit, match="does not exist; run all first"):
+        run.merged_into(path, {}, {}, {})
+    original = sample_result()
+    path.write_text(json.dumps(original))
+    again = harness.measure(
+        "DDP step", "ms", {"torch": [9.0, 9.0], "lockstep": [9.0, 9.9]}, load_average=[3, 3]
+    )
+    merged = run.merged_into(
+        path, {"ddp": again}, {"resume_correctness": {"tools": {}}}, original["versions"]
+    )
+    assert merged["measures"]["ddp"]["tools"]["lockstep"]["ratio"] == pytest.approx(1.05)
+    assert merged["measures"]["import"] == json.loads(json.dumps(original["measures"]["import"]))
+    assert merged["checks"]["resume_correctness"] == {"tools": {}}
+    assert set(merged["machine"]["remeasured"]) == {"ddp"}
+    with pytest.raises(SystemExit, match="measure everything again instead of mixing them"):
+        run.merged_into(path, {"ddp": again}, {}, {"torch": "0.0"})

@@ -73,8 +73,51 @@ def test_corrupt_newest_checkpoint_falls_back_with_a_warning(tmp_path):
         UserWarning, match=r"Skipped 1 newer checkpoint.*checkpoint_1: optimizer.bin is corrupt"
     ):
         accelerator.load_state()
-    with pytest.raises(CheckpointError, match=r"checkpoint_1: optimizer.bin is corrupt \(its SHA-256"):
+    with pytest.raises(
+        CheckpointError, match=r"checkpoint_1: optimizer.bin is corrupt \(its xxh3_128 checksum"
+    ):
         accelerator.load_state(str(tmp_path / "checkpoints" / "checkpoint_1"))
+
+
+def _rewrite_manifest_with_sha256(folder: Path) -> None:
+    """Make ``folder``'s manifest look like one written before XXH3-128 (SHA-256 entries)."""
+    from lockstep.checkpoint.layout import sha256_of
+
+    manifest = json.loads((folder / "manifest.json").read_text())
+    for name, facts in manifest["files"].items():
+        manifest["files"][name] = {"size": facts["size"], "sha256": sha256_of(folder / name)}
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+
+
+def test_a_manifest_of_sha256_checksums_still_loads_and_still_catches_corruption(tmp_path):
+    accelerator, model, _ = _accelerator()
+    folder = Path(accelerator.save_state(str(tmp_path / "ckpt")))
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert all(set(facts) == {"size", "xxh3_128"} for facts in manifest["files"].values())
+    _rewrite_manifest_with_sha256(folder)
+    saved = model.weight.detach().clone()
+    with torch.no_grad():
+        model.weight.zero_()
+    accelerator.load_state(str(folder))
+    assert torch.equal(model.weight, saved)
+    optimizer_file = folder / "optimizer.bin"
+    data = bytearray(optimizer_file.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    optimizer_file.write_bytes(bytes(data))
+    with pytest.raises(
+        CheckpointError, match=r"optimizer.bin is corrupt \(its sha256 checksum does not match"
+    ):
+        accelerator.load_state(str(folder))
+
+
+def test_a_manifest_entry_without_a_known_checksum_is_refused_by_name(tmp_path):
+    accelerator, _, _ = _accelerator()
+    folder = Path(accelerator.save_state(str(tmp_path / "ckpt")))
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["files"]["optimizer.bin"] = {"size": manifest["files"]["optimizer.bin"]["size"], "blake9": "00"}
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(CheckpointError, match=r"optimizer.bin records no checksum lockstep knows \(it has"):
+        accelerator.load_state(str(folder))
 
 
 def test_truncated_and_missing_files_are_named(tmp_path):
@@ -109,12 +152,9 @@ def test_malicious_pickle_is_refused_and_does_not_run(tmp_path):
     optimizer_file = folder / "optimizer.bin"
     optimizer_file.write_bytes(pickle.dumps({"state": _Payload()}))
     manifest = json.loads((folder / "manifest.json").read_text())  # a forger can update the manifest too
-    from lockstep.checkpoint.layout import sha256_of
+    from lockstep.checkpoint.layout import file_facts
 
-    manifest["files"]["optimizer.bin"] = {
-        "size": optimizer_file.stat().st_size,
-        "sha256": sha256_of(optimizer_file),
-    }
+    manifest["files"]["optimizer.bin"] = file_facts(optimizer_file)
     (folder / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(
         UnsafeCheckpointError, match="optimizer.bin holds Python objects that cannot be loaded safely"

@@ -2,9 +2,14 @@
 
 A save writes every file into a hidden staging folder next to the destination
 (``.incomplete/checkpoint_3``), then the main process writes ``manifest.json`` (every file with its size
-and SHA-256, the world size and the step), renames the staging folder into place with one atomic
+and checksum, the world size and the step), renames the staging folder into place with one atomic
 ``os.replace`` and only then moves the ``latest`` pointer. A folder without a valid manifest is never
 loaded, so ``kill -9`` at any moment of a save leaves the previous checkpoint loadable.
+
+The checksum is XXH3-128 (``"xxh3_128"`` in the manifest): it guards against torn, truncated and corrupted
+files, not against forgery (the manifest sits beside the files), so a non-cryptographic hash is enough, and
+at about 30 GB/s it costs a save or a load of 300 MB some 10 ms where SHA-256 (about 1-2 GB/s) cost
+0.15-0.3 s. Manifests written before (``"sha256"``) are still verified with SHA-256.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import mmap
 import os
 import re
 import shutil
@@ -21,6 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import xxhash
+
 from lockstep.errors import CheckpointError
 
 MANIFEST_NAME = "manifest.json"
@@ -28,7 +36,6 @@ LATEST_POINTER = "latest"
 FORMAT = "lockstep-checkpoint"
 FORMAT_VERSION = 1
 _AUTOMATIC_NAME = re.compile(r"^checkpoint_(\d+)$")
-_CHUNK = 8 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -51,12 +58,45 @@ class Manifest:
         }
 
 
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
+def _digest_of(path: Path, digest: Any) -> str:
+    """Feed the file to ``digest`` through a read-only memory map: no copy into Python buffers (a
+    300 MB file hashes in about 10 ms from the page cache, against 25 ms read in chunks)."""
     with open(path, "rb") as handle:
-        while chunk := handle.read(_CHUNK):
-            digest.update(chunk)
+        if os.fstat(handle.fileno()).st_size == 0:  # an empty file cannot be mapped
+            return digest.hexdigest()
+        with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+            digest.update(mapped)
     return digest.hexdigest()
+
+
+def sha256_of(path: Path) -> str:
+    """SHA-256 of a file: the checksum of manifests written before XXH3-128."""
+    return _digest_of(path, hashlib.sha256())
+
+
+def xxh3_128_of(path: Path) -> str:
+    """XXH3-128 of a file: the checksum every new manifest records."""
+    return _digest_of(path, xxhash.xxh3_128())
+
+
+CHECKSUMS = {"xxh3_128": xxh3_128_of, "sha256": sha256_of}
+"""Checksum name in a manifest entry -> the function computing it (the first is the one written)."""
+
+
+def file_facts(path: Path) -> dict[str, Any]:
+    """A manifest entry: the file's size and checksum."""
+    return {"size": path.stat().st_size, "xxh3_128": xxh3_128_of(path)}
+
+
+def _checksum_mismatch(path: Path, facts: dict[str, Any]) -> str | None:
+    """The name of the checksum that does not match, or None when the recorded one matches."""
+    for name, checksum_of in CHECKSUMS.items():
+        if name in facts:
+            return None if checksum_of(path) == facts[name] else name
+    raise CheckpointError(
+        f"The manifest entry of {path.name} records no checksum lockstep knows (it has {sorted(facts)}; known: "
+        f"{sorted(CHECKSUMS)}). It was written by another version of lockstep; load it with that version."
+    )
 
 
 STAGING_PARENT = ".incomplete"
@@ -98,7 +138,7 @@ def write_manifest(staging: Path, *, world_size: int, step: int) -> Manifest:
     files: dict[str, dict[str, Any]] = {}
     for path in sorted(p for p in staging.rglob("*") if p.is_file()):
         _fsync_path(path)
-        files[path.relative_to(staging).as_posix()] = {"size": path.stat().st_size, "sha256": sha256_of(path)}
+        files[path.relative_to(staging).as_posix()] = file_facts(path)
     manifest = Manifest(files=files, world_size=world_size, step=step, created=time.time())
     temporary = staging / f".{MANIFEST_NAME}.tmp"
     temporary.write_text(json.dumps(manifest.to_json(), indent=1))
@@ -171,9 +211,10 @@ def verify(folder: Path, *, checksums: bool = True) -> Manifest:
             raise CheckpointError(
                 f"Checkpoint {folder}: {name} has {size} bytes but the manifest says {facts['size']} (truncated?)."
             )
-        if checksums and sha256_of(path) != facts["sha256"]:
+        mismatch = _checksum_mismatch(path, facts) if checksums else None
+        if mismatch is not None:
             raise CheckpointError(
-                f"Checkpoint {folder}: {name} is corrupt (its SHA-256 does not match the manifest)."
+                f"Checkpoint {folder}: {name} is corrupt (its {mismatch} checksum does not match the manifest)."
             )
     return manifest
 
