@@ -53,6 +53,7 @@ def _infer() -> dict:
         results["mlp_small"] = model(x[:5])  # 5 samples: padded to 8 for the stages, the outputs cut back
     results["mlp_points"] = model.hf_split_points
     results["schedule"] = type(model.pippy_stage).__name__
+    results["stage_parameters"] = sum(p.numel() for p in model.forward.pipelined.parameters())
     model = prepare_pippy(_mlp(), split_points=["3"], example_args=(x,), num_chunks=4, gather_output=True)
     results["gathered"] = model(x)  # no torch.no_grad(): pipelined calls never build a graph
     results["gathered_points"] = model.hf_split_points
@@ -91,6 +92,7 @@ def test_prepare_pippy_outputs_equal_the_unsplit_model():
     assert all(difference <= TOLERANCE for difference in differences.values()), differences
     assert not results[0]["gathered"].requires_grad
     assert first["mlp_points"] == last["mlp_points"] == ["2"]  # 4 equal blocks: 2 per process
+    assert first["stage_parameters"] == last["stage_parameters"] == 2 * (WIDTH * WIDTH + WIDTH)
     assert first["gathered_points"] == ["3"] and first["schedule"] == "ScheduleGPipe"
 
 
