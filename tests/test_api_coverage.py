@@ -101,7 +101,7 @@ def test_the_coverage_figures():
     assert figures == {
         "accelerator_members": {"names": 86, "implemented": 85, "unsupported": 1},
         "accelerator_attributes": {"names": 28, "implemented": 26, "absent": 2},
-        "top_level": {"names": 30, "implemented": 22, "unsupported": 7, "absent": 1},
+        "top_level": {"names": 30, "implemented": 23, "unsupported": 6, "absent": 1},
         "utils": {"names": 264, "implemented": 213, "unsupported": 40, "absent": 11},
         "launch_flags": {"names": 124, "implemented": 61, "accepted": 9, "unsupported": 54},
     }

@@ -17,6 +17,7 @@ from torch.distributed.tensor import DTensor
 from lockstep import Accelerator, ParallelismConfig
 from lockstep.config.parallelism import TorchTensorParallelConfig
 from tests.helpers.fsdp_models import data_loader, full_params, loss_of, make_transformer, reference_run
+from tests.helpers.llama import tiny_llama_config
 from tests.helpers.multiprocess import run_distributed
 from tests.helpers.optional import requires
 
@@ -212,20 +213,10 @@ def test_context_parallel_on_cpu_and_a_model_without_a_plan_fail_before_training
 
 
 def _tiny_llama(path: str) -> None:
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
     torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=32,
-        tie_word_embeddings=False,
-    )
-    LlamaForCausalLM(config).save_pretrained(path)
+    LlamaForCausalLM(tiny_llama_config()).save_pretrained(path)
 
 
 def _train_llama(path: str, tp_size: int) -> dict:

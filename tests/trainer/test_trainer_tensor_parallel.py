@@ -14,6 +14,7 @@ import torch
 from lockstep import ParallelismConfig, Trainer, TrainingArguments
 from lockstep.trainer.accelerator_factory import parallelism_config_for
 from tests.helpers.fsdp_models import full_params
+from tests.helpers.llama import tiny_llama_config
 from tests.helpers.multiprocess import run_distributed
 
 transformers = pytest.importorskip("transformers")
@@ -24,17 +25,7 @@ TOLERANCE = 1e-5
 
 def tiny_llama() -> torch.nn.Module:
     torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=32,
-        tie_word_embeddings=False,
-    )
-    return transformers.LlamaForCausalLM(config)
+    return transformers.LlamaForCausalLM(tiny_llama_config())
 
 
 def sequences(count: int, seed: int) -> list[dict]:

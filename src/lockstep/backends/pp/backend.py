@@ -40,7 +40,7 @@ from lockstep.backends.fsdp.precision import FSDPPrecision
 from lockstep.backends.nd.backend import NDParallelBackend, _sum_reductions_only
 from lockstep.backends.pp import full_load
 from lockstep.backends.pp.model import PipelinedModel, mode_dependent_modules
-from lockstep.backends.pp.split import resolve_split_points, stage_indices, trace_stages
+from lockstep.backends.pp.split import first_microbatch, resolve_split_points, stage_indices, trace_stages
 from lockstep.config.fsdp import FullyShardedDataParallelPlugin
 from lockstep.config.parallelism import ParallelismConfig
 from lockstep.config.pipeline import TorchPipelineParallelConfig
@@ -121,8 +121,9 @@ class PipelineBackend(NDParallelBackend):
     ) -> nn.Module:
         if evaluation_mode:
             raise NotImplementedError(
-                "prepare_model(evaluation_mode=True) with pipeline parallelism is not built yet (pipelined "
-                "inference, Accelerate's prepare_pippy). Prepare the model for training, or without pp_size."
+                "prepare_model(evaluation_mode=True) with pipeline parallelism is not built yet. For pipelined "
+                "inference, call lockstep.prepare_pippy(model, example_args=...) (one stage per process, no "
+                "pp_size needed); or prepare the model for training and evaluate it in eval() mode."
             )
         return self.wrap_model(model, device_placement=device_placement)
 
@@ -317,15 +318,10 @@ def _example_microbatch(
             "batch of its inputs: pass ParallelismConfig(pp_size=..., pp_handler=TorchPipelineParallelConfig("
             "example_args=(inputs,))) with inputs shaped like one batch given to pipeline_step."
         )
-    device = next(model.parameters()).device
-    micro: list[Any] = []
     for value in handler.example_args:
-        if isinstance(value, torch.Tensor):
-            if value.shape[0] % microbatches:
-                raise ValueError(
-                    f"TorchPipelineParallelConfig(example_args=...) has a batch of {value.shape[0]}, which "
-                    f"{microbatches} micro-batches do not divide. Give a batch shaped like the training batches."
-                )
-            value = value[: value.shape[0] // microbatches].to(device)
-        micro.append(value)
-    return tuple(micro)
+        if isinstance(value, torch.Tensor) and value.shape[0] % microbatches:
+            raise ValueError(
+                f"TorchPipelineParallelConfig(example_args=...) has a batch of {value.shape[0]}, which "
+                f"{microbatches} micro-batches do not divide. Give a batch shaped like the training batches."
+            )
+    return tuple(first_microbatch(tuple(handler.example_args), microbatches, next(model.parameters()).device))

@@ -101,6 +101,8 @@ class PipelinedModel(nn.Module):
         last_stage_rank: the rank in ``group`` that holds the last stage (its outputs are broadcast from there).
         traced_training: the train/eval mode the stages were traced in.
         mode_dependent: names of modules the traced mode is baked into (:func:`mode_dependent_modules`).
+        eval_batch_size: the evaluation batch size, when known before the first evaluation (the traced one,
+            for pipelined inference); smaller batches are padded to it.
     """
 
     flat_optimizer_state = True
@@ -117,6 +119,7 @@ class PipelinedModel(nn.Module):
         last_stage_rank: int,
         traced_training: bool = True,
         mode_dependent: Sequence[str] = (),
+        eval_batch_size: int | None = None,
     ) -> None:
         super().__init__()
         self._stages = list(stages)  # a plain list: the stage modules are not children under another name
@@ -128,6 +131,8 @@ class PipelinedModel(nn.Module):
         self._batch_sizes: dict[
             bool, int
         ] = {}  # per kind of step (with backward or not): its fixed batch size
+        if eval_batch_size is not None:
+            self._batch_sizes[False] = eval_batch_size
         self._group = group
         self._last_stage_rank = last_stage_rank
         self._traced_training = traced_training
@@ -155,6 +160,26 @@ class PipelinedModel(nn.Module):
     @property
     def holds_last_stage(self) -> bool:
         return any(stage.is_last for stage in self._stages)
+
+    @property
+    def group(self) -> dist.ProcessGroup:
+        """The process group the stages exchange activations on."""
+        return self._group
+
+    @property
+    def stage_device(self) -> torch.device:
+        """The device this rank's stages run on."""
+        return self._stages[0].device
+
+    @property
+    def eval_batch_size(self) -> int | None:
+        """The batch size evaluations run with (smaller batches are padded to it); None before the first."""
+        return self._batch_sizes.get(False)
+
+    @property
+    def schedule(self) -> Any:
+        """The torch schedule object (``ScheduleGPipe``, ...), built on first use."""
+        return self._built_schedule()
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         """Forward only, in ``eval()`` mode or under ``torch.no_grad()``: the outputs on every pipeline rank."""
@@ -193,12 +218,15 @@ class PipelinedModel(nn.Module):
     def check_batch(self, args: tuple[Any, ...], target: Any, *, backward: bool = True) -> None:
         """Raise a ``ValueError`` when the batch cannot be cut into the micro-batches the stages expect."""
         tensor = _first_tensor((*args, target))
-        what = "pipeline_step()" if backward else "Evaluation (model(inputs))"
         if tensor is None:
             raise TypeError(
                 "pipeline_step() got no tensor: pass the model's inputs (a tensor first) and target=labels."
             )
-        size = tensor.shape[0]
+        self.check_batch_size(tensor.shape[0], backward=backward)
+
+    def check_batch_size(self, size: int, *, backward: bool = True) -> None:
+        """:meth:`check_batch` for a batch of ``size`` samples."""
+        what = "pipeline_step()" if backward else "Evaluation (model(inputs))"
         if size % self.num_microbatches:
             raise ValueError(
                 f"{what} got a batch of {size} samples, which {self.num_microbatches} micro-batches do not "
@@ -249,11 +277,27 @@ class PipelinedModel(nn.Module):
             return None
         return torch.stack([loss.detach() for loss in losses]).sum() * accumulation_steps
 
-    def eval_step(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def eval_step(
+        self,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        *,
+        batch_size: int | None = None,
+        outputs_everywhere: bool = True,
+    ) -> Any:
         """Forward of every micro-batch (torch's ``schedule.eval``, no backward, no loss); the last stage's
-        outputs, merged along the batch, broadcast to every rank of the pipeline. A batch smaller than the
-        first evaluation batch (a loader's last) is padded to that size with its last sample, and the
-        outputs cut back, because the stages exchange micro-batches of one fixed shape."""
+        outputs, merged along the batch. A batch smaller than the first evaluation batch (a loader's last)
+        is padded to that size with its last sample, and the outputs cut back, because the stages exchange
+        micro-batches of one fixed shape.
+
+        Args:
+            args: the positional inputs (read on the rank holding the first stage).
+            kwargs: the keyword inputs (read there too).
+            batch_size: the batch's sample count, for ranks that are not given the inputs; by default the
+                first dimension of the first input tensor.
+            outputs_everywhere: broadcast the outputs to every rank of the pipeline; when False, the rank
+                holding the last stage returns them and the others return None.
+        """
         self._check_mode("Evaluation (model(inputs))")
         if self._schedule_class.__name__ in _NO_EVAL:
             raise NotImplementedError(
@@ -262,28 +306,39 @@ class PipelinedModel(nn.Module):
                 "forward-only run of this schedule still performs its backward actions and fails. Evaluate with "
                 "another schedule (e.g. 'interleaved_zero_bubble')."
             )
-        first = _first_tensor((*args, *kwargs.values()))
-        size, fixed = (None if first is None else first.shape[0]), self._batch_sizes.get(False)
-        padded = size is not None and fixed is not None and size < fixed
+        if batch_size is None:
+            first = _first_tensor((*args, *kwargs.values()))
+            if first is None:
+                raise TypeError("Evaluation (model(inputs)) got no tensor: pass the model's inputs.")
+            batch_size = first.shape[0]
+        fixed = self._batch_sizes.get(False)
+        padded = fixed is not None and batch_size < fixed
         if padded:
-            args, kwargs = _pad_batch((args, kwargs), size, fixed)  # type: ignore[arg-type]
-        self.check_batch((*args, *kwargs.values()), None, backward=False)
+            args, kwargs = pad_batch((args, kwargs), batch_size, fixed)  # type: ignore[arg-type]
+        self.check_batch_size(fixed if padded else batch_size, backward=False)  # type: ignore[arg-type]
+        outputs = self._run_eval(args, kwargs)
+        if outputs_everywhere:
+            outputs = broadcast_outputs(outputs, self._group, self._last_stage_rank, self._stages[0].device)
+        elif not self.holds_last_stage:
+            return None
+        return _cut_batch(outputs, fixed, batch_size) if padded else outputs  # type: ignore[arg-type]
+
+    def _run_eval(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """One forward-only run of the schedule; the merged outputs on the last stage's rank."""
         schedule = self._built_schedule()
         placeholder = torch.zeros(self._batch_sizes[False]) if self.holds_last_stage else None
         self._loss.evaluating = True
         try:
             with torch.no_grad():
                 if self.holds_first_stage:
-                    outputs = schedule.eval(*args, target=placeholder, **kwargs)
-                else:
-                    outputs = schedule.eval(target=placeholder)
+                    return schedule.eval(*args, target=placeholder, **kwargs)
+                return schedule.eval(target=placeholder)
         finally:
             self._loss.evaluating = False
-        outputs = broadcast_outputs(outputs, self._group, self._last_stage_rank, self._stages[0].device)
-        return _cut_batch(outputs, fixed, size) if padded else outputs  # type: ignore[arg-type]
 
 
-def _pad_batch(values: Any, size: int, fixed: int) -> Any:
+def pad_batch(values: Any, size: int, fixed: int) -> Any:
+    """Every batch tensor of ``size`` samples in ``values`` padded to ``fixed`` with copies of its last sample."""
     from torch.utils._pytree import tree_map
 
     def pad(value: Any) -> Any:
