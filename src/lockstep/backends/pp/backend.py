@@ -55,7 +55,7 @@ class PipelineBackend(NDParallelBackend):
         state: the process state.
         config: the layout (``pp_size > 1``); its mesh is built already.
         plugin: FSDP settings for the ``dp_shard`` dimension.
-        precision: the Accelerator's mixed precision (full precision only, for now).
+        precision: the Accelerator's mixed precision: bf16 autocast inside each stage (fp16 is refused).
         dynamo_plugin: ``torch.compile`` settings (not built with pipelining yet).
     """
 
@@ -73,10 +73,11 @@ class PipelineBackend(NDParallelBackend):
         )
         assert config.pp_handler is not None
         self.handler: TorchPipelineParallelConfig = config.pp_handler
-        if precision.enabled:
+        if precision.scaler is not None:
             raise NotImplementedError(
-                f"mixed_precision={precision.mixed_precision.value!r} with pipeline parallelism (pp_size="
-                f"{config.pp_size}) is not built yet: the stages run in full precision. Use mixed_precision='no'."
+                f"mixed_precision='fp16' with pipeline parallelism (pp_size={config.pp_size}) is not built yet: "
+                "its gradient scaler would have to skip or take a step on every stage together (one stage's "
+                "overflow must stop all). Use mixed_precision='bf16', which needs no scaler, or 'no'."
             )
         if dynamo_plugin is not None and dynamo_plugin.enabled:
             raise NotImplementedError(
@@ -145,6 +146,8 @@ class PipelineBackend(NDParallelBackend):
         if device_placement:
             for module in local:
                 module.to(self.device)
+        for module in local:  # bf16: each stage computes under autocast and hands fp32 activations on, the
+            self.precision.wrap_forward(module)  # dtype the traced stages' receive buffers expect
         owners = [owner for module in local for owner in _parameter_owners(module)]
         fsdp_mesh = self._fsdp_mesh
         if fsdp_mesh is not None:
