@@ -47,14 +47,15 @@ class _ShiftedTransformer(TinyTransformer):
         return self.head(h) * self.scale
 
 
-def _accelerator() -> Accelerator:
+def _accelerator(**sizes: int) -> Accelerator:
     handler = TorchPipelineParallelConfig(
         schedule="1f1b",
         num_microbatches=2,
         example_args=(torch.zeros(BATCH, FEATURES),),
         loss_fn=nn.functional.mse_loss,
     )
-    return Accelerator(parallelism_config=ParallelismConfig(pp_size=2, pp_handler=handler))
+    layout = ParallelismConfig(**{"pp_size": 2, **sizes}, pp_handler=handler)
+    return Accelerator(parallelism_config=layout)
 
 
 class _RecordingSafeOpen:
@@ -83,7 +84,7 @@ class _RecordingSafeOpen:
         return self._open.get_tensor(key)
 
 
-def _train_from_file(path: str, optimizer_before_prepare: bool) -> dict:
+def _train_from_file(path: str, optimizer_before_prepare: bool, checkpoint: str) -> dict:
     accelerator = _accelerator()
     with init_empty_weights():
         meta_model = _ShiftedTransformer()
@@ -105,6 +106,7 @@ def _train_from_file(path: str, optimizer_before_prepare: bool) -> dict:
         optimizer.step()
         optimizer.zero_grad()
         losses.append(None if loss is None else float(loss))
+    accelerator.save_state(checkpoint)
     return {
         "pending": pending,
         "after_load": model.uninitialised_weights,
@@ -118,12 +120,16 @@ def _train_from_file(path: str, optimizer_before_prepare: bool) -> dict:
     }
 
 
-def _reference(path: Path) -> tuple[dict[str, torch.Tensor], list[float]]:
+def _reference(
+    path: Path, extra_batch: bool = False, batch: int = BATCH
+) -> tuple[dict[str, torch.Tensor], list[float]]:
+    """One process from the weights file; with ``extra_batch``, the loss of the first batch once more."""
     model = _ShiftedTransformer()
     load_checkpoint_in_model(model, path, strict=True)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     losses = []
-    for x, y in data_loader(LENGTH, BATCH):
+    batches = list(data_loader(LENGTH, batch))
+    for x, y in batches + batches[:1] if extra_batch else batches:
         loss = nn.functional.mse_loss(model(x), y)
         loss.backward()
         optimizer.step()
@@ -142,7 +148,10 @@ def _weights_file(folder: Path) -> Path:
 @pytest.mark.parametrize("optimizer_before_prepare", [True, False])
 def test_meta_model_filled_per_stage_from_safetensors_matches_one_process(tmp_path, optimizer_before_prepare):
     path = _weights_file(tmp_path)
-    results = run_distributed(_train_from_file, 2, str(path), optimizer_before_prepare, timeout=120)
+    checkpoint = str(tmp_path / "checkpoint")
+    results = run_distributed(
+        _train_from_file, 2, str(path), optimizer_before_prepare, checkpoint, timeout=120
+    )
     expected, losses = _reference(path)
     total = sum(v.numel() for v in expected.values())
     for result in results:
@@ -162,6 +171,28 @@ def test_meta_model_filled_per_stage_from_safetensors_matches_one_process(tmp_pa
     diff = max((full[k] - expected[k]).abs().max().item() for k in expected)
     print(f"meta model, optimizer before prepare={optimizer_before_prepare}: max parameter diff {diff:.2e}")
     assert diff <= TOLERANCE
+    if optimizer_before_prepare:  # the checkpoint of the run fills another meta model, and training goes on
+        resumed = run_distributed(_resume, 2, checkpoint, timeout=120)
+        assert [r["pending"] for r in resumed] == [[], []]
+        assert all(torch.equal(resumed[0]["full"][k], full[k]) for k in full)
+        assert resumed[1]["loss"] == pytest.approx(_reference(path, extra_batch=True)[1][-1], abs=TOLERANCE)
+
+
+def _resume(checkpoint: str) -> dict:
+    accelerator = _accelerator()
+    with init_empty_weights():
+        model = _ShiftedTransformer()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    accelerator.load_state(checkpoint)
+    full = accelerator.get_state_dict(model)
+    x, y = next(iter(data_loader(LENGTH, BATCH)))
+    loss = accelerator.pipeline_step(model, x, target=y)
+    return {
+        "pending": model.uninitialised_weights,
+        "full": full,
+        "loss": None if loss is None else float(loss),
+    }
 
 
 def _refusals(path: str) -> dict:
@@ -251,3 +282,37 @@ def test_init_weights_runs_reset_parameters_per_stage_with_a_seed_per_stage():
         for key, value in result["weights"].items():
             assert torch.equal(value, expected[key]), key
     assert results[0]["loss"] is None and results[1]["loss"] > 0
+
+
+def _train_sharded(path: str) -> dict:
+    accelerator = _accelerator(dp_shard_size=2)
+    with init_empty_weights():
+        model = _ShiftedTransformer()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, data_loader(LENGTH, BATCH))
+    load_checkpoint_in_model(model, path, strict=True)
+    losses = []
+    for x, y in loader:
+        loss = accelerator.pipeline_step(model, x, target=y)
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(None if loss is None else float(loss))
+    local = sum(p.to_local().numel() for p in model.parameters())
+    return {"losses": losses, "full": accelerator.get_state_dict(model), "local_numel": local}
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_meta_model_by_fully_sharded_data_parallel_on_four_processes_matches_one_process(tmp_path):
+    # pp=2 x dp_shard=2: each stage materialised on its two ranks, sharded, then filled shard by shard
+    path = _weights_file(tmp_path)
+    results = run_distributed(_train_sharded, 4, str(path), timeout=240)
+    expected, losses = _reference(path, batch=2 * BATCH)
+    total = sum(v.numel() for v in expected.values())
+    assert all(0.15 * total < r["local_numel"] < 0.35 * total for r in results)
+    reported = [(a + b) / 2 for a, b in zip(results[2]["losses"], results[3]["losses"], strict=True)]
+    assert reported == pytest.approx(losses, abs=TOLERANCE)
+    full = results[0]["full"]
+    diff = max((full[k] - expected[k]).abs().max().item() for k in expected)
+    print(f"meta model, pp x dp_shard: max parameter diff {diff:.2e}")
+    assert diff <= TOLERANCE
