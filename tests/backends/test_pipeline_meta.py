@@ -220,12 +220,33 @@ def _refusals(path: str) -> dict:
 
     model.init_weights(fill_scale)
     loss = accelerator.pipeline_step(model, x, target=y)
-    return {"messages": messages, "loss": None if loss is None else float(loss)}
+    return {"messages": messages, "loss": None if loss is None else float(loss), **_misuse(accelerator, path)}
+
+
+def _misuse(accelerator: Accelerator, path: str) -> dict[str, str]:
+    """The messages of loading a wrong file, of a device map, and of init_weights on real weights."""
+    with init_empty_weights():
+        model = accelerator.prepare(TinyTransformer(depth=DEPTH))
+    errors = {}
+    calls = {
+        "wrong_file": lambda: load_checkpoint_in_model(model, path.replace("model.", "wrong."), strict=True),
+        "device_map": lambda: load_checkpoint_in_model(model, path, device_map={"": "cpu"}),
+        "real_init": lambda: accelerator.prepare(make_transformer(depth=DEPTH)).init_weights(),
+    }
+    for name, call in calls.items():
+        try:
+            call()
+        except (ValueError, RuntimeError) as error:
+            errors[name] = f"{type(error).__name__}: {error}"
+    return errors
 
 
 @pytest.mark.distributed
 def test_meta_tensors_left_empty_refuse_every_step_on_every_rank(tmp_path):
     path = _weights_file(tmp_path)
+    wrong = dict(make_transformer(depth=DEPTH).state_dict())
+    wrong["extra.weight"] = wrong.pop("head.weight")
+    save_file(wrong, tmp_path / "wrong.safetensors")
     results = run_distributed(_refusals, 2, str(path), timeout=120)
     for result in results:  # the same error on both ranks (a collective check), so neither waits on the other
         step, evaluate, after_load = result["messages"]
@@ -237,6 +258,13 @@ def test_meta_tensors_left_empty_refuse_every_step_on_every_rank(tmp_path):
         assert evaluate.startswith("Evaluation (model(inputs)): the model was built on the meta device")
         # the weights file filled every saved tensor; the non-persistent buffer of the last stage is left
         assert "(rank 1: scale)" in after_load and "rank 0" not in after_load
+    for rank, result in enumerate(results):  # each rank checks the keys of its own stages
+        missing = "['head.weight']" if rank == 1 else "[]"
+        assert f"Missing from the checkpoint ({int(rank == 1)}): {missing}" in result["wrong_file"]
+        assert "Unknown to the model (1): ['extra.weight']" in result["wrong_file"]
+        assert result["wrong_file"].startswith("ValueError: load_checkpoint_in_model(")
+        assert "got device_map={'': 'cpu'}" in result["device_map"] and "Pass neither" in result["device_map"]
+        assert result["real_init"].startswith("RuntimeError: init_weights() initialises a pipelined model")
     model = make_transformer(depth=DEPTH)
     x, y = make_data(BATCH)[:BATCH]
     with torch.no_grad():
@@ -264,21 +292,27 @@ def _initialised(seed: int) -> dict:
     }
 
 
-@pytest.mark.distributed
-def test_init_weights_runs_reset_parameters_per_stage_with_a_seed_per_stage():
-    results = run_distributed(_initialised, 2, 7, timeout=120)
+def _expected_init(seed: int) -> dict[str, torch.Tensor]:
+    """What ``init_weights(seed=seed)`` gives: each stage's modules reset under ``seed + stage index``."""
     model = TinyTransformer(depth=DEPTH)  # the cut "auto" makes: embed + 2 blocks | 2 blocks + head
     stages = [
         [model.embed, model.layers[0], model.layers[1]],
         [model.layers[2], model.layers[3], model.head],
     ]
-    for index, result in enumerate(results):
-        assert result["stages"] == [index] and result["repeatable"] and result["rng_kept"]
-        torch.manual_seed(7 + index)
-        for module in (m for block in stages[index] for m in block.modules()):
+    for index, blocks in enumerate(stages):
+        torch.manual_seed(seed + index)
+        for module in (m for block in blocks for m in block.modules()):
             if hasattr(module, "reset_parameters"):
                 module.reset_parameters()
-        expected = model.state_dict()
+    return model.state_dict()
+
+
+@pytest.mark.distributed
+def test_init_weights_runs_reset_parameters_per_stage_with_a_seed_per_stage():
+    results = run_distributed(_initialised, 2, 7, timeout=120)
+    expected = _expected_init(7)
+    for index, result in enumerate(results):
+        assert result["stages"] == [index] and result["repeatable"] and result["rng_kept"]
         for key, value in result["weights"].items():
             assert torch.equal(value, expected[key]), key
     assert results[0]["loss"] is None and results[1]["loss"] > 0
@@ -290,6 +324,8 @@ def _train_sharded(path: str) -> dict:
         model = _ShiftedTransformer()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     model, optimizer, loader = accelerator.prepare(model, optimizer, data_loader(LENGTH, BATCH))
+    model.init_weights(seed=7)  # each module initialises its whole tensors; each rank keeps its shard
+    initialised = accelerator.get_state_dict(model)
     load_checkpoint_in_model(model, path, strict=True)
     losses = []
     for x, y in loader:
@@ -298,7 +334,8 @@ def _train_sharded(path: str) -> dict:
         optimizer.zero_grad()
         losses.append(None if loss is None else float(loss))
     local = sum(p.to_local().numel() for p in model.parameters())
-    return {"losses": losses, "full": accelerator.get_state_dict(model), "local_numel": local}
+    full = accelerator.get_state_dict(model)
+    return {"losses": losses, "full": full, "local_numel": local, "initialised": initialised}
 
 
 @pytest.mark.distributed
@@ -307,6 +344,8 @@ def test_meta_model_by_fully_sharded_data_parallel_on_four_processes_matches_one
     # pp=2 x dp_shard=2: each stage materialised on its two ranks, sharded, then filled shard by shard
     path = _weights_file(tmp_path)
     results = run_distributed(_train_sharded, 4, str(path), timeout=240)
+    initialised, expected_init = results[0]["initialised"], _expected_init(7)
+    assert all(torch.equal(initialised[k], expected_init[k]) for k in expected_init)  # as without dp_shard
     expected, losses = _reference(path, batch=2 * BATCH)
     total = sum(v.numel() for v in expected.values())
     assert all(0.15 * total < r["local_numel"] < 0.35 * total for r in results)

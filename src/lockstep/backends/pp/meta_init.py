@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor, distribute_tensor
 
 
 def has_meta_tensors(model: nn.Module) -> bool:
@@ -141,21 +142,43 @@ def init_stage_weights(
 
 @contextmanager
 def _holding(module: nn.Module, tensors: dict[str, torch.Tensor]) -> Iterator[None]:
-    """``module`` holds ``tensors`` (by attribute name) in place of its own for the block. A tensor the block
-    replaces instead of filling in place is copied into the held one."""
+    """``module`` holds ``tensors`` (by attribute name) in place of its own for the block, and what the block
+    writes lands in them. A tensor sharded over ``dp_shard`` (a DTensor) is held whole (gathered), so the
+    module initialises the whole tensor under the stage's seed, as without sharding, and this rank's shard
+    is copied back. A tensor the block replaces instead of filling in place is copied in too."""
+    held = {name: _whole(tensor) for name, tensor in tensors.items()}
     saved = {}
-    for name, tensor in tensors.items():
-        kind = module._parameters if name in module._parameters else module._buffers
-        saved[name] = kind[name]
-        kind[name] = tensor
+    for name, value in held.items():
+        slot = _slot(module, name)
+        saved[name], slot[name] = slot[name], value
     try:
         yield
     finally:
         for name, tensor in tensors.items():
-            kind = module._parameters if name in module._parameters else module._buffers
-            if kind[name] is not tensor and kind[name] is not None:
-                tensor.copy_(kind[name])
-            kind[name] = saved[name]
+            slot = _slot(module, name)
+            value = held[name] if slot[name] is None else slot[name]
+            if value is not tensor:
+                _copy_into(tensor, value)
+            slot[name] = saved[name]
+
+
+def _slot(module: nn.Module, name: str) -> dict[str, Any]:
+    return module._parameters if name in module._parameters else module._buffers
+
+
+def _whole(tensor: torch.Tensor) -> torch.Tensor:
+    if not isinstance(tensor, DTensor):
+        return tensor
+    whole = tensor.full_tensor()  # a collective over the stage's dp_shard ranks, which all run this
+    return (
+        nn.Parameter(whole, requires_grad=tensor.requires_grad) if isinstance(tensor, nn.Parameter) else whole
+    )
+
+
+def _copy_into(tensor: torch.Tensor, value: torch.Tensor) -> None:
+    if isinstance(tensor, DTensor):
+        value = distribute_tensor(value.detach(), tensor.device_mesh, tensor.placements, src_data_rank=None)
+    tensor.copy_(value)
 
 
 def _forked_rng(module: nn.Module) -> AbstractContextManager[None]:

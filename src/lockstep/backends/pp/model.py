@@ -209,7 +209,8 @@ class PipelinedModel(nn.Module):
         in the model's order, holding those tensors: ``fn(module)`` (which then answers for all their
         tensors), or, without ``fn``, the module's own ``reset_parameters()``. The weights follow
         the modules' initialisation but are not those one process building the whole model would draw
-        (another random stream per stage); load a weights file for that.
+        (another random stream per stage); load a weights file for that. Stages sharded over
+        ``dp_shard`` get the same weights: each module initialises whole tensors, each rank keeps its shard.
 
         Args:
             fn: a function initialising one module in place (e.g. a transformers ``_init_weights``).
