@@ -174,6 +174,73 @@ def _load_through_dcp(
     set_model_state_dict(model, state, options=options)
 
 
+def _is_pipelined(model: nn.Module) -> bool:
+    from lockstep.backends.pp.model import PipelinedModel
+
+    return isinstance(model, PipelinedModel)
+
+
+def _read_keys(file: Path, wanted: set[str]) -> dict[str, torch.Tensor]:
+    """The tensors of ``file`` named in ``wanted``: a safetensors file reads those alone (the others are not
+    read from disk), a ``.bin`` file is read whole and filtered."""
+    if not file.name.endswith(".safetensors"):
+        return {key: value for key, value in load_state_dict(file).items() if key in wanted}
+    with safe_open(str(file), framework="pt") as handle:
+        _check_safetensors_format(str(file), handle.metadata())
+        return {key: handle.get_tensor(key) for key in handle.keys() if key in wanted}
+
+
+def _file_keys(file: Path) -> set[str]:
+    if not file.name.endswith(".safetensors"):
+        return set(load_state_dict(file))
+    with safe_open(str(file), framework="pt") as handle:
+        return set(handle.keys())
+
+
+def _load_stage_weights(
+    model: nn.Module,
+    checkpoint: str | os.PathLike[str],
+    *,
+    strict: bool,
+    device_map: Mapping[str, Any] | None,
+    broadcast: bool,
+) -> None:
+    """A pipelined model (``ParallelismConfig(pp_size > 1)``): each rank reads only the tensors of its own
+    stages and copies them into them in place (the other stages' tensors, and index shards holding none
+    of this rank's, are not read)."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    where = f"load_checkpoint_in_model({os.fspath(checkpoint)!r})"
+    if device_map is not None or broadcast:
+        raise ValueError(
+            f"{where} got device_map={device_map!r}, broadcast_from_rank0={broadcast!r} for a pipelined model: "
+            "each pipeline rank reads its own stages' tensors onto its device. Pass neither."
+        )
+    wanted = set(model.state_dict())
+    state: dict[str, torch.Tensor] = {}
+    found: set[str] = set()
+    for file in _checkpoint_files(checkpoint)[0]:
+        keys = _file_keys(file)
+        found |= keys
+        if keys & wanted:
+            state.update(_read_keys(file, wanted))
+    missing = sorted(wanted - found)
+    unexpected = sorted(found - set(model.key_order))  # keys of no stage, on no rank
+    if missing or unexpected:
+        report = _Keys(model.key_order, {}, where).report(missing, unexpected)
+        if strict:
+            raise ValueError(f"{report} Load the checkpoint of this architecture, or pass strict=False.")
+        warnings.warn(report, UserWarning, stacklevel=3)
+    local = model.state_dict()
+    for key, value in state.items():
+        if isinstance(local[key], DTensor):  # a stage sharded over dp_shard: this rank's shard of the tensor
+            state[key] = distribute_tensor(
+                value, local[key].device_mesh, local[key].placements, src_data_rank=None
+            )
+    # missing keys are left as they were (and, if never filled, the model refuses to train: see .meta_init)
+    model.load_state_dict(state, strict=False)
+
+
 def load_checkpoint_in_model(
     model: nn.Module,
     checkpoint: str | os.PathLike[str],
@@ -210,6 +277,11 @@ def load_checkpoint_in_model(
         broadcast_from_rank0: only the main process reads the files and sends each process its part (needs
             a process group; every process must call this).
 
+    A pipelined model (prepared with ``ParallelismConfig(pp_size > 1)``, e.g. built on the meta device)
+    is filled stage by stage: each rank reads only its stages' tensors (from a safetensors file, those
+    tensors alone) and copies them into the prepared stages in place; ``device_map`` and
+    ``broadcast_from_rank0`` do not apply.
+
     Raises:
         ValueError: the checkpoint cannot be found, or with ``strict`` the keys differ.
         NotImplementedError: ``"disk"`` in ``device_map``, or ``offload_8bit_bnb``.
@@ -227,6 +299,11 @@ def load_checkpoint_in_model(
             UserWarning,
             stacklevel=2,
         )
+    if _is_pipelined(model):
+        _load_stage_weights(
+            model, checkpoint, strict=strict, device_map=device_map, broadcast=broadcast_from_rank0
+        )
+        return
     if broadcast_from_rank0 or _has_dtensor(model):
         _load_through_dcp(
             model,

@@ -15,6 +15,9 @@ the pipeline ranks; ``get_state_dict`` gathers every stage on the main process. 
 without pipelining (``model.safetensors``, ``optimizer.bin``) loads too: every rank reads the whole files
 and keeps its stages' entries (:mod:`.full_load`); the reverse, a pp checkpoint loaded by one process or
 DDP, is :mod:`lockstep.backends.from_shards`.
+
+A model built on the meta device is traced on it, and each rank gives memory to its own stages only
+(:mod:`.meta_init`); optimizers built before ``prepare`` on the meta parameters are re-bound to them too.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from __future__ import annotations
 import math
 import weakref
 from collections.abc import Iterable
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +43,7 @@ from lockstep.backends.fsdp.clipping import global_grad_norm
 from lockstep.backends.fsdp.precision import FSDPPrecision
 from lockstep.backends.nd.backend import NDParallelBackend, _sum_reductions_only
 from lockstep.backends.pp import full_load
+from lockstep.backends.pp.meta_init import has_meta_tensors, materialise, meta_stand_ins, put_back
 from lockstep.backends.pp.model import PipelinedModel, mode_dependent_modules
 from lockstep.backends.pp.split import first_microbatch, resolve_split_points, stage_indices, trace_stages
 from lockstep.config.fsdp import FullyShardedDataParallelPlugin
@@ -135,20 +140,24 @@ class PipelineBackend(NDParallelBackend):
         num_stages = pp_size * handler.stages_per_rank  # type: ignore[operator]
         microbatches = handler.num_microbatches or num_stages
         points = resolve_split_points(model, handler.split_points, num_stages)
-        modules = trace_stages(model, _example_microbatch(model, handler, microbatches), points)
+        on_meta = has_meta_tensors(model)  # only this rank's stages get memory (see .meta_init)
+        with meta_stand_ins(model) if on_meta else nullcontext({}) as real_tensors:
+            modules = trace_stages(model, _example_microbatch(model, handler, microbatches), points)
         indices = stage_indices(
             self.pp_mesh.get_local_rank(), pp_size, handler.stages_per_rank, handler.stage_layout
         )  # type: ignore[arg-type]
         local = [modules[index] for index in indices]
+        put_back(local, real_tensors)
         here = {id(p) for module in local for p in module.parameters()}
         self._names |= {id(p): name for name, p in model.named_parameters()}
         self._elsewhere |= {id(p) for p in model.parameters() if id(p) not in here}
+        owners = [owner for module in local for owner in _parameter_owners(module)]
+        uninitialised = materialise(local, self.device) if on_meta else []
         if device_placement:
             for module in local:
                 module.to(self.device)
         for module in local:  # bf16: each stage computes under autocast and hands fp32 activations on, the
             self.precision.wrap_forward(module)  # dtype the traced stages' receive buffers expect
-        owners = [owner for module in local for owner in _parameter_owners(module)]
         fsdp_mesh = self._fsdp_mesh
         if fsdp_mesh is not None:
             for module in local:
@@ -164,6 +173,9 @@ class PipelineBackend(NDParallelBackend):
             last_stage_rank=next(r for r in range(pp_size) if num_stages - 1 in stage_indices(r, *layout)),  # type: ignore[arg-type]
             traced_training=model.training,
             mode_dependent=mode_dependent_modules(model),
+            built_on_meta=on_meta,
+            uninitialised=uninitialised,
+            source_modules=dict(model.named_modules()) if on_meta else None,
         )
         self.sharded_models.append(pipelined)
         return pipelined

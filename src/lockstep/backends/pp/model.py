@@ -16,6 +16,9 @@ The tracer bakes the train/eval mode into the stages: a ``Dropout`` traced in tr
 after ``model.eval()``. Models with such modules (see :data:`MODE_DEPENDENT`) therefore run only in the mode
 they were traced in; the other mode is a clear ``NotImplementedError``.
 
+A model built on the meta device (see :mod:`.meta_init`) comes with its tensors empty: until they are
+loaded or initialised (:meth:`PipelinedModel.init_weights`), a step is refused on every rank.
+
 Gradients: each micro-batch's loss is divided by ``micro-batches x accumulation steps`` before its
 backward (the schedule is built with ``scale_grads=False``, since torch's own scaling would also divide
 gradients accumulated by earlier steps), so a step's gradients are those of the batch's mean loss, and an
@@ -103,6 +106,9 @@ class PipelinedModel(nn.Module):
         mode_dependent: names of modules the traced mode is baked into (:func:`mode_dependent_modules`).
         eval_batch_size: the evaluation batch size, when known before the first evaluation (the traced one,
             for pipelined inference); smaller batches are padded to it.
+        built_on_meta: the user's model was built on the meta device (its stages materialised empty).
+        source_modules: the user's (meta) model's modules by name, run by :meth:`init_weights`.
+        uninitialised: names of this rank's tensors that were materialised empty and hold no values yet.
     """
 
     flat_optimizer_state = True
@@ -120,6 +126,9 @@ class PipelinedModel(nn.Module):
         traced_training: bool = True,
         mode_dependent: Sequence[str] = (),
         eval_batch_size: int | None = None,
+        built_on_meta: bool = False,
+        uninitialised: Sequence[str] = (),
+        source_modules: dict[str, nn.Module] | None = None,
     ) -> None:
         super().__init__()
         self._stages = list(stages)  # a plain list: the stage modules are not children under another name
@@ -141,6 +150,11 @@ class PipelinedModel(nn.Module):
             _merge_into(self, stage.submod)
         _mark_non_persistent(self, set(persistent_keys))
         self.train(traced_training)
+        self._materialised = list(uninitialised)  # in the model's order, for messages
+        self._uninitialised = set(uninitialised)
+        self._unchecked = built_on_meta  # every rank's tensors are checked once before the first step
+        self._source_modules = source_modules or {}  # a plain dict: not submodules of this one
+        self.register_load_state_dict_post_hook(_mark_loaded)
 
     # -- what this rank holds ------------------------------------------------------------------------
     @property
@@ -180,6 +194,57 @@ class PipelinedModel(nn.Module):
     def schedule(self) -> Any:
         """The torch schedule object (``ScheduleGPipe``, ...), built on first use."""
         return self._built_schedule()
+
+    # -- weights of a model built on the meta device ------------------------------------------------
+    @property
+    def uninitialised_weights(self) -> list[str]:
+        """Names of this rank's tensors materialised from the meta device that hold no values yet."""
+        return [name for name in self._materialised if name in self._uninitialised]
+
+    def init_weights(self, fn: Callable[[nn.Module], None] | None = None, *, seed: int = 0) -> None:
+        """Initialise the weights of this rank's stages in place (a model built on the meta device).
+
+        Each stage draws from the seed ``seed + stage index`` (the caller's random stream is left as it
+        was). The modules of the model given to ``prepare`` that own tensors of this rank's stages are run
+        in the model's order, holding those tensors: ``fn(module)`` (which then answers for all their
+        tensors), or, without ``fn``, the module's own ``reset_parameters()``. The weights follow
+        the modules' initialisation but are not those one process building the whole model would draw
+        (another random stream per stage); load a weights file for that. Stages sharded over
+        ``dp_shard`` get the same weights: each module initialises whole tensors, each rank keeps its shard.
+
+        Args:
+            fn: a function initialising one module in place (e.g. a transformers ``_init_weights``).
+            seed: the base random seed.
+
+        Example:
+            >>> with lockstep.init_empty_weights():  # doctest: +SKIP
+            ...     model = MyModel()
+            >>> model = accelerator.prepare(model)  # doctest: +SKIP
+            >>> model.init_weights(seed=0)  # doctest: +SKIP
+        """
+        from lockstep.backends.pp.meta_init import init_stage_weights
+
+        if not self._source_modules:
+            raise RuntimeError(
+                "init_weights() initialises a pipelined model that was built on the meta device; this one was "
+                "prepared from real weights, which it keeps. Build the model under lockstep.init_empty_weights() "
+                "to initialise its stages after prepare()."
+            )
+        stages = [(stage.stage_index, stage.submod) for stage in self._stages]
+        self._uninitialised -= init_stage_weights(stages, self._source_modules, fn, seed)
+
+    def _check_initialised(self, what: str) -> None:
+        """Refuse a step on every rank while some rank's tensors hold no values (a collective, once)."""
+        if not self._unchecked:
+            return
+        from lockstep.backends.pp.meta_init import uninitialised_report
+
+        gathered: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, self.uninitialised_weights)
+        report = uninitialised_report(gathered, what)
+        if report is not None:
+            raise RuntimeError(report)
+        self._unchecked = False
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         """Forward only, in ``eval()`` mode or under ``torch.no_grad()``: the outputs on every pipeline rank."""
@@ -258,6 +323,7 @@ class PipelinedModel(nn.Module):
         """Forward and backward of every micro-batch of one batch; the batch's mean loss on the rank holding
         the last stage (None on the others). Gradients accumulate into ``.grad`` (see the module docs)."""
         self._check_mode("pipeline_step()")
+        self._check_initialised("pipeline_step()")
         first, last = self.holds_first_stage, self.holds_last_stage
         if first or last:  # the inputs are read on the first stage only, the target on the last only
             self.check_batch((*args, *kwargs.values()) if first else (), target if last else None)
@@ -299,6 +365,7 @@ class PipelinedModel(nn.Module):
                 holding the last stage returns them and the others return None.
         """
         self._check_mode("Evaluation (model(inputs))")
+        self._check_initialised("Evaluation (model(inputs))")
         if self._schedule_class.__name__ in _NO_EVAL:
             raise NotImplementedError(
                 f"Evaluation (model(inputs)) with TorchPipelineParallelConfig(schedule="
@@ -402,6 +469,14 @@ def _load_spec(dumped: tuple[str, Any]) -> Any:
 
     kind, value = dumped
     return treespec_loads(value) if kind == "json" else value
+
+
+def _mark_loaded(model: nn.Module, incompatible: Any) -> None:
+    """After ``load_state_dict`` (of a checkpoint, a weights file, ...): the keys it filled hold values."""
+    assert isinstance(model, PipelinedModel)
+    if model._uninitialised:
+        filled = set(model.state_dict()) - set(incompatible.missing_keys)
+        model._uninitialised -= filled
 
 
 def _merge_into(shell: nn.Module, source: nn.Module) -> None:
