@@ -1,0 +1,38 @@
+"""A tiny transformers ``LlamaForCausalLM`` (4 layers, hidden 32, vocab 64) and token data, for pipeline tests."""
+
+from __future__ import annotations
+
+import torch
+from torch.utils.data import TensorDataset
+
+VOCAB, SEQUENCE = 64, 16
+
+
+def make_llama(seed: int = 0, *, tie_word_embeddings: bool = False, layers: int = 4):
+    """A fresh tiny Llama (no dropout; ``use_cache`` left at its default, True) with the weights of ``seed``."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2 * SEQUENCE,
+        attention_dropout=0.0,
+        tie_word_embeddings=tie_word_embeddings,
+    )
+    torch.manual_seed(seed)
+    return LlamaForCausalLM._from_config(config, attn_implementation="sdpa")
+
+
+def token_ids(length: int, seed: int = 0) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(0, VOCAB, (length, SEQUENCE), generator=generator)
+
+
+def token_data(length: int, seed: int = 0) -> TensorDataset:
+    """``(input_ids, labels)`` pairs; the labels are the inputs (the model shifts them)."""
+    ids = token_ids(length, seed)
+    return TensorDataset(ids, ids.clone())
