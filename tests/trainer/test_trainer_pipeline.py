@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch import nn
 
-from lockstep import ParallelismConfig, Trainer, TrainingArguments
+from lockstep import ParallelismConfig, Trainer, TrainerCallback, TrainingArguments
 from lockstep.config.pipeline import TorchPipelineParallelConfig
 from tests.helpers.fsdp_models import make_data, make_transformer
 from tests.helpers.multiprocess import run_distributed
@@ -116,9 +116,69 @@ def _refused() -> str:
         r"Trainer\(compute_loss_func=fn\)",
     ):
         Trainer(model, args)
+    noisy = TrainingArguments(
+        output_dir="unused",
+        parallelism_config=ParallelismConfig(pp_size=2),
+        neftune_noise_alpha=5.0,
+        report_to="none",
+    )
+    with pytest.raises(
+        NotImplementedError, match=r"neftune_noise_alpha=5\.0\) with a pipeline .* not built yet"
+    ):
+        Trainer(make_llama(), noisy)
     return "refused"
 
 
 @pytest.mark.distributed
 def test_a_model_whose_loss_needs_labels_inside_forward_is_refused():
     assert run_distributed(_refused, 2, timeout=120, env=QUIET) == ["refused", "refused"]
+
+
+class StepCounter(TrainerCallback):
+    def __init__(self) -> None:
+        self.steps = 0
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.steps += 1
+
+
+def _resume(output_dir: str) -> dict:
+    counter = StepCounter()
+
+    def trainer(callbacks: list | None = None) -> Trainer:
+        config = ParallelismConfig(pp_size=2, pp_handler=TorchPipelineParallelConfig(schedule="1f1b"))
+        args = TrainingArguments(
+            output_dir=output_dir,
+            parallelism_config=config,
+            per_device_train_batch_size=4,
+            gradient_accumulation_steps=2,
+            learning_rate=1e-3,
+            num_train_epochs=1,
+            save_strategy="steps",
+            save_steps=2,
+            report_to="none",
+            seed=7,
+        )
+        return Trainer(make_llama(), args, train_dataset=sequences(32, 1), callbacks=callbacks)
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        first = trainer()
+        first.train()
+        resumed = trainer([counter])
+        output = resumed.train(resume_from_checkpoint=f"{output_dir}/checkpoint-2")
+    return {
+        "straight": first.accelerator.get_state_dict(first.model_wrapped),
+        "resumed": resumed.accelerator.get_state_dict(resumed.model_wrapped),
+        "steps": output.global_step,
+        "steps_after_resume": counter.steps,
+    }
+
+
+@pytest.mark.distributed
+def test_the_trainer_with_pp2_resumes_from_its_checkpoint_exactly(tmp_path):
+    results = run_distributed(_resume, 2, str(tmp_path), timeout=240, env=QUIET)
+    straight, resumed = results[0]["straight"], results[0]["resumed"]
+    assert results[0]["steps"] == 4 and results[0]["steps_after_resume"] == 2  # steps 3 and 4 only
+    assert list(straight) == list(resumed)
+    assert max((straight[k] - resumed[k]).abs().max().item() for k in straight) == 0.0
+    assert (tmp_path / "checkpoint-2").is_dir() and (tmp_path / "checkpoint-4").is_dir()

@@ -157,7 +157,7 @@ class Trainer:
             )
         self._pipelined = _pipeline_step.is_pipelined(self.accelerator)
         if self._pipelined:  # the loss of the last stage's outputs; a per-micro-batch mean (not counted)
-            self._loss_func = _pipeline_step.loss_function(model, self._loss_func)
+            self._loss_func = _pipeline_step.loss_function(model, self.args, self._loss_func)
         self.label_names = self.args.label_names or batches.default_label_names(model)
         self._item_counter = _num_items.item_counter(
             self.accelerator, model, self.args, loss_func=self._loss_func, label_names=self.label_names
