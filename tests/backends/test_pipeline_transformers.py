@@ -18,7 +18,7 @@ from lockstep.backends.pp import causal_lm_loss
 from lockstep.backends.pp.split import resolve_split_points, trace_stages
 from lockstep.config.pipeline import TorchPipelineParallelConfig
 from tests.helpers.multiprocess import run_distributed
-from tests.helpers.tiny_llama import make_llama, token_data, token_ids
+from tests.helpers.tiny_llama import make_llama, padded_mask, token_data, token_ids
 
 LENGTH, BATCH, ACCUMULATION, CLIP, LR = 32, 8, 2, 0.5, 1e-3
 TOLERANCE = 1e-5
@@ -116,3 +116,23 @@ def test_causal_lm_loss_is_the_models_own_loss_from_labels():
         outputs = model(ids, labels=labels)
     assert float(causal_lm_loss(outputs.logits, labels)) == pytest.approx(float(outputs.loss), abs=1e-6)
     assert make_llama().config.use_cache  # the tracer's switch-off is temporary
+
+
+def _evaluate_with_keywords() -> torch.Tensor:
+    # traced with keyword inputs and a mask without padding; evaluated on a padded one
+    example = {"input_ids": token_ids(BATCH), "attention_mask": torch.ones_like(token_ids(BATCH))}
+    handler = TorchPipelineParallelConfig(schedule="gpipe", num_microbatches=2, example_kwargs=example)
+    accelerator = Accelerator(parallelism_config=ParallelismConfig(pp_size=2, pp_handler=handler))
+    model = accelerator.prepare(make_llama())
+    model.eval()
+    with torch.no_grad():
+        return model(input_ids=token_ids(BATCH, seed=5), attention_mask=padded_mask(BATCH))
+
+
+@pytest.mark.distributed
+def test_keyword_inputs_and_a_padded_attention_mask_evaluate_as_one_process():
+    results = run_distributed(_evaluate_with_keywords, 2, timeout=120)
+    with torch.no_grad():
+        expected = make_llama()(input_ids=token_ids(BATCH, seed=5), attention_mask=padded_mask(BATCH)).logits
+    for logits in results:  # the last stage's logits, on both ranks
+        assert (logits - expected).abs().max().item() <= TOLERANCE

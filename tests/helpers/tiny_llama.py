@@ -36,3 +36,12 @@ def token_data(length: int, seed: int = 0) -> TensorDataset:
     """``(input_ids, labels)`` pairs; the labels are the inputs (the model shifts them)."""
     ids = token_ids(length, seed)
     return TensorDataset(ids, ids.clone())
+
+
+def padded_mask(length: int) -> torch.Tensor:
+    """An attention mask with padding: every other row right-padded after 10 tokens, the others left-padded
+    over their first 3."""
+    mask = torch.ones(length, SEQUENCE, dtype=torch.long)
+    mask[0::2, 10:] = 0
+    mask[1::2, :3] = 0
+    return mask

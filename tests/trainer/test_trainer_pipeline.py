@@ -26,7 +26,10 @@ TOLERANCE = 1e-5
 
 
 def sequences(count: int, seed: int) -> list[dict]:
-    return [{"input_ids": row, "labels": row.clone()} for row in token_ids(count, seed)]
+    return [
+        {"input_ids": row, "attention_mask": torch.ones_like(row), "labels": row.clone()}
+        for row in token_ids(count, seed)
+    ]
 
 
 def mse_per_item(outputs: torch.Tensor, labels: torch.Tensor, num_items_in_batch) -> torch.Tensor:
