@@ -185,3 +185,44 @@ def test_the_trainer_with_pp2_resumes_from_its_checkpoint_exactly(tmp_path):
     assert list(straight) == list(resumed)
     assert max((straight[k] - resumed[k]).abs().max().item() for k in straight) == 0.0
     assert (tmp_path / "checkpoint-2").is_dir() and (tmp_path / "checkpoint-4").is_dir()
+
+
+def _best_model_only(output_dir: str) -> dict:
+    config = ParallelismConfig(pp_size=2, pp_handler=TorchPipelineParallelConfig(schedule="1f1b"))
+    args = TrainingArguments(
+        output_dir=output_dir,
+        parallelism_config=config,
+        per_device_train_batch_size=4,
+        per_device_eval_batch_size=4,
+        learning_rate=1e-2,
+        num_train_epochs=1,
+        eval_strategy="steps",
+        eval_steps=4,
+        save_steps=4,
+        save_only_model=True,
+        load_best_model_at_end=True,
+        metric_for_best_model="loss",
+        greater_is_better=False,  # the eval loss rises after step 4 (random tokens): the best is not the last
+        report_to="none",
+        seed=7,
+    )
+    trainer = Trainer(make_llama(), args, train_dataset=sequences(32, 1), eval_dataset=sequences(8, 2))
+    with contextlib.redirect_stdout(io.StringIO()):
+        trainer.train()
+    return {
+        "best": trainer.state.best_model_checkpoint,
+        "params": trainer.accelerator.get_state_dict(trainer.model_wrapped),
+    }
+
+
+@pytest.mark.distributed
+def test_the_best_model_only_checkpoint_loads_back_into_the_stages(tmp_path):
+    from safetensors.torch import load_file
+
+    results = run_distributed(_best_model_only, 2, str(tmp_path), timeout=240, env=QUIET)
+    best = results[0]["best"]
+    assert best == results[1]["best"] == str(tmp_path / "checkpoint-4")  # not the last one (checkpoint-8)
+    saved, params = load_file(str(tmp_path / "checkpoint-4" / "model.safetensors")), results[0]["params"]
+    final = load_file(str(tmp_path / "checkpoint-8" / "model.safetensors"))
+    assert max((saved[k] - params[k]).abs().max().item() for k in params) == 0.0
+    assert max((final[k] - params[k]).abs().max().item() for k in params) > 1e-3

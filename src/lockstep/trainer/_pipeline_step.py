@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -32,7 +33,7 @@ import torch.distributed as dist
 from torch import nn
 
 from lockstep.accelerator import Accelerator
-from lockstep.trainer import batches
+from lockstep.trainer import _transformers_format, batches
 from lockstep.trainer._label_smoothing import is_causal_lm
 
 
@@ -139,3 +140,11 @@ def _from_last_stage(accelerator: Accelerator, loss: torch.Tensor | None) -> tor
     assert mesh is not None
     dist.all_reduce(value, group=mesh["pp"].get_group())
     return value
+
+
+def load_stage_weights(model: nn.Module, folder: Path) -> None:
+    """A model-only checkpoint's weights (``save_only_model``: the whole model's files, written by
+    ``save_model``) into this rank's stages: each rank reads the files and keeps its stages' entries."""
+    from lockstep.backends.pp.full_load import load_full_model  # the pipeline backend loads lazily
+
+    load_full_model(model, _transformers_format.load_model_files(folder))

@@ -761,6 +761,8 @@ class Trainer:
             print(line, flush=True)
 
     def _load_weights(self, folder: Path) -> None:
+        if self._pipelined and self.model_wrapped is not None:
+            return _pipeline_step.load_stage_weights(self.model_wrapped, folder)
         model = self.model_wrapped if self.model_wrapped is not None else self.model
         _transformers_format.load_weights(
             self.accelerator.unwrap_model(model, keep_torch_compile=False), folder
