@@ -5,23 +5,18 @@ from __future__ import annotations
 import torch
 from torch.utils.data import TensorDataset
 
+from tests.helpers.llama import tiny_llama_config
+
 VOCAB, SEQUENCE = 64, 16
 
 
 def make_llama(seed: int = 0, *, tie_word_embeddings: bool = False, layers: int = 4):
-    """A fresh tiny Llama (no dropout; ``use_cache`` left at its default, True) with the weights of ``seed``."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    """A fresh tiny Llama of ``layers`` layers (:func:`tests.helpers.llama.tiny_llama_config`, no dropout,
+    ``use_cache`` left at its default, True), ``sdpa`` attention, with the weights of ``seed``."""
+    from transformers import LlamaForCausalLM
 
-    config = LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=2 * SEQUENCE,
-        attention_dropout=0.0,
-        tie_word_embeddings=tie_word_embeddings,
+    config = tiny_llama_config(
+        num_hidden_layers=layers, attention_dropout=0.0, tie_word_embeddings=tie_word_embeddings
     )
     torch.manual_seed(seed)
     return LlamaForCausalLM._from_config(config, attn_implementation="sdpa")
