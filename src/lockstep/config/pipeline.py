@@ -55,6 +55,10 @@ class TorchPipelineParallelConfig:
     example_args: tuple[Any, ...] | None = None
     """One batch of the model's positional inputs (what ``pipeline_step`` receives), used once to trace the
     model so that it can be cut (``torch.distributed.pipelining.pipeline``)."""
+    example_kwargs: dict[str, Any] | None = None
+    """One batch of the model's keyword inputs (e.g. ``{"attention_mask": mask}``), traced with
+    ``example_args``; ``pipeline_step`` must then receive the same keywords. The Trainer fills both from
+    its first training batch when neither is given."""
     loss_fn: Callable[..., Any] | None = None
     """``loss_fn(outputs, target)`` on the last stage, per micro-batch (mean-reduced losses); may also be
     given to ``pipeline_step``."""
@@ -92,6 +96,11 @@ class TorchPipelineParallelConfig:
             self.split_points = list(self.split_points)
         if self.example_args is not None and not isinstance(self.example_args, tuple):
             self.example_args = (self.example_args,)
+        if self.example_kwargs is not None and not isinstance(self.example_kwargs, dict):
+            raise TypeError(
+                f"TorchPipelineParallelConfig(example_kwargs=...) got {type(self.example_kwargs).__name__}; pass "
+                "a dict of keyword inputs, e.g. {'attention_mask': mask}."
+            )
 
     @property
     def schedule_class_name(self) -> str:

@@ -25,7 +25,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 
-from lockstep.trainer import _process_setup, batches
+from lockstep.trainer import _pipeline_step, _process_setup, batches
 
 IGNORE_INDEX = -100
 
@@ -137,8 +137,8 @@ def item_counter(
 ) -> ItemCounter | None:
     """The Trainer's counter, or None when the loss is a per-batch mean averaged over micro-batches and
     processes (a model without loss keyword arguments and no loss function; DeepSpeed, whose engine scales
-    the loss by the accumulation steps itself)."""
-    if accelerator.deepspeed_plugin is not None:
+    the loss by the accumulation steps itself; a pipeline, whose loss is a mean per micro-batch)."""
+    if accelerator.deepspeed_plugin is not None or _pipeline_step.is_pipelined(accelerator):
         return None
     if loss_func is None and not accepts_loss_kwargs(model):
         return None

@@ -28,6 +28,7 @@ from lockstep.trainer import (
     _best_model,
     _hyperparameter_search,
     _num_items,
+    _pipeline_step,
     _process_setup,
     _trainer_checks,
     _transformers_format,
@@ -154,6 +155,9 @@ class Trainer:
             self._loss_func = LabelSmoothingLoss(
                 self.args.label_smoothing_factor, shift_labels=is_causal_lm(model)
             )
+        self._pipelined = _pipeline_step.is_pipelined(self.accelerator)
+        if self._pipelined:  # the loss of the last stage's outputs; a per-micro-batch mean (not counted)
+            self._loss_func = _pipeline_step.loss_function(model, self.args, self._loss_func)
         self.label_names = self.args.label_names or batches.default_label_names(model)
         self._item_counter = _num_items.item_counter(
             self.accelerator, model, self.args, loss_func=self._loss_func, label_names=self.label_names
@@ -231,6 +235,15 @@ class Trainer:
         """Prepare loaders, model, optimizer and scheduler once, in a fixed order (checkpoints rely on it)."""
         if self._prepared:
             return
+        if self._pipelined:  # the stages are traced with a first batch
+            train = self.train_dataset is not None
+            _pipeline_step.trace_with_first_batch(
+                self.accelerator,
+                self.train_dataset if train else self.eval_dataset,
+                collate=self._loaders.collate,
+                batch_size=self._train_batch_size if train else self.args.per_device_eval_batch_size,
+                label_names=self.label_names,
+            )
         if self.train_dataset is not None:
             self.get_train_dataloader()
             optimizer, scheduler = self._optimizer_and_scheduler(self._plan_steps())
@@ -487,12 +500,16 @@ class Trainer:
         else:
             context = _num_items.counted_micro_step(accelerator, model, micro_batch)
         with context:
-            if micro_batch.num_items is None:
-                loss = self.compute_loss(model, micro_batch.batch)
-            else:  # DDP averages the replicas' gradients: a loss over the whole job's tokens undoes it
-                loss = self.compute_loss(model, micro_batch.batch, num_items_in_batch=micro_batch.num_items)
-                loss = loss * self._item_counter.loss_scale  # type: ignore[union-attr]
-            accelerator.backward(loss)
+            if self._pipelined:  # forward and backward of every micro-batch through the stages
+                loss = _pipeline_step.train_batch(
+                    accelerator,
+                    model,
+                    micro_batch.batch,
+                    label_names=self.label_names,
+                    loss_func=self._loss_func,
+                )
+            else:
+                loss = self._loss_and_backward(model, micro_batch)
             if accelerator.sync_gradients:
                 if self.args.max_grad_norm:
                     grad_norm = accelerator.clip_grad_norm_(model.parameters(), self.args.max_grad_norm)
@@ -506,6 +523,15 @@ class Trainer:
                     self.lr_scheduler.step()
             self.optimizer.zero_grad()  # type: ignore[union-attr]
         return loss.detach(), grad_norm
+
+    def _loss_and_backward(self, model: nn.Module, micro_batch: _num_items.MicroBatch) -> torch.Tensor:
+        if micro_batch.num_items is None:
+            loss = self.compute_loss(model, micro_batch.batch)
+        else:  # DDP averages the replicas' gradients: a loss over the whole job's tokens undoes it
+            loss = self.compute_loss(model, micro_batch.batch, num_items_in_batch=micro_batch.num_items)
+            loss = loss * self._item_counter.loss_scale  # type: ignore[union-attr]
+        self.accelerator.backward(loss)
+        return loss
 
     def compute_loss(
         self, model: nn.Module, batch: Any, num_items_in_batch: torch.Tensor | None = None
@@ -735,6 +761,8 @@ class Trainer:
             print(line, flush=True)
 
     def _load_weights(self, folder: Path) -> None:
+        if self._pipelined and self.model_wrapped is not None:
+            return _pipeline_step.load_stage_weights(self.model_wrapped, folder)
         model = self.model_wrapped if self.model_wrapped is not None else self.model
         _transformers_format.load_weights(
             self.accelerator.unwrap_model(model, keep_torch_compile=False), folder
@@ -749,6 +777,8 @@ class Trainer:
         folder = Path(output_dir or self.args.output_dir)
         model = self.model_wrapped if self.model_wrapped is not None else self.model
         unwrapped = self.accelerator.unwrap_model(model, keep_torch_compile=False)
+        if self._pipelined:  # the user's model object writes the stages' gathered weights with its config
+            unwrapped = self.model
         if hasattr(unwrapped, "save_pretrained"):
             state_dict = self.accelerator.get_state_dict(model)
             if self.accelerator.is_main_process:

@@ -140,9 +140,10 @@ class PipelineBackend(NDParallelBackend):
         num_stages = pp_size * handler.stages_per_rank  # type: ignore[operator]
         microbatches = handler.num_microbatches or num_stages
         points = resolve_split_points(model, handler.split_points, num_stages)
+        example_args, example_kwargs = _example_microbatch(model, handler, microbatches)
         on_meta = has_meta_tensors(model)  # only this rank's stages get memory (see .meta_init)
         with meta_stand_ins(model) if on_meta else nullcontext({}) as real_tensors:
-            modules = trace_stages(model, _example_microbatch(model, handler, microbatches), points)
+            modules = trace_stages(model, example_args, points, example_kwargs)
         indices = stage_indices(
             self.pp_mesh.get_local_rank(), pp_size, handler.stages_per_rank, handler.stage_layout
         )  # type: ignore[arg-type]
@@ -325,18 +326,22 @@ def _schedule_class(name: str) -> type:
 
 def _example_microbatch(
     model: nn.Module, handler: TorchPipelineParallelConfig, microbatches: int
-) -> tuple[Any, ...]:
-    """The first micro-batch of ``example_args``, on the model's device, to trace the model with."""
-    if handler.example_args is None:
+) -> tuple[tuple[Any, ...], dict[str, Any] | None]:
+    """The first micro-batch of ``example_args`` and ``example_kwargs``, on the model's device, to trace the
+    model with."""
+    if handler.example_args is None and handler.example_kwargs is None:
         raise ValueError(
             f"Pipeline parallelism traces {type(model).__name__} once to cut it into stages, and needs an example "
             "batch of its inputs: pass ParallelismConfig(pp_size=..., pp_handler=TorchPipelineParallelConfig("
             "example_args=(inputs,))) with inputs shaped like one batch given to pipeline_step."
         )
-    for value in handler.example_args:
-        if isinstance(value, torch.Tensor) and value.shape[0] % microbatches:
+    args, kwargs = tuple(handler.example_args or ()), handler.example_kwargs
+    for value in (*args, *(kwargs or {}).values()):
+        if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] % microbatches:
             raise ValueError(
                 f"TorchPipelineParallelConfig(example_args=...) has a batch of {value.shape[0]}, which "
                 f"{microbatches} micro-batches do not divide. Give a batch shaped like the training batches."
             )
-    return tuple(first_microbatch(tuple(handler.example_args), microbatches, next(model.parameters()).device))
+    device = next(model.parameters()).device
+    micro_kwargs = None if kwargs is None else dict(first_microbatch(dict(kwargs), microbatches, device))
+    return tuple(first_microbatch(args, microbatches, device)), micro_kwargs

@@ -26,6 +26,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from lockstep.backends.pp.transformers_models import check_shared_parameters, tracing_options
+
 _LISTED = 30
 _CONFIG = "TorchPipelineParallelConfig"
 
@@ -178,10 +180,11 @@ def trace_stages(
     example_kwargs: dict[str, Any] | None = None,
 ) -> list[nn.Module]:
     """Every stage module of ``model`` cut at ``split_points``, traced once on ``example_microbatch``
-    (positional inputs) and ``example_kwargs`` (keyword inputs, the first stage then takes them by name)."""
+    (positional inputs) and ``example_kwargs`` (keyword inputs, the first stage then takes them by name);
+    a transformers model as :mod:`.transformers_models` says."""
     from torch.distributed.pipelining import SplitPoint, pipeline
 
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), tracing_options(model):
         # torch's own tracer still uses a deprecated pytree spelling (torch 2.13)
         warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
         pipe = pipeline(
@@ -195,7 +198,9 @@ def trace_stages(
             f"Tracing {type(model).__name__} cut it into {pipe.num_stages} stages, not {len(split_points) + 1}: "
             f"a split point in {split_points} is not called in the forward pass (or called twice)."
         )
-    return [pipe.get_stage_module(index) for index in range(pipe.num_stages)]
+    modules = [pipe.get_stage_module(index) for index in range(pipe.num_stages)]
+    check_shared_parameters(model, modules, split_points)
+    return modules
 
 
 def first_microbatch(values: Any, microbatches: int, device: torch.device) -> Any:
