@@ -20,7 +20,7 @@ from lockstep import (
     FullyShardedDataParallelPlugin,
     ProfileKwargs,
 )
-from lockstep.accelerator import unconfigured
+from lockstep.backends import base as backend_base
 from lockstep.config import topology
 from lockstep.config.kwargs import FP8BackendType
 from tests.helpers.multiprocess import run_distributed
@@ -336,16 +336,17 @@ def test_deepspeed_and_parallelism_members_answer_as_accelerate_without_them(cap
     ) * 3
     loader = DataLoader(list(range(4)))
     assert accelerator.deepspeed_ulysses_dl_adapter(loader, nn.Linear(1, 1)) is loader
-    unconfigured._warned.discard("maybe_context_parallel")
+    backend_base._warned.discard("maybe_context_parallel")
     buffers = [torch.arange(6).view(1, 6)]
-    with caplog.at_level(logging.WARNING, logger="lockstep.accelerator"):
+    with caplog.at_level(logging.WARNING, logger="lockstep.backends"):
         for _ in range(2):
             with accelerator.maybe_context_parallel(buffers=buffers, buffer_seq_dims=[1]):
                 ran = True
     assert ran and buffers[0].tolist() == [[0, 1, 2, 3, 4, 5]]
     assert [r.message for r in caplog.records].count(
-        "maybe_context_parallel() has no effect: context parallelism is not part of this version of lockstep, "
-        "so the buffers are not sharded along the sequence."
+        "maybe_context_parallel() has no effect: context parallelism is not enabled, so the buffers are not "
+        "split along the sequence. Pass Accelerator(parallelism_config=ParallelismConfig(cp_size=N)) to split "
+        "them over N processes."
     ) == 1
 
 

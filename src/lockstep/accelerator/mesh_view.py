@@ -1,9 +1,11 @@
-"""The Accelerator's members for the N-D layout: ``parallelism_config``, ``torch_device_mesh`` and the ranks.
+"""The Accelerator's members for the N-D layout: ``parallelism_config``, ``torch_device_mesh``, the ranks and
+``maybe_context_parallel``.
 
 :func:`build_layout` checks a ``ParallelismConfig`` against the run and builds its device mesh, once per
 Accelerator, before the backend is chosen. :class:`MeshView` answers Accelerate's members from the
 process state: None and raising ranks without a ``ParallelismConfig`` (as Accelerate), the mesh and each
-dimension's local rank (0 for a dimension of size 1) with one.
+dimension's local rank (0 for a dimension of size 1) with one. ``maybe_context_parallel`` is the backend's
+(:meth:`lockstep.backends.base.Backend.context_parallel`).
 
 Example:
     >>> from lockstep.state import AcceleratorState
@@ -18,29 +20,23 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, NoReturn
 
 from lockstep.config.parallelism import ParallelismConfig
 from lockstep.state import AcceleratorState
 
 if TYPE_CHECKING:
+    import torch
     from torch.distributed.device_mesh import DeviceMesh
+
+    from lockstep.backends.base import Backend
 
 
 def build_layout(config: ParallelismConfig, state: AcceleratorState) -> None:
     """Check ``config`` against the run's processes and build its device mesh (a collective)."""
     config.validate_world_size(state.num_processes)
-    if config.cp_enabled:
-        where = (
-            "on CPU, torch's context-parallel attention has no kernel (aten._scaled_dot_product_flash_attention_"
-            "for_cpu has no sharding strategy), so it cannot run here; on GPUs lockstep does not build it yet"
-            if state.device.type == "cpu"
-            else "lockstep does not build context parallelism yet"
-        )
-        raise NotImplementedError(
-            f"ParallelismConfig(cp_size={config.cp_size}) is not supported: {where}. Set cp_size=1 and put the "
-            "processes in dp_shard_size or tp_size."
-        )
     config.get_device_mesh(state.device.type)
 
 
@@ -52,9 +48,11 @@ def _not_configured(member: str, what: str, size: str) -> NoReturn:
 
 
 class MeshView:
-    """Accelerate's members for the device mesh of a ``ParallelismConfig``; needs ``self.state``."""
+    """Accelerate's members for the device mesh of a ``ParallelismConfig``; needs ``self.state`` and
+    ``self.backend``."""
 
     state: AcceleratorState
+    backend: Backend
 
     @property
     def parallelism_config(self) -> ParallelismConfig | None:
@@ -107,3 +105,36 @@ class MeshView:
         if self.state.parallelism_config is None:
             _not_configured("context_parallel_rank", "context parallelism", "cp_size")
         return self._local_rank("cp")
+
+    def maybe_context_parallel(
+        self,
+        buffers: Sequence[torch.Tensor] | None = None,
+        buffer_seq_dims: Sequence[int] | None = None,
+        no_restore_buffers: set[torch.Tensor] | None = None,
+    ) -> contextlib.AbstractContextManager:
+        """A block in which the batch is split along the sequence over the ``cp`` ranks (``cp_size > 1``).
+
+        Inside, ``buffers`` hold this rank's chunks of the sequence (a head and a tail chunk, which balances
+        causal attention) and ``F.scaled_dot_product_attention`` runs as torch's ring attention, on GPUs and
+        on CPUs. On exit the buffers are made whole again, except those in ``no_restore_buffers``. Without
+        context parallelism the block runs unchanged, with a warning once, as in Accelerate. Enter it anew
+        for every step; the attention must be causal SDPA without a mask or dropout.
+
+        Args:
+            buffers: the batch tensors that have a sequence dimension: input ids, labels (shifted already:
+                a model that shifts them itself would shift across chunk borders) and position ids.
+            buffer_seq_dims: the sequence dimension of each buffer.
+            no_restore_buffers: buffers not needed whole after the block (saves the copy back).
+
+        Example:
+            >>> for ids, labels in train_dl:  # doctest: +SKIP
+            ...     positions = torch.arange(ids.shape[1]).expand_as(ids).contiguous()
+            ...     with accelerator.maybe_context_parallel(
+            ...         buffers=[ids, labels, positions], buffer_seq_dims=[1, 1, 1],
+            ...         no_restore_buffers={ids, labels, positions},
+            ...     ):
+            ...         logits = model(input_ids=ids, position_ids=positions).logits
+            ...         loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten())
+            ...         accelerator.backward(loss)
+        """
+        return self.backend.context_parallel(buffers, buffer_seq_dims, no_restore_buffers)

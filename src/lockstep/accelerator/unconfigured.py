@@ -1,9 +1,9 @@
 """Accelerate 1.15's Accelerator members for DeepSpeed sequence parallelism, FP8 and LOMO optimizers.
 
 lockstep builds none of these yet, so each member answers as Accelerate does when the feature is not
-configured: the FP8 backend is ``NO``, the dataloader adapter for sequence parallelism returns the loader,
-and ``maybe_context_parallel`` runs the block unchanged. The members of a ``ParallelismConfig``
-(``pipeline_parallel_rank`` included) are :mod:`.mesh_view`'s. The base stands on its own: it needs nothing.
+configured: the FP8 backend is ``NO`` and the dataloader adapter for sequence parallelism returns the
+loader. The members of a ``ParallelismConfig`` (``pipeline_parallel_rank`` and ``maybe_context_parallel``
+included) are :mod:`.mesh_view`'s. The base stands on its own: it needs nothing.
 
 Example:
     >>> features = UnconfiguredFeatures()
@@ -13,17 +13,11 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
-import logging
-from collections.abc import Iterator
 from typing import Any
 
 import torch
 
 from lockstep.config.kwargs import FP8BackendType
-
-logger = logging.getLogger("lockstep.accelerator")
-_warned: set[str] = set()
 
 
 class UnconfiguredFeatures:
@@ -41,23 +35,6 @@ class UnconfiguredFeatures:
     """Whether a LOMO optimizer (``lomo-optim``) was prepared; lockstep does not prepare them."""
 
     # -- parallelism --------------------------------------------------------------------------
-    @contextlib.contextmanager
-    def maybe_context_parallel(
-        self,
-        buffers: list[torch.Tensor] | None = None,
-        buffer_seq_dims: list[int] | None = None,
-        no_restore_buffers: set[torch.Tensor] | None = None,
-    ) -> Iterator[None]:
-        """Run the block unchanged (context parallelism is not configured), warning once per process, as in
-        Accelerate without ``parallelism_config.cp_size > 1``."""
-        if "maybe_context_parallel" not in _warned:
-            _warned.add("maybe_context_parallel")
-            logger.warning(
-                "maybe_context_parallel() has no effect: context parallelism is not part of this version of "
-                "lockstep, so the buffers are not sharded along the sequence."
-            )
-        yield
-
     def deepspeed_ulysses_dl_adapter(self, dl: Any, model: Any) -> Any:
         """The loader unchanged: without sequence parallelism (``sp_size`` 1) Accelerate returns it as is."""
         return dl

@@ -18,6 +18,7 @@ only :mod:`lockstep.backends.registry` chooses. A capability a backend lacks is 
 from __future__ import annotations
 
 import contextlib
+import logging
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -31,6 +32,9 @@ from lockstep.config.enums import DistributedType
 from lockstep.config.plugins import TorchDynamoPlugin
 from lockstep.precision import Precision
 from lockstep.state import PartialState
+
+logger = logging.getLogger("lockstep.backends")
+_warned: set[str] = set()
 
 Indexed = Sequence[tuple[int, Any]]
 """``(index, object)`` pairs: the position of a model or optimizer among those prepared, and the object."""
@@ -224,6 +228,23 @@ class Backend(ABC):
     def sync_next_backward(self, model: nn.Module) -> contextlib.AbstractContextManager:
         """A context in which a backward pass synchronises gradients even inside :meth:`no_sync` (including
         one whose forward ran there); a no-op for a backend that never skips synchronisation."""
+        return contextlib.nullcontext()
+
+    def context_parallel(
+        self,
+        buffers: Sequence[torch.Tensor] | None,
+        buffer_seq_dims: Sequence[int] | None,
+        no_restore_buffers: set[torch.Tensor] | None,
+    ) -> contextlib.AbstractContextManager:
+        """The block of ``maybe_context_parallel``: without context parallelism it runs unchanged (the buffers
+        stay whole), with a warning once per process, as in Accelerate."""
+        if "maybe_context_parallel" not in _warned:
+            _warned.add("maybe_context_parallel")
+            logger.warning(
+                "maybe_context_parallel() has no effect: context parallelism is not enabled, so the buffers are "
+                "not split along the sequence. Pass Accelerator(parallelism_config=ParallelismConfig(cp_size=N)) "
+                "to split them over N processes."
+            )
         return contextlib.nullcontext()
 
     def clip_grad_norm_(

@@ -1,4 +1,5 @@
-"""The N-D backend: tensor parallelism over ``tp``, then FSDP2 over ``dp_shard`` (HSDP with ``dp_replicate``).
+"""The N-D backend: tensor parallelism over ``tp``, context parallelism over ``cp``, then FSDP2 over
+``dp_shard_cp`` (HSDP with ``dp_replicate``).
 
 torchtitan's recipe, on torch's own pieces: the ``ParallelismConfig`` owns the mesh; the model is first
 split by :func:`~lockstep.backends.nd.tensor_parallel.apply_tensor_parallel` (``parallelize_module`` on
@@ -8,7 +9,11 @@ checkpoints through ``torch.distributed.checkpoint``) is the FSDP backend's; DTe
 through the same code. Gradient clipping reduces each gradient over the mesh dimensions it is sharded on
 (:mod:`lockstep.backends.fsdp.clipping`).
 
-Dataloaders shard by the data-parallel rank only: the processes of one ``tp`` group get the same batch.
+Dataloaders shard by the data-parallel rank only: the processes of one ``tp`` or ``cp`` group get the same
+batch. With ``cp_size > 1``, ``maybe_context_parallel`` splits that batch along the sequence and runs SDPA as
+torch's ring attention (:mod:`lockstep.backends.nd.context_parallel`); the model is sharded over ``dp_shard x
+cp``, so FSDP averages the gradients of the ``cp`` ranks too: with a loss that is a mean over each rank's
+tokens (equal counts: the sequence splits evenly), that average is the gradient of the whole sequence.
 
 gloo has no ``ReduceOp.PREMUL_SUM``, which FSDP2 uses for a gradient divide factor other than the shard
 group's size (``set_gradient_divide_factor``); on gloo every sharded module is switched to plain sums with
@@ -17,8 +22,11 @@ the division done apart (``set_force_sum_reduction_for_comms``), which gives the
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Sequence
 from typing import Any
 
+import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
@@ -114,6 +122,10 @@ class NDParallelBackend(FSDPBackend):
         self._check_wrappable(model)
         if device_placement:
             model = model.to(self.device)
+        if self.config.cp_enabled:
+            from lockstep.backends.nd.context_parallel import check_sdpa_attention
+
+            check_sdpa_attention(model, self.config.cp_size)
         owners = _parameter_owners(model)
         if self.config.tp_enabled:
             plan = self.config.tp_handler.parallelize_plan if self.config.tp_handler else None
@@ -126,6 +138,27 @@ class NDParallelBackend(FSDPBackend):
         self._record_replacements(owners)
         self.sharded_models.append(model)
         return model
+
+    def context_parallel(
+        self,
+        buffers: Sequence[torch.Tensor] | None,
+        buffer_seq_dims: Sequence[int] | None,
+        no_restore_buffers: set[torch.Tensor] | None,
+    ) -> contextlib.AbstractContextManager:
+        """With ``cp_size > 1``: split ``buffers`` along the sequence over ``cp`` and run SDPA as torch's ring
+        attention while the block runs (on CPUs too); otherwise the base class's no-op."""
+        if not self.config.cp_enabled:
+            return super().context_parallel(buffers, buffer_seq_dims, no_restore_buffers)
+        from lockstep.backends.nd.context_parallel import context_parallel_region
+
+        assert self.config.cp_handler is not None
+        return context_parallel_region(
+            self.config.get_submesh("cp"),
+            buffers=buffers,
+            buffer_seq_dims=buffer_seq_dims,
+            no_restore_buffers=no_restore_buffers,
+            comm_strategy=str(self.config.cp_handler.cp_comm_strategy),
+        )
 
     def full_state_dict(self, model: nn.Module) -> dict[str, Any]:
         """The whole model's weights gathered on the main process, whether FSDP, TP or both split them."""
