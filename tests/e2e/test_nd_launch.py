@@ -27,23 +27,36 @@ parallelism_config:
 """
 
 
+def _launch(tmp_path, name: str, *flags: str) -> dict:
+    out = tmp_path / f"{name}.json"
+    result = lockstep("launch", "--cpu", *flags, SCRIPT, str(out), timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
 @requires("transformers")
-def test_tp_flags_launch_two_processes_that_match_one_process(tmp_path):
-    single = tmp_path / "single.json"
-    result = lockstep("launch", "--num-processes", "1", "--cpu", SCRIPT, str(single), timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    out = tmp_path / "tp.json"
-    result = lockstep(
-        "launch", "--num_processes", "2", "--cpu", "--use_parallelism_config",
-        "--parallelism-config-tp-size", "2", SCRIPT, str(out), timeout=300,
+def test_tp_and_cp_flags_launch_two_processes_that_match_one_process(tmp_path):
+    expected = _launch(tmp_path, "single", "--num-processes", "1")
+    tp = _launch(
+        tmp_path,
+        "tp",
+        "--num_processes",
+        "2",
+        "--use_parallelism_config",
+        "--parallelism-config-tp-size",
+        "2",
+    )
+    cp = _launch(
+        tmp_path, "cp", "--num-processes", "2", "--parallelism-config-cp-size", "2",
+        "--parallelism_config_cp_comm_strategy", "alltoall",
     )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
-    expected, report = json.loads(single.read_text()), json.loads(out.read_text())
-    assert expected["mesh"] is None and report["mesh"] == ["tp"]
-    assert report["world"] == 2 and report["tp_size"] == 2 and report["tp_ranks"] == [0, 1]
-    assert report["losses"] == pytest.approx(expected["losses"], abs=1e-6)
-    diff = max(abs(a - b) for a, b in zip(report["params"], expected["params"], strict=True))
-    assert diff <= 1e-6
+    assert expected["mesh"] is None and tp["mesh"] == ["tp"] and cp["mesh"] == ["cp"]
+    assert tp["world"] == 2 and tp["tp_size"] == 2 and tp["tp_ranks"] == [0, 1]
+    assert cp["cp_ranks"] == [0, 1] and cp["cp_comm_strategy"] == "alltoall"
+    for report in (tp, cp):
+        assert report["losses"] == pytest.approx(expected["losses"], abs=1e-6)
+        diff = max(abs(a - b) for a, b in zip(report["params"], expected["params"], strict=True))
+        assert diff <= 1e-6
 
 
 @requires("transformers")
@@ -69,7 +82,6 @@ def test_an_accelerate_parallelism_config_section_launches_unchanged(tmp_path):
             "cp_size=1, sp_size=1, pp_size=1) needs 1 x 1 x 4 x 1 x 1 x 1 = 4 processes, but this run has 2.",
         ),
         (["--num-processes", "2", "--parallelism-config-tp-size", "0"], "--parallelism-config-tp-size must be >= 1"),
-        (["--num-processes", "2", "--parallelism-config-cp-size", "2"], "--parallelism-config-cp-size 2 is not supported yet"),
         (["--parallelism_config_sp_size", "2"], "--parallelism_config_sp_size is not supported: DeepSpeed-Ulysses"),
     ],
 )  # fmt: skip

@@ -394,11 +394,6 @@ def _validate_parallelism(s: LaunchSettings) -> None:
     except (TypeError, ValueError) as error:
         raise UsageError(f"ParallelismConfig settings: {error}") from None
     _check(
-        config.cp_size == 1,
-        f"--parallelism-config-cp-size {config.cp_size} is not supported yet: context parallelism is not built "
-        "in lockstep (on CPUs torch has no context-parallel attention kernel). Use tp_size or dp_shard_size.",
-    )
-    _check(
         config_section(s.distributed_type) != "deepspeed_config",
         "--use-parallelism-config with DeepSpeed is not built: lockstep's N-D layouts run on FSDP2 and tensor "
         "parallelism. Drop --use-deepspeed (shard with --parallelism-config-dp-shard-size).",
