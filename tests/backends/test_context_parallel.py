@@ -4,9 +4,9 @@ Each ``cp`` rank reads the same batch; ``maybe_context_parallel`` splits it alon
 tail chunk per rank) and SDPA runs as torch's ring attention with the CPU flash kernel
 (:mod:`lockstep.backends.nd.context_parallel`). The reference is the same loop on one process, where the
 block does nothing. Tolerance 1e-5 with AdamW (measured: losses within 4.8e-7, gradient norms 1e-7 relative,
-parameters within 2.2e-6 for the plain model with cp=2 and dp_shard=2 x cp=2, 1.0e-6 for the Llama; with SGD
-the plain model's parameters agree within 3e-8: AdamW divides each gradient entry by its own size, so
-entries that are nearly zero carry their rounding differences into the step).
+parameters within 2.2e-6 for the plain model with cp=2, dp_shard=2 x cp=2 and cp=2 x tp=2, 1.0e-6 for the
+Llama; with SGD the plain model's parameters agree within 3e-8: AdamW divides each gradient entry by its own
+size, so entries that are nearly zero carry their rounding differences into the step).
 """
 
 from __future__ import annotations
@@ -21,13 +21,14 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from lockstep import Accelerator, ParallelismConfig
-from lockstep.config.parallelism import TorchContextParallelConfig
+from lockstep.config.parallelism import TorchContextParallelConfig, TorchTensorParallelConfig
 from tests.helpers.fsdp_models import full_params
 from tests.helpers.multiprocess import run_distributed
 from tests.helpers.optional import requires
 
 VOCAB, WIDTH, HEADS, SEQ, SAMPLES = 64, 32, 4, 16, 16
 TOLERANCE = 1e-5
+MLP_PLAN = {"layers.*.mlp.0": "colwise", "layers.*.mlp.2": "rowwise"}
 
 
 class CausalBlock(nn.Module):
@@ -96,7 +97,8 @@ def _global_mean(accelerator: Accelerator, value: torch.Tensor) -> float:
 
 def _train(sizes: dict, batch_size: int, strategy: str = "allgather") -> dict:
     handler = TorchContextParallelConfig(cp_comm_strategy=strategy) if sizes.get("cp_size", 1) > 1 else None
-    config = ParallelismConfig(**sizes, cp_handler=handler) if sizes else None
+    plan = TorchTensorParallelConfig(parallelize_plan=MLP_PLAN) if sizes.get("tp_size", 1) > 1 else None
+    config = ParallelismConfig(**sizes, cp_handler=handler, tp_handler=plan) if sizes else None
     accelerator = Accelerator(parallelism_config=config)
     model = TinyCausalLM()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -156,15 +158,25 @@ def test_context_parallel_on_two_cpu_processes_matches_one_process(strategy):
 
 @pytest.mark.distributed
 @pytest.mark.slow
-def test_dp_shard_by_cp_on_four_processes_matches_one_process():
+@pytest.mark.parametrize("sizes", [{"dp_shard_size": 2, "cp_size": 2}, {"cp_size": 2, "tp_size": 2}])
+def test_cp_by_dp_shard_or_tp_on_four_processes_matches_one_process(sizes):
     expected = run_distributed(_train, 1, {}, 4)[0]
-    results = run_distributed(_train, 4, {"dp_shard_size": 2, "cp_size": 2}, 2, timeout=180)
+    batch = 4 // sizes.get("dp_shard_size", 1)
+    results = run_distributed(_train, 4, sizes, batch, timeout=180)
     for result in results:
-        assert result["mesh"] == ("dp_shard", "cp")
         _assert_matches(result, expected)
-    # ranks 0,1 form the cp group of dp rank 0 (same batches); ranks 0 and 2 read different halves
-    assert results[0]["samples"] == results[1]["samples"] and results[2]["samples"] == results[3]["samples"]
-    assert [a + b for a, b in zip(results[0]["samples"], results[2]["samples"])] == expected["samples"]
+    if "dp_shard_size" in sizes:
+        assert [r["mesh"] for r in results] == [("dp_shard", "cp")] * 4
+        # ranks 0,1 form the cp group of dp rank 0 (same batches); ranks 0 and 2 read different halves
+        assert (
+            results[0]["samples"] == results[1]["samples"] and results[2]["samples"] == results[3]["samples"]
+        )
+        assert [a + b for a, b in zip(results[0]["samples"], results[2]["samples"])] == expected["samples"]
+    else:
+        # the MLP split over tp (ranks 0,1 and 2,3), the sequence over cp (ranks 0,2 and 1,3): one batch
+        assert [r["mesh"] for r in results] == [("cp", "tp")] * 4
+        assert all(r["samples"] == expected["samples"] for r in results)
+        assert [r["chunks"][0][0] for r in results] == [0, 0, 4, 4]
 
 
 def _tiny_llama(path: str) -> None:
