@@ -3,7 +3,7 @@
 Each ``cp`` rank reads the same batch; ``maybe_context_parallel`` splits it along the sequence (a head and a
 tail chunk per rank) and SDPA runs as torch's ring attention with the CPU flash kernel
 (:mod:`lockstep.backends.nd.context_parallel`). The reference is the same loop on one process, where the
-block does nothing. Tolerance 1e-5 with AdamW (measured: losses within 4.8e-7, gradient norms 1e-7 relative,
+block does nothing (one case with gradient accumulation 2). Tolerance 1e-5 with AdamW (measured: losses within 4.8e-7, gradient norms 1e-7 relative,
 parameters within 2.2e-6 for the plain model with cp=2, dp_shard=2 x cp=2 and cp=2 x tp=2, 1.0e-6 for the
 Llama; with SGD the plain model's parameters agree within 3e-8: AdamW divides each gradient entry by its own
 size, so entries that are nearly zero carry their rounding differences into the step).
@@ -95,11 +95,11 @@ def _global_mean(accelerator: Accelerator, value: torch.Tensor) -> float:
     return float(value)
 
 
-def _train(sizes: dict, batch_size: int, strategy: str = "allgather") -> dict:
+def _train(sizes: dict, batch_size: int, strategy: str = "allgather", accumulation: int = 1) -> dict:
     handler = TorchContextParallelConfig(cp_comm_strategy=strategy) if sizes.get("cp_size", 1) > 1 else None
     plan = TorchTensorParallelConfig(parallelize_plan=MLP_PLAN) if sizes.get("tp_size", 1) > 1 else None
     config = ParallelismConfig(**sizes, cp_handler=handler, tp_handler=plan) if sizes else None
-    accelerator = Accelerator(parallelism_config=config)
+    accelerator = Accelerator(parallelism_config=config, gradient_accumulation_steps=accumulation)
     model = TinyCausalLM()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     model, optimizer, train_dl = accelerator.prepare(
@@ -109,16 +109,18 @@ def _train(sizes: dict, batch_size: int, strategy: str = "allgather") -> dict:
     for indices, tokens in train_dl:
         ids, labels = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
         positions = torch.arange(SEQ).expand_as(ids).contiguous()
-        with accelerator.maybe_context_parallel(
-            buffers=[ids, labels, positions], buffer_seq_dims=[1, 1, 1], no_restore_buffers={ids, labels}
-        ):
-            chunks.append(positions[0].tolist())
-            logits = model(ids, positions)
-            loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten())
-            accelerator.backward(loss)
-        norms.append(float(accelerator.clip_grad_norm_(model.parameters(), 1.0)))
-        optimizer.step()
-        optimizer.zero_grad()
+        with accelerator.accumulate(model):
+            with accelerator.maybe_context_parallel(
+                buffers=[ids, labels, positions], buffer_seq_dims=[1, 1, 1], no_restore_buffers={ids, labels}
+            ):
+                chunks.append(positions[0].tolist())
+                logits = model(ids, positions)
+                loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten())
+                accelerator.backward(loss)
+            if accelerator.sync_gradients:
+                norms.append(float(accelerator.clip_grad_norm_(model.parameters(), 1.0)))
+            optimizer.step()
+            optimizer.zero_grad()
         losses.append(_global_mean(accelerator, loss))
         samples.append(indices.tolist())
     return {
@@ -140,11 +142,11 @@ def _assert_matches(result: dict, expected: dict) -> None:
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("strategy", ["allgather", "alltoall"])
-def test_context_parallel_on_two_cpu_processes_matches_one_process(strategy):
-    expected = run_distributed(_train, 1, {}, 4)[0]
-    results = run_distributed(_train, 2, {"cp_size": 2}, 4, strategy)
-    assert len(expected["losses"]) == SAMPLES // 4
+@pytest.mark.parametrize(("strategy", "accumulation"), [("allgather", 1), ("alltoall", 2)])
+def test_context_parallel_on_two_cpu_processes_matches_one_process(strategy, accumulation):
+    expected = run_distributed(_train, 1, {}, 4, strategy, accumulation)[0]
+    results = run_distributed(_train, 2, {"cp_size": 2}, 4, strategy, accumulation)
+    assert len(expected["losses"]) == SAMPLES // 4 and len(expected["norms"]) == SAMPLES // 4 // accumulation
     for rank, result in enumerate(results):
         assert result["mesh"] == ("cp",) and result["cp_rank"] == rank
         _assert_matches(result, expected)
