@@ -122,9 +122,9 @@ def test_wizard_asks_accelerates_deepspeed_questions_and_the_file_launches_check
 
 
 def test_wizard_asks_the_device_mesh_sizes_and_the_file_launches_checked(home):
-    # kind, machines, processes, sharding, tp size (3 does not divide 8: asked again), FSDP shard size,
-    # precision, accumulation, dynamo backend
-    answers = "multi-cpu\n\n8\nmesh\n3\n2\n2\n\n\n\n"
+    # kind, machines, processes, sharding, tp size (3 does not divide 8: asked again), cp size (the default
+    # 1), FSDP shard size, precision, accumulation, dynamo backend
+    answers = "multi-cpu\n\n8\nmesh\n3\n2\n\n2\n\n\n\n"
     result = lockstep_config(home, stdin=answers)
     assert result.returncode == 0, result.stderr
     assert "3 does not divide 8 processes" in result.stdout + result.stderr

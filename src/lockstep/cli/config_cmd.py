@@ -341,11 +341,17 @@ def _divisor_of(total: int) -> Callable[[str], int]:
 
 
 def _ask_mesh(prompter: _Prompter, processes: int) -> dict[str, Any]:
-    """The device mesh: tensor-parallel size, then FSDP shard size; the rest of the processes are replicas."""
+    """The device mesh: tensor-parallel size, context-parallel size, then FSDP shard size; the rest of the
+    processes are replicas."""
     tp = prompter.ask(
         "Tensor-parallel size (processes each layer is split over)?", "1", _divisor_of(processes)
     )
-    rest = processes // tp
+    cp = prompter.ask(
+        "Context-parallel size (processes each sequence is split over; needs causal SDPA attention)?",
+        "1",
+        _divisor_of(processes // tp),
+    )
+    rest = processes // (tp * cp)
     shard = prompter.ask(
         f"FSDP shard size (of the {rest} remaining processes; the others replicate, HSDP)?",
         str(rest),
@@ -356,7 +362,7 @@ def _ask_mesh(prompter: _Prompter, processes: int) -> dict[str, Any]:
             "parallelism_config_dp_replicate_size": rest // shard,
             "parallelism_config_dp_shard_size": shard,
             "parallelism_config_tp_size": tp,
-            "parallelism_config_cp_size": 1,
+            "parallelism_config_cp_size": cp,
         }
     }
 
@@ -365,7 +371,7 @@ def _ask_sharding(prompter: _Prompter, processes: int) -> dict[str, Any]:
     """Whether to shard the model: FSDP, the device mesh's sizes (``ParallelismConfig``: tensor parallel,
     FSDP, HSDP), or for DeepSpeed the questions Accelerate's wizard asks."""
     sharding = prompter.ask(
-        "Shard the model (no, fsdp, deepspeed, mesh: tensor parallel / FSDP / HSDP sizes)?",
+        "Shard the model (no, fsdp, deepspeed, mesh: tensor/context parallel, FSDP, HSDP sizes)?",
         "no",
         _parse_choice(("no", "fsdp", "deepspeed", "mesh")),
     )

@@ -61,7 +61,7 @@ PARALLELISM_KEYS: tuple[SettingKey, ...] = (
         key="parallelism_config_cp_size",
         field="cp_size",
         check=checks.int_range(1),
-        help="processes a sequence is split over (context parallelism; not built yet)",
+        help="processes a sequence is split over (context parallelism: accelerator.maybe_context_parallel)",
         flag=True,
     ),
     SettingKey(
