@@ -24,6 +24,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from lockstep import Accelerator, ParallelismConfig
 from lockstep.config.parallelism import TorchContextParallelConfig, TorchTensorParallelConfig
 from tests.helpers.fsdp_models import full_params
+from tests.helpers.llama import tiny_llama_config
 from tests.helpers.multiprocess import run_distributed
 from tests.helpers.optional import requires
 
@@ -183,20 +184,10 @@ def test_cp_by_dp_shard_or_tp_on_four_processes_matches_one_process(sizes):
 
 
 def _tiny_llama(path: str) -> None:
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
     torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=32,
-        tie_word_embeddings=False,
-    )
-    LlamaForCausalLM(config).save_pretrained(path)
+    LlamaForCausalLM(tiny_llama_config()).save_pretrained(path)
 
 
 def _train_llama(path: str, cp_size: int) -> dict:
