@@ -1,4 +1,4 @@
-"""N-D parallelism on a device mesh: tensor parallelism, FSDP2 and HSDP composed (``ParallelismConfig``)."""
+"""N-D parallelism on a device mesh: tensor and context parallelism, FSDP2 and HSDP composed (``ParallelismConfig``)."""
 
 from lockstep.backends.nd.backend import NDParallelBackend
 

@@ -45,7 +45,7 @@ from lockstep.state import PartialState
 
 
 class NDParallelBackend(FSDPBackend):
-    """Tensor parallel, FSDP2 and HSDP composed on the ``ParallelismConfig``'s device mesh.
+    """Tensor parallel, context parallel, FSDP2 and HSDP composed on the ``ParallelismConfig``'s device mesh.
 
     Args:
         state: the process state.

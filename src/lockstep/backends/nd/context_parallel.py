@@ -301,9 +301,10 @@ def context_parallel_region(
     if not calls:
         raise RuntimeError(
             "maybe_context_parallel(): the block ran no F.scaled_dot_product_attention, so the model computes "
-            "attention another way (eager attention, a fused kernel) and each cp rank attended only to its own "
-            "shard of the sequence: its outputs and gradients are wrong. Use SDPA attention (transformers: "
-            "attn_implementation='sdpa'), or set cp_size=1."
+            "attention another way (eager attention, a fused kernel, or SDPA bound to a name imported before the "
+            "block, which the block cannot replace) and each cp rank attended only to its own shard of the "
+            "sequence: its outputs and gradients are wrong. Call torch.nn.functional.scaled_dot_product_attention "
+            "(transformers: attn_implementation='sdpa'), or set cp_size=1."
         )
 
 
