@@ -304,13 +304,19 @@ def test_what_context_parallel_cannot_run_fails_clearly(tmp_path):
     assert messages["works_after"] == "no error" and messages["sdpa_restored"]
 
 
-def test_a_torch_without_the_ring_attention_names_gets_an_error_naming_its_version(monkeypatch):
+@pytest.mark.parametrize("change", ["removed", "other_parameters"])
+def test_a_torch_whose_ring_attention_changed_gets_an_error_naming_its_version(monkeypatch, change):
     from torch.distributed.tensor.experimental._context_parallel import _attention
 
     from lockstep.backends.nd import context_parallel
 
-    monkeypatch.delattr(_attention, "_templated_ring_attention")
-    with pytest.raises(
-        RuntimeError, match=re.escape(f"torch {torch.__version__} lacks _templated_ring_attention (")
-    ):
+    if change == "removed":
+        monkeypatch.delattr(_attention, "_templated_ring_attention")
+    else:
+        monkeypatch.setattr(_attention, "_templated_ring_attention", lambda mesh, q, k, v, causal: None)
+    expected = (
+        f"torch {torch.__version__} lacks _templated_ring_attention(group, seq_dim, op, query, key, value, "
+        "is_causal, ...) (torch.distributed.tensor.experimental._context_parallel._attention)"
+    )
+    with pytest.raises(RuntimeError, match=re.escape(expected)):
         context_parallel._torch_ring_attention()

@@ -34,6 +34,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import Iterator, Sequence
 from types import ModuleType
 from typing import Any
@@ -45,13 +46,15 @@ from torch.distributed.device_mesh import DeviceMesh
 
 _SEQ_DIM = 2
 """The sequence dimension of q, k and v inside SDPA (batch, heads, sequence, head_dim)."""
-_TORCH_NAMES = (
-    "context_parallel",
-    "set_rotate_method",
-    "custom_ops",
-    "_templated_ring_attention",
-    "_templated_ring_attention_backward",
-)
+_TORCH_NAMES = ("context_parallel", "set_rotate_method", "custom_ops")
+_RING_PARAMETERS = {
+    "_templated_ring_attention": ("group", "seq_dim", "op", "query", "key", "value", "is_causal"),
+    "_templated_ring_attention_backward": (
+        "group", "seq_dim", "op", "grad_out", "grad_out_name", "query", "key", "value", "out", "logsumexp",
+        "is_causal",
+    ),
+}  # fmt: skip
+"""torch's ring functions and the parameters this module passes them (torch 2.13's signatures)."""
 _registered = False
 
 
@@ -66,6 +69,10 @@ def _torch_ring_attention() -> ModuleType:
             "lockstep's context parallelism is built against torch 2.13; use it, or set cp_size=1."
         ) from error
     missing = [name for name in _TORCH_NAMES if not hasattr(_attention, name)]
+    for name, expected in _RING_PARAMETERS.items():
+        ring = getattr(_attention, name, None)
+        if ring is None or tuple(inspect.signature(ring).parameters)[: len(expected)] != expected:
+            missing.append(f"{name}({', '.join(expected)}, ...)")
     if not hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward"):
         missing.append("aten._scaled_dot_product_flash_attention_for_cpu_backward")
     if missing:
