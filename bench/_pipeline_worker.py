@@ -1,5 +1,6 @@
-"""Worker of pipeline_vs_data_parallel.py: one configuration (one process, DDP, or a pipeline) timed and
-measured on this rank; rank 0 prints every rank's figures as one JSON line."""
+"""Worker of pipeline_vs_data_parallel.py: one configuration (one process, DDP, FSDP, a pipeline, or a
+pipeline of FSDP-sharded stages) timed and measured on this rank; rank 0 prints every rank's figures as one
+JSON line."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from lockstep import Accelerator, ParallelismConfig
+from lockstep import Accelerator, FullyShardedDataParallelPlugin, ParallelismConfig
 from lockstep.config.pipeline import TorchPipelineParallelConfig
 from lockstep.memory.accounting import account_memory
 
@@ -44,11 +45,26 @@ class Model(nn.Module):
         return self.head(x)
 
 
+def _is_parameter(tensor: torch.Tensor, parameter_storages: set[int]) -> bool:
+    """Whether a tensor autograd saves is a parameter (or a view of one, as ``Linear`` saves ``weight.t()``):
+    one of the rank's own, or one FSDP all-gathered for the forward (a new ``nn.Parameter`` per unit)."""
+    if tensor.untyped_storage().data_ptr() in parameter_storages:
+        return True
+    return isinstance(tensor, nn.Parameter) or isinstance(tensor._base, nn.Parameter)
+
+
 class ActivationMeter:
-    """The peak bytes of tensors autograd saves for backward (activations), parameters left out."""
+    """The peak bytes of the storages autograd keeps alive for backward (activations), parameters left out.
+
+    Each storage counts once however many saved tensors share it (``relu`` and the next ``Linear`` save
+    the same output; every micro-batch's input is a view of the one batch), and until its last saved
+    tensor is released.
+    """
 
     def __init__(self, parameters: list[torch.Tensor]) -> None:
-        self.parameter_storages = {p.untyped_storage().data_ptr() for p in parameters}
+        local = [p.to_local() if hasattr(p, "to_local") else p for p in parameters]  # FSDP: DTensor shards
+        self.parameter_storages = {p.untyped_storage().data_ptr() for p in local}
+        self.held: dict[int, list[int]] = {}  # storage pointer -> [saved tensors holding it, its bytes]
         self.live = self.peak = 0
 
     def context(self) -> torch.autograd.graph.saved_tensors_hooks:
@@ -57,13 +73,25 @@ class ActivationMeter:
         class Held:
             def __init__(self, tensor: torch.Tensor) -> None:
                 self.tensor = tensor
-                counted = tensor.untyped_storage().data_ptr() not in meter.parameter_storages
-                self.size = tensor.untyped_storage().nbytes() if counted else 0
-                meter.live += self.size
-                meter.peak = max(meter.peak, meter.live)
+                self.pointer = None
+                if _is_parameter(tensor, meter.parameter_storages):
+                    return
+                storage = tensor.untyped_storage()
+                self.pointer = storage.data_ptr()
+                entry = meter.held.setdefault(self.pointer, [0, storage.nbytes()])
+                entry[0] += 1
+                if entry[0] == 1:
+                    meter.live += entry[1]
+                    meter.peak = max(meter.peak, meter.live)
 
             def __del__(self) -> None:
-                meter.live -= self.size
+                if self.pointer is None:
+                    return
+                entry = meter.held[self.pointer]
+                entry[0] -= 1
+                if entry[0] == 0:
+                    meter.live -= entry[1]
+                    del meter.held[self.pointer]
 
         return torch.autograd.graph.saved_tensors_hooks(Held, lambda held: held.tensor)
 
@@ -74,32 +102,46 @@ def batches(replica: int, size: int) -> Iterator[tuple[torch.Tensor, torch.Tenso
         yield torch.randn(size, WIDTH, generator=generator), torch.randn(size, 1, generator=generator)
 
 
-def build(mode: str, schedule: str, microbatches: int) -> tuple[Accelerator, nn.Module, int]:
+def build(mode: str, schedule: str, microbatches: int, dp_shard: int) -> tuple[Accelerator, int, int]:
+    """The accelerator of ``mode``, the samples each data-parallel replica reads per step, and the
+    replica's index (which seeds its data)."""
     if mode == "pp":
+        per_replica = GLOBAL_BATCH // dp_shard
         handler = TorchPipelineParallelConfig(
             schedule=schedule,
             num_microbatches=microbatches,
-            example_args=(torch.zeros(GLOBAL_BATCH, WIDTH),),
+            example_args=(torch.zeros(per_replica, WIDTH),),
             loss_fn=nn.functional.mse_loss,
         )
-        accelerator = Accelerator(parallelism_config=ParallelismConfig(pp_size=2, pp_handler=handler))
-        return accelerator, Model(), GLOBAL_BATCH
-    accelerator = Accelerator()  # one process, or DDP on several
-    return accelerator, Model(), GLOBAL_BATCH // accelerator.num_processes
+        sizes = {"pp_size": 2} if dp_shard == 1 else {"pp_size": 2, "dp_shard_size": dp_shard}
+        accelerator = Accelerator(parallelism_config=ParallelismConfig(**sizes, pp_handler=handler))
+        return accelerator, per_replica, accelerator.data_parallel_shard_rank
+    if mode == "fsdp":  # FSDP2, each residual block its own unit (as bench/fsdp_overhead.py)
+        plugin = FullyShardedDataParallelPlugin(
+            auto_wrap_policy="TRANSFORMER_BASED_WRAP", transformer_cls_names_to_wrap=["Layer"]
+        )
+        accelerator = Accelerator(fsdp_plugin=plugin)
+    else:
+        accelerator = Accelerator()  # one process, or DDP on several
+    return accelerator, GLOBAL_BATCH // accelerator.num_processes, accelerator.process_index
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--mode", choices=("single", "ddp", "pp"), required=True)
+    parser.add_argument("--mode", choices=("single", "ddp", "fsdp", "pp"), required=True)
     parser.add_argument("--schedule", default="gpipe")
     parser.add_argument("--microbatches", type=int, default=4)
+    parser.add_argument(
+        "--dp-shard", type=int, default=1, help="pp mode: FSDP-shard each stage this many ways"
+    )
     parser.add_argument("--steps", type=int, default=20)
     args = parser.parse_args()
     torch.manual_seed(0)
-    accelerator, model, per_replica = build(args.mode, args.schedule, args.microbatches)
+    accelerator, per_replica, replica = build(args.mode, args.schedule, args.microbatches, args.dp_shard)
+    model = Model()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     model, optimizer = accelerator.prepare(model, optimizer)
-    data = batches(0 if args.mode == "pp" else accelerator.process_index, per_replica)
+    data = batches(replica, per_replica)
     meter = ActivationMeter(list(model.parameters()))
 
     def step() -> None:
