@@ -155,6 +155,13 @@ def test_the_count_skips_padding_and_shifts_for_causal_lms():
     assert int(plain.count([{"labels": labels}, {"labels": labels[:1]}])) == 5
     assert int(shifted.count([{"labels": labels}])) == 1
     assert plain.count([{"input_ids": labels}]) is None
+    given = torch.tensor([[2, 7, -100], [-100, -100, -100]])  # a collator's shift_labels: counted as given
+    assert int(shifted.count([{"labels": labels, "shift_labels": given}])) == 2
+    assert int(plain.count([{"labels": labels, "shift_labels": given[:, :1]}])) == 1
+    split = _num_items.ItemCounter(
+        Accelerator(), label_names=["labels"], shift=True, across_devices=True, replicas=2, sequence_shards=2
+    )
+    assert split.loss_scale == 4  # FSDP averages the gradients of 2 replicas x 2 cp ranks
 
     class CausalLM(nn.Module):
         loss_type = "ForCausalLM"

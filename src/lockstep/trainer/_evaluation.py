@@ -64,6 +64,19 @@ class EvalOptions:
     concat_batches: bool = True
     """``eval_do_concat_batches``: one array per output, else a list of per-batch arrays."""
 
+    @classmethod
+    def from_arguments(cls, args: Any, *, main_input_name: str, predict: bool) -> EvalOptions:
+        """The options of ``TrainingArguments`` ``args`` for an evaluation (``predict``: a prediction run)."""
+        return cls(
+            accumulation_steps=args.eval_accumulation_steps,
+            include_inputs="inputs" in args.include_for_metrics,
+            include_losses="loss" in args.include_for_metrics,
+            main_input_name=main_input_name,
+            batch_metrics=args.batch_eval_metrics,
+            keep_predictions=predict or not args.batch_eval_metrics,
+            concat_batches=args.eval_do_concat_batches,
+        )
+
 
 class PredictionOutput(NamedTuple):
     """What ``predict`` returns."""

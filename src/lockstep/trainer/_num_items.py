@@ -7,8 +7,10 @@ counts its labels that are not -100 (over ``labels[..., 1:]`` for causal LMs, wh
 ``average_tokens_across_devices`` (the default) the count is summed over the data-parallel processes. It is
 passed as ``num_items_in_batch`` (to the model's forward and to the loss function), so each micro-batch loss is
 ``sum of its token losses / num_items_in_batch``. That loss is multiplied by the number of data-parallel
-replicas (DDP averages gradients) and is not divided by the accumulation steps: the optimizer sees the gradient
-of the mean over every label token of the step, whatever the number of processes and micro-batches.
+replicas (DDP averages gradients) and, with context parallelism, by ``cp_size`` (FSDP averages the gradients of
+the ranks that hold the chunks of one sequence), and is not divided by the accumulation steps: the optimizer sees
+the gradient of the mean over every label token of the step, whatever the number of processes and micro-batches.
+A batch that holds ``shift_labels`` (labels shifted already) is counted over those.
 
 A ``compute_loss_func`` must therefore divide by ``num_items_in_batch`` (as in transformers); one that returns
 a per-batch mean gets its gradient multiplied by the processes and micro-batches, as in transformers.
@@ -19,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import itertools
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import torch
@@ -71,6 +73,7 @@ class ItemCounter:
         shift: count ``labels[..., 1:]`` (causal LMs).
         across_devices: sum over the processes (``average_tokens_across_devices``).
         replicas: the data-parallel replicas; the loss is multiplied by them when ``across_devices``.
+        sequence_shards: the ranks each sequence is split over (``cp_size``); the loss is multiplied by them.
     """
 
     def __init__(
@@ -81,12 +84,13 @@ class ItemCounter:
         shift: bool,
         across_devices: bool,
         replicas: int,
+        sequence_shards: int = 1,
     ) -> None:
         self.accelerator = accelerator
         self.label_names = list(label_names)
         self.shift = shift
         self.across_devices = across_devices
-        self.loss_scale = replicas if across_devices else 1
+        self.loss_scale = (replicas if across_devices else 1) * sequence_shards
 
     def count(self, cycle: Sequence[Any]) -> torch.Tensor | None:
         """The label count of ``cycle`` (None when its batches hold no labels tensor)."""
@@ -96,6 +100,8 @@ class ItemCounter:
             if not isinstance(labels, torch.Tensor):
                 return None
             counted = labels[..., 1:] if self.shift else labels
+            if isinstance(batch, Mapping) and isinstance(batch.get("shift_labels"), torch.Tensor):
+                counted = batch["shift_labels"]  # shifted already (a packing collator's)
             items = counted.ne(IGNORE_INDEX).sum().to(self.accelerator.device)
             total = items if total is None else total + items
         if total is not None and self.across_devices:
@@ -149,4 +155,5 @@ def item_counter(
         shift=loss_shifts_labels(model),
         across_devices=args.average_tokens_across_devices,
         replicas=replicas,
+        sequence_shards=_process_setup.sequence_shards(accelerator),
     )

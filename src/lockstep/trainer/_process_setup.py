@@ -89,3 +89,10 @@ def data_parallel_share(accelerator: Any) -> tuple[int, int]:
         return accelerator.process_index, accelerator.num_processes
     index = accelerator.data_parallel_rank * config.dp_shard_size + accelerator.data_parallel_shard_rank
     return index, config.data_parallel_size
+
+
+def sequence_shards(accelerator: Any) -> int:
+    """The processes each sequence is split over (``cp_size``; 1 without context parallelism). FSDP averages
+    their gradients like those of data-parallel replicas, so a loss summed over the chunks is multiplied by it."""
+    config = accelerator.parallelism_config
+    return config.cp_size if config is not None else 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+from pathlib import Path
 from typing import Any
 
 from torch import nn
@@ -10,6 +11,16 @@ from torch import nn
 from lockstep.trainer import _hf_datasets
 from lockstep.trainer.accelerator_factory import supports_gradient_checkpointing
 from lockstep.trainer.arguments import TrainingArguments
+
+
+def check_transformers_resume(accelerator: Any, folder: Path) -> None:
+    """Refuse resuming a ``transformers.Trainer`` checkpoint into FSDP (its files are read whole)."""
+    if accelerator.fsdp_plugin is not None:
+        raise NotImplementedError(
+            f"resume_from_checkpoint={str(folder)!r} is a transformers.Trainer checkpoint; lockstep reads those "
+            "into DDP or single-process runs only, not FSDP. Resume it without fsdp, or from a lockstep "
+            "checkpoint."
+        )
 
 
 def check_inputs(

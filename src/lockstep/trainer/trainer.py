@@ -26,6 +26,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 from lockstep.progress import ProgressBar
 from lockstep.trainer import (
     _best_model,
+    _context_parallel,
     _hyperparameter_search,
     _num_items,
     _pipeline_step,
@@ -150,18 +151,7 @@ class Trainer:
         self.train_dataset, self.eval_dataset = train_dataset, eval_dataset
         self.data_collator = data_collator
         self.compute_metrics, self.compute_loss_func = compute_metrics, compute_loss_func
-        self._loss_func = compute_loss_func
-        if self.args.label_smoothing_factor > 0:
-            self._loss_func = LabelSmoothingLoss(
-                self.args.label_smoothing_factor, shift_labels=is_causal_lm(model)
-            )
-        self._pipelined = _pipeline_step.is_pipelined(self.accelerator)
-        if self._pipelined:  # the loss of the last stage's outputs; a per-micro-batch mean (not counted)
-            self._loss_func = _pipeline_step.loss_function(model, self.args, self._loss_func)
-        self.label_names = self.args.label_names or batches.default_label_names(model)
-        self._item_counter = _num_items.item_counter(
-            self.accelerator, model, self.args, loss_func=self._loss_func, label_names=self.label_names
-        )
+        self._build_loss(model, compute_loss_func)
         self._given_optimizers = (optimizers[0], optimizers[1])
         self.optimizer, self.lr_scheduler = optimizers
         self.model_wrapped: nn.Module | None = None
@@ -191,6 +181,28 @@ class Trainer:
         )
         self._step_learning_rate = 0.0
         self.control = self._event("on_init_end")
+
+    def _build_loss(self, model: nn.Module, compute_loss_func: Callable[..., torch.Tensor] | None) -> None:
+        """The loss function, label names, label counter and (``cp_size > 1``) the sequence split."""
+        self._loss_func = compute_loss_func
+        if self.args.label_smoothing_factor > 0:
+            self._loss_func = LabelSmoothingLoss(
+                self.args.label_smoothing_factor, shift_labels=is_causal_lm(model)
+            )
+        self._pipelined = _pipeline_step.is_pipelined(self.accelerator)
+        if self._pipelined:  # the loss of the last stage's outputs; a per-micro-batch mean (not counted)
+            self._loss_func = _pipeline_step.loss_function(model, self.args, self._loss_func)
+        self.label_names = self.args.label_names or batches.default_label_names(model)
+        self._item_counter = _num_items.item_counter(
+            self.accelerator, model, self.args, loss_func=self._loss_func, label_names=self.label_names
+        )
+        self._sequence_split = _context_parallel.sequence_split_for(
+            self.accelerator,
+            model,
+            self.args,
+            counted=self._item_counter is not None,
+            has_loss_func=compute_loss_func is not None,
+        )
 
     def _build_loaders(self, model: nn.Module, data_collator: Any) -> TrainerLoaders:
         keep = batches.columns_to_keep(model, self.label_names) if self.args.remove_unused_columns else None
@@ -377,7 +389,7 @@ class Trainer:
     def _resume(self, folder: Path) -> None:
         planned = self.state.max_steps
         if _transformers_format.is_transformers_checkpoint(folder):
-            self._check_transformers_resume(folder)
+            _trainer_checks.check_transformers_resume(self.accelerator, folder)
             self._plan_steps()
             _transformers_format.resume_from_transformers(
                 folder,
@@ -405,14 +417,6 @@ class Trainer:
                 self.callback_handler, self.control, self.state.stateful_callbacks
             )
         self._print(f"[train] resumed from {folder} at step {self.state.global_step}/{self.state.max_steps}")
-
-    def _check_transformers_resume(self, folder: Path) -> None:
-        if self.accelerator.fsdp_plugin is not None:
-            raise NotImplementedError(
-                f"resume_from_checkpoint={str(folder)!r} is a transformers.Trainer checkpoint; lockstep reads those "
-                "into DDP or single-process runs only, not FSDP. Resume it without fsdp, or from a lockstep "
-                "checkpoint."
-            )
 
     def _training_loop(self) -> TrainOutput:
         args, accelerator, state = self.args, self.accelerator, self.state
@@ -525,6 +529,13 @@ class Trainer:
         return loss.detach(), grad_norm
 
     def _loss_and_backward(self, model: nn.Module, micro_batch: _num_items.MicroBatch) -> torch.Tensor:
+        if self._sequence_split is None:
+            return self._local_loss_and_backward(model, micro_batch)
+        with self._sequence_split.block(micro_batch.batch) as chunks:  # cp_size > 1: this rank's chunks
+            loss = self._local_loss_and_backward(model, micro_batch._replace(batch=chunks))
+        return self._sequence_split.mean_over_ranks(loss)
+
+    def _local_loss_and_backward(self, model: nn.Module, micro_batch: _num_items.MicroBatch) -> torch.Tensor:
         if micro_batch.num_items is None:
             loss = self.compute_loss(model, micro_batch.batch)
         else:  # DDP averages the replicas' gradients: a loss over the whole job's tokens undoes it
@@ -709,15 +720,8 @@ class Trainer:
 
     def _run_evaluation(self, loader: DataLoader, prefix: str, predict: bool = False) -> PredictionOutput:
         assert self.model_wrapped is not None
-        args = self.args
-        options = EvalOptions(
-            accumulation_steps=args.eval_accumulation_steps,
-            include_inputs="inputs" in args.include_for_metrics,
-            include_losses="loss" in args.include_for_metrics,
-            main_input_name=getattr(self.model, "main_input_name", "input_ids"),
-            batch_metrics=args.batch_eval_metrics,
-            keep_predictions=predict or not args.batch_eval_metrics,
-            concat_batches=args.eval_do_concat_batches,
+        options = EvalOptions.from_arguments(
+            self.args, main_input_name=getattr(self.model, "main_input_name", "input_ids"), predict=predict
         )
         return evaluation_loop(
             self.accelerator,
