@@ -212,6 +212,7 @@ class Accelerator(ProcessView, SettingsView, MeshView, TrackingView, Unconfigure
             fsdp_plugin=self.settings.fsdp_plugin,
             deepspeed_plugins=self.settings.deepspeed_plugins,
             parallelism_config=layout,
+            plugins=handlers.backend_plugins,
         )
         self.state._record(
             parallelism_config=layout,

@@ -54,6 +54,8 @@ class KwargsHandlers:
     profile: ProfileKwargs | None = None
     throughput: ThroughputKwargs | None = None
     hang: HangDetectionKwargs | None = None
+    backend_plugins: tuple[Any, ...] = ()
+    """Objects of a registered backend's plugin type (a user backend): they select that backend."""
 
 
 _HANDLER_SLOTS = {
@@ -71,6 +73,13 @@ def sort_kwargs_handlers(handlers: Iterable[Any] | None) -> KwargsHandlers:
     """Check each handler's kind and that none is given twice."""
     result = KwargsHandlers()
     for index, handler in enumerate(handlers or []):
+        if type(handler) not in _HANDLER_SLOTS and _backend_plugin(handler, index):
+            if any(type(given) is type(handler) for given in result.backend_plugins):
+                raise ValueError(
+                    f"kwargs_handlers holds more than one {type(handler).__name__}; pass it once."
+                )
+            result.backend_plugins += (handler,)
+            continue
         if not isinstance(handler, KwargsHandler):
             raise TypeError(
                 f"kwargs_handlers[{index}] is a {type(handler).__name__}; each handler must be one of "
@@ -85,6 +94,23 @@ def sort_kwargs_handlers(handlers: Iterable[Any] | None) -> KwargsHandlers:
             raise ValueError(f"kwargs_handlers holds more than one {type(handler).__name__}; pass it once.")
         setattr(result, slot, handler)
     return result
+
+
+def _backend_plugin(handler: Any, index: int) -> bool:
+    """Whether ``handler`` is the plugin of a backend registered from user code (``register_backend``).
+
+    Raises:
+        TypeError: the plugin of a backend that takes it as its own ``Accelerator`` argument.
+    """
+    from lockstep.config.backend_specs import plugin_types
+
+    spec = next((s for kind, s in plugin_types().items() if isinstance(handler, kind)), None)
+    if spec is not None and spec.accelerator_argument is not None:
+        raise TypeError(
+            f"kwargs_handlers[{index}] is a {type(handler).__name__}, which configures the {spec.name} backend: "
+            f"pass it as Accelerator({spec.accelerator_argument}=...)."
+        )
+    return spec is not None
 
 
 _DEPRECATED_DATALOADER_ARGUMENTS = (

@@ -27,7 +27,7 @@ from typing import Any
 
 from lockstep.cli._unsupported_flags import EPILOG
 from lockstep.cli.launch_flags import (
-    FSDP_FLAGS,
+    BACKEND_FLAGS,
     LAUNCH_FLAGS,
     Flag,
     add_launch_flags,
@@ -37,7 +37,7 @@ from lockstep.cli.launch_flags import (
 from lockstep.errors import UsageError
 
 __all__ = [
-    "FSDP_FLAGS",
+    "BACKEND_FLAGS",
     "LAUNCH_FLAGS",
     "Flag",
     "add_launch_flags",

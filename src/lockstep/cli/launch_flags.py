@@ -24,8 +24,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from lockstep.cli._unsupported_flags import REFUSED_DEST, add_unsupported_flags, refused
-from lockstep.config.deepspeed import DEEPSPEED_KEYS
-from lockstep.config.fsdp_keys import FSDP_KEYS
+from lockstep.config.backend_specs import BackendSpec, sectioned_specs
 from lockstep.config.keys import SettingKey, flag_keys
 from lockstep.config.parallelism_keys import PARALLELISM_KEYS
 from lockstep.config.plugins import DYNAMO_KEYS
@@ -35,10 +34,10 @@ from lockstep.launcher.settings import parse_rdzv_conf
 Flag = tuple[tuple[str, ...], dict[str, Any]]
 """A flag's spellings and its argparse keyword arguments."""
 
-FSDP_FLAGS: dict[str, SettingKey] = flag_keys(FSDP_KEYS)
-"""The ``--fsdp-*`` flags by argparse ``dest`` (the ``fsdp_config`` key each one sets)."""
-DEEPSPEED_FLAGS: dict[str, SettingKey] = flag_keys(DEEPSPEED_KEYS)
-"""The DeepSpeed flags by argparse ``dest`` (the ``deepspeed_config`` key each one sets)."""
+BACKEND_FLAGS: dict[str, dict[str, SettingKey]] = {
+    spec.config_section: flag_keys(spec.keys) for spec in sectioned_specs() if spec.config_section
+}
+"""Each registered backend's section flags (``--fsdp-*``, ``--zero-stage`` ...) by argparse ``dest``."""
 PARALLELISM_FLAGS: dict[str, SettingKey] = flag_keys(PARALLELISM_KEYS)
 """The ``--parallelism-config-*`` flags by argparse ``dest`` (the ``parallelism_config`` key each one sets)."""
 DYNAMO_FLAGS: dict[str, SettingKey] = {
@@ -47,8 +46,7 @@ DYNAMO_FLAGS: dict[str, SettingKey] = {
 """The ``--dynamo-*`` flags that set the ``dynamo_config`` section (``--dynamo-backend`` is a setting of
 its own, as in Accelerate)."""
 SECTION_FLAGS: dict[str, Mapping[str, SettingKey]] = {
-    "fsdp_config": FSDP_FLAGS,
-    "deepspeed_config": DEEPSPEED_FLAGS,
+    **BACKEND_FLAGS,
     "dynamo_config": DYNAMO_FLAGS,
     "parallelism_config": PARALLELISM_FLAGS,
 }
@@ -71,6 +69,19 @@ def table_flags(table: Iterable[SettingKey], *, label: str | None = None) -> lis
         )
         for entry in flag_keys(table).values()
     ]
+
+
+def _spellings(dest: str) -> tuple[str, ...]:
+    return (f"--{dest.replace('_', '-')}", f"--{dest}")
+
+
+def _backend_flags(spec: BackendSpec) -> list[Flag]:
+    """A backend's launch switch (``--use-fsdp``) and the flags of its section's key table."""
+    title = spec.title or spec.name
+    flags = table_flags(spec.keys, label=title)
+    if spec.enable_flag is None:
+        return flags
+    return [_switch(_spellings(spec.enable_flag), f"train with {spec.summary}", spec.enable_flag), *flags]
 
 
 def _switch(spellings: tuple[str, ...], help: str, dest: str | None = None) -> Flag:
@@ -133,10 +144,7 @@ LAUNCH_FLAGS: list[Flag] = [
         ("--downcast-bf16", "--downcast_bf16"),
         "a TPU setting of Accelerate: accepted, without effect on CPUs and GPUs",
     ),
-    _switch(("--use-fsdp", "--use_fsdp"), "shard the model with FSDP2", "use_fsdp"),
-    *table_flags(FSDP_KEYS, label="FSDP"),
-    _switch(("--use-deepspeed", "--use_deepspeed"), "train with DeepSpeed ZeRO", "use_deepspeed"),
-    *table_flags(DEEPSPEED_KEYS, label="DeepSpeed"),
+    *(flag for spec in sectioned_specs() for flag in _backend_flags(spec)),
     _switch(
         ("--use-parallelism-config", "--use_parallelism_config"),
         "lay the processes out on an N-D device mesh (ParallelismConfig; sizes from the flags below, else 1)",
@@ -170,17 +178,7 @@ def given_flags(args: argparse.Namespace) -> dict[str, Any]:
         given = {name: flags.pop(name) for name in list(flags) if name in keys}
         if given:
             flags[section] = {name: _section_flag_value(keys[name], value) for name, value in given.items()}
-    fsdp = flags.pop("use_fsdp", False) or "fsdp_config" in flags
-    deepspeed = flags.pop("use_deepspeed", False) or "deepspeed_config" in flags
-    if fsdp and deepspeed:
-        raise UsageError(
-            "--use-fsdp (or an --fsdp-* flag) and --use-deepspeed (or a DeepSpeed flag) both shard the model and "
-            "cannot be combined: keep one of them."
-        )
-    if fsdp:
-        flags["distributed_type"] = "FSDP"
-    if deepspeed:
-        flags["distributed_type"] = "DEEPSPEED"
+    _choose_backend(flags)
     if flags.pop("use_parallelism_config", False) or "parallelism_config" in flags:
         flags["use_parallelism_config"] = True
     if flags.pop("multi_gpu", False):
@@ -188,6 +186,26 @@ def given_flags(args: argparse.Namespace) -> dict[str, Any]:
     if "rdzv_conf" in flags:
         flags["rdzv_conf"] = parse_rdzv_conf(flags["rdzv_conf"])
     return flags
+
+
+def _choose_backend(flags: dict[str, Any]) -> None:
+    """The backend whose switch (``--use-fsdp``) or section flags were given becomes the distributed type;
+    two of them are an error."""
+    chosen = [
+        spec
+        for spec in sectioned_specs()
+        if (flags.pop(spec.enable_flag, False) if spec.enable_flag else False) or spec.config_section in flags
+    ]
+    if len(chosen) > 1:
+        given = " and ".join(
+            f"{_spellings(spec.enable_flag or spec.name)[0]} (or a {spec.title or spec.name} flag)"
+            for spec in chosen
+        )
+        raise UsageError(
+            f"{given} both choose how the model is distributed and cannot be combined: keep one of them."
+        )
+    if chosen and chosen[0].distributed_types:
+        flags["distributed_type"] = chosen[0].distributed_types[0].value
 
 
 def _section_flag_value(entry: SettingKey, value: Any) -> Any:

@@ -26,9 +26,8 @@ from typing import Any
 
 from lockstep import _env
 from lockstep.config import checks
-from lockstep.config.deepspeed import DEEPSPEED_KEYS
+from lockstep.config.backend_specs import sectioned_specs
 from lockstep.config.enums import DistributedType, PrecisionType
-from lockstep.config.fsdp_keys import FSDP_KEYS
 from lockstep.config.keys import Check, SettingKey, file_keys
 from lockstep.config.parallelism_keys import PARALLELISM_KEYS
 from lockstep.config.plugins import DYNAMO_KEYS
@@ -44,10 +43,11 @@ ConfigKey = SettingKey
 
 DYNAMO_CONFIG_KEYS: dict[str, SettingKey] = file_keys(DYNAMO_KEYS)
 """``dynamo_config`` keys, from :data:`lockstep.config.plugins.DYNAMO_KEYS`."""
-FSDP_CONFIG_KEYS: dict[str, SettingKey] = file_keys(FSDP_KEYS)
-"""``fsdp_config`` keys, from :data:`lockstep.config.fsdp_keys.FSDP_KEYS`."""
-DEEPSPEED_CONFIG_KEYS: dict[str, SettingKey] = file_keys(DEEPSPEED_KEYS)
-"""``deepspeed_config`` keys, from :data:`lockstep.config.deepspeed.DEEPSPEED_KEYS`."""
+BACKEND_SECTION_KEYS: dict[str, dict[str, SettingKey]] = {
+    spec.config_section: file_keys(spec.keys) for spec in sectioned_specs() if spec.config_section
+}
+"""Each registered backend's section (``fsdp_config``, ``deepspeed_config``) with its keys, from the key
+table its spec names (:mod:`lockstep.config.backend_specs`)."""
 PARALLELISM_CONFIG_KEYS: dict[str, SettingKey] = file_keys(PARALLELISM_KEYS)
 """``parallelism_config`` keys, from :data:`lockstep.config.parallelism_keys.PARALLELISM_KEYS`."""
 
@@ -78,8 +78,7 @@ _FIELD_CHECKS: dict[str, Check] = {
     "downcast_bf16": checks.boolean,
     "gradient_accumulation_steps": checks.optional(checks.int_range(1)),
     "dynamo_config": checks.section(DYNAMO_CONFIG_KEYS),
-    "fsdp_config": checks.section(FSDP_CONFIG_KEYS),
-    "deepspeed_config": checks.section(DEEPSPEED_CONFIG_KEYS),
+    **{section: checks.section(keys) for section, keys in BACKEND_SECTION_KEYS.items()},
     "megatron_lm_config": checks.open_section,
     "parallelism_config": checks.section(PARALLELISM_CONFIG_KEYS),
     "tp_config": checks.open_section,

@@ -2,7 +2,7 @@
 
 :data:`FSDP_KEYS` is the only place where an FSDP key is spelled. Derived from it:
 
-* the config file's ``fsdp_config`` check (``lockstep.config.file.FSDP_CONFIG_KEYS``);
+* the config file's ``fsdp_config`` check (``lockstep.config.file.BACKEND_SECTION_KEYS``);
 * ``FullyShardedDataParallelPlugin.from_config_section`` (:func:`plugin_kwargs`);
 * the ``lockstep launch --fsdp-*`` flags, their help and the conversion of their text
   (``lockstep.cli.launch_flags``), the FSDP1 ones among them too;

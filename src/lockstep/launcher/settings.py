@@ -12,13 +12,12 @@ import re
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from lockstep.config.deepspeed_launch import deepspeed_launcher_notes
+from lockstep.config.backend_specs import sectioned_specs, spec_for_distributed_type
 from lockstep.config.enums import DistributedType, DynamoBackend, PrecisionType
 from lockstep.config.plugins import dynamo_fields
 from lockstep.config.topology import (
     check_device_agreement,
     checked_distributed_type,
-    config_section,
     data_parallel_type,
     is_plain,
 )
@@ -26,7 +25,7 @@ from lockstep.errors import UsageError
 
 DEFAULT_SOURCE = "default"
 FLAG_SOURCE = "flag"
-SECTIONS = ("fsdp_config", "deepspeed_config", "dynamo_config", "parallelism_config")
+SECTIONS = (*(spec.config_section for spec in sectioned_specs()), "dynamo_config", "parallelism_config")
 """Settings that are sections of the config file: flags override their keys one by one."""
 _TEE = re.compile(r"^[0-3]$|^(\d+:[0-3],)*\d+:[0-3]$")
 """torchrun's ``--tee`` values: one stream code for every local rank, or ``rank:code`` pairs."""
@@ -123,13 +122,20 @@ class LaunchSettings:
             "use_cpu": self.use_cpu,
             "debug": self.debug,
             "distributed_type": self.distributed_type,
-            "fsdp_config": dict(self.fsdp_config)
-            if config_section(self.distributed_type) == "fsdp_config"
-            else {},
-            "deepspeed_config": dict(self.deepspeed_config)
-            if config_section(self.distributed_type) == "deepspeed_config"
-            else {},
+            **self.backend_sections(),
             "parallelism_config": dict(self.parallelism_config) if self.use_parallelism_config else None,
+        }
+
+    def backend_sections(self) -> dict[str, dict[str, Any]]:
+        """Every backend's config section: the chosen backend's as given, the others empty (the workers
+        must not see settings of a backend that is not used)."""
+        active = spec_for_distributed_type(self.distributed_type)
+        return {
+            spec.config_section: dict(getattr(self, spec.config_section, None) or {})
+            if spec is active
+            else {}
+            for spec in sectioned_specs()
+            if spec.config_section is not None
         }
 
     def notes(self) -> list[str]:
@@ -140,8 +146,9 @@ class LaunchSettings:
                 "downcast_bf16 is a TPU setting (XLA_DOWNCAST_BF16) and changes nothing on CPUs and GPUs: "
                 "mixed_precision bf16 already computes in bf16 and keeps float32 weights."
             )
-        if config_section(self.distributed_type) == "deepspeed_config":
-            notes.extend(deepspeed_launcher_notes(self.deepspeed_config))
+        active = spec_for_distributed_type(self.distributed_type)
+        if active is not None and active.launcher_notes is not None and active.config_section is not None:
+            notes.extend(active.launcher_notes(dict(getattr(self, active.config_section, None) or {})))
         if self.dynamo_backend == "no" and FLAG_SOURCE in self.sources.get("dynamo_config", ""):
             names = ", ".join(f"--{key.replace('_', '-')}" for key in self.dynamo_config)
             notes.append(
@@ -183,19 +190,11 @@ def _from_file(config: Any) -> dict[str, Any]:
         "use_cpu": getattr(config, "use_cpu", None),
         "debug": getattr(config, "debug", None),
         "distributed_type": getattr(config, "distributed_type", None),
-        "fsdp_config": {
-            k: v for k, v in (getattr(config, "fsdp_config", None) or {}).items() if v is not None
-        }
-        or None,
-        "deepspeed_config": {
-            k: v for k, v in (getattr(config, "deepspeed_config", None) or {}).items() if v is not None
-        }
-        or None,
-        "parallelism_config": {
-            k: v for k, v in (getattr(config, "parallelism_config", None) or {}).items() if v is not None
-        }
-        or None,
     }
+    for section in SECTIONS:
+        if section != "dynamo_config":
+            given = getattr(config, section, None) or {}
+            values[section] = {k: v for k, v in given.items() if v is not None} or None
     if values["num_processes"] is not None and values["num_processes"] < 0:
         values["num_processes"] = None  # Accelerate writes -1 for "unset"
     if values["gpu_ids"] is not None:
@@ -280,12 +279,9 @@ def _validate(s: LaunchSettings) -> None:
     except ValueError as error:
         raise UsageError(str(error)) from None
     check_device_agreement(s.distributed_type, use_cpu=s.use_cpu)
-    if config_section(s.distributed_type) == "fsdp_config":
-        _validate_fsdp(s.fsdp_config)
-    if config_section(s.distributed_type) == "deepspeed_config":
-        _validate_deepspeed(s.deepspeed_config, s.mixed_precision, s.gradient_accumulation_steps)
     if s.use_parallelism_config:
         _validate_parallelism(s)
+    _validate_backend_section(s)
 
 
 def _validate_topology(s: LaunchSettings) -> None:
@@ -358,29 +354,22 @@ def parse_rdzv_conf(text: str) -> dict[str, str]:
     return options
 
 
-def _validate_fsdp(section: dict[str, Any]) -> None:
-    """Build the plugin once here, so that a bad FSDP setting fails before any process starts."""
-    import warnings
-
-    from lockstep.config.fsdp import FullyShardedDataParallelPlugin
-
+def _validate_backend_section(s: LaunchSettings) -> None:
+    """The chosen backend checks its section against the other settings (e.g. by building its plugin once),
+    so that a bad setting fails before any process starts."""
+    spec = spec_for_distributed_type(s.distributed_type)
+    if spec is None or spec.check_section is None or spec.config_section is None:
+        return
+    launch = {
+        "mixed_precision": s.mixed_precision,
+        "gradient_accumulation_steps": s.gradient_accumulation_steps,
+        "use_parallelism_config": s.use_parallelism_config,
+        "num_processes": s.num_processes,
+    }
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # the workers warn once each, where the user reads it
-            FullyShardedDataParallelPlugin.from_config_section(section)
+        spec.check_section(dict(getattr(s, spec.config_section, None) or {}), launch)
     except (TypeError, ValueError) as error:
-        raise UsageError(f"FSDP settings: {error}") from None
-
-
-def _validate_deepspeed(section: dict[str, Any], mixed_precision: str, accumulation: int) -> None:
-    """Build the plugin once here (without DeepSpeed), so that a bad DeepSpeed setting, or a config-file key
-    that contradicts the DeepSpeed JSON config, fails before any process starts."""
-    from lockstep.config.deepspeed_launch import check_deepspeed_section
-
-    try:
-        check_deepspeed_section(section, mixed_precision=mixed_precision, accumulation=accumulation)
-    except (TypeError, ValueError) as error:
-        raise UsageError(f"DeepSpeed settings: {error}") from None
+        raise UsageError(str(error)) from None
 
 
 def _validate_parallelism(s: LaunchSettings) -> None:
@@ -393,11 +382,6 @@ def _validate_parallelism(s: LaunchSettings) -> None:
         config.validate_world_size(s.num_processes)
     except (TypeError, ValueError) as error:
         raise UsageError(f"ParallelismConfig settings: {error}") from None
-    _check(
-        config_section(s.distributed_type) != "deepspeed_config",
-        "--use-parallelism-config with DeepSpeed is not built: lockstep's N-D layouts run on FSDP2 and tensor "
-        "parallelism. Drop --use-deepspeed (shard with --parallelism-config-dp-shard-size).",
-    )
 
 
 def cpu_threads_per_process(local_processes: int) -> int:

@@ -1,0 +1,86 @@
+"""The FSDP2 backend's vocabulary: ``FullyShardedDataParallelPlugin``, the ``fsdp_config`` section and the
+``--use-fsdp`` / ``--fsdp-*`` launch flags (from :data:`lockstep.config.fsdp_keys.FSDP_KEYS`)."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping
+from typing import Any
+
+from lockstep.config.backend_specs import BackendRequest, BackendSpec, register_backend_spec
+from lockstep.config.enums import DistributedType
+from lockstep.config.fsdp_keys import FSDP_KEYS
+
+
+def sharding_precision(request: BackendRequest) -> Any:
+    """The precision of a backend that shards with FSDP2 (its ``MixedPrecisionPolicy`` comes from it)."""
+    from lockstep.backends.fsdp.precision import FSDPPrecision
+
+    return FSDPPrecision(
+        request.mixed_precision,
+        request.state.device,
+        autocast_kwargs=request.autocast_kwargs,
+        scaler_kwargs=request.scaler_kwargs,
+    )
+
+
+def plugin_or_default(request: BackendRequest) -> Any:
+    """The user's FSDP plugin, or the default one (a layout that shards without a plugin given)."""
+    if request.fsdp_plugin is not None:
+        return request.fsdp_plugin
+    from lockstep.config.fsdp import FullyShardedDataParallelPlugin
+
+    return FullyShardedDataParallelPlugin()
+
+
+def _applies(request: BackendRequest) -> bool:
+    if request.fsdp_plugin is None:
+        return False
+    if request.layout_mesh_built:  # sharding layouts are taken by the N-D and pipeline backends before
+        raise ValueError(
+            f"ParallelismConfig(dp_replicate_size={request.parallelism_config.dp_replicate_size}) alone means "
+            "plain data parallelism, but an FSDP plugin was given: set dp_shard_size instead to shard the model."
+        )
+    return True
+
+
+def _build(request: BackendRequest) -> Any:
+    from lockstep.backends.fsdp.backend import FSDPBackend
+
+    return FSDPBackend(
+        request.state,
+        plugin=request.fsdp_plugin,
+        precision=sharding_precision(request),
+        dynamo_plugin=request.dynamo_plugin,
+    )
+
+
+def _check_section(section: dict[str, Any], launch: Mapping[str, Any]) -> None:
+    """Build the plugin once, so that a bad FSDP setting fails before any process starts."""
+    from lockstep.config.fsdp import FullyShardedDataParallelPlugin
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the workers warn once each, where the user reads it
+            FullyShardedDataParallelPlugin.from_config_section(section)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"FSDP settings: {error}") from None
+
+
+SPEC = register_backend_spec(
+    BackendSpec(
+        name="fsdp",
+        summary="fully sharded data parallel on torch's FSDP2 (fully_shard) over every process",
+        title="FSDP",
+        priority=40,
+        applies=_applies,
+        build=_build,
+        plugin_type="lockstep.config.fsdp:FullyShardedDataParallelPlugin",
+        accelerator_argument="fsdp_plugin",
+        distributed_types=(DistributedType.FSDP,),
+        config_section="fsdp_config",
+        keys=FSDP_KEYS,
+        enable_flag="use_fsdp",
+        check_section=_check_section,
+    )
+)
