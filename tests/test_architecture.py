@@ -348,3 +348,229 @@ def test_the_accelerator_loads_the_optional_parts_on_first_use():
     ).stdout.split()
     deferred = ("lockstep.utils", "lockstep.checkpoint", "safetensors", "lockstep.accelerator.profiling")
     assert [name for name in loaded if name.startswith(deferred) or "regional" in name] == []
+
+
+# -- every spelling of "which backend is this?" -----------------------------------------------------------
+# Asking which backend is active is the registry's job (a loop over the specs) and the configuration
+# vocabulary's; everything else asks a backend for a capability. These are the spellings found in use.
+IDENTITY_HOMES = ("lockstep.backends", "lockstep.config")
+"""Where backend vocabulary may be spelled: the backends' own folders (and their specs) and config/."""
+SETTINGS_RESOLUTION = ("lockstep.accelerator.settings", "lockstep.accelerator.deepspeed_settings")
+"""Where the Accelerator turns its arguments into plugin objects (Fabric's connector): plugin presence is
+what it resolves, so it may ask it."""
+PLUGIN_ATTRIBUTES = (
+    "fsdp_plugin",
+    "deepspeed_plugin",
+    "deepspeed_plugins",
+    "torch_tp_plugin",
+    "megatron_lm_plugin",
+)
+MESH_SIZES = (
+    "pp_size",
+    "tp_size",
+    "cp_size",
+    "sp_size",
+    "dp_shard_size",
+    "dp_replicate_size",
+    "pp_enabled",
+    "tp_enabled",
+    "cp_enabled",
+    "sp_enabled",
+    "dp_shard_enabled",
+    "dp_replicate_enabled",
+)
+
+
+def _backend_sections() -> tuple[str, ...]:
+    from lockstep.config.backend_specs import sectioned_specs
+
+    return tuple(spec.config_section for spec in sectioned_specs() if spec.config_section)
+
+
+def _names_in(node: ast.AST) -> Iterator[str]:
+    """The attribute or variable names an expression ends in (``a.b.fsdp_plugin`` -> ``fsdp_plugin``)."""
+    if isinstance(node, ast.Attribute):
+        yield node.attr
+    elif isinstance(node, ast.Name):
+        yield node.id
+
+
+def _tested_expressions(tree: ast.AST) -> Iterator[tuple[ast.AST, int]]:
+    """Expressions used as conditions or compared: every operand of a comparison, the test of an ``if``,
+    ``while``, conditional expression or ``assert``, and the operands of ``and``/``or``/``not``."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            for operand in (node.left, *node.comparators):
+                yield operand, node.lineno
+                if isinstance(operand, ast.Tuple | ast.List | ast.Set):
+                    yield from ((e, node.lineno) for e in operand.elts)
+        elif isinstance(node, ast.If | ast.While | ast.IfExp | ast.Assert):
+            yield node.test, node.lineno
+        elif isinstance(node, ast.BoolOp):
+            yield from ((v, node.lineno) for v in node.values)
+        elif isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+            yield node.operand, node.lineno
+
+
+def backend_identity_spellings(modules: Iterable[Module], sections: tuple[str, ...]) -> list[str]:
+    """Outside the backends and config: a backend's config section compared as a string, a plugin's
+    presence tested, a mesh size compared or tested, ``match`` on a distributed type."""
+    found: set[str] = set()
+    for module in modules:
+        if any(_within(module.name, home) for home in IDENTITY_HOMES):
+            continue
+        resolving = any(_within(module.name, home) for home in SETTINGS_RESOLUTION)
+        for expression, line in _tested_expressions(module.tree):
+            names = set(_names_in(expression))
+            if isinstance(expression, ast.Constant) and expression.value in sections:
+                found.add(f"{module.name}:{line} compares the config section {expression.value!r}")
+            elif names & set(PLUGIN_ATTRIBUTES) and not resolving:
+                found.add(f"{module.name}:{line} tests whether {sorted(names)[0]} is given")
+            elif names & set(MESH_SIZES):
+                found.add(f"{module.name}:{line} tests the mesh size {sorted(names)[0]}")
+        for node in ast.walk(module.tree):
+            if isinstance(node, ast.Match) and _is_identity_operand(node.subject):
+                found.add(f"{module.name}:{node.lineno} matches on a distributed type")
+    return sorted(found, key=lambda entry: (entry.split(":")[0], int(entry.split(":")[1].split()[0])))
+
+
+def _classes_defined_under(modules: Iterable[Module], package: str) -> set[str]:
+    return {
+        node.name
+        for module in modules
+        if _within(module.name, package)
+        for node in ast.walk(module.tree)
+        if isinstance(node, ast.ClassDef)
+    }
+
+
+def backend_class_checks(modules: Iterable[Module], backend_classes: set[str]) -> list[str]:
+    """``isinstance``/``issubclass`` against a class defined under ``backends/``, outside ``backends/``."""
+    found = []
+    for module in modules:
+        if _within(module.name, "lockstep.backends"):
+            continue
+        for node in ast.walk(module.tree):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) in ("isinstance", "issubclass"):
+                kinds = node.args[1:2]
+                if kinds and isinstance(kinds[0], ast.Tuple):
+                    kinds = kinds[0].elts
+                named = [n for k in kinds for n in _names_in(k) if n in backend_classes]
+                if named:
+                    found.append(f"{module.name}:{node.lineno} asks whether an object is a {named[0]}")
+    return found
+
+
+def _package_of(name: str) -> str:
+    """``lockstep.trainer._x`` -> ``lockstep.trainer``; top-level modules belong to ``lockstep``."""
+    parts = name.split(".")
+    return ".".join(parts[:2]) if len(parts) > 2 else "lockstep"
+
+
+def private_imports(modules: Iterable[Module]) -> list[str]:
+    """``from lockstep.x._y import ...`` or ``from lockstep.x.y import _z`` outside package ``lockstep.x``
+    (a package's private modules and names are its own)."""
+    modules = list(modules)
+    packages = {m.name for m in modules if m.path.name == "__init__.py"}
+    found = []
+    for module in modules:
+        own = module.name if module.name in packages else module.name.rpartition(".")[0]
+        for node in ast.walk(module.tree):
+            if (
+                not isinstance(node, ast.ImportFrom)
+                or node.level
+                or not (node.module or "").startswith("lockstep.")
+            ):
+                continue
+            target = node.module or ""
+            top = ".".join(target.split(".")[:2])
+            if top not in packages or _within(own, top):
+                continue
+            private_module = any(part.startswith("_") for part in target.split(".")[2:])
+            private_names = [a.name for a in node.names if a.name.startswith("_") and a.name != "__version__"]
+            if private_module or private_names:
+                what = target if private_module else f"{target}.{private_names[0]}"
+                found.append(f"{module.name}:{node.lineno} imports {what}, private to {top}")
+    return found
+
+
+def trainer_internal_imports(modules: Iterable[Module]) -> list[str]:
+    """The Trainer is built on the public Accelerator API: no ``lockstep.backends.*``/``lockstep.checkpoint.*``."""
+    modules = list(modules)
+    known = {m.name for m in modules}
+    found = []
+    for module in modules:
+        if not _within(module.name, "lockstep.trainer"):
+            continue
+        for imported, line in imported_names(module, known):
+            for internal in ("lockstep.backends", "lockstep.checkpoint"):
+                if imported.startswith(internal + "."):
+                    found.append(f"{module.name}:{line} imports {imported} (a {internal} internal)")
+    return found
+
+
+def test_backend_identity_is_asked_nowhere_else(modules):
+    assert backend_identity_spellings(modules, _backend_sections()) == []
+
+
+def test_no_isinstance_against_backend_classes_outside_backends(modules):
+    assert backend_class_checks(modules, _classes_defined_under(modules, "lockstep.backends")) == []
+
+
+def test_no_package_imports_another_packages_private_names(modules):
+    assert private_imports(modules) == []
+
+
+def test_the_trainer_imports_no_backend_or_checkpoint_internals(modules):
+    assert trainer_internal_imports(modules) == []
+
+
+def test_the_identity_rules_catch_synthetic_violations():
+    sections = ("fsdp_config", "deepspeed_config")
+    source = (
+        "def f(a, launch):\n"
+        "    if config_section(a) == 'fsdp_config':\n"  # 2
+        "        pass\n"
+        "    if a.state.fsdp_plugin is not None:\n"  # 4
+        "        pass\n"
+        "    ok = a.deepspeed_plugin and True\n"  # 6
+        "    if a.parallelism_config.pp_size > 1:\n"  # 7
+        "        pass\n"
+        "    if not a.config.cp_enabled:\n"  # 9
+        "        pass\n"
+        "    match a.distributed_type:\n"  # 11
+        "        case DistributedType.FSDP:\n"
+        "            pass\n"
+        "    return isinstance(a.model, (int, PipelinedModel))\n"  # 14
+    )
+    fake = parse("lockstep.accelerator.fake", source)
+    assert backend_identity_spellings([fake], sections) == [
+        "lockstep.accelerator.fake:2 compares the config section 'fsdp_config'",
+        "lockstep.accelerator.fake:4 tests whether fsdp_plugin is given",
+        "lockstep.accelerator.fake:6 tests whether deepspeed_plugin is given",
+        "lockstep.accelerator.fake:7 tests the mesh size pp_size",
+        "lockstep.accelerator.fake:9 tests the mesh size cp_enabled",
+        "lockstep.accelerator.fake:11 matches on a distributed type",
+    ]
+    home = parse("lockstep.backends.fsdp.spec", source)
+    assert backend_identity_spellings([home], sections) == []
+    defines = parse("lockstep.backends.pp.model", "class PipelinedModel:\n    pass\n")
+    assert backend_class_checks(
+        [fake, home, defines], _classes_defined_under([defines], "lockstep.backends")
+    ) == ["lockstep.accelerator.fake:14 asks whether an object is a PipelinedModel"]
+
+    package = parse("lockstep.data", "", Path("lockstep/data/__init__.py"))
+    private = parse(
+        "lockstep.trainer.fake",
+        "from lockstep.data._position import x\nfrom lockstep.data.samplers import _helper\n"
+        "from lockstep.trainer._own import y\nfrom lockstep.backends.fsdp.units import select_units\n",
+    )
+    assert private_imports(
+        [package, private, parse("lockstep.trainer", "", Path("lockstep/trainer/__init__.py"))]
+    ) == [
+        "lockstep.trainer.fake:1 imports lockstep.data._position, private to lockstep.data",
+        "lockstep.trainer.fake:2 imports lockstep.data.samplers._helper, private to lockstep.data",
+    ]
+    assert trainer_internal_imports([private, parse("lockstep.backends.fsdp.units", "")]) == [
+        "lockstep.trainer.fake:4 imports lockstep.backends.fsdp.units (a lockstep.backends internal)"
+    ]

@@ -20,7 +20,7 @@ from lockstep import (
     FullyShardedDataParallelPlugin,
     ProfileKwargs,
 )
-from lockstep.backends import base as backend_base
+from lockstep.backends import capabilities as backend_capabilities
 from lockstep.config import topology
 from lockstep.config.kwargs import FP8BackendType
 from tests.helpers.multiprocess import run_distributed
@@ -336,7 +336,7 @@ def test_deepspeed_and_parallelism_members_answer_as_accelerate_without_them(cap
     ) * 3
     loader = DataLoader(list(range(4)))
     assert accelerator.deepspeed_ulysses_dl_adapter(loader, nn.Linear(1, 1)) is loader
-    backend_base._warned.discard("maybe_context_parallel")
+    backend_capabilities._warned.discard("maybe_context_parallel")
     buffers = [torch.arange(6).view(1, 6)]
     with caplog.at_level(logging.WARNING, logger="lockstep.backends"):
         for _ in range(2):

@@ -16,7 +16,8 @@ import torch
 from lockstep.accelerator.accumulation import GradientAccumulation
 from lockstep.accelerator.checkpoints import CheckpointManager
 from lockstep.accelerator.prepared import PreparedObjects
-from lockstep.backends.single import SingleProcessBackend
+from lockstep.backends.base import Backend
+from lockstep.backends.capabilities import ShardedCheckpointIO
 from lockstep.checkpoint import layout
 from lockstep.config.enums import PrecisionType
 from lockstep.config.project import ProjectConfiguration
@@ -27,12 +28,15 @@ from tests.helpers.multiprocess import run_distributed
 OWN_FOLDER = "own_state"
 
 
-class OwnFilesBackend(SingleProcessBackend):
+class OwnFilesBackend(Backend, ShardedCheckpointIO):
     """Writes each model's weights into ``own_state/model_<i>.pt`` itself."""
 
     def __init__(self, state: PartialState) -> None:
         super().__init__(state, precision=Precision(PrecisionType.NO, state.device))
         self.applied: list[int] = []
+
+    def wrap_model(self, model):
+        return model
 
     def model_state_dicts(self, models):
         return [None for _ in models]  # nothing for checkpoint/ to write

@@ -22,6 +22,7 @@ from torch.utils.hooks import RemovableHandle
 from lockstep.accelerator.accumulation import GradientAccumulation
 from lockstep.accelerator.prepared import PreparedObjects
 from lockstep.backends.base import Backend
+from lockstep.backends.capabilities import Indexed, ShardedCheckpointIO
 from lockstep.checkpoint import layout
 from lockstep.checkpoint.async_writer import AsyncCheckpointWriter
 from lockstep.checkpoint.model_files import save_model_files
@@ -142,14 +143,26 @@ class CheckpointManager:
             after_commit=(lambda: layout.rotate(folder.parent, limit))
             if automatic and writes_shared
             else None,
-            save_shards=lambda staging: self.backend.save_shards(
-                list(enumerate(models)), list(enumerate(optimizers)), staging
-            ),
+            save_shards=self._shard_writer(models, optimizers),
         )
         if automatic:
             self.project.iteration += 1
         self._report(folder, time.monotonic() - started, nbytes, async_save)
         return str(folder)
+
+    def _shard_writer(self, models: list[nn.Module], optimizers: list[Any]) -> Callable[[Path], None] | None:
+        """Writes every process's own shards (a collective) when the backend shards its state; else None."""
+        io = self.backend.capability(ShardedCheckpointIO)
+        if io is None:
+            return None
+        return lambda staging: io.save_shards(list(enumerate(models)), list(enumerate(optimizers)), staging)
+
+    def _shard_reader(self, models: Indexed, optimizers: Indexed) -> Callable[[Any], None]:
+        """Restores what every process reads together when the backend shards its state; else nothing."""
+        io = self.backend.capability(ShardedCheckpointIO)
+        if io is None:
+            return lambda loaded: None
+        return lambda loaded: io.apply_model_states(models, optimizers, loaded)
 
     def _collect(self, models: list[nn.Module], weights: list[Any], staging: Path) -> TrainingObjects:
         """What this save holds: the backend's model and optimizer state (after the save hooks), the
@@ -211,7 +224,7 @@ class CheckpointManager:
             folder,
             state=self.state,
             read_models=lambda: self.backend.read_model_states(to_load, optimizers, folder),
-            apply_models=lambda loaded: self.backend.apply_model_states(to_load, optimizers, loaded),
+            apply_models=self._shard_reader(to_load, optimizers),
         )
         if gradients is not None:
             self.backend.restore_gradients(models, gradients)

@@ -13,9 +13,8 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from lockstep.config.deepspeed_launch import plugin_fields
+from lockstep.config.backend_specs import launched_plugin
 from lockstep.config.deepspeed_plugin import DeepSpeedPlugin, str_to_bool
-from lockstep.config.topology import config_section
 
 
 def resolve_deepspeed(
@@ -34,9 +33,11 @@ def resolve_deepspeed(
         )
     given = plugin if plugin is not None else plugins
     if given is None:
-        if not _launcher_asks_for_deepspeed(launch):
+        given = launched_plugin(launch, "deepspeed_plugin")
+        if given is None and str_to_bool(os.environ.get("ACCELERATE_USE_DEEPSPEED", "false")):
+            given = DeepSpeedPlugin()
+        if given is None:
             return None
-        given = DeepSpeedPlugin(**plugin_fields(launch.get("deepspeed_config") or {}))
     named = dict(given) if isinstance(given, Mapping) else {"default": given}
     if not named:
         raise ValueError(
@@ -51,12 +52,6 @@ def resolve_deepspeed(
     if not any(p.selected for p in named.values()):
         first.select(_from_accelerator_state=True)
     return named
-
-
-def _launcher_asks_for_deepspeed(launch: Mapping[str, Any]) -> bool:
-    if config_section(launch.get("distributed_type")) == "deepspeed_config":
-        return True
-    return bool(str_to_bool(os.environ.get("ACCELERATE_USE_DEEPSPEED", "false")))
 
 
 def accumulation_from_config(plugin: DeepSpeedPlugin, steps: int, *, given: bool) -> int:

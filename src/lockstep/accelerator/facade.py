@@ -54,6 +54,7 @@ from lockstep.accelerator.settings_view import SettingsView
 from lockstep.accelerator.trackers import Trackers
 from lockstep.accelerator.tracking_view import TrackingView
 from lockstep.accelerator.unconfigured import UnconfiguredFeatures
+from lockstep.backends.capabilities import NO_PIPELINE, JointPreparation, PipelineSchedule
 from lockstep.backends.registry import select_backend
 from lockstep.config.dataloader import DataLoaderConfiguration
 from lockstep.config.enums import DistributedType, PrecisionType
@@ -353,7 +354,8 @@ class Accelerator(ProcessView, SettingsView, MeshView, TrackingView, Unconfigure
     @property
     def deepspeed_engine_wrapped(self) -> Any:
         """Accelerate's wrapper of the DeepSpeed engine that ``backward`` steps; exists only under DeepSpeed."""
-        engine = self.backend.stepping_engine()
+        joint = self.backend.capability(JointPreparation)
+        engine = joint.stepping_engine() if joint is not None else None
         if engine is None:
             raise AttributeError(
                 "'Accelerator' has no attribute 'deepspeed_engine_wrapped': no DeepSpeed engine."
@@ -447,8 +449,11 @@ class Accelerator(ProcessView, SettingsView, MeshView, TrackingView, Unconfigure
         Example:
             >>> loss = accelerator.pipeline_step(model, x, target=y, loss_fn=F.mse_loss)  # doctest: +SKIP
         """
+        schedule = self.backend.capability(PipelineSchedule)
+        if schedule is None:
+            raise RuntimeError(NO_PIPELINE)
         with self._step_timer.backward():
-            return self.backend.pipeline_step(
+            return schedule.pipeline_step(
                 model,
                 args,
                 kwargs,
@@ -614,8 +619,9 @@ class Accelerator(ProcessView, SettingsView, MeshView, TrackingView, Unconfigure
     def free_memory(self, *objects: Any) -> list[Any]:
         """Drop the Accelerator's references to prepared objects and free cached memory (DeepSpeed engines
         are destroyed)."""
-        for model in self._prepared.models:
-            self.backend.release(model)
+        joint = self.backend.capability(JointPreparation)
+        for model in self._prepared.models if joint is not None else ():
+            joint.release(model)
         self._prepared.forget_prepared()
         self.step = 0
         return release_memory(*objects)

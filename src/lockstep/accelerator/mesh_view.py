@@ -24,6 +24,7 @@ import contextlib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, NoReturn
 
+from lockstep.backends.capabilities import ContextParallel, no_context_parallel
 from lockstep.config.parallelism import ParallelismConfig
 from lockstep.state import AcceleratorState
 
@@ -137,4 +138,7 @@ class MeshView:
             ...         loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten())
             ...         accelerator.backward(loss)
         """
-        return self.backend.context_parallel(buffers, buffer_seq_dims, no_restore_buffers)
+        splitter = self.backend.capability(ContextParallel)
+        if splitter is None:
+            return no_context_parallel()
+        return splitter.context_parallel(buffers, buffer_seq_dims, no_restore_buffers)

@@ -18,7 +18,8 @@ from lockstep.accelerator.optimizer import AcceleratedOptimizer
 from lockstep.accelerator.prepared import PreparedObjects
 from lockstep.accelerator.scheduler import AcceleratedScheduler
 from lockstep.accelerator.settings import AcceleratorSettings
-from lockstep.backends.base import Backend, JointlyPrepared
+from lockstep.backends.base import Backend
+from lockstep.backends.capabilities import JointlyPrepared, JointPreparation
 from lockstep.config import topology
 from lockstep.data import prepare_data_loader
 from lockstep.state import PartialState
@@ -170,7 +171,10 @@ class Preparer:
     def together(self, objects: Sequence[Any]) -> dict[int, Any]:
         """The objects the backend prepares together (DeepSpeed's engine with its optimizer and scheduler),
         registered, by position in ``objects``; empty when the backend prepares each on its own."""
-        joint = self.backend.prepare_together(
+        preparation = self.backend.capability(JointPreparation)
+        if preparation is None:
+            return {}
+        joint = preparation.prepare_together(
             objects,
             accumulation_steps=self.settings.gradient_accumulation_plugin.num_steps,
             split_batches=self.settings.dataloader_config.split_batches,

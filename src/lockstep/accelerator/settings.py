@@ -17,6 +17,7 @@ from lockstep.accelerator.deepspeed_settings import (
     precision_from_config,
     resolve_deepspeed,
 )
+from lockstep.config.backend_specs import launched_plugin
 from lockstep.config.dataloader import DataLoaderConfiguration
 from lockstep.config.enums import PrecisionType, RNGType
 from lockstep.config.fsdp import FullyShardedDataParallelPlugin
@@ -32,7 +33,6 @@ from lockstep.config.parallelism import ParallelismConfig
 from lockstep.config.parallelism_keys import config_from_section
 from lockstep.config.plugins import GradientAccumulationPlugin, TorchDynamoPlugin
 from lockstep.config.project import ProjectConfiguration
-from lockstep.config.topology import config_section
 from lockstep.diagnostics.settings import HangDetectionKwargs
 from lockstep.precision import parse_mixed_precision
 from lockstep.throughput.config import ThroughputKwargs
@@ -209,9 +209,7 @@ def resolve_fsdp(
                 f"fsdp_plugin must be a lockstep FullyShardedDataParallelPlugin, got {type(plugin).__name__}."
             )
         return plugin
-    if config_section(launch.get("distributed_type")) == "fsdp_config":
-        return FullyShardedDataParallelPlugin.from_config_section(launch.get("fsdp_config") or {})
-    return None
+    return launched_plugin(launch, "fsdp_plugin")
 
 
 def resolve_parallelism(

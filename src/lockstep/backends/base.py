@@ -12,7 +12,9 @@ A backend is the one place that knows its strategy. It answers:
   (full state dicts written as ordinary files by default; a sharding backend writes its own shards).
 
 The Accelerator and :mod:`lockstep.checkpoint` call these methods and never ask which backend they have;
-only :mod:`lockstep.backends.registry` chooses. A capability a backend lacks is a method that does nothing.
+only :mod:`lockstep.backends.registry` chooses. What only some backends can do (joint preparation, pipeline
+schedules, context parallelism, sharded checkpoint I/O, live state transfer) is not a method here: it is a
+capability (:mod:`lockstep.backends.capabilities`) that :meth:`Backend.capability` hands out.
 """
 
 from __future__ import annotations
@@ -21,38 +23,19 @@ import contextlib
 import logging
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
 from torch import nn
 
+from lockstep.backends.capabilities import C, Indexed
 from lockstep.config.enums import DistributedType
 from lockstep.config.plugins import TorchDynamoPlugin
 from lockstep.precision import Precision
 from lockstep.state import PartialState
 
 logger = logging.getLogger("lockstep.backends")
-_warned: set[str] = set()
-
-Indexed = Sequence[tuple[int, Any]]
-"""``(index, object)`` pairs: the position of a model or optimizer among those prepared, and the object."""
-
-
-@dataclass
-class JointlyPrepared:
-    """What a backend that builds model, optimizer and scheduler together (DeepSpeed's engine) made of the
-    objects given to one ``prepare`` call: ``(position in the call, prepared object)`` pairs."""
-
-    model: tuple[int, nn.Module]
-    optimizer: tuple[int, Any] | None = None
-    """The backend's optimizer (the Accelerator wraps it for the user)."""
-    scheduler: tuple[int, Any] | None = None
-    optimizer_stepped_by_model: bool = False
-    """The model steps the optimizer itself (in :meth:`Backend.backward`): the user's ``step()`` only notes it."""
-    scheduler_stepped_by_model: bool = False
-    """The model steps the scheduler itself: the user's ``scheduler.step()`` does nothing."""
 
 
 class DataShard(NamedTuple):
@@ -95,6 +78,19 @@ class Backend(ABC):
     def device(self) -> torch.device:
         return self.state.device
 
+    def capability(self, kind: type[C]) -> C | None:
+        """The object that does ``kind`` for this backend (see :mod:`lockstep.backends.capabilities`), or
+        None when this backend cannot.
+
+        Example:
+            >>> from lockstep.backends.capabilities import PipelineSchedule
+            >>> from lockstep.backends.registry import select_backend
+            >>> from lockstep.state import PartialState
+            >>> select_backend(PartialState(cpu=True)).capability(PipelineSchedule) is None
+            True
+        """
+        return self if isinstance(self, kind) else None
+
     def data_shard(self) -> DataShard:
         """The share of each dataloader this process reads: every process its own, unless processes hold
         parts of one model replica (tensor parallelism), which then read the same batches."""
@@ -106,13 +102,6 @@ class Backend(ABC):
         return None
 
     # -- models and optimizers --------------------------------------------------------------------
-    def prepare_together(
-        self, objects: Sequence[Any], *, accumulation_steps: int, split_batches: bool
-    ) -> JointlyPrepared | None:
-        """Prepare the model, optimizer and scheduler among the objects of one ``prepare`` call together, for
-        a backend that can only build them as one (DeepSpeed); None: each is prepared on its own."""
-        return None
-
     def prepare_model(
         self, model: nn.Module, *, device_placement: bool, evaluation_mode: bool = False
     ) -> nn.Module:
@@ -186,14 +175,6 @@ class Backend(ABC):
         """The whole (unwrapped) model's weights; sharding backends gather them on the main process."""
         return model.state_dict()
 
-    def stepping_engine(self) -> Any:
-        """The engine that steps the optimizer inside ``backward`` (DeepSpeed's), or None."""
-        return None
-
-    def release(self, model: Any) -> None:
-        """Free what the backend holds for a prepared model that ``free_memory`` drops; nothing here."""
-        return None
-
     # -- training step ----------------------------------------------------------------------------
     def scale_for_accumulation(self, loss: torch.Tensor, steps: int) -> torch.Tensor:
         """The loss of one micro-batch of ``steps``, as backward should see it (divided by ``steps``)."""
@@ -203,24 +184,6 @@ class Backend(ABC):
         """``loss.backward()`` in this backend's precision (scaled under fp16)."""
         self.precision.backward(loss, **kwargs)
 
-    def pipeline_step(
-        self,
-        model: nn.Module,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        *,
-        target: Any,
-        loss_fn: Any,
-        accumulation_steps: int,
-    ) -> torch.Tensor | None:
-        """One pipeline-parallel training step (forward and backward of every micro-batch); only a pipeline
-        backend has one."""
-        raise RuntimeError(
-            "accelerator.pipeline_step() runs a pipeline-parallel model, and this Accelerator has no pipeline: "
-            "pass Accelerator(parallelism_config=ParallelismConfig(pp_size=...)), or train this model with "
-            "loss = loss_fn(model(inputs), labels); accelerator.backward(loss)."
-        )
-
     def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager:
         """A context in which backward passes do not synchronise gradients."""
         return contextlib.nullcontext()
@@ -228,23 +191,6 @@ class Backend(ABC):
     def sync_next_backward(self, model: nn.Module) -> contextlib.AbstractContextManager:
         """A context in which a backward pass synchronises gradients even inside :meth:`no_sync` (including
         one whose forward ran there); a no-op for a backend that never skips synchronisation."""
-        return contextlib.nullcontext()
-
-    def context_parallel(
-        self,
-        buffers: Sequence[torch.Tensor] | None,
-        buffer_seq_dims: Sequence[int] | None,
-        no_restore_buffers: set[torch.Tensor] | None,
-    ) -> contextlib.AbstractContextManager:
-        """The block of ``maybe_context_parallel``: without context parallelism it runs unchanged (the buffers
-        stay whole), with a warning once per process, as in Accelerate."""
-        if "maybe_context_parallel" not in _warned:
-            _warned.add("maybe_context_parallel")
-            logger.warning(
-                "maybe_context_parallel() has no effect: context parallelism is not enabled, so the buffers are "
-                "not split along the sequence. Pass Accelerator(parallelism_config=ParallelismConfig(cp_size=N)) "
-                "to split them over N processes."
-            )
         return contextlib.nullcontext()
 
     def clip_grad_norm_(
@@ -286,10 +232,6 @@ class Backend(ABC):
         """Whether ``model``'s pending gradients are plain ``.grad`` tensors that a checkpoint can carry."""
         return True
 
-    def save_shards(self, models: Indexed, optimizers: Indexed, folder: Path) -> None:
-        """Write the state that every process writes itself into ``folder`` (a collective); none here."""
-        return None
-
     # -- checkpoints: loading -----------------------------------------------------------------------
     def read_model_states(self, models: Indexed, optimizers: Indexed, folder: Path) -> Any:
         """Read this process's files and restore what needs no communication; the result goes to
@@ -314,10 +256,6 @@ class Backend(ABC):
                 from_shards.load_optimizer(
                     model, optimizer, folder / from_shards.OPTIMIZER_FOLDER.format(index=index)
                 )
-        return None
-
-    def apply_model_states(self, models: Indexed, optimizers: Indexed, loaded: Any) -> None:
-        """Restore what needs every process together (e.g. sharded state); nothing here."""
         return None
 
     def restore_gradients(self, models: Sequence[nn.Module], gradients: dict[str, torch.Tensor]) -> None:

@@ -109,6 +109,8 @@ class BackendSpec:
     the backend in :attr:`BackendRequest.plugins`."""
     accelerator_argument: str | None = None
     """The ``Accelerator`` keyword its plugin is passed as (``fsdp_plugin``); None: in ``kwargs_handlers``."""
+    trainer_argument: str | None = None
+    """The ``TrainingArguments`` field that asks the Trainer for it (``fsdp``, ``deepspeed``)."""
     distributed_types: tuple[DistributedType, ...] = ()
     """The config file's ``distributed_type`` values that mean this backend."""
     config_section: str | None = None
@@ -120,6 +122,8 @@ class BackendSpec:
     check_section: Callable[[dict[str, Any], Mapping[str, Any]], None] | None = None
     """Checks the section against the other launch settings (``mixed_precision``, ...) before any process
     starts; raises ``ValueError`` with the reason."""
+    plugin_from_section: Callable[[dict[str, Any]], Any] | None = None
+    """Builds its plugin from the section the launcher passed to the workers (``distributed_type`` chose it)."""
     launcher_notes: Callable[[dict[str, Any]], list[str]] | None = None
     """Settings of the section that have no effect, one line each (printed as warnings)."""
     requirement: str | None = None
@@ -220,6 +224,22 @@ def spec_for_distributed_type(distributed_type: str | DistributedType | None) ->
     except ValueError:
         return None
     return next((spec for spec in backend_specs() if member in spec.distributed_types), None)
+
+
+def launched_plugin(launch: Mapping[str, Any], argument: str) -> Any:
+    """The plugin that ``lockstep launch`` (its flags and config file) asks for, when the backend it chose
+    takes its plugin as the ``Accelerator`` keyword ``argument`` (``fsdp_plugin``); else None.
+
+    Example:
+        >>> launched_plugin({"distributed_type": "FSDP", "fsdp_config": {"fsdp_version": 2}}, "fsdp_plugin").fsdp_version
+        2
+        >>> launched_plugin({"distributed_type": "FSDP"}, "deepspeed_plugin") is None
+        True
+    """
+    spec = spec_for_distributed_type(launch.get("distributed_type"))
+    if spec is None or spec.accelerator_argument != argument or spec.plugin_from_section is None:
+        return None
+    return spec.plugin_from_section(dict(launch.get(spec.config_section or "") or {}))
 
 
 def sectioned_specs() -> list[BackendSpec]:

@@ -2,8 +2,9 @@
 registry.
 
 The launcher, the config wizard, the Accelerator's settings and the Trainer ask these functions instead
-of comparing ``DistributedType`` members themselves; :mod:`lockstep.backends.registry` turns the result
-into a backend. A new way of distributing adds its row here.
+of comparing ``DistributedType`` members themselves. What a backend's type configures (its section, its
+plugin) comes from the backend's own spec (:mod:`lockstep.config.backend_specs`); this table keeps what
+Accelerate's public properties ask of a type (``multi_device``, ``is_fsdp2``) and the types not built.
 
 This module must not import torch: ``lockstep launch`` and ``lockstep config`` read it at start-up.
 
@@ -43,8 +44,7 @@ class _Kind:
 
 
 _KINDS: dict[DistributedType, _Kind] = {
-    DistributedType.FSDP: _Kind(section="fsdp_config", fsdp2=True),
-    DistributedType.DEEPSPEED: _Kind(section="deepspeed_config"),
+    DistributedType.FSDP: _Kind(fsdp2=True),
     DistributedType.MEGATRON_LM: _Kind(section="megatron_lm_config", not_built="the Megatron-LM backend"),
     DistributedType.XLA: _Kind(not_built="TPUs (XLA)"),
     DistributedType.MULTI_GPU: _Kind(gpu_only=True, multi_device=True),
@@ -93,8 +93,12 @@ def is_plain(distributed_type: str | DistributedType | None) -> bool:
 
 
 def config_section(distributed_type: str | DistributedType | None) -> str | None:
-    """The config file section that configures ``distributed_type`` (``fsdp_config`` for FSDP), or None."""
-    return _kind(distributed_type).section
+    """The config file section that configures ``distributed_type`` (``fsdp_config`` for FSDP, from the
+    backend's spec; ``megatron_lm_config`` for a type not built), or None."""
+    from lockstep.config.backend_specs import spec_for_distributed_type
+
+    spec = spec_for_distributed_type(distributed_type)
+    return spec.config_section if spec is not None else _kind(distributed_type).section
 
 
 def is_multi_device(distributed_type: str | DistributedType | None) -> bool:

@@ -32,10 +32,10 @@ from lockstep.config import (
     ProjectConfiguration,
     TorchDynamoPlugin,
 )
+from lockstep.config.backend_specs import launched_plugin, sectioned_specs, spec_for_distributed_type
 from lockstep.config.fsdp import FullyShardedDataParallelPlugin
 from lockstep.config.fsdp_keys import plugin_fields
 from lockstep.config.parallelism import ParallelismConfig
-from lockstep.config.topology import config_section
 from lockstep.trainer.arguments import TrainingArguments
 from lockstep.trainer.deepspeed_options import deepspeed_plugin_for
 from lockstep.trainer.fsdp_options import fsdp_plugin_kwargs
@@ -109,21 +109,20 @@ def check_launcher_agreement(args: TrainingArguments, launch: Mapping[str, Any])
     A launcher config that selected FSDP makes ``fsdp``/``fsdp_config`` unnecessary; giving them anyway
     is allowed only when every FSDP setting they name agrees with the launcher's.
     """
-    section = config_section(launch.get("distributed_type") or None)
-    if section == "deepspeed_config" and args.fsdp:
-        raise ValueError(
-            "The launcher's config selected DeepSpeed, but TrainingArguments(fsdp=...) asks for FSDP. Remove fsdp "
-            "from the arguments or change the launcher's config."
-        )
-    if section == "fsdp_config" and args.deepspeed:
-        raise ValueError(
-            "The launcher's config selected FSDP, but TrainingArguments(deepspeed=...) asks for DeepSpeed. Remove "
-            "deepspeed from the arguments or change the launcher's config."
-        )
-    if section != "fsdp_config" or not args.fsdp:
+    launched = spec_for_distributed_type(launch.get("distributed_type") or None)
+    if launched is None or launched.trainer_argument is None:
+        return
+    for spec in sectioned_specs():
+        if spec is not launched and spec.trainer_argument and getattr(args, spec.trainer_argument, None):
+            raise ValueError(
+                f"The launcher's config selected {launched.title}, but TrainingArguments({spec.trainer_argument}=...) "
+                f"asks for {spec.title}. Remove {spec.trainer_argument} from the arguments or change the launcher's "
+                "config."
+            )
+    if not args.fsdp or launched_plugin(launch, "fsdp_plugin") is None:
         return
     ours = fsdp_plugin_kwargs(args.fsdp, args.fsdp_config, no_split_modules=["?"])  # type: ignore[arg-type]
-    theirs = plugin_fields(launch.get("fsdp_config") or {})
+    theirs = plugin_fields(launch.get(launched.config_section or "") or {})
     conflicts = [
         f"{key}: arguments {ours.get(key)!r}, launcher config {value!r}"
         for key, value in sorted(theirs.items())

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from torch import nn
 
 from lockstep.backends.base import Backend
+from lockstep.backends.capabilities import TrainingStateTransfer
 from lockstep.config.enums import DDPCommunicationHookType
 from lockstep.config.kwargs import DistributedDataParallelKwargs
 from lockstep.config.plugins import TorchDynamoPlugin
@@ -41,7 +42,7 @@ def _comm_hook(
     return hook, power_sgd
 
 
-class DDPBackend(Backend):
+class DDPBackend(Backend, TrainingStateTransfer):
     """Replicate the model on every process and all-reduce gradients in backward.
 
     Args:
@@ -122,6 +123,18 @@ class DDPBackend(Backend):
                 "that step instead, or set find_unused_parameters=False."
             )
         return _forced_sync(model)
+
+    def training_state(self, models: Sequence[nn.Module], optimizers: Sequence[Any]) -> dict[str, Any]:
+        from lockstep.backends.replicated_state import replicated_training_state
+
+        return replicated_training_state(self, models, optimizers)
+
+    def load_training_state(
+        self, models: Sequence[nn.Module], optimizers: Sequence[Any], state: dict[str, Any]
+    ) -> None:
+        from lockstep.backends.replicated_state import load_replicated_training_state
+
+        load_replicated_training_state(self, models, optimizers, state)
 
 
 @contextlib.contextmanager

@@ -16,7 +16,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from lockstep.backends.base import Backend, Indexed, JointlyPrepared
+from lockstep.backends.base import Backend, Indexed
+from lockstep.backends.capabilities import JointlyPrepared, JointPreparation, ShardedCheckpointIO
 from lockstep.backends.deepspeed import auto, checkpoint
 from lockstep.backends.deepspeed.loading import check_fp16_supported, import_deepspeed
 from lockstep.backends.deepspeed.placeholders import DummyOptim, DummyScheduler
@@ -29,7 +30,7 @@ from lockstep.state import GradientState, PartialState
 _LRScheduler = torch.optim.lr_scheduler.LRScheduler
 
 
-class DeepSpeedBackend(Backend):
+class DeepSpeedBackend(Backend, JointPreparation, ShardedCheckpointIO):
     """ZeRO through DeepSpeed engines, one per ``prepare`` call that holds a model.
 
     Args:

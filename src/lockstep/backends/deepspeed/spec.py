@@ -41,6 +41,13 @@ def _check_section(section: dict[str, Any], launch: Mapping[str, Any]) -> None:
         raise ValueError(f"DeepSpeed settings: {error}") from None
 
 
+def _plugin_from_section(section: dict[str, Any]) -> Any:
+    from lockstep.config.deepspeed_launch import plugin_fields
+    from lockstep.config.deepspeed_plugin import DeepSpeedPlugin
+
+    return DeepSpeedPlugin(**plugin_fields(section))
+
+
 def _notes(section: dict[str, Any]) -> list[str]:
     from lockstep.config.deepspeed_launch import deepspeed_launcher_notes
 
@@ -57,11 +64,13 @@ SPEC = register_backend_spec(
         build=_build,
         plugin_type="lockstep.config.deepspeed_plugin:DeepSpeedPlugin",
         accelerator_argument="deepspeed_plugin",
+        trainer_argument="deepspeed",
         distributed_types=(DistributedType.DEEPSPEED,),
         config_section="deepspeed_config",
         keys=DEEPSPEED_KEYS,
         enable_flag="use_deepspeed",
         check_section=_check_section,
+        plugin_from_section=_plugin_from_section,
         launcher_notes=_notes,
         requirement="deepspeed",
     )

@@ -24,6 +24,7 @@ from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, OffloadPolicy, 
 
 from lockstep import _env
 from lockstep.backends.base import Backend, Indexed
+from lockstep.backends.capabilities import ShardedCheckpointIO
 from lockstep.backends.fsdp import checkpoint as shards
 from lockstep.backends.fsdp.clipping import clip_sharded_gradients
 from lockstep.backends.fsdp.loading import broadcast_from_main, to_meta
@@ -40,7 +41,7 @@ logger = logging.getLogger("lockstep.fsdp")
 checkpoint_logger = logging.getLogger("lockstep.checkpoint")
 
 
-class FSDPBackend(Backend):
+class FSDPBackend(Backend, ShardedCheckpointIO):
     """Shard models with FSDP2 across all processes (a 1-D device mesh).
 
     Args:

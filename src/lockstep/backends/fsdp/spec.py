@@ -55,6 +55,12 @@ def _build(request: BackendRequest) -> Any:
     )
 
 
+def _plugin_from_section(section: dict[str, Any]) -> Any:
+    from lockstep.config.fsdp import FullyShardedDataParallelPlugin
+
+    return FullyShardedDataParallelPlugin.from_config_section(section)
+
+
 def _check_section(section: dict[str, Any], launch: Mapping[str, Any]) -> None:
     """Build the plugin once, so that a bad FSDP setting fails before any process starts."""
     from lockstep.config.fsdp import FullyShardedDataParallelPlugin
@@ -77,10 +83,12 @@ SPEC = register_backend_spec(
         build=_build,
         plugin_type="lockstep.config.fsdp:FullyShardedDataParallelPlugin",
         accelerator_argument="fsdp_plugin",
+        trainer_argument="fsdp",
         distributed_types=(DistributedType.FSDP,),
         config_section="fsdp_config",
         keys=FSDP_KEYS,
         enable_flag="use_fsdp",
         check_section=_check_section,
+        plugin_from_section=_plugin_from_section,
     )
 )

@@ -33,6 +33,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule
 
 from lockstep.backends.base import DataShard
+from lockstep.backends.capabilities import C, ContextParallel, no_context_parallel
 from lockstep.backends.fsdp.backend import FSDPBackend, _parameter_owners
 from lockstep.backends.fsdp.precision import FSDPPrecision
 from lockstep.backends.nd.tensor_parallel import apply_tensor_parallel
@@ -44,7 +45,7 @@ from lockstep.config.topology import data_parallel_type
 from lockstep.state import PartialState
 
 
-class NDParallelBackend(FSDPBackend):
+class NDParallelBackend(FSDPBackend, ContextParallel):
     """Tensor parallel, context parallel, FSDP2 and HSDP composed on the ``ParallelismConfig``'s device mesh.
 
     Args:
@@ -139,6 +140,12 @@ class NDParallelBackend(FSDPBackend):
         self.sharded_models.append(model)
         return model
 
+    def capability(self, kind: type[C]) -> C | None:
+        """As every backend's, except that context parallelism is there only with ``cp_size > 1``."""
+        if kind is ContextParallel and not self.config.cp_enabled:
+            return None
+        return super().capability(kind)
+
     def context_parallel(
         self,
         buffers: Sequence[torch.Tensor] | None,
@@ -148,7 +155,7 @@ class NDParallelBackend(FSDPBackend):
         """With ``cp_size > 1``: split ``buffers`` along the sequence over ``cp`` and run SDPA as torch's ring
         attention while the block runs (on CPUs too); otherwise the base class's no-op."""
         if not self.config.cp_enabled:
-            return super().context_parallel(buffers, buffer_seq_dims, no_restore_buffers)
+            return no_context_parallel()
         from lockstep.backends.nd.context_parallel import context_parallel_region
 
         assert self.config.cp_handler is not None

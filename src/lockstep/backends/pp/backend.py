@@ -37,6 +37,7 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
 from lockstep.backends.base import Backend, DataShard, Indexed
+from lockstep.backends.capabilities import PipelineSchedule
 from lockstep.backends.fsdp import checkpoint as shards
 from lockstep.backends.fsdp.backend import _parameter_owners
 from lockstep.backends.fsdp.clipping import global_grad_norm
@@ -53,7 +54,7 @@ from lockstep.config.plugins import TorchDynamoPlugin
 from lockstep.state import PartialState
 
 
-class PipelineBackend(NDParallelBackend):
+class PipelineBackend(NDParallelBackend, PipelineSchedule):
     """Pipeline parallelism over ``pp`` (with FSDP2 over ``dp_shard`` inside each stage).
 
     Args:

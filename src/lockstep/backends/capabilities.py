@@ -1,0 +1,163 @@
+"""What only some backends can do, as small interfaces the facade and the Trainer ask for.
+
+A backend that can do one of these lists the interface among its bases and implements its methods;
+:meth:`lockstep.backends.base.Backend.capability` answers ``backend.capability(PipelineSchedule)`` with the
+object that does it, or None. Callers ask for the capability, never for the backend (Fabric's
+``_BackwardSyncControl`` / ``_Sharded``):
+
+============================  =================================================  ==========================
+capability                    what it does                                       built-in backends
+============================  =================================================  ==========================
+:class:`JointPreparation`     builds model, optimizer and scheduler as one       DeepSpeed
+                              engine that steps itself in ``backward``
+:class:`PipelineSchedule`     runs forward and backward of every micro-batch     pipeline
+                              through the stages (``accelerator.pipeline_step``)
+:class:`ContextParallel`      splits buffers along the sequence and runs         N-D (``cp_size > 1``)
+                              attention as ring attention
+:class:`ShardedCheckpointIO`  every process writes and reads its own shards of   FSDP, N-D, pipeline,
+                              a checkpoint (a collective)                        DeepSpeed
+:class:`TrainingStateTransfer`  hands the whole training state of this replica   one process, DDP
+                              to a peer and takes one from a peer (live
+                              recovery without a checkpoint on disk)
+============================  =================================================  ==========================
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import torch
+from torch import nn
+
+logger = logging.getLogger("lockstep.backends")
+_warned: set[str] = set()
+
+Indexed = Sequence[tuple[int, Any]]
+"""``(index, object)`` pairs: the position of a model or optimizer among those prepared, and the object."""
+
+
+class Capability(ABC):  # noqa: B024 -- a marker base: the capabilities below hold the abstract methods
+    """Something only some backends can do; ask ``backend.capability(Kind)``."""
+
+
+C = TypeVar("C", bound=Capability)
+"""A capability type (``backend.capability(kind)`` returns one of these or None)."""
+
+
+@dataclass
+class JointlyPrepared:
+    """What a backend that builds model, optimizer and scheduler together (DeepSpeed's engine) made of the
+    objects given to one ``prepare`` call: ``(position in the call, prepared object)`` pairs."""
+
+    model: tuple[int, nn.Module]
+    optimizer: tuple[int, Any] | None = None
+    """The backend's optimizer (the Accelerator wraps it for the user)."""
+    scheduler: tuple[int, Any] | None = None
+    optimizer_stepped_by_model: bool = False
+    """The model steps the optimizer itself (in ``backward``): the user's ``step()`` only notes it."""
+    scheduler_stepped_by_model: bool = False
+    """The model steps the scheduler itself: the user's ``scheduler.step()`` does nothing."""
+
+
+class JointPreparation(Capability):
+    """The backend builds the model, its optimizer and its scheduler as one engine (DeepSpeed)."""
+
+    @abstractmethod
+    def prepare_together(
+        self, objects: Sequence[Any], *, accumulation_steps: int, split_batches: bool
+    ) -> JointlyPrepared | None:
+        """Prepare the model, optimizer and scheduler among the objects of one ``prepare`` call together;
+        None when the call holds no model."""
+
+    @abstractmethod
+    def stepping_engine(self) -> Any:
+        """The engine that steps the optimizer inside ``backward``, or None before one is built."""
+
+    @abstractmethod
+    def release(self, model: Any) -> None:
+        """Free what the backend holds for a prepared model that ``free_memory`` drops."""
+
+
+class PipelineSchedule(Capability):
+    """The model is cut into stages over processes; a training step runs every micro-batch through them."""
+
+    @abstractmethod
+    def pipeline_step(
+        self,
+        model: nn.Module,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        *,
+        target: Any,
+        loss_fn: Any,
+        accumulation_steps: int,
+    ) -> torch.Tensor | None:
+        """Forward and backward of every micro-batch; the batch's mean loss on the last stage's ranks."""
+
+
+class ContextParallel(Capability):
+    """Sequences are split over processes and attention runs across them (ring attention)."""
+
+    @abstractmethod
+    def context_parallel(
+        self,
+        buffers: Sequence[torch.Tensor] | None,
+        buffer_seq_dims: Sequence[int] | None,
+        no_restore_buffers: set[torch.Tensor] | None,
+    ) -> contextlib.AbstractContextManager:
+        """A block in which ``buffers`` hold this process's part of the sequence."""
+
+
+class ShardedCheckpointIO(Capability):
+    """Every process writes its own part of the model and optimizer state into a checkpoint, and reads it
+    back together with the others (both are collectives)."""
+
+    @abstractmethod
+    def save_shards(self, models: Indexed, optimizers: Indexed, folder: Path) -> None:
+        """Write this process's shards into ``folder`` (every process together)."""
+
+    @abstractmethod
+    def apply_model_states(self, models: Indexed, optimizers: Indexed, loaded: Any) -> None:
+        """Restore what needs every process together, from what ``read_model_states`` returned."""
+
+
+class TrainingStateTransfer(Capability):
+    """The whole training state of this replica, in memory: what a replica that rejoins a running job
+    takes from a live peer instead of from a checkpoint on disk."""
+
+    @abstractmethod
+    def training_state(self, models: Sequence[nn.Module], optimizers: Sequence[Any]) -> dict[str, Any]:
+        """This replica's model and optimizer state as CPU tensors and plain values (picklable)."""
+
+    @abstractmethod
+    def load_training_state(
+        self, models: Sequence[nn.Module], optimizers: Sequence[Any], state: dict[str, Any]
+    ) -> None:
+        """Make this replica's models and optimizers hold ``state`` (from :meth:`training_state` of a peer)."""
+
+
+def no_context_parallel() -> contextlib.AbstractContextManager:
+    """The block of ``maybe_context_parallel`` without context parallelism: it runs unchanged (the buffers
+    stay whole), with a warning once per process, as in Accelerate."""
+    if "maybe_context_parallel" not in _warned:
+        _warned.add("maybe_context_parallel")
+        logger.warning(
+            "maybe_context_parallel() has no effect: context parallelism is not enabled, so the buffers are "
+            "not split along the sequence. Pass Accelerator(parallelism_config=ParallelismConfig(cp_size=N)) "
+            "to split them over N processes."
+        )
+    return contextlib.nullcontext()
+
+
+NO_PIPELINE = (
+    "accelerator.pipeline_step() runs a pipeline-parallel model, and this Accelerator has no pipeline: "
+    "pass Accelerator(parallelism_config=ParallelismConfig(pp_size=...)), or train this model with "
+    "loss = loss_fn(model(inputs), labels); accelerator.backward(loss)."
+)
+"""The error of ``pipeline_step`` on a backend without a :class:`PipelineSchedule`."""
