@@ -28,3 +28,10 @@ class DistributedOperationException(RuntimeError):
 
 class CannotPadNestedTensorWarning(UserWarning):
     """``pad_across_processes`` met a nested tensor (``torch.nested``) and left it unpadded."""
+
+
+class NotATrackerClassError(TypeError, ValueError):
+    """``register_tracker_class`` was given something that is not a ``GeneralTracker`` subclass.
+
+    A ``TypeError`` (a wrong kind of argument) that is also the ``ValueError`` Accelerate raises there.
+    """

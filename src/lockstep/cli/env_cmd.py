@@ -1,4 +1,4 @@
-"""``lockstep env``: versions, devices, backends and the default config, for bug reports."""
+"""``lockstep env``: versions, devices, backends, trackers and the default config, for bug reports."""
 
 from __future__ import annotations
 
@@ -9,16 +9,8 @@ import platform
 import sys
 from typing import Any
 
-OPTIONAL_PACKAGES = (
-    "numpy",
-    "safetensors",
-    "transformers",
-    "deepspeed",
-    "tensorboard",
-    "mlflow",
-    "wandb",
-    "tqdm",
-)
+# The trackers' packages are listed with the trackers (tracker_report), from the tracker table.
+OPTIONAL_PACKAGES = ("numpy", "safetensors", "transformers", "deepspeed", "tqdm")
 
 
 def register(subparsers: Any) -> None:
@@ -33,7 +25,11 @@ def _version(package: str) -> str:
     try:
         return importlib.metadata.version(package)
     except importlib.metadata.PackageNotFoundError:
-        return "not installed"
+        pass
+    # A module whose distribution has another name (mlflow from mlflow-skinny).
+    for distribution in importlib.metadata.packages_distributions().get(package, []):
+        return importlib.metadata.version(distribution)
+    return "not installed"
 
 
 def environment_report(config_file: str | None = None) -> list[tuple[str, str]]:
@@ -69,6 +65,25 @@ def environment_report(config_file: str | None = None) -> list[tuple[str, str]]:
     return lines
 
 
+def tracker_report() -> list[tuple[str, str]]:
+    """(name, state) of every registered tracker, the names ``log_with`` and ``report_to`` accept.
+
+    Example:
+        >>> dict(tracker_report())["jsonl"]
+        'available (lockstep.tracking.files.JSONLTracker)'
+    """
+    from lockstep.tracking.registry import LOGGER_TYPE_TO_CLASS
+
+    lines = []
+    for name, tracker_class in LOGGER_TYPE_TO_CLASS.items():
+        parts = ["available" if tracker_class.is_available() else "not available"]
+        parts += [f"{package} {_version(package)}" for package in tracker_class.requires_packages]
+        if not tracker_class.is_available() and tracker_class.install_command:
+            parts.append(tracker_class.install_command)
+        lines.append((name, f"{', '.join(parts)} ({tracker_class.__module__}.{tracker_class.__qualname__})"))
+    return lines
+
+
 def run_env(args: argparse.Namespace) -> int:
     from lockstep.config.file import ConfigFileError, load_config_file
 
@@ -77,6 +92,10 @@ def run_env(args: argparse.Namespace) -> int:
     print("Copy-and-paste the text below in your bug report.\n")
     for name, value in lines:
         print(f"- {name.ljust(width)} : {value}")
+    trackers = tracker_report()
+    print("\nTrackers (log_with / report_to names):")
+    for name, state in trackers:
+        print(f"  {name.ljust(max(len(n) for n, _ in trackers))} : {state}")
     path = lines[-1][1]
     if os.path.isfile(path):
         try:

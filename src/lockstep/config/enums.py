@@ -114,12 +114,34 @@ class DDPCommunicationHookType(_StrEnum):
     BATCHED_POWER_SGD = "batched_power_sgd"
 
 
-class LoggerType(_StrEnum):
-    """Experiment trackers (see the tracking issue)."""
+BUILT_IN_TRACKERS: dict[str, str] = {
+    "jsonl": "lockstep.tracking.files:JSONLTracker",
+    "csv": "lockstep.tracking.files:CSVTracker",
+    "tensorboard": "lockstep.tracking.tensorboard:TensorBoardTracker",
+    "mlflow": "lockstep.tracking.mlflow:MLflowTracker",
+    "wandb": "lockstep.tracking.wandb:WandBTracker",
+}
+"""lockstep's own experiment trackers, the one table of them: ``log_with`` name -> ``"module:Class"``.
 
-    ALL = "all"
-    JSONL = "jsonl"
-    CSV = "csv"
-    TENSORBOARD = "tensorboard"
-    WANDB = "wandb"
-    MLFLOW = "mlflow"
+``lockstep.tracking`` registers each class with ``register_tracker_class``, the call a user's tracker goes
+through; :class:`LoggerType`'s members, ``log_with="all"``, ``lockstep env`` and the Trainer's ``report_to``
+choices are read from what is registered. A new built-in tracker is its module plus one line here. The
+classes are named as text so that this vocabulary imports no tracker.
+"""
+
+LoggerType = _StrEnum(  # type: ignore[misc]  # members made from BUILT_IN_TRACKERS
+    "LoggerType",
+    {"ALL": "all", **{name.upper(): name for name in BUILT_IN_TRACKERS}},
+    module=__name__,
+    qualname="LoggerType",
+)
+LoggerType.__doc__ = """The built-in experiment trackers' names (Accelerate's ``LoggerType``), and ``ALL``.
+
+Made from :data:`BUILT_IN_TRACKERS`: ``LoggerType.JSONL == "jsonl"``, ``LoggerType.TENSORBOARD``... A
+tracker registered with ``lockstep.tracking.register_tracker_class`` is accepted by ``log_with`` by its
+name without being a member, as in Accelerate.
+
+Example:
+    >>> LoggerType.TENSORBOARD == "tensorboard", LoggerType("all") is LoggerType.ALL
+    (True, True)
+"""

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import functools
+import importlib.util
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -24,6 +25,10 @@ class GeneralTracker(ABC):
         requires_logging_directory: whether it needs ``logging_dir`` (the project's logging folder).
         main_process_only: start and log on the main process only (the default; every built-in tracker
             does). False starts and logs it on every process.
+        requires_packages: (lockstep) the modules it imports when it starts. ``log_with`` naming a
+            registered tracker with one missing raises ``ImportError`` with ``install_command``, and
+            ``log_with="all"`` leaves such a built-in tracker out.
+        install_command: (lockstep) what installs ``requires_packages``, e.g. ``"pip install wandb"``.
 
     Example:
         >>> class PrintTracker(GeneralTracker):
@@ -46,6 +51,21 @@ class GeneralTracker(ABC):
     name: str = ""
     requires_logging_directory: bool = False
     main_process_only: bool = True
+    requires_packages: ClassVar[tuple[str, ...]] = ()
+    install_command: ClassVar[str] = ""
+    # lockstep's own file trackers read the logging folder when they start rather than when the
+    # Accelerator is built (a script may set it in between); Accelerate's rule holds for every other one.
+    _folder_checked_at_start: ClassVar[bool] = False
+
+    @classmethod
+    def missing_packages(cls) -> list[str]:
+        """The modules of ``requires_packages`` that cannot be imported here."""
+        return [package for package in cls.requires_packages if not importable(package)]
+
+    @classmethod
+    def is_available(cls) -> bool:
+        """Whether it can start here: what ``log_with="all"`` and ``lockstep env`` ask of a tracker."""
+        return not cls.missing_packages()
 
     def start(self) -> None:  # noqa: B027 (optional hook)
         """Open the tracker's resources (called once by ``init_trackers``, before the configuration)."""
@@ -95,6 +115,14 @@ def on_main_process(method: F) -> F:
         return method(self, *args, **kwargs)
 
     return wrapper  # type: ignore[return-value]
+
+
+def importable(module: str) -> bool:
+    """Whether ``module`` can be found, without importing it (False when it is blocked in ``sys.modules``)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a parent package that fails to import, or a broken __spec__
+        return False
 
 
 def plain_value(value: Any) -> Any:

@@ -20,6 +20,7 @@ class JSONLTracker(GeneralTracker):
 
     name = "jsonl"
     requires_logging_directory = True
+    _folder_checked_at_start = True
 
     def __init__(self, run_name: str, logging_dir: str | os.PathLike, **kwargs: Any) -> None:
         self.folder = Path(logging_dir) / run_name
@@ -62,6 +63,7 @@ class CSVTracker(GeneralTracker):
 
     name = "csv"
     requires_logging_directory = True
+    _folder_checked_at_start = True
 
     def __init__(self, run_name: str, logging_dir: str | os.PathLike, **kwargs: Any) -> None:
         self.folder = Path(logging_dir) / run_name

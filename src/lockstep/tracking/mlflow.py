@@ -10,7 +10,6 @@ A ``tracking_uri`` argument (or ``MLFLOW_TRACKING_URI``, which MLflow reads itse
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 import logging
 import os
@@ -19,11 +18,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from lockstep.tracking.base import GeneralTracker, not_started, plain_value
+from lockstep.tracking.base import GeneralTracker, importable, not_started, plain_value
 
 logger = logging.getLogger("lockstep.tracking")
 
 _INSTALL = "pip install mlflow-skinny sqlalchemy alembic"
+# What the local SQLite store needs besides mlflow (a remote tracking_uri does not).
+_STORE_PACKAGES = ("sqlalchemy", "alembic")
 
 
 # MLflow's own environment variables that Accelerate's MLflowTracker reads (MLflow reads
@@ -99,7 +100,7 @@ def _quiet_store_setup() -> Iterator[None]:
 
 
 def _check_sqlite_store_packages() -> None:
-    missing = [name for name in ("sqlalchemy", "alembic") if importlib.util.find_spec(name) is None]
+    missing = [name for name in _STORE_PACKAGES if not importable(name)]
     if missing:
         raise ImportError(
             f"log_with='mlflow' keeps its runs in a local SQLite store, which needs {' and '.join(missing)}: "
@@ -140,6 +141,13 @@ class MLflowTracker(GeneralTracker):
 
     name = "mlflow"
     requires_logging_directory = False
+    requires_packages = ("mlflow",)  # enough with a tracking_uri; the local store needs _STORE_PACKAGES
+    install_command = _INSTALL
+
+    @classmethod
+    def is_available(cls) -> bool:
+        """Whether ``mlflow`` and the local SQLite store's packages can be imported: what ``"all"`` needs."""
+        return super().is_available() and all(importable(name) for name in _STORE_PACKAGES)
 
     def __init__(
         self,

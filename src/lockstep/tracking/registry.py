@@ -1,89 +1,151 @@
-"""The one place that turns ``log_with`` into trackers: the name table, the checks, the building.
+"""The one place that turns ``log_with`` into trackers: the table of registered trackers, the checks, the building.
 
-As in Accelerate, ``Accelerator(log_with=...)`` goes through :func:`filter_trackers` (names checked,
-repeats dropped, ``"all"`` expanded, a missing logging folder refused), and ``init_trackers`` looks each
-name up in :data:`LOGGER_TYPE_TO_CLASS` when it builds the trackers, then starts them.
+Every tracker ``log_with`` accepts by name is a row of :data:`LOGGER_TYPE_TO_CLASS`, put there by
+:func:`register_tracker_class`: lockstep's own (the classes named in ``BUILT_IN_TRACKERS``, registered when
+this module is imported) and yours alike. A row is the class, and the class says the rest: its
+``requires_logging_directory``, the packages it needs (``requires_packages``, ``install_command``) and
+whether it can start here (``is_available()``). As in Accelerate, ``Accelerator(log_with=...)`` goes
+through :func:`filter_trackers` (names checked, repeats dropped, ``"all"`` expanded, a missing logging
+folder refused), and ``init_trackers`` looks each name up in the table when it builds the trackers.
 """
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import inspect
 import os
+import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
-from lockstep.config.enums import LoggerType
+from lockstep.config.enums import BUILT_IN_TRACKERS, LoggerType
+from lockstep.errors import NotATrackerClassError
 from lockstep.tracking.base import GeneralTracker
-from lockstep.tracking.files import CSVTracker, JSONLTracker
-from lockstep.tracking.mlflow import MLflowTracker
-from lockstep.tracking.tensorboard import TensorBoardTracker
-from lockstep.tracking.wandb import WandBTracker
 
-LOGGER_TYPE_TO_CLASS: dict[str, type[GeneralTracker]] = {
-    "jsonl": JSONLTracker,
-    "csv": CSVTracker,
-    "tensorboard": TensorBoardTracker,
-    "mlflow": MLflowTracker,
-    "wandb": WandBTracker,
-}
+LOGGER_TYPE_TO_CLASS: dict[str, type[GeneralTracker]] = {}
 """``log_with`` name -> tracker class, read when ``init_trackers`` builds the trackers.
 
-Replace an entry to use your own class under a built-in name, or add one to give your class a name
-``log_with`` accepts. The class is called ``cls(project_name, logging_dir, **init_kwargs[name])`` when it
-``requires_logging_directory``, else ``cls(project_name, **init_kwargs[name])`` (with ``logging_dir=``
-too when its ``__init__`` has that parameter, as lockstep's MLflow and wandb trackers do).
+Add to it with :func:`register_tracker_class`. The class is called
+``cls(project_name, logging_dir, **init_kwargs[name])`` when it ``requires_logging_directory``, else
+``cls(project_name, **init_kwargs[name])`` (with ``logging_dir=`` too when its ``__init__`` has that
+parameter, as lockstep's MLflow and wandb trackers do).
 """
 
-
-@dataclass(frozen=True)
-class _Package:
-    """What a built-in tracker needs installed: ``package`` to use it, ``extras`` too for ``"all"``."""
-
-    package: str
-    install: str
-    extras: tuple[str, ...] = ()
-
-
-_PACKAGES = {
-    "tensorboard": _Package("tensorboard", "pip install tensorboard"),
-    # The local SQLite store needs sqlalchemy and alembic; a remote tracking_uri does not.
-    "mlflow": _Package("mlflow", "pip install mlflow-skinny sqlalchemy alembic", ("sqlalchemy", "alembic")),
-    "wandb": _Package("wandb", "pip install wandb"),
-}
 # Accelerate's trackers that lockstep does not include.
 _NOT_INCLUDED = ("aim", "clearml", "comet_ml", "dvclive", "swanlab", "trackio")
-# lockstep's own file trackers take the logging folder as it is at init_trackers (a script may set it
-# after building the Accelerator); Accelerate's rule, the folder known at construction, holds for the rest.
-_FOLDER_CHECKED_AT_START = ("jsonl", "csv")
 
 
-def _installed(package: str) -> bool:
-    return importlib.util.find_spec(package) is not None
+def register_tracker_class(tracker_class: type[GeneralTracker]) -> None:
+    """Accept ``tracker_class`` by its ``name`` in ``Accelerator(log_with=...)`` and
+    ``TrainingArguments(report_to=...)``, as the built-in trackers are (Accelerate 1.15's function).
+
+    Register it before building the Accelerator (or the TrainingArguments) that names it. A name already
+    registered is replaced, with a ``UserWarning``: that is how a built-in tracker is swapped for your class.
+    ``init_trackers`` builds the class as :data:`LOGGER_TYPE_TO_CLASS` says; when it
+    ``requires_logging_directory``, naming it without a logging folder is a ``ValueError`` when the
+    Accelerator is built.
+
+    Args:
+        tracker_class: a subclass of :class:`~lockstep.tracking.GeneralTracker` with a non-empty ``name``.
+
+    Raises:
+        TypeError: ``tracker_class`` is not a ``GeneralTracker`` subclass (the error is a ``ValueError``
+            too, which is what Accelerate raises).
+        ValueError: its ``name`` is empty, not text, or ``"all"``.
+
+    Example:
+        >>> class PrintTracker(GeneralTracker):
+        ...     name = "print"
+        ...     requires_logging_directory = False
+        ...     def __init__(self, run_name, **kwargs):
+        ...         self.run_name = run_name
+        ...     @property
+        ...     def tracker(self):
+        ...         return None
+        ...     def log(self, values, step=None, **kwargs):
+        ...         print(step, values)
+        >>> register_tracker_class(PrintTracker)
+        >>> # Accelerator(log_with="print") or TrainingArguments(..., report_to="print")
+        >>> del LOGGER_TYPE_TO_CLASS["print"]  # what a test does to leave the table as it was
+    """
+    if not (isinstance(tracker_class, type) and issubclass(tracker_class, GeneralTracker)):
+        shown = getattr(tracker_class, "__name__", None) or repr(tracker_class)
+        raise NotATrackerClassError(
+            f"register_tracker_class({shown}) is invalid: it takes a subclass of "
+            "lockstep.tracking.GeneralTracker (the class, not an instance). Subclass GeneralTracker, set its "
+            "name, and register the class."
+        )
+    name = tracker_class.name
+    if not isinstance(name, str) or not name or name == LoggerType.ALL:
+        raise ValueError(
+            f"register_tracker_class({tracker_class.__name__}) is invalid: its name is {name!r}, and log_with "
+            "finds a tracker by its name. Set the class attribute name to a non-empty string other than 'all'."
+        )
+    if name in LOGGER_TYPE_TO_CLASS:
+        replaced = LOGGER_TYPE_TO_CLASS[name]
+        warnings.warn(
+            f"A tracker with the name '{name}' is already registered ({_path(replaced)}) and is overwritten "
+            f"by {_path(tracker_class)}: log_with={name!r} now builds the new class.",
+            UserWarning,
+            stacklevel=2,
+        )
+    LOGGER_TYPE_TO_CLASS[name] = tracker_class
+
+
+def _path(tracker_class: type) -> str:
+    return f"{tracker_class.__module__}.{tracker_class.__qualname__}"
+
+
+def _register_built_in_trackers() -> None:
+    """Register the classes of ``BUILT_IN_TRACKERS``, through the public call."""
+    for name, location in BUILT_IN_TRACKERS.items():
+        module, _, attribute = location.partition(":")
+        tracker_class = getattr(importlib.import_module(module), attribute)
+        assert tracker_class.name == name, f"BUILT_IN_TRACKERS[{name!r}] is {tracker_class.name!r}"
+        register_tracker_class(tracker_class)
+
+
+def find_tracker_name(text: str) -> str | None:
+    """The registered name ``text`` stands for (``"all"`` included), case aside; None when there is none.
+
+    Example:
+        >>> find_tracker_name("TensorBoard"), find_tracker_name("neptune")
+        ('tensorboard', None)
+    """
+    if text in LOGGER_TYPE_TO_CLASS or text == LoggerType.ALL:
+        return str(text)
+    folded = text.strip().lower()
+    matches = [name for name in ("all", *LOGGER_TYPE_TO_CLASS) if name.lower() == folded]
+    return matches[0] if len(matches) == 1 else None
+
+
+def tracker_choices() -> tuple[str, ...]:
+    """Every name ``log_with`` and ``report_to`` accept now: ``"all"``, then the registered trackers."""
+    return ("all", *LOGGER_TYPE_TO_CLASS)
 
 
 def get_available_trackers() -> list[LoggerType]:
-    """The built-in trackers whose packages are installed: what ``log_with="all"`` means here."""
-    kinds = [LoggerType.JSONL, LoggerType.CSV]
-    for name, needs in _PACKAGES.items():
-        if all(_installed(package) for package in (needs.package, *needs.extras)):
-            kinds.append(LoggerType(name))
-    return kinds
+    """The built-in trackers that can start here (their packages are installed): what ``log_with="all"``
+    means, as in Accelerate (trackers you register are named to be used, never implied by ``"all"``)."""
+    return [
+        LoggerType(name)
+        for name in BUILT_IN_TRACKERS
+        if name in LOGGER_TYPE_TO_CLASS and LOGGER_TYPE_TO_CLASS[name].is_available()
+    ]
 
 
 def filter_trackers(
     log_with: Any, logging_dir: str | os.PathLike | None = None
 ) -> list[str | GeneralTracker]:
-    """Check ``log_with`` and return its trackers: names (``LoggerType`` members) and tracker objects.
+    """Check ``log_with`` and return its trackers: registered names and tracker objects.
 
     Repeated names are dropped; ``"all"`` becomes every built-in tracker whose package is installed;
     tracker objects are kept as they are. Unlike Accelerate, which skips a named tracker whose package
     is missing, lockstep raises ``ImportError`` with the ``pip install`` line.
 
     Args:
-        log_with: a name (``"jsonl"``, ``"tensorboard"``, ``LoggerType.WANDB``, ``"all"``, or a name added
-            to ``LOGGER_TYPE_TO_CLASS``), a ``GeneralTracker`` instance, or a list of them.
+        log_with: a name (``"jsonl"``, ``"tensorboard"``, ``LoggerType.WANDB``, ``"all"``, or the name of a
+            class given to :func:`register_tracker_class`), a ``GeneralTracker`` instance, or a list of them.
         logging_dir: the project's logging folder. A named tracker that writes files (TensorBoard) needs
             one, as in Accelerate.
 
@@ -113,37 +175,35 @@ def _name(item: Any) -> str:
     if isinstance(item, type) and issubclass(item, GeneralTracker):
         raise TypeError(
             f"log_with={item.__name__} is a tracker class: pass an instance, log_with={item.__name__}(...), "
-            "or register the class by name in lockstep.tracking.LOGGER_TYPE_TO_CLASS."
+            f"or register the class, lockstep.tracking.register_tracker_class({item.__name__}), and pass "
+            "its name."
         )
-    if isinstance(item, str) and not isinstance(item, LoggerType) and item in LOGGER_TYPE_TO_CLASS:
-        try:
-            return LoggerType(item)
-        except ValueError:
-            return item  # a name the user added to the table
-    try:
-        return LoggerType.parse(item, argument="log_with")
-    except ValueError:
-        pass
-    choices = ", ".join(repr(name) for name in ("all", *LOGGER_TYPE_TO_CLASS))
+    name = find_tracker_name(item) if isinstance(item, str) else None
+    if name is not None:
+        return LoggerType(name) if name in BUILT_IN_TRACKERS else name
+    choices = ", ".join(repr(choice) for choice in tracker_choices())
     if str(item).strip().lower() in _NOT_INCLUDED:
         raise ValueError(
             f"log_with={item!r} is an Accelerate tracker that lockstep does not include: write a "
             f"GeneralTracker for it and pass an instance, or use one of {choices}."
         )
     raise ValueError(
-        f"log_with={item!r} is invalid: it must be one of {choices}, or a GeneralTracker instance."
+        f"log_with={item!r} is invalid: it must be one of {choices}, or a GeneralTracker instance. "
+        "A tracker class of your own is accepted by name once lockstep.tracking.register_tracker_class "
+        "has registered it."
     )
 
 
 def _check_usable(name: str, logging_dir: str | os.PathLike | None) -> None:
     """Refuse a named tracker whose package is missing, or that writes files with no folder to write to."""
     name = str(name)
-    needs = _PACKAGES.get(name)
-    if needs is not None and not _installed(needs.package):
-        raise ImportError(f"log_with='{name}' needs the {needs.package} package: {needs.install}")
-    tracker_class = LOGGER_TYPE_TO_CLASS.get(name)
-    needs_folder = tracker_class is not None and tracker_class.requires_logging_directory
-    if needs_folder and logging_dir is None and name not in _FOLDER_CHECKED_AT_START:
+    tracker_class = LOGGER_TYPE_TO_CLASS[name]
+    missing = tracker_class.missing_packages()
+    if missing:
+        install = tracker_class.install_command or f"pip install {' '.join(missing)}"
+        raise ImportError(f"log_with='{name}' needs the {' and '.join(missing)} package: {install}")
+    folder_checked_now = not tracker_class._folder_checked_at_start
+    if tracker_class.requires_logging_directory and logging_dir is None and folder_checked_now:
         raise missing_logging_dir(name)
 
 
@@ -186,7 +246,8 @@ def build_trackers(
         if tracker_class is None:
             raise ValueError(
                 f"log_with={name!r}: no tracker class is registered under that name in "
-                "lockstep.tracking.LOGGER_TYPE_TO_CLASS any more. Put one back before init_trackers."
+                "lockstep.tracking.LOGGER_TYPE_TO_CLASS any more. Register one with "
+                "lockstep.tracking.register_tracker_class before init_trackers."
             )
         if is_main_process or not tracker_class.main_process_only:
             kwargs = dict((init_kwargs or {}).get(name, {}))
@@ -222,3 +283,6 @@ class DisabledTracker(GeneralTracker):
 
     def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
         return None
+
+
+_register_built_in_trackers()

@@ -25,6 +25,8 @@ class TensorBoardTracker(GeneralTracker):
 
     name = "tensorboard"
     requires_logging_directory = True
+    requires_packages = ("tensorboard",)
+    install_command = _INSTALL
 
     def __init__(self, run_name: str, logging_dir: str | os.PathLike, **kwargs: Any) -> None:
         self.run_name = run_name

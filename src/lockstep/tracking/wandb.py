@@ -43,6 +43,8 @@ class WandBTracker(GeneralTracker):
 
     name = "wandb"
     requires_logging_directory = False
+    requires_packages = ("wandb",)
+    install_command = _INSTALL
 
     def __init__(self, run_name: str, logging_dir: str | os.PathLike | None = None, **kwargs: Any) -> None:
         self.run_name = run_name

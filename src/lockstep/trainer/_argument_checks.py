@@ -20,7 +20,6 @@ STRATEGIES = ("no", "steps", "epoch")
 SAVE_STRATEGIES = (*STRATEGIES, "best")
 HUB_STRATEGIES = ("end", "every_save", "checkpoint", "all_checkpoints")
 DDP_BACKENDS = ("nccl", "gloo", "xccl", "hccl", "cncl")
-TRACKERS = ("jsonl", "csv", "tensorboard", "wandb", "mlflow", "all")
 LOG_LEVELS = ("passive", "debug", "info", "warning", "error", "critical")
 SAMPLING_STRATEGIES = ("random", "sequential", "group_by_length")
 TOKENS_SEEN = ("no", "all", "non_padding")
@@ -405,12 +404,26 @@ def _check_parallelism_config(args: TrainingArguments) -> None:
 
 
 def parse_report_to(value: Any) -> list[str]:
-    names = [n.lower() for n in _values.name_list(value, argument="report_to")]
-    if names == ["none"] or not names:
+    """The tracker names of ``report_to``, as registered (``"none"`` is no tracker): the built-in ones, a
+    class registered with ``lockstep.tracking.register_tracker_class`` before the arguments are built, or
+    ``"all"`` (every built-in tracker whose package is installed, as ``log_with="all"``)."""
+    from lockstep.tracking.registry import find_tracker_name, tracker_choices
+
+    names = _values.name_list(value, argument="report_to")
+    if [name.strip().lower() for name in names] == ["none"] or not names:
         return []
+    found = []
     for name in names:
-        _values.check_choice(name, TRACKERS, argument="report_to")
-    return names
+        registered = find_tracker_name(name)
+        if registered is None:
+            choices = ", ".join(repr(choice) for choice in (*tracker_choices(), "none"))
+            raise ValueError(
+                f"TrainingArguments(report_to={name!r}) is invalid: it must be one of {choices}. A tracker "
+                "class of your own is accepted once lockstep.tracking.register_tracker_class has registered it "
+                "(before the TrainingArguments are built)."
+            )
+        found.append(registered)
+    return found
 
 
 def accelerator_config(value: Any) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from lockstep.config.enums import BUILT_IN_TRACKERS
 from lockstep.trainer import _argument_checks as _checks
 from lockstep.trainer import _values
 from lockstep.trainer._argument_checks import (
@@ -29,7 +30,6 @@ from lockstep.trainer._argument_checks import (
     OPTIMIZERS,
     SAMPLING_STRATEGIES,
     STRATEGIES,
-    TRACKERS,
 )
 from lockstep.trainer._field_status import check_not_built
 
@@ -39,7 +39,6 @@ __all__ = [
     "LR_SCHEDULER_TYPES",
     "OPTIMIZERS",
     "STRATEGIES",
-    "TRACKERS",
     "TrainingArguments",
 ]
 
@@ -172,7 +171,8 @@ class TrainingArguments:
     report_to: str | list[str] | None = field(
         default="none",
         metadata={
-            "help": "Trackers: jsonl, csv, tensorboard, wandb, mlflow, all or none (list or comma-separated)."
+            "help": f"Trackers: {', '.join(BUILT_IN_TRACKERS)}, a name given to register_tracker_class, all "
+            "or none (list or comma-separated)."
         },
     )
     project: str = _help("huggingface", "Trackio project (not built: lockstep has no Trackio tracker).")
