@@ -355,9 +355,13 @@ def test_the_accelerator_loads_the_optional_parts_on_first_use():
 # vocabulary's; everything else asks a backend for a capability. These are the spellings found in use.
 IDENTITY_HOMES = ("lockstep.backends", "lockstep.config")
 """Where backend vocabulary may be spelled: the backends' own folders (and their specs) and config/."""
-SETTINGS_RESOLUTION = ("lockstep.accelerator.settings", "lockstep.accelerator.deepspeed_settings")
-"""Where the Accelerator turns its arguments into plugin objects (Fabric's connector): plugin presence is
-what it resolves, so it may ask it."""
+SETTINGS_RESOLUTION = (
+    "lockstep.accelerator.settings",
+    "lockstep.accelerator.deepspeed_settings",
+    "lockstep.trainer.accelerator_factory",
+)
+"""Where arguments become plugin objects (Fabric's connector: the Accelerator's settings, and the Trainer's
+mapping of TrainingArguments onto them): which plugins and mesh sizes were given is what they resolve."""
 PLUGIN_ATTRIBUTES = (
     "fsdp_plugin",
     "deepspeed_plugin",
@@ -395,6 +399,13 @@ def _names_in(node: ast.AST) -> Iterator[str]:
         yield node.id
 
 
+def _attributes_in(node: ast.AST) -> Iterator[str]:
+    """The attribute an expression reads (``a.b.fsdp_plugin`` -> ``fsdp_plugin``); a bare name (a function's
+    own ``fsdp_plugin`` argument being checked) is not asking which backend is active."""
+    if isinstance(node, ast.Attribute):
+        yield node.attr
+
+
 def _tested_expressions(tree: ast.AST) -> Iterator[tuple[ast.AST, int]]:
     """Expressions used as conditions or compared: every operand of a comparison, the test of an ``if``,
     ``while``, conditional expression or ``assert``, and the operands of ``and``/``or``/``not``."""
@@ -421,12 +432,12 @@ def backend_identity_spellings(modules: Iterable[Module], sections: tuple[str, .
             continue
         resolving = any(_within(module.name, home) for home in SETTINGS_RESOLUTION)
         for expression, line in _tested_expressions(module.tree):
-            names = set(_names_in(expression))
+            names = set(_attributes_in(expression))
             if isinstance(expression, ast.Constant) and expression.value in sections:
                 found.add(f"{module.name}:{line} compares the config section {expression.value!r}")
             elif names & set(PLUGIN_ATTRIBUTES) and not resolving:
                 found.add(f"{module.name}:{line} tests whether {sorted(names)[0]} is given")
-            elif names & set(MESH_SIZES):
+            elif names & set(MESH_SIZES) and not resolving:
                 found.add(f"{module.name}:{line} tests the mesh size {sorted(names)[0]}")
         for node in ast.walk(module.tree):
             if isinstance(node, ast.Match) and _is_identity_operand(node.subject):

@@ -12,7 +12,7 @@ Example:
 
 from __future__ import annotations
 
-from lockstep.utils._unsupported import (
+from lockstep.utils import (
     cpu_offload,
     cpu_offload_with_hook,
     disk_offload,

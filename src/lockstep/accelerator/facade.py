@@ -54,7 +54,7 @@ from lockstep.accelerator.settings_view import SettingsView
 from lockstep.accelerator.trackers import Trackers
 from lockstep.accelerator.tracking_view import TrackingView
 from lockstep.accelerator.unconfigured import UnconfiguredFeatures
-from lockstep.backends.capabilities import NO_PIPELINE, JointPreparation, PipelineSchedule
+from lockstep.backends.capabilities import NO_PIPELINE, C, JointPreparation, PipelineSchedule
 from lockstep.backends.registry import select_backend
 from lockstep.config.dataloader import DataLoaderConfiguration
 from lockstep.config.enums import DistributedType, PrecisionType
@@ -350,6 +350,18 @@ class Accelerator(ProcessView, SettingsView, MeshView, TrackingView, Unconfigure
     def optimizer_step_was_skipped(self) -> bool:
         """Whether any prepared optimizer skipped its last step (fp16 overflow)."""
         return any(optimizer.step_was_skipped for optimizer in self._prepared.optimizers)
+
+    def capability(self, kind: type[C]) -> C | None:
+        """What only some backends can do, if this one can (``lockstep.backends.PipelineSchedule``,
+        ``ContextParallel``, ``JointPreparation``, ``ShardedCheckpointIO``, ``TrainingStateTransfer``): the
+        object that does it, or None. A lockstep extension: ask it instead of which backend is active.
+
+        Example:
+            >>> from lockstep.backends import PipelineSchedule
+            >>> Accelerator(cpu=True).capability(PipelineSchedule) is None
+            True
+        """
+        return self.backend.capability(kind)
 
     @property
     def deepspeed_engine_wrapped(self) -> Any:

@@ -1,16 +1,32 @@
 """Checkpoints that lose nothing: layout, manifest, atomic commits, safe loading, model files."""
 
-from lockstep.checkpoint.layout import CheckpointError, newest_valid_checkpoint, verify
+from lockstep.checkpoint.layout import (
+    MANIFEST_NAME,
+    CheckpointError,
+    commit,
+    newest_valid_checkpoint,
+    prepare_staging,
+    staging_dir_for,
+    verify,
+    write_manifest,
+)
 from lockstep.checkpoint.model_files import load_model_files, load_model_weights, save_model_files
 from lockstep.checkpoint.safe_load import UnsafeCheckpointError, safe_torch_load
+from lockstep.checkpoint.training_state import ACCELERATOR_STATE
 
 __all__ = [
+    "ACCELERATOR_STATE",
+    "MANIFEST_NAME",
     "CheckpointError",
     "UnsafeCheckpointError",
+    "commit",
     "load_model_files",
     "load_model_weights",
     "newest_valid_checkpoint",
+    "prepare_staging",
     "safe_torch_load",
     "save_model_files",
+    "staging_dir_for",
     "verify",
+    "write_manifest",
 ]

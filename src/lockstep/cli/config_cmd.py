@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 from lockstep.cli._errors import UsageError
 from lockstep.cli.config_update import register_update
 from lockstep.cli.explain import register_explain
+from lockstep.config.backend_specs import spec_for_distributed_type
 from lockstep.config.enums import DistributedType, DynamoBackend, PrecisionType
 from lockstep.config.file import (
     ClusterConfig,
@@ -432,8 +433,10 @@ def _ask_config(prompter: _Prompter) -> ClusterConfig:
         "Mixed precision (no, fp16, bf16)?", "no", _parse_choice(WIZARD_PRECISIONS)
     )
     steps = prompter.ask("Gradient accumulation steps?", "1", _parse_int(1))
-    if "deepspeed_config" in settings:  # where Accelerate's wizard writes it for DeepSpeed
-        settings["deepspeed_config"]["gradient_accumulation_steps"] = steps
+    backend = spec_for_distributed_type(settings.get("distributed_type"))
+    if backend is not None and "gradient_accumulation_steps" in backend.section_keys:
+        # a backend whose own section holds the steps (DeepSpeed): where Accelerate's wizard writes them
+        settings[backend.config_section]["gradient_accumulation_steps"] = steps
     else:
         settings["gradient_accumulation_steps"] = (
             None if steps == 1 else steps

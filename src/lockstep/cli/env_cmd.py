@@ -10,7 +10,8 @@ import sys
 from typing import Any
 
 # The trackers' packages are listed with the trackers (tracker_report), from the tracker table.
-OPTIONAL_PACKAGES = ("numpy", "safetensors", "transformers", "deepspeed", "tqdm")
+# The backends' packages are listed with the backends (backend_report), from the backend specs.
+OPTIONAL_PACKAGES = ("numpy", "safetensors", "transformers", "tqdm")
 
 
 def register(subparsers: Any) -> None:
@@ -84,6 +85,34 @@ def tracker_report() -> list[tuple[str, str]]:
     return lines
 
 
+def backend_report() -> list[tuple[str, str]]:
+    """(name, what it is and whether it can run here) of every registered backend, in the order they are
+    asked whether they apply.
+
+    Example:
+        >>> dict(backend_report())["ddp"]
+        "data parallel: torch's DistributedDataParallel, one replica per process"
+    """
+    from lockstep.config.backend_specs import backend_specs
+
+    lines = []
+    for spec in backend_specs():
+        parts = [spec.summary or spec.name]
+        if spec.requirement:
+            parts.append(f"{spec.requirement} {_version(spec.requirement)}")
+        if spec.distributed_types:
+            parts.append("distributed_type " + "/".join(t.value for t in spec.distributed_types))
+        lines.append((spec.name, "; ".join(parts)))
+    return lines
+
+
+def _print_table(title: str, rows: list[tuple[str, str]]) -> None:
+    print(f"\n{title}:")
+    width = max(len(name) for name, _ in rows)
+    for name, state in rows:
+        print(f"  {name.ljust(width)} : {state}")
+
+
 def run_env(args: argparse.Namespace) -> int:
     from lockstep.config.file import ConfigFileError, load_config_file
 
@@ -92,10 +121,8 @@ def run_env(args: argparse.Namespace) -> int:
     print("Copy-and-paste the text below in your bug report.\n")
     for name, value in lines:
         print(f"- {name.ljust(width)} : {value}")
-    trackers = tracker_report()
-    print("\nTrackers (log_with / report_to names):")
-    for name, state in trackers:
-        print(f"  {name.ljust(max(len(n) for n, _ in trackers))} : {state}")
+    _print_table("Backends (asked in this order; the first that applies trains)", backend_report())
+    _print_table("Trackers (log_with / report_to names)", tracker_report())
     path = lines[-1][1]
     if os.path.isfile(path):
         try:

@@ -28,6 +28,7 @@ Example:
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import logging
 import pkgutil
 from collections.abc import Callable, Iterable, Mapping
@@ -39,6 +40,8 @@ from lockstep.config.keys import SettingKey
 
 logger = logging.getLogger("lockstep.backends")
 
+BUILT_IN_PACKAGE = "lockstep.backends"
+"""The package whose subpackages with a ``spec`` module are the built-in backends."""
 ENTRY_POINT_GROUP = "lockstep.backends"
 """The entry-point group an installed package registers its backend specs under (each entry point names a
 module that registers on import, or a callable returning a :class:`BackendSpec`)."""
@@ -261,14 +264,15 @@ def _discover() -> None:
     if _REGISTRY.discovered:
         return
     _REGISTRY.discovered = True
-    import lockstep.backends as package  # the package's __init__ is torch-free
-
-    for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda i: i.name):
+    # By name, as an entry point is loaded: config/ never imports backends/ (the specs import config/).
+    package = importlib.util.find_spec(BUILT_IN_PACKAGE)
+    folders = list(package.submodule_search_locations or []) if package is not None else []
+    for info in sorted(pkgutil.iter_modules(folders), key=lambda i: i.name):
         if info.ispkg:
             try:
-                importlib.import_module(f"{package.__name__}.{info.name}.spec")
+                importlib.import_module(f"{BUILT_IN_PACKAGE}.{info.name}.spec")
             except ModuleNotFoundError as error:
-                if error.name != f"{package.__name__}.{info.name}.spec":
+                if error.name != f"{BUILT_IN_PACKAGE}.{info.name}.spec":
                     raise
     _load_entry_points()
 

@@ -7,12 +7,12 @@ from enum import Enum
 from typing import Any
 
 
-class _StrEnum(str, Enum):
+class StrEnumBase(str, Enum):
     def __str__(self) -> str:
         return self.value
 
     @classmethod
-    def parse(cls, value: object, *, argument: str) -> _StrEnum:
+    def parse(cls, value: object, *, argument: str) -> StrEnumBase:
         """Turn a user value into a member, or raise a ValueError that lists the choices."""
         if isinstance(value, cls):
             return value
@@ -44,7 +44,7 @@ class _DeprecatedMember:
         return owner[self.replaced_with]
 
 
-class DistributedType(_StrEnum):
+class DistributedType(StrEnumBase):
     """How the processes of a run share the work.
 
     ``NO`` is a single process; ``MULTI_CPU`` and ``MULTI_GPU`` are data parallel (DDP) on CPUs or GPUs;
@@ -64,7 +64,7 @@ class DistributedType(_StrEnum):
     TPU = _DeprecatedMember("TPU", "XLA")
 
 
-class PrecisionType(_StrEnum):
+class PrecisionType(StrEnumBase):
     """The ``mixed_precision`` choices."""
 
     NO = "no"
@@ -73,7 +73,7 @@ class PrecisionType(_StrEnum):
     FP8 = "fp8"
 
 
-class DynamoBackend(_StrEnum):
+class DynamoBackend(StrEnumBase):
     """``torch.compile`` backends selectable through ``dynamo_backend``."""
 
     NO = "no"
@@ -93,7 +93,7 @@ class DynamoBackend(_StrEnum):
     TVM = "tvm"
 
 
-class RNGType(_StrEnum):
+class RNGType(StrEnumBase):
     """Random number generators that prepared dataloaders synchronize from rank 0."""
 
     TORCH = "torch"
@@ -104,7 +104,7 @@ class RNGType(_StrEnum):
     GENERATOR = "generator"
 
 
-class DDPCommunicationHookType(_StrEnum):
+class DDPCommunicationHookType(StrEnumBase):
     """Gradient communication hooks for DDP (see ``torch.distributed.algorithms.ddp_comm_hooks``)."""
 
     NO = "no"
@@ -129,7 +129,7 @@ choices are read from what is registered. A new built-in tracker is its module p
 classes are named as text so that this vocabulary imports no tracker.
 """
 
-LoggerType = _StrEnum(  # type: ignore[misc]  # members made from BUILT_IN_TRACKERS
+LoggerType = StrEnumBase(  # type: ignore[misc]  # members made from BUILT_IN_TRACKERS
     "LoggerType",
     {"ALL": "all", **{name.upper(): name for name in BUILT_IN_TRACKERS}},
     module=__name__,

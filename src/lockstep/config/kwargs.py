@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, fields
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from lockstep.config.enums import DDPCommunicationHookType, _StrEnum
+from lockstep.config.enums import DDPCommunicationHookType, StrEnumBase
 
 if TYPE_CHECKING:
     import torch.profiler
@@ -269,7 +269,7 @@ def _profiler_activity(name: str) -> torch.profiler.ProfilerActivity:
     return getattr(torch.profiler.ProfilerActivity, name.upper())
 
 
-class FP8BackendType(_StrEnum):
+class FP8BackendType(StrEnumBase):
     """The library that runs FP8 training (Accelerate's ``accelerate.utils.dataclasses.FP8BackendType``).
 
     lockstep has no FP8 backend, so ``Accelerator.fp8_backend`` is always ``NO``; the other values exist so

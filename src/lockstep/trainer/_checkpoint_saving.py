@@ -6,9 +6,8 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
+from lockstep import checkpoint
 from lockstep.accelerator import Accelerator
-from lockstep.checkpoint import layout
-from lockstep.checkpoint.training_state import ACCELERATOR_STATE
 from lockstep.trainer import _checkpoints
 from lockstep.trainer._loss_sums import LossSums
 from lockstep.trainer.arguments import TrainingArguments
@@ -74,21 +73,23 @@ class TrainerCheckpoints:
         """``save_only_model``: the weights (``save_model``'s layout) and ``trainer_state.json``, committed
         atomically with a manifest; no optimizer, scheduler, RNG or data position, so no resuming."""
         main = self.accelerator.is_main_process
-        staging = layout.prepare_staging(folder) if main else layout.staging_dir_for(folder)
+        staging = checkpoint.prepare_staging(folder) if main else checkpoint.staging_dir_for(folder)
         self.accelerator.wait_for_everyone()
         self.save_weights(staging)  # every rank: gathering a sharded model's weights is a collective
         if main:
             self.write_state(staging)
-            layout.write_manifest(
+            checkpoint.write_manifest(
                 staging, world_size=self.accelerator.num_processes, step=self.state.global_step
             )
-            layout.commit(staging, folder, move_latest_pointer=False)
+            checkpoint.commit(staging, folder, move_latest_pointer=False)
         self.accelerator.wait_for_everyone()
 
     @staticmethod
     def check_resumable(folder: Path) -> None:
         """Refuse a checkpoint written with ``save_only_model=True`` (it holds the weights only)."""
-        if (folder / layout.MANIFEST_NAME).is_file() and not (folder / ACCELERATOR_STATE).is_file():
+        if (folder / checkpoint.MANIFEST_NAME).is_file() and not (
+            folder / checkpoint.ACCELERATOR_STATE
+        ).is_file():
             raise ValueError(
                 f"resume_from_checkpoint={str(folder)!r} was saved with save_only_model=True: it holds the model "
                 "weights only (no optimizer, scheduler, RNG or data position), so training cannot resume from it. "

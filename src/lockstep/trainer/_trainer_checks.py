@@ -8,17 +8,21 @@ from typing import Any
 
 from torch import nn
 
+from lockstep.backends import ShardedCheckpointIO
 from lockstep.trainer import _hf_datasets
 from lockstep.trainer.accelerator_factory import supports_gradient_checkpointing
 from lockstep.trainer.arguments import TrainingArguments
 
 
 def check_transformers_resume(accelerator: Any, folder: Path) -> None:
-    """Refuse resuming a ``transformers.Trainer`` checkpoint into FSDP (its files are read whole)."""
-    if accelerator.fsdp_plugin is not None:
+    """Refuse resuming a ``transformers.Trainer`` checkpoint into a backend that shards the training state
+    over processes (FSDP, DeepSpeed, tensor or pipeline parallel): its files are read whole into each
+    process's model and optimizer."""
+    if accelerator.capability(ShardedCheckpointIO) is not None:
         raise NotImplementedError(
             f"resume_from_checkpoint={str(folder)!r} is a transformers.Trainer checkpoint; lockstep reads those "
-            "into DDP or single-process runs only, not FSDP. Resume it without fsdp, or from a lockstep "
+            "into DDP or single-process runs only, not FSDP, DeepSpeed or a ParallelismConfig layout, which "
+            "shard the training state. Resume it without fsdp/deepspeed/parallelism_config, or from a lockstep "
             "checkpoint."
         )
 

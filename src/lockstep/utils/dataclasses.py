@@ -38,7 +38,7 @@ from lockstep.config import (
     TorchDynamoPlugin,
 )
 from lockstep.config.deepspeed_plugin import DeepSpeedPlugin
-from lockstep.config.enums import _StrEnum
+from lockstep.config.enums import StrEnumBase
 from lockstep.config.kwargs import FP8BackendType, ProfileKwargs
 from lockstep.config.parallelism import (
     ParallelismConfig,
@@ -94,7 +94,7 @@ __all__ = [
 ]
 
 
-class ComputeEnvironment(_StrEnum):
+class ComputeEnvironment(StrEnumBase):
     """Where a job runs (the config file's ``compute_environment``).
 
     lockstep runs on ``LOCAL_MACHINE`` (machines you reach yourself); ``AMAZON_SAGEMAKER`` is accepted as a
@@ -105,7 +105,7 @@ class ComputeEnvironment(_StrEnum):
     AMAZON_SAGEMAKER = "AMAZON_SAGEMAKER"
 
 
-class SageMakerDistributedType(_StrEnum):
+class SageMakerDistributedType(StrEnumBase):
     """SageMaker's distributed modes, as values only: lockstep does not launch on SageMaker."""
 
     NO = "NO"
@@ -113,7 +113,7 @@ class SageMakerDistributedType(_StrEnum):
     MODEL_PARALLEL = "MODEL_PARALLEL"
 
 
-class CustomDtype(_StrEnum):
+class CustomDtype(StrEnumBase):
     """Element types torch has no dtype for, used when sizing quantized weights (see ``dtype_byte_size``)."""
 
     FP8 = "fp8"

@@ -114,6 +114,9 @@ class PipelinedModel(nn.Module):
     flat_optimizer_state = True
     """Checkpoints save the optimizer state flattened, one entry per parameter (see the FSDP checkpoint)."""
 
+    holds_part_of_the_model = True
+    """Only this rank's stages are here: ``load_checkpoint_in_model`` reads just their tensors into them."""
+
     def __init__(
         self,
         stages: Sequence[Any],
