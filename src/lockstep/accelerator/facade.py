@@ -34,10 +34,11 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from lockstep import collectives
 from lockstep.accelerator.accumulation import GradientAccumulation
+from lockstep.accelerator.collectives_view import CollectivesView
 from lockstep.accelerator.mesh_view import MeshView, build_layout
 from lockstep.accelerator.optimizer import AcceleratedOptimizer
+from lockstep.accelerator.parts import answers_for
 from lockstep.accelerator.preemption import DEFAULT_SIGNALS, PreemptionWatcher, exit_now
 from lockstep.accelerator.preparation import Preparer, has_device_map, is_unprepared_scheduler, models_first
 from lockstep.accelerator.prepared import PreparedObjects
@@ -74,7 +75,13 @@ if TYPE_CHECKING:
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-class Accelerator(ProcessView, SettingsView, MeshView, TrackingView, UnconfiguredFeatures):
+@answers_for("_process", ProcessView)
+@answers_for("_settings", SettingsView)
+@answers_for("_mesh", MeshView)
+@answers_for("_tracking", TrackingView)
+@answers_for("_unconfigured", UnconfiguredFeatures)
+@answers_for("_collectives", CollectivesView)
+class Accelerator:
     """Runs one ordinary training loop on one CPU, one GPU, many processes or many machines.
 
     Args:
@@ -169,21 +176,26 @@ class Accelerator(ProcessView, SettingsView, MeshView, TrackingView, Unconfigure
             deepspeed_plugins=deepspeed_plugins,
             parallelism_config=parallelism_config,
         )
-        SettingsView.__init__(self, settings)
-        ProcessView.__init__(self, self._build_state(cpu=cpu, debug=debug))
+        self.settings = settings
+        self._settings = SettingsView(settings)
+        self.state = self._build_state(cpu=cpu, debug=debug)
+        self._process = ProcessView(self.state)
+        self._unconfigured = UnconfiguredFeatures()
         self.gradient_state = GradientState(
             gradient_accumulation_plugin=self.settings.gradient_accumulation_plugin
         )
         self._accumulation = GradientAccumulation(self.gradient_state)
         self.backend = self._build_backend()
+        self._mesh = MeshView(self.state, self.backend)
+        self._collectives = CollectivesView(self.state, self.gradient_state, self.backend)
         self._prepared = PreparedObjects()
-        TrackingView.__init__(
-            self, Trackers(log_with, project=self.project_configuration, is_main_process=self.is_main_process)
+        self._trackers = Trackers(
+            log_with, project=self.project_configuration, is_main_process=self.is_main_process
         )
+        self._tracking = TrackingView(self._trackers)
         self._step_timer = self._build_step_timer(step_timing)
         self._preemption = PreemptionWatcher(preemption_signals, preemption_grace_period)
         self._checkpoints: CheckpointManager | None = None  # built on first use (imports lockstep.checkpoint)
-        self.flag_tensor: torch.Tensor | None = None
         self._preparer = self._build_preparer(
             device_placement=device_placement,
             step_scheduler_with_optimizer=step_scheduler_with_optimizer,
@@ -579,53 +591,6 @@ class Accelerator(ProcessView, SettingsView, MeshView, TrackingView, Unconfigure
         """The model's state dict (of the unwrapped model by default)."""
         target = self.unwrap_model(model, keep_torch_compile=False) if unwrap else model
         return self.backend.full_state_dict(target)
-
-    # -- collectives ------------------------------------------------------------------------------
-    def gather(self, tensor: Any) -> Any:
-        """Gather tensors (nested structures too) from every process, concatenated along dim 0 (every
-        process, tensor-parallel ones included; :meth:`gather_for_metrics` counts each sample once)."""
-        return collectives.gather(tensor)
-
-    def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
-        """Gather like :meth:`gather`, then drop the samples repeated to even out the last batch.
-
-        Over a whole prepared evaluation loader, the gathered values are exactly the dataset's, in order,
-        so metrics computed on them equal single-process metrics. On a device mesh with tensor
-        parallelism the values are gathered over the data-parallel replicas only (the processes of one
-        replica hold the same samples), so each sample still appears once; DTensors are made whole first.
-        """
-        return collectives.gather_for_metrics(
-            input_data, self.gradient_state, use_gather_object, group=self.backend.data_parallel_group()
-        )
-
-    def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
-        """Reduce tensors across processes: ``"sum"``, ``"mean"``, ``"max"``, ``"min"`` or ``"none"`` (this
-        rank's value times ``scale``; Accelerate sums instead). On a device mesh with tensor parallelism
-        the reduction runs over the data-parallel replicas only, so a per-sample count or loss sum is not
-        multiplied by ``tp_size``."""
-        return collectives.reduce(
-            tensor, reduction=reduction, scale=scale, group=self.backend.data_parallel_group()
-        )
-
-    def pad_across_processes(
-        self, tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False
-    ) -> Any:
-        """Pad tensors to the largest size in ``dim`` across processes."""
-        return collectives.pad_across_processes(tensor, dim=dim, pad_index=pad_index, pad_first=pad_first)
-
-    def set_trigger(self) -> None:
-        """Raise a flag on this process that :meth:`check_trigger` will see on every process."""
-        self.flag_tensor = torch.tensor(1, device=self.device)
-
-    def check_trigger(self) -> bool:
-        """True on every process when any process called :meth:`set_trigger` (then resets the flag)."""
-        if self.flag_tensor is None:
-            self.flag_tensor = torch.tensor(0, device=self.device)
-        flag = collectives.reduce(self.flag_tensor, reduction="sum")
-        if int(flag.item()) >= 1:
-            self.flag_tensor = torch.tensor(0, device=self.device)
-            return True
-        return False
 
     # -- memory and shutdown ----------------------------------------------------------------------
     def free_memory(self, *objects: Any) -> list[Any]:

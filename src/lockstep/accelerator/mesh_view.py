@@ -9,8 +9,7 @@ dimension's local rank (0 for a dimension of size 1) with one. ``maybe_context_p
 
 Example:
     >>> from lockstep.state import AcceleratorState
-    >>> view = MeshView()
-    >>> view.state = AcceleratorState(cpu=True)
+    >>> view = MeshView(AcceleratorState(cpu=True), backend=None)
     >>> view.parallelism_config is None, view.torch_device_mesh is None
     (True, True)
     >>> view.tensor_parallel_rank
@@ -49,11 +48,16 @@ def _not_configured(member: str, what: str, size: str) -> NoReturn:
 
 
 class MeshView:
-    """Accelerate's members for the device mesh of a ``ParallelismConfig``; needs ``self.state`` and
-    ``self.backend``."""
+    """Accelerate's members for the device mesh of a ``ParallelismConfig``.
 
-    state: AcceleratorState
-    backend: Backend
+    Args:
+        state: the process state (its ``parallelism_config`` and mesh).
+        backend: the backend, asked for context parallelism.
+    """
+
+    def __init__(self, state: AcceleratorState, backend: Backend | None) -> None:
+        self.state = state
+        self.backend = backend
 
     @property
     def parallelism_config(self) -> ParallelismConfig | None:
@@ -138,7 +142,7 @@ class MeshView:
             ...         loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten())
             ...         accelerator.backward(loss)
         """
-        splitter = self.backend.capability(ContextParallel)
+        splitter = self.backend.capability(ContextParallel) if self.backend is not None else None
         if splitter is None:
             return no_context_parallel()
         return splitter.context_parallel(buffers, buffer_seq_dims, no_restore_buffers)
