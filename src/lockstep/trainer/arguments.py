@@ -192,7 +192,9 @@ class TrainingArguments:
     eval_do_concat_batches: bool = _help(
         True, "Concatenate the predictions of all batches (False: a list with one array per batch)."
     )
-    eval_use_gather_object: bool = _help(False, "Gather non-tensor predictions as Python objects.")
+    eval_use_gather_object: bool = _help(
+        False, "Gather non-tensor predictions as Python objects (not built)."
+    )
     eval_accumulation_steps: int | None = _help(
         None, "Move gathered predictions to the CPU every N evaluation steps (default: every step)."
     )
