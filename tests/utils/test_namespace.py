@@ -124,7 +124,7 @@ def test_the_package_exports_exactly_what_its_submodules_list():
     assert not lockstep.utils._SUBMODULE_ONLY & set(listed)
 
 
-def test_import_lockstep_utils_exports_a_name_a_submodule_adds():
+def test_a_name_a_submodule_adds_to_its_all_is_exported_and_submodule_only_names_are_not():
     module = type(sys)("lockstep.utils.fake")
     module.__all__ = ["fresh_name", "torch_version"]
     module.fresh_name, module.torch_version = object(), "2.13"
