@@ -454,7 +454,8 @@ class AcceleratorState(PartialState):
 
     @property
     def torch_tp_plugin(self) -> None:
-        """None: tensor parallelism is not built yet."""
+        """None: Accelerate's deprecated ``TorchTensorParallelPlugin`` is not built (tensor parallelism is
+        configured with ``ParallelismConfig(tp_size=...)``)."""
         return None
 
     @property

@@ -5,8 +5,10 @@ torch."""
 from __future__ import annotations
 
 import importlib
+import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -79,6 +81,7 @@ SUBMODULES = [
     "transformer_engine",
     "torch_xla",
     "ao",
+    "launch",
 ]
 
 
@@ -87,6 +90,45 @@ def test_every_accelerate_utils_name_is_provided():
     assert missing == []
     assert set(ACCELERATE_UTILS) <= set(lockstep.utils.__all__)
     assert all(hasattr(lockstep.utils, name) for name in lockstep.utils.__all__)
+
+
+# lockstep.utils' names beyond Accelerate 1.15's ``accelerate.utils`` (older Accelerate names, and the
+# helpers of the collectives and memory modules), pinned when the package's list became derived.
+LOCKSTEP_EXTRAS = """
+ConvertOutputsToFp32 DistributedOperationException check_fp8_capability clear_device_cache get_ccl_version
+get_free_port is_ccl_available is_ipex_available is_numpy_available is_torch_distributed_available
+is_tpu_available is_tqdm_available should_reduce_batch_size
+""".split()
+
+
+def accelerate_utils_names() -> dict[str, str]:
+    """accelerate_api.json's ``utils`` section: Accelerate 1.15's ``accelerate.utils`` names -> status."""
+    data = json.loads((Path(lockstep.__file__).parent / "accelerate_api.json").read_text(encoding="utf-8"))
+    return data["sections"]["utils"]["names"]
+
+
+def test_the_package_exports_exactly_what_its_submodules_list():
+    """``lockstep.utils.__all__`` is derived from the submodules' ``__all__``; the names it held as a
+    hand-kept list (266) are all still there, and nothing else."""
+    listed = accelerate_utils_names()
+    resolved = {name for name, entry in listed.items() if not entry.startswith("absent")}
+    assert len(resolved) == 253 and len(lockstep.utils.__all__) == 266
+    assert set(lockstep.utils.__all__) == resolved | set(LOCKSTEP_EXTRAS)
+    assert sorted(lockstep.utils.__all__) == lockstep.utils.__all__
+    modules = [importlib.import_module(f"lockstep.utils.{name}") for name in lockstep.utils._SUBMODULES]
+    assert sorted(lockstep.utils._SUBMODULES) == sorted(SUBMODULES)
+    listed_by_submodules = {name for module in modules for name in module.__all__}
+    assert set(lockstep.utils.__all__) == listed_by_submodules - lockstep.utils._SUBMODULE_ONLY
+    # The names kept out are no names of accelerate.utils, and each is public in its submodule.
+    assert lockstep.utils._SUBMODULE_ONLY <= listed_by_submodules
+    assert not lockstep.utils._SUBMODULE_ONLY & set(listed)
+
+
+def test_a_name_a_submodule_adds_to_its_all_is_exported_and_submodule_only_names_are_not():
+    module = type(sys)("lockstep.utils.fake")
+    module.__all__ = ["fresh_name", "torch_version"]
+    module.fresh_name, module.torch_version = object(), "2.13"
+    assert lockstep.utils._exports([module]) == {"fresh_name": module.fresh_name}
 
 
 @pytest.mark.parametrize("submodule", SUBMODULES)

@@ -38,7 +38,8 @@ from lockstep.precision import parse_mixed_precision
 from lockstep.throughput.config import ThroughputKwargs
 
 _NOT_YET_BUILT = {
-    "torch_tp_plugin": "tensor parallelism",
+    "torch_tp_plugin": "Accelerate's deprecated tensor-parallel plugin (tensor parallelism is "
+    "parallelism_config=ParallelismConfig(tp_size=...))",
     "megatron_lm_plugin": "the Megatron-LM backend",
 }
 

@@ -1,12 +1,12 @@
 """The DeepSpeed vocabulary: every key of the config file's ``deepspeed_config`` section.
 
-lockstep has no DeepSpeed backend yet: a file with ``distributed_type: DEEPSPEED`` loads (so that
-Accelerate's files are checked and can be shown), and launching it is refused. :data:`DEEPSPEED_KEYS` is
-the table a ``DeepSpeedPlugin`` will be derived from; its fields name the fields of Accelerate's
-``DeepSpeedPlugin``, and keys read by the launcher (hostfile, multi-node launcher) have none. See
-:mod:`lockstep.config.keys` for the shape. The keys that ``accelerate launch`` offers as flags are flags
-(``--zero-stage`` / ``--zero_stage``, ...): ``lockstep launch`` accepts them in both spellings and refuses
-them with one line until the backend exists. ``gradient_accumulation_steps`` is not one: the launcher's own
+A file with ``distributed_type: DEEPSPEED`` trains with lockstep's DeepSpeed backend
+(:mod:`lockstep.backends.deepspeed`). :data:`DEEPSPEED_KEYS` is the table the launcher's
+``DeepSpeedPlugin`` is derived from (:mod:`lockstep.config.deepspeed_launch`); its fields name the fields
+of Accelerate's ``DeepSpeedPlugin``, and keys read by DeepSpeed's own launcher (hostfile, multi-node
+launcher) have none. See :mod:`lockstep.config.keys` for the shape. The keys that ``accelerate launch``
+offers as flags are flags (``--zero-stage`` / ``--zero_stage``, ...), which ``lockstep launch`` accepts in
+both spellings. ``gradient_accumulation_steps`` is not one: the launcher's own
 ``--gradient-accumulation-steps`` sets it for every backend.
 
 This module must not import torch.

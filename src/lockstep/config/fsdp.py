@@ -189,26 +189,6 @@ class FullyShardedDataParallelPlugin:
     def size_threshold(self) -> int:
         return _DEFAULT_MIN_NUM_PARAMS if self.min_num_params is None else self.min_num_params
 
-    def mixed_precision(self, accelerator_precision: str) -> Any:
-        """The ``MixedPrecisionPolicy`` to shard with, given the Accelerator's ``mixed_precision``."""
-        import torch
-        from torch.distributed.fsdp import MixedPrecisionPolicy
-
-        policy = self.mixed_precision_policy
-        if isinstance(policy, MixedPrecisionPolicy):
-            return policy
-        if isinstance(policy, dict):
-            return MixedPrecisionPolicy(**{key: _dtype(key, value) for key, value in policy.items()})
-        if policy is not None:
-            raise ValueError(
-                f"FullyShardedDataParallelPlugin(mixed_precision_policy={policy!r}) is invalid: pass a "
-                "torch.distributed.fsdp.MixedPrecisionPolicy, a dict of its fields, or None."
-            )
-        param_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(accelerator_precision)
-        if param_dtype is None:
-            return MixedPrecisionPolicy()
-        return MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
-
     @classmethod
     def from_config_section(cls, section: Mapping[str, Any]) -> FullyShardedDataParallelPlugin:
         """Build the plugin from a config file's ``fsdp_config``.
@@ -226,17 +206,3 @@ class FullyShardedDataParallelPlugin:
             True
         """
         return cls(**plugin_kwargs(section))
-
-
-def _dtype(key: str, value: Any) -> Any:
-    import torch
-
-    if key == "cast_forward_inputs" or value is None or isinstance(value, torch.dtype):
-        return value
-    names = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16}
-    names |= {"float16": torch.float16, "fp32": torch.float32, "float32": torch.float32}
-    if isinstance(value, str) and value.lower() in names:
-        return names[value.lower()]
-    raise ValueError(
-        f"mixed_precision_policy['{key}']={value!r} is invalid: use a torch dtype or one of {', '.join(names)}."
-    )

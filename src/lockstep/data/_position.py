@@ -36,6 +36,7 @@ A loader prepared with ``use_stateful_dataloader=True`` adds torchdata's own sta
 
 from __future__ import annotations
 
+import copy
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -141,6 +142,7 @@ class DataLoaderStateMixin:
     # copy that is reading its epoch, so that state_dict() and the next epoch stay right.
     _continues: Any = None
     _active_copy: Any = None
+    _loader_kwargs: dict[str, Any]  # the DataLoader arguments the loader was built with
 
     def __new__(cls, *args: Any, use_stateful_dataloader: bool = False, **kwargs: Any) -> Any:
         # Accelerate's loaders take the flag in their constructor: here it picks the stateful subclass.
@@ -150,6 +152,19 @@ class DataLoaderStateMixin:
 
             cls = stateful_variant(cls)
         return super().__new__(cls)
+
+    def _continuing_copy(self, **settings: Any) -> Any:
+        """A loader of this class over the same data, built with ``settings`` and this loader's DataLoader
+        arguments, that continues this loader's epochs (``skip_first_batches``): its position, its resume and
+        the next epoch. A shard sampler is copied, so that the copy's skip does not move this loader's."""
+        kwargs = dict(self._loader_kwargs)
+        for key in ("batch_sampler", "sampler"):
+            if isinstance(kwargs.get(key), BatchSamplerShard):
+                kwargs[key] = copy.copy(kwargs[key])
+        loader = type(self)(self.dataset, **settings, **kwargs)  # type: ignore[attr-defined]
+        loader.iteration = self.iteration
+        loader._continues = self
+        return loader
 
     # -- hooks ------------------------------------------------------------------------------------
     def _shard(self) -> BatchSamplerShard | None:

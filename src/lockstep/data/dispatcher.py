@@ -9,7 +9,6 @@ once, in one order, whatever the number of processes.
 
 from __future__ import annotations
 
-import copy
 import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -323,20 +322,11 @@ class DataLoaderDispatcher(DataLoader, DataLoaderStateMixin):
 
     def _with_skip(self, num_batches: int) -> DataLoaderDispatcher:
         """A copy that skips ``num_batches`` at the start of every epoch."""
-        kwargs = dict(self._loader_kwargs)
-        for key in ("batch_sampler", "sampler"):
-            if isinstance(kwargs.get(key), BatchSamplerShard):
-                kwargs[key] = copy.copy(kwargs[key])
-        loader = type(self)(
-            self.dataset,
+        return self._continuing_copy(
             split_batches=self.split_batches,
             skip_batches=num_batches,
             _drop_last=self._drop_last,
             _non_blocking=self._non_blocking,
             even_batches=self.even_batches,
             device=self.device,
-            **kwargs,
         )
-        loader.iteration = self.iteration
-        loader._continues = self  # it reads this loader's epochs: position, resume, next epoch
-        return loader

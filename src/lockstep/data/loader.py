@@ -6,7 +6,6 @@ the position and its state dict format are :mod:`lockstep.data._position`'s.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Iterator
 from typing import Any
 
@@ -187,21 +186,12 @@ class DataLoaderShard(DataLoader, DataLoaderStateMixin):
         return getattr(self.dataset, "total_length", None) or len(self.dataset)  # type: ignore[arg-type]
 
     def _with_skip(self, num_batches: int) -> DataLoaderShard:
-        """A copy that skips ``num_batches`` at the start of every epoch, sharing sampler and generator."""
-        kwargs = dict(self._loader_kwargs)
-        for key in ("batch_sampler", "sampler"):
-            if isinstance(kwargs.get(key), BatchSamplerShard):
-                kwargs[key] = copy.copy(kwargs[key])
-        loader = type(self)(
-            self.dataset,
+        """A copy that skips ``num_batches`` at the start of every epoch, sharing the generator."""
+        return self._continuing_copy(
             device=self.device,
             rng_types=self.rng_types,
             synchronized_generator=self.synchronized_generator,
             skip_batches=num_batches,
             _drop_last=self._drop_last,
             _non_blocking=self._non_blocking,
-            **kwargs,
         )
-        loader.iteration = self.iteration
-        loader._continues = self  # it reads this loader's epochs: position, resume, next epoch
-        return loader

@@ -192,7 +192,9 @@ class TrainingArguments:
     eval_do_concat_batches: bool = _help(
         True, "Concatenate the predictions of all batches (False: a list with one array per batch)."
     )
-    eval_use_gather_object: bool = _help(False, "Gather non-tensor predictions as Python objects.")
+    eval_use_gather_object: bool = _help(
+        False, "Gather non-tensor predictions as Python objects (not built)."
+    )
     eval_accumulation_steps: int | None = _help(
         None, "Move gathered predictions to the CPU every N evaluation steps (default: every step)."
     )
@@ -208,11 +210,13 @@ class TrainingArguments:
     )
     # -- checkpoints ----------------------------------------------------------------------------
     save_only_model: bool = _help(
-        False, "Checkpoints without optimizer, scheduler and RNG state (not built)."
+        False, "Checkpoints of the weights alone, without optimizer, scheduler and RNG state (no resume)."
     )
     save_strategy: str = _help("steps", "When to save a checkpoint: no, steps, epoch, best.")
     save_steps: float = _help(500, "Save every N steps (a value < 1 is a fraction of the total).")
-    save_on_each_node: bool = _help(False, "Save on every node (not built: lockstep saves once per job).")
+    save_on_each_node: bool = _help(
+        False, "Save on every node's main process (node-local disks), not once per job."
+    )
     save_total_limit: int | None = _help(
         None, "Keep at most this many checkpoints (oldest removed first; the best one is never removed)."
     )
@@ -299,7 +303,7 @@ class TrainingArguments:
         default=None, metadata={"help": "FSDP settings: dict, JSON text or JSON file."}
     )
     deepspeed: dict | str | None = field(
-        default=None, metadata={"help": "DeepSpeed config: dict, JSON text or JSON file (not built yet)."}
+        default=None, metadata={"help": "DeepSpeed config: dict, JSON text or JSON file."}
     )
     debug: str | list[str] = field(
         default="", metadata={"help": "Debug options: underflow_overflow, tpu_metrics_debug (not built)."}

@@ -54,6 +54,7 @@ from lockstep.utils._unsupported import (
     MSAMPRecipeKwargs,
     TERecipeKwargs,
     TorchTensorParallelPlugin,
+    add_model_config_to_megatron_parser,
 )
 
 __all__ = [
@@ -91,6 +92,7 @@ __all__ = [
     "TorchDynamoPlugin",
     "TorchTensorParallelConfig",
     "TorchTensorParallelPlugin",
+    "add_model_config_to_megatron_parser",
 ]
 
 

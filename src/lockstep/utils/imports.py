@@ -2,8 +2,9 @@
 
 Each ``is_<package>_available()`` says whether the package can be imported (found on the path and, where
 Accelerate checks it, installed as a distribution) without importing it. They report facts: lockstep itself
-does not drive DeepSpeed, Megatron-LM, TPUs (torch_xla), MS-AMP, Transformer Engine or bitsandbytes even
-where those are installed (the matching names in :mod:`lockstep.utils` raise ``NotImplementedError``).
+does not drive Megatron-LM, TPUs (torch_xla), MS-AMP, Transformer Engine or bitsandbytes even where those
+are installed (the matching names in :mod:`lockstep.utils` raise ``NotImplementedError``); DeepSpeed it
+drives through its DeepSpeed backend.
 
 Example:
     >>> is_numpy_available(), is_torch_distributed_available()
@@ -411,7 +412,7 @@ def is_import_timer_available() -> bool:
 
 
 def is_deepspeed_available() -> bool:
-    """Whether ``deepspeed`` is installed (lockstep has no DeepSpeed backend yet)."""
+    """Whether ``deepspeed`` is installed (lockstep's DeepSpeed backend needs it: pip install deepspeed)."""
     return _installed("deepspeed", "deepspeed")
 
 
@@ -517,7 +518,8 @@ def deepspeed_required(func: F) -> F:
     """Decorate ``func`` so that calling it raises ``ValueError`` once an Accelerator is set up for anything
     but DeepSpeed (before any Accelerator exists, the call goes through, as in Accelerate).
 
-    lockstep has no DeepSpeed backend, so after ``Accelerator()`` a decorated function always raises.
+    After ``Accelerator(deepspeed_plugin=...)`` the call goes through; after any other ``Accelerator`` it
+    raises.
 
     Example:
         >>> @deepspeed_required
@@ -527,7 +529,7 @@ def deepspeed_required(func: F) -> F:
         >>> _ = Accelerator(cpu=True)
         >>> zero_stage()
         Traceback (most recent call last):
-        ValueError: zero_stage() needs DeepSpeed, and the Accelerator is set up for NO: lockstep has no DeepSpeed backend (not built yet). Shard the model with FullyShardedDataParallelPlugin (FSDP2) instead.
+        ValueError: zero_stage() needs DeepSpeed, and the Accelerator is set up for NO. Pass Accelerator(deepspeed_plugin=DeepSpeedPlugin(...)) to train with DeepSpeed, or shard with FullyShardedDataParallelPlugin (FSDP2) and do not call zero_stage().
     """
 
     @functools.wraps(func)
@@ -541,8 +543,9 @@ def deepspeed_required(func: F) -> F:
             if not is_deepspeed(distributed_type):
                 raise ValueError(
                     f"{func.__qualname__}() needs DeepSpeed, and the Accelerator is set up for "
-                    f"{distributed_type.value}: lockstep has no DeepSpeed backend (not built yet). Shard the "
-                    "model with FullyShardedDataParallelPlugin (FSDP2) instead."
+                    f"{distributed_type.value}. Pass Accelerator(deepspeed_plugin=DeepSpeedPlugin(...)) to train "
+                    "with DeepSpeed, or shard with FullyShardedDataParallelPlugin (FSDP2) and do not call "
+                    f"{func.__qualname__}()."
                 )
         return func(*args, **kwargs)
 

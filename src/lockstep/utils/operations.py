@@ -384,14 +384,38 @@ def copy_tensor_to_devices(tensor: torch.Tensor | None = None) -> torch.Tensor:
 def GatheredParameters(
     params: Any, modifier_rank: int | None = None, fwd_module: Any = None, enabled: bool = True
 ) -> Iterator[None]:
-    """Accelerate's wrapper around DeepSpeed ZeRO-3's ``GatheredParameters``: here a context that does nothing.
+    """Inside the block, DeepSpeed ZeRO-3's partitioned parameters are whole; anywhere else, nothing happens.
 
-    DeepSpeed ZeRO-3 is the only case in which Accelerate gathers anything; lockstep has no DeepSpeed
-    backend, so parameters are never partitioned by it and there is nothing to gather. (FSDP2 parameters
-    are DTensors; call ``full_tensor()`` on one to see it whole.)
+    Under ZeRO-3 each process keeps a slice of every parameter and the module's own parameters are empty;
+    this context gathers them (DeepSpeed's ``deepspeed.zero.GatheredParameters``) and partitions them again
+    on exit. With ``modifier_rank``, what that process changed inside the block is broadcast to every
+    process on exit; with None, changes are discarded. Call it on every process. Parameters no ZeRO-3
+    engine partitioned (one process, DDP, FSDP2, ZeRO 0-2) are whole already, and the context does nothing,
+    as in Accelerate (FSDP2 parameters are DTensors: call ``full_tensor()`` on one to see it whole).
+
+    Unlike Accelerate, which gathers only when the plugin's ``zero3_init_flag`` is set, this asks the
+    parameters themselves (ZeRO-3 marks each with ``ds_id``), so that it gathers after ``prepare`` too.
+
+    Args:
+        params: a parameter, or an iterable of them (``model.parameters()``).
+        modifier_rank: the process whose changes inside the block are kept, or None to discard them.
+        fwd_module: the module whose forward is run inside the block, if any (DeepSpeed registers
+            external parameters on it).
+        enabled: False makes the context do nothing.
 
     Example:
-        >>> with GatheredParameters([]):
-        ...     pass
+        >>> weight = torch.nn.Linear(2, 2).weight
+        >>> with GatheredParameters(weight, modifier_rank=0):  # no ZeRO-3: the parameter is whole already
+        ...     tuple(weight.shape)
+        (2, 2)
     """
-    yield
+    params = [params] if isinstance(params, torch.Tensor) else list(params)
+    if not any(hasattr(param, "ds_id") for param in params):
+        yield
+        return
+    import deepspeed
+
+    with deepspeed.zero.GatheredParameters(
+        params, modifier_rank=modifier_rank, fwd_module=fwd_module, enabled=enabled
+    ):
+        yield
