@@ -156,7 +156,8 @@ class Trainer:
             self.args,
             label_names=self.label_names,
             compute_loss_func=compute_loss_func,
-            compute_loss=self.compute_loss,
+            # looked up at each call: a subclass, or code that sets trainer.compute_loss, may replace it
+            compute_loss=lambda model, batch, **kwargs: self.compute_loss(model, batch, **kwargs),
         )
         self._given_optimizers = (optimizers[0], optimizers[1])
         self.optimizer, self.lr_scheduler = optimizers
