@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from lockstep import ParallelismConfig, Trainer, TrainingArguments
-from lockstep.trainer._context_parallel import sequence_split_for, split_inputs
+from lockstep.trainer._training_step.sequence_split import sequence_split_for, split_inputs
 from tests.helpers.fsdp_models import full_params
 from tests.helpers.llama import tiny_llama_config
 from tests.helpers.multiprocess import run_distributed

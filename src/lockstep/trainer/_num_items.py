@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 
-from lockstep.trainer import _pipeline_step, _process_setup, batches
+from lockstep.trainer import _process_setup, batches
 
 IGNORE_INDEX = -100
 
@@ -141,10 +141,10 @@ def counted_micro_step(accelerator: Any, model: nn.Module, micro: MicroBatch) ->
 def item_counter(
     accelerator: Any, model: nn.Module, args: Any, *, loss_func: Any, label_names: Sequence[str]
 ) -> ItemCounter | None:
-    """The Trainer's counter, or None when the loss is a per-batch mean averaged over micro-batches and
-    processes (a model without loss keyword arguments and no loss function; DeepSpeed, whose engine scales
-    the loss by the accumulation steps itself; a pipeline, whose loss is a mean per micro-batch)."""
-    if accelerator.deepspeed_plugin is not None or _pipeline_step.is_pipelined(accelerator):
+    """The plain training step's counter, or None when the loss is a per-batch mean averaged over micro-batches
+    and processes (a model without loss keyword arguments and no loss function; DeepSpeed, whose engine scales
+    the loss by the accumulation steps itself). A pipeline's step has none: its loss is a mean per micro-batch."""
+    if accelerator.deepspeed_plugin is not None:
         return None
     if loss_func is None and not accepts_loss_kwargs(model):
         return None

@@ -26,10 +26,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 from lockstep.progress import ProgressBar
 from lockstep.trainer import (
     _best_model,
-    _context_parallel,
     _hyperparameter_search,
-    _num_items,
-    _pipeline_step,
     _process_setup,
     _trainer_checks,
     _transformers_format,
@@ -38,11 +35,12 @@ from lockstep.trainer import (
 from lockstep.trainer._checkpoint_saving import TrainerCheckpoints
 from lockstep.trainer._evaluation import EvalOptions, EvalPrediction, PredictionOutput, evaluation_loop
 from lockstep.trainer._hyperparameter_search import BestRun
-from lockstep.trainer._label_smoothing import LabelSmoothingLoss, is_causal_lm
 from lockstep.trainer._loaders import TrainerLoaders
 from lockstep.trainer._logging import format_log_line
 from lockstep.trainer._loss_sums import LossSums
+from lockstep.trainer._num_items import MicroBatch
 from lockstep.trainer._step_plan import plan_steps, record_plan
+from lockstep.trainer._training_step import training_step_for
 from lockstep.trainer.accelerator_factory import (
     create_accelerator_and_postprocess,
 )
@@ -151,7 +149,16 @@ class Trainer:
         self.train_dataset, self.eval_dataset = train_dataset, eval_dataset
         self.data_collator = data_collator
         self.compute_metrics, self.compute_loss_func = compute_metrics, compute_loss_func
-        self._build_loss(model, compute_loss_func)
+        self.label_names = self.args.label_names or batches.default_label_names(model)
+        self._step = training_step_for(  # plain or pipelined, chosen once
+            self.accelerator,
+            model,
+            self.args,
+            label_names=self.label_names,
+            compute_loss_func=compute_loss_func,
+            # looked up at each call: a subclass, or code that sets trainer.compute_loss, may replace it
+            compute_loss=lambda model, batch, **kwargs: self.compute_loss(model, batch, **kwargs),
+        )
         self._given_optimizers = (optimizers[0], optimizers[1])
         self.optimizer, self.lr_scheduler = optimizers
         self.model_wrapped: nn.Module | None = None
@@ -176,33 +183,11 @@ class Trainer:
             self.state,
             self._losses,
             save_weights=lambda folder: self.save_model(str(folder)),
-            load_weights=self._load_weights,
+            load_weights=lambda folder: self._step.load_weights(self.model_wrapped, folder),
             write_state=lambda folder: _transformers_format.write_trainer_state(folder, self.state),
         )
         self._step_learning_rate = 0.0
         self.control = self._event("on_init_end")
-
-    def _build_loss(self, model: nn.Module, compute_loss_func: Callable[..., torch.Tensor] | None) -> None:
-        """The loss function, label names, label counter and (``cp_size > 1``) the sequence split."""
-        self._loss_func = compute_loss_func
-        if self.args.label_smoothing_factor > 0:
-            self._loss_func = LabelSmoothingLoss(
-                self.args.label_smoothing_factor, shift_labels=is_causal_lm(model)
-            )
-        self._pipelined = _pipeline_step.is_pipelined(self.accelerator)
-        if self._pipelined:  # the loss of the last stage's outputs; a per-micro-batch mean (not counted)
-            self._loss_func = _pipeline_step.loss_function(model, self.args, self._loss_func)
-        self.label_names = self.args.label_names or batches.default_label_names(model)
-        self._item_counter = _num_items.item_counter(
-            self.accelerator, model, self.args, loss_func=self._loss_func, label_names=self.label_names
-        )
-        self._sequence_split = _context_parallel.sequence_split_for(
-            self.accelerator,
-            model,
-            self.args,
-            counted=self._item_counter is not None,
-            has_loss_func=compute_loss_func is not None,
-        )
 
     def _build_loaders(self, model: nn.Module, data_collator: Any) -> TrainerLoaders:
         keep = batches.columns_to_keep(model, self.label_names) if self.args.remove_unused_columns else None
@@ -247,15 +232,12 @@ class Trainer:
         """Prepare loaders, model, optimizer and scheduler once, in a fixed order (checkpoints rely on it)."""
         if self._prepared:
             return
-        if self._pipelined:  # the stages are traced with a first batch
-            train = self.train_dataset is not None
-            _pipeline_step.trace_with_first_batch(
-                self.accelerator,
-                self.train_dataset if train else self.eval_dataset,
-                collate=self._loaders.collate,
-                batch_size=self._train_batch_size if train else self.args.per_device_eval_batch_size,
-                label_names=self.label_names,
-            )
+        train = self.train_dataset is not None
+        self._step.prepare_model(  # a pipeline traces its stages with the first batch
+            self.train_dataset if train else self.eval_dataset,
+            collate=self._loaders.collate,
+            batch_size=self._train_batch_size if train else self.args.per_device_eval_batch_size,
+        )
         if self.train_dataset is not None:
             self.get_train_dataloader()
             optimizer, scheduler = self._optimizer_and_scheduler(self._plan_steps())
@@ -453,7 +435,7 @@ class Trainer:
         tokens = torch.zeros((), dtype=torch.int64, device=accelerator.device)
         _, replicas = _process_setup.data_parallel_share(accelerator)
         steps = self.args.gradient_accumulation_steps
-        for micro_batch in _num_items.micro_batches(self._train_loader, self._item_counter, steps):
+        for micro_batch in self._step.micro_batches(self._train_loader, steps):
             batch = micro_batch.batch
             if micro == 0:
                 self.control._new_step()
@@ -493,27 +475,14 @@ class Trainer:
         return samples
 
     def _training_step(
-        self, model: nn.Module, micro_batch: _num_items.MicroBatch
+        self, model: nn.Module, micro_batch: MicroBatch
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Forward, backward and (on the last micro-batch) clip, optimizer and scheduler steps.
 
         Returns the (undivided) loss of the batch and, on the last micro-batch, the gradient norm."""
         accelerator, grad_norm = self.accelerator, None
-        if self._item_counter is None:
-            context = accelerator.accumulate(model)
-        else:
-            context = _num_items.counted_micro_step(accelerator, model, micro_batch)
-        with context:
-            if self._pipelined:  # forward and backward of every micro-batch through the stages
-                loss = _pipeline_step.train_batch(
-                    accelerator,
-                    model,
-                    micro_batch.batch,
-                    label_names=self.label_names,
-                    loss_func=self._loss_func,
-                )
-            else:
-                loss = self._loss_and_backward(model, micro_batch)
+        with self._step.accumulating(model, micro_batch):
+            loss = self._step.forward_backward(model, micro_batch)
             if accelerator.sync_gradients:
                 if self.args.max_grad_norm:
                     grad_norm = accelerator.clip_grad_norm_(model.parameters(), self.args.max_grad_norm)
@@ -528,36 +497,12 @@ class Trainer:
             self.optimizer.zero_grad()  # type: ignore[union-attr]
         return loss.detach(), grad_norm
 
-    def _loss_and_backward(self, model: nn.Module, micro_batch: _num_items.MicroBatch) -> torch.Tensor:
-        if self._sequence_split is None:
-            return self._local_loss_and_backward(model, micro_batch)
-        with self._sequence_split.block(micro_batch.batch) as chunks:  # cp_size > 1: this rank's chunks
-            loss = self._local_loss_and_backward(model, micro_batch._replace(batch=chunks))
-        return self._sequence_split.mean_over_ranks(loss)
-
-    def _local_loss_and_backward(self, model: nn.Module, micro_batch: _num_items.MicroBatch) -> torch.Tensor:
-        if micro_batch.num_items is None:
-            loss = self.compute_loss(model, micro_batch.batch)
-        else:  # DDP averages the replicas' gradients: a loss over the whole job's tokens undoes it
-            loss = self.compute_loss(model, micro_batch.batch, num_items_in_batch=micro_batch.num_items)
-            loss = loss * self._item_counter.loss_scale  # type: ignore[union-attr]
-        self.accelerator.backward(loss)
-        return loss
-
     def compute_loss(
         self, model: nn.Module, batch: Any, num_items_in_batch: torch.Tensor | None = None
     ) -> torch.Tensor:
         """The loss of one batch: ``outputs.loss``, or ``compute_loss_func(outputs, labels, ...)``;
         ``num_items_in_batch`` (the label tokens of the accumulation cycle) goes to both."""
-        loss, _, _ = batches.compute_loss(
-            model,
-            batch,
-            label_names=self.label_names,
-            compute_loss_func=self._loss_func,
-            num_items_in_batch=num_items_in_batch,
-            model_takes_items=self._item_counter is not None and _num_items.accepts_loss_kwargs(self.model),
-        )
-        return loss
+        return self._step.loss(model, batch, num_items_in_batch)
 
     def _after_optimizer_step(
         self, step_loss: torch.Tensor, grad_norm: torch.Tensor | None, samples: int
@@ -728,7 +673,7 @@ class Trainer:
             self.model_wrapped,
             loader,
             label_names=self.label_names,
-            compute_loss_func=self._loss_func,
+            compute_loss_func=self._step.loss_func,
             compute_metrics=self.compute_metrics,
             prediction_loss_only=self.args.prediction_loss_only,
             metric_key_prefix=prefix,
@@ -764,14 +709,6 @@ class Trainer:
         else:
             print(line, flush=True)
 
-    def _load_weights(self, folder: Path) -> None:
-        if self._pipelined and self.model_wrapped is not None:
-            return _pipeline_step.load_stage_weights(self.model_wrapped, folder)
-        model = self.model_wrapped if self.model_wrapped is not None else self.model
-        _transformers_format.load_weights(
-            self.accelerator.unwrap_model(model, keep_torch_compile=False), folder
-        )
-
     def save_model(self, output_dir: str | None = None) -> None:
         """Write the trained model (unwrapped) to ``output_dir`` (default: ``args.output_dir``).
 
@@ -780,16 +717,7 @@ class Trainer:
         """
         folder = Path(output_dir or self.args.output_dir)
         model = self.model_wrapped if self.model_wrapped is not None else self.model
-        unwrapped = self.accelerator.unwrap_model(model, keep_torch_compile=False)
-        if self._pipelined:  # the user's model object writes the stages' gathered weights with its config
-            unwrapped = self.model
-        if hasattr(unwrapped, "save_pretrained"):
-            state_dict = self.accelerator.get_state_dict(model)
-            if self.accelerator.is_main_process:
-                unwrapped.save_pretrained(str(folder), state_dict=state_dict, safe_serialization=True)
-            self.accelerator.wait_for_everyone()
-        else:
-            self.accelerator.save_model(model, str(folder))
+        self._step.save_weights(model, folder)
         if self.accelerator.is_main_process:
             (folder / "training_args.json").write_text(json.dumps(self.args.to_dict(), indent=1, default=str))
         self.accelerator.wait_for_everyone()

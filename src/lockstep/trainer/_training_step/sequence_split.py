@@ -1,4 +1,4 @@
-"""The Trainer's training step under context parallelism (``ParallelismConfig(cp_size > 1)``).
+"""The sequence split of the Trainer's plain step under context parallelism (``ParallelismConfig(cp_size > 1)``).
 
 The ``cp`` ranks read the same batch; each training step splits it along the sequence inside
 ``accelerator.maybe_context_parallel`` (each rank keeps a head and a tail chunk) and runs forward and backward
