@@ -100,6 +100,14 @@ class PipelineSchedule(Capability):
     ) -> torch.Tensor | None:
         """Forward and backward of every micro-batch; the batch's mean loss on the last stage's ranks."""
 
+    @abstractmethod
+    def load_whole_model(self, model: nn.Module, state_dict: dict[str, torch.Tensor]) -> None:
+        """Load the entries of a whole model's state dict that this rank's stages hold."""
+
+    @abstractmethod
+    def causal_lm_loss(self, outputs: Any, labels: torch.Tensor) -> torch.Tensor:
+        """The next-token loss of a causal language model's outputs (computed on the last stage)."""
+
 
 class ContextParallel(Capability):
     """Sequences are split over processes and attention runs across them (ring attention)."""

@@ -27,6 +27,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 
+from lockstep.backends import JointPreparation
 from lockstep.trainer import _process_setup, batches
 
 IGNORE_INDEX = -100
@@ -144,7 +145,7 @@ def item_counter(
     """The plain training step's counter, or None when the loss is a per-batch mean averaged over micro-batches
     and processes (a model without loss keyword arguments and no loss function; DeepSpeed, whose engine scales
     the loss by the accumulation steps itself). A pipeline's step has none: its loss is a mean per micro-batch."""
-    if accelerator.deepspeed_plugin is not None:
+    if accelerator.capability(JointPreparation) is not None:
         return None
     if loss_func is None and not accepts_loss_kwargs(model):
         return None

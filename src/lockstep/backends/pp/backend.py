@@ -242,6 +242,14 @@ class PipelineBackend(NDParallelBackend, PipelineSchedule):
             args, kwargs, target=target, loss_fn=loss_fn, accumulation_steps=accumulation_steps
         )
 
+    def load_whole_model(self, model: nn.Module, state_dict: dict[str, torch.Tensor]) -> None:
+        full_load.load_full_model(model, state_dict)
+
+    def causal_lm_loss(self, outputs: Any, labels: torch.Tensor) -> torch.Tensor:
+        from lockstep.backends.pp.transformers_models import causal_lm_loss
+
+        return causal_lm_loss(outputs, labels)
+
     def clip_grad_norm_(
         self, parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float = 2.0
     ) -> torch.Tensor:

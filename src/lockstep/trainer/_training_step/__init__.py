@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from lockstep.accelerator import Accelerator
+from lockstep.backends import PipelineSchedule
 from lockstep.trainer import _num_items
 from lockstep.trainer._label_smoothing import LabelSmoothingLoss, is_causal_lm
 from lockstep.trainer._training_step.base import TrainingStep
@@ -58,8 +59,7 @@ def training_step_for(
     loss_func = compute_loss_func
     if args.label_smoothing_factor > 0:
         loss_func = LabelSmoothingLoss(args.label_smoothing_factor, shift_labels=is_causal_lm(model))
-    layout = accelerator.parallelism_config
-    if layout is not None and layout.pp_size > 1:
+    if accelerator.capability(PipelineSchedule) is not None:
         return PipelineStep(accelerator, model, args, label_names=label_names, loss_func=loss_func)
     item_counter = _num_items.item_counter(
         accelerator, model, args, loss_func=loss_func, label_names=label_names

@@ -35,6 +35,7 @@ import torch.distributed as dist
 from torch import nn
 
 from lockstep.accelerator import Accelerator
+from lockstep.backends import PipelineSchedule
 from lockstep.trainer import _transformers_format, batches
 from lockstep.trainer._label_smoothing import is_causal_lm
 from lockstep.trainer._num_items import MicroBatch
@@ -48,14 +49,17 @@ _NOT_TRACED = {
 }
 
 
-def _causal_lm_loss(outputs: Any, labels: torch.Tensor, num_items_in_batch: Any = None) -> torch.Tensor:
-    from lockstep.backends.pp.transformers_models import causal_lm_loss  # the pipeline backend loads lazily
+def _causal_lm_loss(schedule: PipelineSchedule) -> Callable[..., torch.Tensor]:
+    """The pipeline's next-token loss, with the Trainer's loss signature (a per-micro-batch mean: no count)."""
 
-    return causal_lm_loss(outputs, labels)
+    def loss(outputs: Any, labels: torch.Tensor, num_items_in_batch: Any = None) -> torch.Tensor:
+        return schedule.causal_lm_loss(outputs, labels)
+
+    return loss
 
 
 def _loss_function(
-    model: nn.Module, args: Any, loss_func: Callable[..., torch.Tensor] | None
+    model: nn.Module, args: Any, loss_func: Callable[..., torch.Tensor] | None, schedule: PipelineSchedule
 ) -> Callable[..., torch.Tensor]:
     """The loss of the last stage's outputs and the labels (see the module docs), after refusing the
     arguments a pipelined Trainer does not run (:data:`_NOT_TRACED`)."""
@@ -68,7 +72,7 @@ def _loss_function(
     if loss_func is not None:
         return loss_func
     if is_causal_lm(model):
-        return _causal_lm_loss
+        return _causal_lm_loss(schedule)
     raise ValueError(
         f"Trainer with parallelism_config=ParallelismConfig(pp_size>1) needs the loss outside the model: "
         f"{type(model).__name__} computes it from the labels inside forward, which does not trace into "
@@ -98,8 +102,12 @@ class PipelineStep(TrainingStep):
         label_names: Sequence[str],
         loss_func: Callable[..., torch.Tensor] | None,
     ) -> None:
+        schedule = accelerator.capability(PipelineSchedule)
+        if schedule is None:
+            raise RuntimeError("PipelineStep needs an Accelerator whose backend runs pipeline schedules.")
+        self._schedule = schedule
         # the loss of the last stage's outputs: a per-micro-batch mean, not counted
-        loss_func = _loss_function(model, args, loss_func)
+        loss_func = _loss_function(model, args, loss_func, schedule)
         super().__init__(accelerator, model, label_names=label_names, loss_func=loss_func, item_counter=None)
 
     def prepare_model(self, dataset: Any, *, collate: Callable[[list[Any]], Any], batch_size: int) -> None:
@@ -157,9 +165,7 @@ class PipelineStep(TrainingStep):
         :meth:`save_weights`) into this rank's stages: each rank reads the files and keeps its stages' entries."""
         if prepared is None:
             return super().load_weights(prepared, folder)
-        from lockstep.backends.pp.full_load import load_full_model  # the pipeline backend loads lazily
-
-        load_full_model(prepared, _transformers_format.load_model_files(folder))
+        self._schedule.load_whole_model(prepared, _transformers_format.load_model_files(folder))
 
     def _writer(self, model: nn.Module) -> nn.Module:
         return self.model  # the user's model object writes the stages' gathered weights with its config

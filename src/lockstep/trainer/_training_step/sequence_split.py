@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lockstep.accelerator import Accelerator
+from lockstep.backends import ContextParallel
 from lockstep.trainer.arguments import TrainingArguments
 
 IGNORE_INDEX = -100
@@ -217,9 +218,9 @@ def sequence_split_for(
         counted: whether the loss is normalised by ``num_items_in_batch`` (the Trainer's item counter).
         has_loss_func: whether the user gave ``compute_loss_func``.
     """
-    config = accelerator.parallelism_config
-    if config is None or config.cp_size <= 1:
+    if accelerator.capability(ContextParallel) is None:
         return None
+    config = accelerator.parallelism_config
     if has_loss_func:
         raise NotImplementedError(
             f"Trainer(compute_loss_func=...) with ParallelismConfig(cp_size={config.cp_size}): the function "
