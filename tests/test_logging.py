@@ -208,24 +208,39 @@ def test_records_name_the_calling_line(find_caller: None) -> None:
     assert _where(handler) == here
 
 
-def test_stacklevel_counts_frames_from_the_calling_line(find_caller: None) -> None:
+def test_stacklevel_counts_frames_as_accelerate_does(find_caller: None) -> None:
+    """Accelerate counts its logger's frame as 1: 2 (the default) is the calling line, 3 its caller."""
     PartialState()
     logger = get_logger(NAME, log_level="INFO")
     handler = _capture(logger)
-    helper_line = _log_from_a_helper(logger, stacklevel=1)
+    helper_line = _log_from_a_helper(logger, stacklevel=2)
     call_line = _line() + 1
-    _log_from_a_helper(logger, stacklevel=2)  # the helper's caller: this line
-    _log_from_a_helper(logger, stacklevel=0)  # below 1 counts as 1, as if not given
+    _log_from_a_helper(logger, stacklevel=3)  # the helper's caller: this line
+    _log_from_a_helper(logger, stacklevel=1)  # Accelerate's own line there; here the calling line
+    name = "test_stacklevel_counts_frames_as_accelerate_does"
     assert _where(handler) == [
+        ("from the helper, stacklevel=2", "test_logging.py", helper_line, "_log_from_a_helper"),
+        ("from the helper, stacklevel=3", "test_logging.py", call_line, name),
         ("from the helper, stacklevel=1", "test_logging.py", helper_line, "_log_from_a_helper"),
-        (
-            "from the helper, stacklevel=2",
-            "test_logging.py",
-            call_line,
-            "test_stacklevel_counts_frames_from_the_calling_line",
-        ),
-        ("from the helper, stacklevel=0", "test_logging.py", helper_line, "_log_from_a_helper"),
     ]
+
+
+class _CustomLogger(logging.LoggerAdapter):
+    """Accelerate's test_custom_stacklevel wrapper: it sets stacklevel=3 to name its own caller."""
+
+    def log(self, level: int, msg: object, *args: object, **kwargs: Any) -> None:
+        kwargs["stacklevel"] = 3
+        self.logger.log(level, msg, *args, **kwargs)
+
+
+def test_a_wrapper_with_stacklevel_3_names_its_caller_as_in_accelerate() -> None:
+    PartialState()
+    wrapped = get_logger(NAME, log_level="INFO")
+    handler = _capture(wrapped)
+    line = _line() + 1
+    _CustomLogger(wrapped, {}).warning("Test")
+    name = "test_a_wrapper_with_stacklevel_3_names_its_caller_as_in_accelerate"
+    assert _where(handler) == [("Test", "test_logging.py", line, name)]
 
 
 def test_warning_once_names_the_calling_line(find_caller: None) -> None:

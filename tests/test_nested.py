@@ -123,3 +123,16 @@ def test_data_must_be_a_list_of_batches() -> None:
         match=re.escape("concatenate() needs a list of batches, got a dict. Wrap a single batch in a list"),
     ):
         concatenate({"x": torch.ones(1)})  # type: ignore[arg-type]
+
+
+@pytest.mark.filterwarnings(
+    "ignore:To copy construct from a tensor"
+)  # torch.tensor(tensor), as Accelerate's test
+def test_recursively_apply_error_keeps_accelerates_message() -> None:
+    """Accelerate's test_honor_type compares this message word for word."""
+    with pytest.raises(TypeError) as raised:
+        lockstep.utils.recursively_apply(torch.tensor, (torch.tensor(1), 1), error_on_other_type=True)
+    assert str(raised.value) == (
+        "Unsupported types (<class 'int'>) passed to `tensor`. Only nested list/tuple/dicts of objects that are "
+        "valid for `is_torch_tensor` should be passed."
+    )

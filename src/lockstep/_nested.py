@@ -12,6 +12,11 @@ def is_namedtuple(data: Any) -> bool:
     return isinstance(data, tuple) and hasattr(data, "_fields")
 
 
+def is_torch_tensor(tensor: Any) -> bool:
+    """Whether ``tensor`` is a ``torch.Tensor`` (the default ``test_type`` of :func:`recursively_apply`)."""
+    return isinstance(tensor, torch.Tensor)
+
+
 def honor_type(original: Any, items: Any) -> Any:
     """Build a sequence of the same type as ``original`` (namedtuples included) from ``items``."""
     if is_namedtuple(original):
@@ -23,7 +28,7 @@ def recursively_apply(
     func: Callable[..., Any],
     data: Any,
     *args: Any,
-    test_type: Callable[[Any], bool] = lambda t: isinstance(t, torch.Tensor),
+    test_type: Callable[[Any], bool] = is_torch_tensor,
     error_on_other_type: bool = False,
     **kwargs: Any,
 ) -> Any:
@@ -55,9 +60,11 @@ def recursively_apply(
     if test_type(data):
         return func(data, *args, **kwargs)
     if error_on_other_type:
+        # Accelerate's message, word for word (its tests compare it), then what to do.
         raise TypeError(
-            f"Unsupported type {type(data).__name__} passed to {getattr(func, '__name__', func)}: only nested "
-            "lists, tuples and dicts of tensors are supported."
+            f"Unsupported types ({type(data)}) passed to `{getattr(func, '__name__', func)}`. Only nested "
+            f"list/tuple/dicts of objects that are valid for `{getattr(test_type, '__name__', test_type)}` "
+            "should be passed."
         )
     return data
 

@@ -8,9 +8,10 @@ logging method (``debug``, ``info``, ``warning``, ...) takes two extra keyword a
   with a barrier between processes. Every process must make the call, or the others wait for it.
 
 Records name the line that called the logger (``%(filename)s:%(lineno)d``), not this module, as
-Accelerate's adapter does. An explicit ``stacklevel`` keeps its :mod:`logging` meaning, counted from that
-line (1: the calling line, 2: its caller). Accelerate counts its own frame there, so its ``stacklevel=n``
-is lockstep's ``n - 1`` (and its ``stacklevel=1`` names a line inside Accelerate).
+Accelerate's adapter does. An explicit ``stacklevel`` has Accelerate's meaning, which counts the logger's
+own frame as 1: ``stacklevel=2`` (the default) is the line that called the logger, 3 its caller, and so on
+(a wrapper that calls ``logger.log(..., stacklevel=3)`` names its own caller). Accelerate's
+``stacklevel=1`` names a line inside the logger; here it names the calling line, like 2.
 
 Example:
     >>> from lockstep import PartialState
@@ -37,14 +38,21 @@ LOG_LEVEL_ENV = _env.LOCKSTEP_LOG_LEVEL
 _warned_once: set[tuple[str, str, str]] = set()
 
 
-def _up(kwargs: dict[str, Any], frames: int) -> dict[str, Any]:
-    """``kwargs`` with ``stacklevel`` raised past ``frames`` wrapper frames of this module.
+_OWN_FRAMES = 3
+"""Frames of this module between a caller and :meth:`logging.Logger.log`: the public method, ``_log`` and
+``_emit``."""
 
-    A caller's ``stacklevel=1`` (the default) means the line that called the logging method, as for a
-    plain :class:`logging.Logger`; values below 1 count as 1.
-    """
-    kwargs["stacklevel"] = max(kwargs.get("stacklevel", 1), 1) + frames
+
+def _up(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``kwargs`` with the caller's ``stacklevel`` (Accelerate's meaning: 2, the default, is the calling
+    line, 3 its caller; values below 2 count as 2) turned into :mod:`logging`'s, past this module's frames."""
+    kwargs["stacklevel"] = max(kwargs.get("stacklevel", 2) - 1, 1) + _OWN_FRAMES
     return kwargs
+
+
+def _flags(kwargs: dict[str, Any]) -> tuple[bool, bool]:
+    """``main_process_only`` and ``in_order``, taken out of ``kwargs``."""
+    return kwargs.pop("main_process_only", True), kwargs.pop("in_order", False)
 
 
 def _require_state() -> PartialState:
@@ -91,15 +99,26 @@ class MultiProcessAdapter(logging.LoggerAdapter):
             main_process_only: log on the main process only.
             in_order: with ``main_process_only=False``, log in rank order with barriers in between.
                 Ignored (no barriers) when only the main process logs.
-            **kwargs: passed to :meth:`logging.Logger.log` (``exc_info``, ``stacklevel``, ``extra``...).
+            **kwargs: passed to :meth:`logging.Logger.log` (``exc_info``, ``extra``...); ``stacklevel``
+                as Accelerate counts it (see the module docstring).
 
         Raises:
             RuntimeError: when no Accelerator or PartialState exists yet.
         """
+        self._log(level, msg, args, main_process_only, in_order, _up(kwargs))
+
+    def _log(
+        self,
+        level: int,
+        msg: object,
+        args: tuple[object, ...],
+        main_process_only: bool,
+        in_order: bool,
+        kwargs: dict[str, Any],
+    ) -> None:
         state = _require_state()
         if not self.isEnabledFor(level):
             return
-        _up(kwargs, 2)  # log() and _emit() lie between the caller and Logger.log
         if main_process_only:
             if state.is_main_process:
                 self._emit(level, msg, args, kwargs)
@@ -119,27 +138,27 @@ class MultiProcessAdapter(logging.LoggerAdapter):
 
     def debug(self, msg: object, *args: object, **kwargs: Any) -> None:
         """``log(logging.DEBUG, msg, *args, **kwargs)``."""
-        self.log(logging.DEBUG, msg, *args, **_up(kwargs, 1))
+        self._log(logging.DEBUG, msg, args, *_flags(kwargs), _up(kwargs))
 
     def info(self, msg: object, *args: object, **kwargs: Any) -> None:
         """``log(logging.INFO, msg, *args, **kwargs)``."""
-        self.log(logging.INFO, msg, *args, **_up(kwargs, 1))
+        self._log(logging.INFO, msg, args, *_flags(kwargs), _up(kwargs))
 
     def warning(self, msg: object, *args: object, **kwargs: Any) -> None:
         """``log(logging.WARNING, msg, *args, **kwargs)``."""
-        self.log(logging.WARNING, msg, *args, **_up(kwargs, 1))
+        self._log(logging.WARNING, msg, args, *_flags(kwargs), _up(kwargs))
 
     def error(self, msg: object, *args: object, **kwargs: Any) -> None:
         """``log(logging.ERROR, msg, *args, **kwargs)``."""
-        self.log(logging.ERROR, msg, *args, **_up(kwargs, 1))
+        self._log(logging.ERROR, msg, args, *_flags(kwargs), _up(kwargs))
 
     def exception(self, msg: object, *args: object, exc_info: Any = True, **kwargs: Any) -> None:
         """``error()`` with the exception being handled (``exc_info=True``) appended to the record."""
-        self.log(logging.ERROR, msg, *args, exc_info=exc_info, **_up(kwargs, 1))
+        self._log(logging.ERROR, msg, args, *_flags(kwargs), _up({**kwargs, "exc_info": exc_info}))
 
     def critical(self, msg: object, *args: object, **kwargs: Any) -> None:
         """``log(logging.CRITICAL, msg, *args, **kwargs)``."""
-        self.log(logging.CRITICAL, msg, *args, **_up(kwargs, 1))
+        self._log(logging.CRITICAL, msg, args, *_flags(kwargs), _up(kwargs))
 
     def warning_once(self, msg: object, *args: object, **kwargs: Any) -> None:
         """``warning()``, but a given message (with its arguments) is emitted only once per process.
@@ -153,7 +172,7 @@ class MultiProcessAdapter(logging.LoggerAdapter):
         if key in _warned_once:
             return
         _warned_once.add(key)
-        self.warning(msg, *args, **_up(kwargs, 1))
+        self._log(logging.WARNING, msg, args, *_flags(kwargs), _up(kwargs))
 
 
 def _level(log_level: str | int, source: str) -> int | str:

@@ -202,7 +202,14 @@ class PartialState:
 
     @property
     def debug(self) -> bool:
+        """Whether collectives first check that every rank passes tensors of the same shapes and dtypes."""
         return self._ctx.debug
+
+    @debug.setter
+    def debug(self, value: bool) -> None:
+        # Shared by every PartialState and AcceleratorState of the process, as in Accelerate, whose tests
+        # switch the operation checker on and off with `state.debug = True`.
+        self._ctx.debug = bool(value)
 
     @property
     def is_main_process(self) -> bool:

@@ -50,7 +50,7 @@ def test_prepared_objects_match_schedulers_to_their_optimizers():
 
 def test_prepared_objects_register_and_forget():
     prepared = PreparedObjects()
-    with pytest.raises(ValueError, match=r"item 1 \(int\) has none"):
+    with pytest.raises(ValueError, match=r"invalid:\n\t- Item at index 1, `int`\nregister_for_checkpointing"):
         prepared.register_for_checkpointing((torch.nn.Linear(1, 1), 3))
     model = torch.nn.Linear(1, 1)
     prepared.register_for_checkpointing((model,))

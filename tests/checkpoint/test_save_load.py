@@ -194,8 +194,28 @@ def test_save_state_needs_a_folder():
 
 def test_register_for_checkpointing_names_bad_items():
     accelerator, _, _ = _accelerator()
-    with pytest.raises(ValueError, match=r"items? 1 \(int\), item 2 \(str\) have none"):
+    with pytest.raises(ValueError) as raised:
         accelerator.register_for_checkpointing(torch.nn.Linear(1, 1), 3, "x")
+    assert str(raised.value) == (
+        "All `objects` must include a `state_dict` and `load_state_dict` function to be stored. The following "
+        "inputs are invalid:\n\t- Item at index 1, `int`\n\t- Item at index 2, `str`\n"
+        "register_for_checkpointing() saves and loads each object through its state_dict() and "
+        "load_state_dict(): wrap these in a class that provides both (a model or optimizer passed to prepare() "
+        "is saved without registering it)."
+    )
+
+
+def test_register_for_checkpointing_error_has_accelerate_wording():
+    """Accelerate's test_invalid_registration: two tensors, then a model and an optimizer."""
+    accelerator, _, _ = _accelerator()
+    net = torch.nn.Linear(1, 1)
+    with pytest.raises(ValueError) as raised:
+        accelerator.register_for_checkpointing(
+            torch.tensor([1, 2, 3]), torch.tensor([2, 3, 4]), net, torch.optim.Adam(net.parameters())
+        )
+    message = str(raised.value)
+    assert "Item at index 0, `Tensor`" in message and "Item at index 1, `Tensor`" in message
+    assert "Item at index 2" not in message and "Item at index 3" not in message
 
 
 def test_unsafe_registered_state_is_refused_at_save(tmp_path):

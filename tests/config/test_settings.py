@@ -25,6 +25,16 @@ def test_kwargs_handler_to_kwargs_lists_only_changes():
     }
 
 
+def test_dynamo_plugin_to_kwargs_lists_only_changes_as_accelerate_does():
+    assert TorchDynamoPlugin().to_kwargs() == {}
+    plugin = TorchDynamoPlugin(
+        backend="INDUCTOR", mode="max-autotune", dynamic=True, use_regional_compilation=True
+    )
+    assert plugin.to_kwargs() == {"backend": "inductor", "mode": "max-autotune", "dynamic": True}
+    assert TorchDynamoPlugin(options={"a": 1}).to_kwargs() == {"options": {"a": 1}}
+    assert TorchDynamoPlugin().to_dict()["backend"] == "no"
+
+
 def test_ddp_kwargs_validate_hooks():
     with pytest.raises(ValueError, match="comm_hook='zip' is invalid: it must be one of 'no', 'fp16'"):
         DistributedDataParallelKwargs(comm_hook="zip")

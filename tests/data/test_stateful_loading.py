@@ -296,3 +296,47 @@ def test_skip_first_batches_keeps_the_loader_stateful():
     assert saved["batches_yielded"] == 3
     loader.load_state_dict(saved)
     assert as_lists(loader) == [[6, 7], [8, 9]]
+
+
+# -- Accelerator.dataloader_config assigned after construction (Accelerate's tests do this) -------------
+def _assigned(folder: str, resume: bool) -> list[list[int]]:
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    from lockstep import Accelerator
+
+    accelerator = Accelerator(cpu=True)
+    accelerator.dataloader_config = DataLoaderConfiguration(use_stateful_dataloader=True)
+    torch.manual_seed(3)
+    loader = accelerator.prepare(DataLoader(ServedCounter(12), batch_size=2, shuffle=True))
+    assert isinstance(loader, StatefulDataLoader) and accelerator.use_stateful_dataloader
+    if resume:
+        accelerator.load_state(folder)
+        return as_lists(loader)
+    iterator = iter(loader)
+    batches = [next(iterator).tolist() for _ in range(2)]
+    accelerator.save_state(folder)  # mid-epoch
+    return batches + as_lists(iterator)  # the uninterrupted run reads the rest of the epoch
+
+
+@requires("torchdata")
+def test_dataloader_config_assigned_before_prepare_makes_stateful_loaders_that_resume(tmp_path):
+    from tests.helpers.multiprocess import reset_lockstep_state
+
+    folder = str(tmp_path / "checkpoint")
+    before = _assigned(folder, resume=False)
+    state = torch.load(tmp_path / "checkpoint" / "dataloader.bin", weights_only=True)
+    assert (state["epoch"], state["batches_yielded"]) == (0, 2) and "stateful_dataloader" in state
+    reset_lockstep_state()
+    after = _assigned(folder, resume=True)
+    # the rest of epoch 0 as the run that was not stopped read it: the same samples in the same order, and
+    # the dataset's own counter (restored by the StatefulDataLoader) continuing from the saved state
+    assert after == before[2:] and len(after) == 4
+
+
+def test_dataloader_config_refuses_other_objects():
+    from lockstep import Accelerator
+
+    with pytest.raises(
+        TypeError, match=r"accelerator.dataloader_config = \{'even_batches': False\} is invalid"
+    ):
+        Accelerator(cpu=True).dataloader_config = {"even_batches": False}

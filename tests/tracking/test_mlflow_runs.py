@@ -137,3 +137,27 @@ def test_mlflow_tags_as_text_must_be_a_json_object(clean_mlflow_environment):
         r"a JSON object such as '\{\"team\": \"nlp\"\}'\. Pass a dict or a JSON object\.",
     ):
         MLflowTracker("run")
+
+
+def test_mlflow_leaves_an_over_long_value_out_of_its_own_copy_only(
+    tmp_path, clean_mlflow_environment, caplog
+):
+    """Accelerate's test_store_init_configuration_does_not_mutate_input: the value is dropped from the
+    MLflow run, and the caller's dict (which every tracker gets) keeps it."""
+    import json
+
+    from mlflow import MlflowClient
+    from mlflow.utils.validation import MAX_PARAM_VAL_LENGTH
+
+    too_long = "x" * (MAX_PARAM_VAL_LENGTH + 1)
+    values = {"learning_rate": 0.001, "too_long": too_long}
+    accelerator = Accelerator(log_with=["mlflow", "jsonl"], project_dir=str(tmp_path))
+    accelerator.init_trackers("drop", config=values)
+    run_id = accelerator.get_tracker("mlflow").run_id
+    jsonl_folder = accelerator.get_tracker("jsonl").folder
+    accelerator.end_training()
+    assert values == {"learning_rate": 0.001, "too_long": too_long}
+    client = MlflowClient(f"sqlite:///{tmp_path / 'drop' / 'mlflow.db'}")
+    assert client.get_run(run_id).data.params == {"learning_rate": "0.001"}
+    assert json.loads((jsonl_folder / "config.json").read_text()) == values
+    assert f"parameter 'too_long' has {MAX_PARAM_VAL_LENGTH + 1} characters" in caplog.text

@@ -241,7 +241,7 @@ def test_mlflow_runs_of_two_projects_in_one_process_keep_their_own_stores(tmp_pa
     for name in ("a", "b"):
         client = MlflowClient(f"sqlite:///{tmp_path / name / name / 'mlflow.db'}")
         [run] = client.search_runs([client.get_experiment_by_name(name).experiment_id])
-        assert run.data.metrics == {"loss": 1.0} and run.data.params == {"long": "x" * 6000}  # MLflow's cap
+        assert run.data.metrics == {"loss": 1.0} and run.data.params == {}  # over MLflow's cap: left out
         assert (
             run.info.artifact_uri
             == (tmp_path / name / name / "mlartifacts").as_uri() + f"/{run.info.run_id}/artifacts"

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from lockstep import TrainingArguments
+from lockstep.trainer import AcceleratorConfig
 from lockstep.trainer.fsdp_options import fsdp_plugin_kwargs, normalize_fsdp_config, parse_fsdp_options
 from lockstep.trainer.schedules import get_scheduler
 
@@ -27,14 +28,16 @@ def test_defaults_follow_transformers():
         "steps",
     )
     assert (args.seed, args.ddp_timeout, args.dataloader_pin_memory) == (42, 1800, True)
-    assert args.report_to == [] and args.fsdp == [] and args.disable_tqdm is False
-    assert args.accelerator_config == {
-        "split_batches": False,
-        "dispatch_batches": None,
-        "even_batches": True,
-        "use_seedable_sampler": True,
-        "non_blocking": False,
-    }
+    assert args.report_to == [] and args.disable_tqdm is False
+    assert args.fsdp is None and args.fsdp_config is None  # as in transformers 5.24
+    assert args.accelerator_config == AcceleratorConfig(
+        split_batches=False,
+        dispatch_batches=None,
+        even_batches=True,
+        use_seedable_sampler=True,
+        non_blocking=False,
+    )
+    assert args.accelerator_config.even_batches is True
 
 
 @pytest.mark.parametrize(
@@ -101,7 +104,10 @@ def test_dict_fields_accept_a_dict_json_text_or_a_json_file(tmp_path):
         accelerator_config={"split_batches": True, "non_blocking": True}
     ).accelerator_config
     assert from_file == from_text == from_dict
-    assert from_file["split_batches"] is True and from_file["use_seedable_sampler"] is True
+    assert isinstance(from_file, AcceleratorConfig)
+    assert from_file.split_batches is True and from_file.use_seedable_sampler is True
+    given = AcceleratorConfig(even_batches=False)
+    assert TrainingArguments(accelerator_config=given).accelerator_config is given
     ds = tmp_path / "ds.json"
     ds.write_text('{"zero_optimization": {"stage": 2}}')
     assert TrainingArguments(deepspeed=str(ds)).deepspeed == {"zero_optimization": {"stage": 2}}
@@ -131,7 +137,7 @@ def test_from_cli_parses_every_kind_of_field():
     assert (
         args.max_steps == 7 and args.report_to == ["jsonl", "csv"] and args.label_names == ["labels", "extra"]
     )
-    assert args.save_total_limit is None and args.accelerator_config["even_batches"] is False
+    assert args.save_total_limit is None and args.accelerator_config.even_batches is False
     assert args.fsdp == ["full_shard", "auto_wrap"] and args.logging_steps == 0.1
 
 
@@ -246,3 +252,18 @@ def test_scheduler_state_loads_with_weights_only(tmp_path):
     fresh = get_scheduler("cosine", optimizer, num_warmup_steps=1, num_training_steps=5)
     fresh.load_state_dict(torch.load(tmp_path / "s.pt", weights_only=True))
     assert fresh.last_epoch == 1 and fresh.get_last_lr() == scheduler.get_last_lr()
+
+
+def test_accelerator_config_becomes_an_object_and_fsdp_defaults_to_none_as_in_transformers():
+    args = TrainingArguments(accelerator_config={"even_batches": False})
+    assert isinstance(args.accelerator_config, AcceleratorConfig)
+    assert args.accelerator_config.even_batches is False and args.accelerator_config.split_batches is False
+    assert (
+        args.to_dict()["accelerator_config"]["even_batches"] is False
+    )  # plain values for trainer_state.json
+    json.dumps(args.to_dict()["accelerator_config"])
+    assert (args.fsdp, args.fsdp_config) == (None, None)
+    sharded = TrainingArguments(fsdp="full_shard", fsdp_config={"fsdp_min_num_params": 10})
+    assert sharded.fsdp == ["full_shard"] and sharded.fsdp_config == {"min_num_params": 10}
+    with pytest.raises(TypeError, match=r"accelerator_config=AcceleratorConfig\) is invalid: it is a class"):
+        TrainingArguments(accelerator_config=AcceleratorConfig)

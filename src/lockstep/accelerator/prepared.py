@@ -39,9 +39,13 @@ class PreparedObjects:
         return chosen or list(self.optimizers)
 
     def register_for_checkpointing(self, objects: tuple[Any, ...]) -> None:
-        """Add objects to save with the state; each needs ``state_dict`` and ``load_state_dict``."""
+        """Add objects to save with the state; each needs ``state_dict`` and ``load_state_dict``.
+
+        The error lists the invalid items in Accelerate's words ("Item at index 0, `Tensor`"), counting
+        positions among all the objects passed, then says what to do.
+        """
         invalid = [
-            f"item {index} ({type(obj).__name__})"
+            f"\n\t- Item at index {index}, `{_pretty_name(obj)}`"
             for index, obj in enumerate(objects)
             if not (
                 callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))
@@ -49,9 +53,10 @@ class PreparedObjects:
         ]
         if invalid:
             raise ValueError(
-                f"register_for_checkpointing() accepts only objects with state_dict() and load_state_dict(); "
-                f"{', '.join(invalid)} {'has' if len(invalid) == 1 else 'have'} none. Wrap them in a class that "
-                "provides both."
+                "All `objects` must include a `state_dict` and `load_state_dict` function to be stored. The "
+                f"following inputs are invalid:{''.join(invalid)}\nregister_for_checkpointing() saves and loads "
+                "each object through its state_dict() and load_state_dict(): wrap these in a class that provides "
+                "both (a model or optimizer passed to prepare() is saved without registering it)."
             )
         self.custom.extend(objects)
 
@@ -61,3 +66,9 @@ class PreparedObjects:
         self.optimizers.clear()
         self.schedulers.clear()
         self.dataloaders.clear()
+
+
+def _pretty_name(obj: Any) -> str:
+    """The name Accelerate's error gives an object: its own for classes and functions, else its class's."""
+    named = obj if hasattr(obj, "__qualname__") or hasattr(obj, "__name__") else type(obj)
+    return str(getattr(named, "__qualname__", None) or getattr(named, "__name__", None) or obj)

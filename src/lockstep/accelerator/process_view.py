@@ -16,6 +16,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
@@ -146,7 +147,20 @@ class ProcessView:
         if not self.use_distributed:
             yield
             return
-        from torch.distributed.algorithms.join import Join
+        from torch.distributed.algorithms.join import Join, Joinable
 
+        others = [type(joinable).__name__ for joinable in joinables if not isinstance(joinable, Joinable)]
+        if others:
+            # torch's Join needs a join hook on each object: only DDP models and ZeroRedundancyOptimizer have
+            # one. Accelerate warns and runs the block without Join where joining is not supported.
+            warnings.warn(
+                f"join_uneven_inputs() got {', '.join(others)}, which is not a DistributedDataParallel model "
+                "(nor another torch Joinable), so joining uneven inputs is not supported here and "
+                "join_uneven_inputs has no effect. Prepare the model with DDP, or give every process the same "
+                "number of batches (DataLoaderConfiguration(even_batches=True)).",
+                stacklevel=3,
+            )
+            yield
+            return
         with Join(list(joinables)):
             yield

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from lockstep.accelerator.settings import AcceleratorSettings
+from lockstep.accelerator.settings import AcceleratorSettings, resolve_rng_types
 from lockstep.config.dataloader import DataLoaderConfiguration
 from lockstep.config.kwargs import (
     AutocastKwargs,
@@ -86,8 +86,31 @@ class SettingsView:
     # -- dataloaders ------------------------------------------------------------------------------
     @property
     def dataloader_config(self) -> DataLoaderConfiguration:
-        """How prepared dataloaders split and deliver data (the ``DataLoaderConfiguration`` in force)."""
+        """How prepared dataloaders split and deliver data (the ``DataLoaderConfiguration`` in force).
+
+        Assignable, as in Accelerate: loaders prepared afterwards follow the new configuration.
+
+        Example:
+            >>> from lockstep import Accelerator
+            >>> accelerator = Accelerator()
+            >>> accelerator.dataloader_config = DataLoaderConfiguration(even_batches=False)
+            >>> accelerator.even_batches
+            False
+        """
         return self.settings.dataloader_config
+
+    @dataloader_config.setter
+    def dataloader_config(self, config: DataLoaderConfiguration) -> None:
+        if not isinstance(config, DataLoaderConfiguration):
+            raise TypeError(
+                f"accelerator.dataloader_config = {config!r} is invalid: it must be a DataLoaderConfiguration, "
+                f"got {type(config).__name__}. Pass DataLoaderConfiguration(...)."
+            )
+        settings = self.settings
+        if settings.rng_types == resolve_rng_types(None, settings.dataloader_config):
+            # rng_types were the default, which follows use_seedable_sampler: follow the new configuration
+            settings.rng_types = resolve_rng_types(None, config)
+        settings.dataloader_config = config
 
     @property
     def split_batches(self) -> bool:

@@ -12,8 +12,9 @@ Example:
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from lockstep.config import checks
@@ -89,6 +90,25 @@ class TorchDynamoPlugin:
     @property
     def enabled(self) -> bool:
         return self.backend != DynamoBackend.NO and not self.disable
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every field, the backend as its lower-case name (Accelerate's format)."""
+        values = copy.deepcopy({f.name: getattr(self, f.name) for f in fields(self)})
+        values["backend"] = self.backend.value.lower()
+        return values
+
+    def to_kwargs(self) -> dict[str, Any]:
+        """The fields whose value differs from the default, as Accelerate's kwargs handlers return them;
+        like Accelerate, without ``use_regional_compilation``, which is no ``torch.compile`` argument.
+
+        Example:
+            >>> TorchDynamoPlugin(backend="inductor", mode="max-autotune").to_kwargs()
+            {'backend': 'inductor', 'mode': 'max-autotune'}
+        """
+        default = type(self)().to_dict()
+        kwargs = {key: value for key, value in self.to_dict().items() if default[key] != value}
+        kwargs.pop("use_regional_compilation", None)
+        return kwargs
 
     def compile_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for ``torch.compile``."""

@@ -132,6 +132,8 @@ class DataLoaderStateMixin:
     _resume_mid_epoch: bool = False
     _resume_base_seed: int | None = None
     _lookahead_rng: torch.Tensor | None = None  # torch's generator before the look-ahead batch was read
+    _epoch_generator: torch.Generator | None = None  # the shuffling generator of the current epoch
+    _lookahead_order: torch.Tensor | None = None  # its state before the look-ahead batch was read
     _resume_lookahead_rng: torch.Tensor | None = None  # loaded, for the resumed epoch's first read
     _seed_synced: bool = False
     _step_observer: Any = None  # the Accelerator's step timer (lockstep.throughput), when step timing is on
@@ -265,6 +267,7 @@ class DataLoaderStateMixin:
         self._synchronize()
         generator = self._replay_generator()
         self._epoch_start_state = None if generator is None else generator.get_state()
+        self._epoch_generator, self._lookahead_order = generator, None
         self._batches_yielded = skip
         self._in_epoch = True
         self.gradient_state._add_dataloader(self)
@@ -283,6 +286,8 @@ class DataLoaderStateMixin:
 
     def _record_lookahead_rng(self) -> None:
         self._lookahead_rng = torch.get_rng_state()
+        if self._epoch_generator is not None:
+            self._lookahead_order = self._epoch_generator.get_state()
 
     def _track_position(self, batches: Iterator[Any]) -> Iterator[Any]:
         self._lookahead_rng = None
@@ -299,6 +304,12 @@ class DataLoaderStateMixin:
             self._continues.iteration = self.iteration  # the loader continues with the next epoch
 
     def _end_epoch(self) -> None:
+        if self._in_epoch and self._lookahead_order is not None and self._epoch_generator is not None:
+            # Broken off (an early-stopping break): the batch read ahead was never taken, so the shuffling
+            # generator goes back to where plain PyTorch, which reads no batch ahead, leaves it. The next
+            # epoch's order is then plain PyTorch's.
+            self._epoch_generator.set_state(self._lookahead_order)
+        self._lookahead_order = None
         self.gradient_state._remove_dataloader(self)
         if self._continues is not None and self._continues._active_copy is self:
             self._continues._active_copy = None

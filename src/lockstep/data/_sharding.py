@@ -100,11 +100,26 @@ class IndexBatches(Sequence[list[int]]):
     def __len__(self) -> int:
         return self._length
 
+    def touch(self, index: int) -> None:
+        """Make a lazily drawn index sequence draw what torch's ``BatchSampler`` has drawn from its sampler
+        once it made batch ``index`` (``len(self)``: once it ran out). A short last batch is made when the
+        sampler has run out."""
+        touch = getattr(self.indices, "touch", None)
+        if touch is None:
+            return
+        end = (index + 1) * self.batch_size
+        touch(self.num_samples if index >= self._length or end > self.num_samples else end - 1)
+
+    def batch_length(self, index: int) -> int:
+        """Samples in batch ``index``, without reading it."""
+        return min(self.batch_size, self.num_samples - index * self.batch_size)
+
     def __getitem__(self, index: int) -> list[int]:  # type: ignore[override]
         if index < 0:
             index += self._length
         if not 0 <= index < self._length:
             raise IndexError(f"batch {index} out of range for {self._length} batches")
+        self.touch(index)
         chunk = self.indices[index * self.batch_size : (index + 1) * self.batch_size]
         return chunk.tolist() if hasattr(chunk, "tolist") else list(chunk)
 
@@ -112,7 +127,9 @@ class IndexBatches(Sequence[list[int]]):
 class RankBatches(Sequence[list[int]]):
     """One rank's batches for one epoch.
 
-    Batch ``k`` is computed when asked for, so ``iter_from(k)`` is O(1) in ``k``.
+    Batch ``k`` is computed when asked for, so ``iter_from(k)`` is O(1) in ``k``; the padded last batch
+    too, so that a lazily drawn epoch (:class:`~lockstep.data.samplers.LazyPermutation`) draws nothing
+    before it is needed.
 
     Attributes:
         remainder: real (not repeated) samples in the last global round; the full round size when it is
@@ -120,11 +137,18 @@ class RankBatches(Sequence[list[int]]):
     """
 
     def __init__(
-        self, head: Callable[[int], list[int]], head_length: int, tail: list[int] | None, *, remainder: int
+        self,
+        head: Callable[[int], list[int]],
+        head_length: int,
+        tail: Callable[[], list[int]] | None,
+        *,
+        remainder: int,
+        on_end: Callable[[], None] | None = None,
     ) -> None:
         self._head = head
         self._head_length = head_length
         self._tail = tail
+        self._on_end = on_end
         self.remainder = remainder
 
     @classmethod
@@ -143,7 +167,7 @@ class RankBatches(Sequence[list[int]]):
         if index < self._head_length:
             return self._head(index)
         assert self._tail is not None
-        return list(self._tail)
+        return self._tail()
 
     def __iter__(self) -> Iterator[list[int]]:
         return self.iter_from(0)
@@ -152,6 +176,8 @@ class RankBatches(Sequence[list[int]]):
         """The batches from number ``start`` on (nothing when ``start >= len(self)``)."""
         for index in range(max(start, 0), len(self)):
             yield self[index]
+        if self._on_end is not None:  # asked for one more: the original sampler runs out here
+            self._on_end()
 
 
 def plan_epoch(global_batches: Sequence[Sequence[int]], spec: ShardSpec) -> RankBatches:
@@ -174,6 +200,21 @@ def _is_regular(batches: Sequence[Sequence[int]], batch_size: int | None) -> boo
     return all(len(b) == batch_size for b in batches[:-1]) and 0 < len(batches[-1]) <= batch_size
 
 
+def _touch(batches: Sequence[Sequence[int]], index: int) -> None:
+    """Draw what the original batch sampler has drawn once it made batch ``index`` (only lazily drawn
+    epochs draw anything; see :meth:`IndexBatches.touch`). The original batch sampler of a rank's batch
+    ``k`` is read to the end of the round, as Accelerate's ``BatchSamplerShard`` reads it."""
+    if isinstance(batches, IndexBatches):
+        batches.touch(index)
+
+
+def _length_of(batches: Sequence[Sequence[int]], index: int) -> int:
+    """Samples in batch ``index``, without drawing it."""
+    if isinstance(batches, IndexBatches):
+        return batches.batch_length(index)
+    return len(batches[index])
+
+
 def _cycle_fill(real: list[int], source: list[int], size: int) -> list[int]:
     """``real`` followed by ``source`` repeated from its start, ``size`` items in all."""
     return real + [source[j % len(source)] for j in range(size - len(real))]
@@ -183,22 +224,38 @@ def _plan_no_split(batches: Sequence[Sequence[int]], spec: ShardSpec) -> RankBat
     world, rank, size = spec.world_size, spec.rank, spec.batch_size
     assert size is not None
     count = len(batches)
-    partial = int(count > 0 and len(batches[count - 1]) < size)
+    partial = int(count > 0 and _length_of(batches, count - 1) < size)
     full_rounds = (count - partial) // world
     leftover = count - full_rounds * world
 
     def head(k: int) -> list[int]:
+        _touch(batches, (k + 1) * world - 1)
         return list(batches[k * world + rank])
 
+    def run_out() -> None:
+        _touch(batches, count)
+
     if spec.drop_last or leftover == 0:
-        return RankBatches(head, full_rounds, None, remainder=world * size if full_rounds else 0)
-    real = [i for j in range(full_rounds * world, count) for i in batches[j]]
-    if spec.even_batches:
+        return RankBatches(
+            head, full_rounds, None, remainder=world * size if full_rounds else 0, on_end=run_out
+        )
+    real_count = (leftover - 1) * size + _length_of(batches, count - 1)
+
+    def padded() -> list[int]:
+        run_out()  # the last round is dealt once the original sampler has run out
+        real = [i for j in range(full_rounds * world, count) for i in batches[j]]
         first = [i for j in range(min(world, count)) for i in batches[j]]
-        tail: list[int] | None = _cycle_fill(real, first, world * size)[rank * size : (rank + 1) * size]
+        return _cycle_fill(real, first, world * size)[rank * size : (rank + 1) * size]
+
+    def own() -> list[int]:
+        run_out()
+        return list(batches[full_rounds * world + rank])
+
+    if spec.even_batches:
+        tail: Callable[[], list[int]] | None = padded
     else:
-        tail = list(batches[full_rounds * world + rank]) if rank < leftover else None
-    return RankBatches(head, full_rounds, tail, remainder=len(real))
+        tail = own if rank < leftover else None
+    return RankBatches(head, full_rounds, tail, remainder=real_count, on_end=run_out)
 
 
 def _plan_split(batches: Sequence[Sequence[int]], spec: ShardSpec) -> RankBatches:
@@ -207,20 +264,28 @@ def _plan_split(batches: Sequence[Sequence[int]], spec: ShardSpec) -> RankBatche
     piece = size // spec.world_size
     start, stop = spec.rank * piece, (spec.rank + 1) * piece
     count = len(batches)
-    partial = int(count > 0 and len(batches[count - 1]) < size)
+    last_length = _length_of(batches, count - 1) if count else 0
+    partial = int(count > 0 and last_length < size)
     full = count - partial
 
     def head(k: int) -> list[int]:
         return list(batches[k][start:stop])
 
+    def run_out() -> None:
+        _touch(batches, count)
+
     if spec.drop_last or not partial:
-        return RankBatches(head, full, None, remainder=size if full else 0)
-    last = list(batches[count - 1])
-    if spec.even_batches:
-        tail: list[int] | None = _cycle_fill(last, list(batches[0]), size)[start:stop]
-    else:
-        tail = last[start:stop] or None
-    return RankBatches(head, full, tail, remainder=len(last))
+        return RankBatches(head, full, None, remainder=size if full else 0, on_end=run_out)
+
+    def last() -> list[int]:
+        run_out()
+        batch = list(batches[count - 1])
+        return (
+            _cycle_fill(batch, list(batches[0]), size)[start:stop] if spec.even_batches else batch[start:stop]
+        )
+
+    has_tail = spec.even_batches or last_length > start
+    return RankBatches(head, full, last if has_tail else None, remainder=last_length, on_end=run_out)
 
 
 def shard_length(num_batches: int, spec: ShardSpec, *, last_batch_size: int | None = None) -> int:

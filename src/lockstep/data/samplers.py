@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch.utils.data import BatchSampler, IterableDataset, RandomSampler, SequentialSampler
 
+from lockstep.data._permutation import LazyPermutation
 from lockstep.data._sharding import (
     IndexBatches,
     RankBatches,
@@ -119,9 +120,9 @@ class RecordingRandomSampler(RandomSampler):
 def epoch_indices(sampler: Iterable[int]) -> Sequence[int] | torch.Tensor:
     """The sampler's indices for one epoch, drawn exactly as iterating it would draw them.
 
-    A ``SequentialSampler`` costs nothing and a ``RandomSampler`` without replacement one or two
-    ``randperm`` calls (the same ones, on the same generator, as its ``__iter__``); any other sampler is
-    iterated.
+    A ``SequentialSampler`` costs nothing and a ``RandomSampler`` without replacement gives a
+    :class:`LazyPermutation` (the same ``randperm`` calls, on the same generator and at the same moments, as
+    its ``__iter__``); any other sampler is iterated.
     """
     if type(sampler) is SequentialSampler:
         return range(len(sampler.data_source))  # type: ignore[arg-type]
@@ -131,7 +132,7 @@ def epoch_indices(sampler: Iterable[int]) -> Sequence[int] | torch.Tensor:
     return list(sampler)
 
 
-def _permutation(sampler: RandomSampler) -> torch.Tensor:
+def _permutation(sampler: RandomSampler) -> LazyPermutation:
     if isinstance(sampler, SeedableRandomSampler):
         generator = sampler._reseed()
     elif isinstance(sampler, RecordingRandomSampler):
@@ -142,12 +143,10 @@ def _permutation(sampler: RandomSampler) -> torch.Tensor:
         generator.manual_seed(seed)
     else:
         generator = sampler.generator
-    n = len(sampler.data_source)  # type: ignore[arg-type]
-    parts = [torch.randperm(n, generator=generator) for _ in range(sampler.num_samples // n)]
-    parts.append(torch.randperm(n, generator=generator)[: sampler.num_samples % n])
+    permutation = LazyPermutation(generator, len(sampler.data_source), sampler.num_samples)  # type: ignore[arg-type]
     if isinstance(sampler, SeedableRandomSampler):
         sampler.set_epoch(sampler.epoch + 1)
-    return torch.cat(parts)
+    return permutation
 
 
 def global_batches(batch_sampler: Iterable[list[int]]) -> Sequence[Sequence[int]]:

@@ -232,7 +232,9 @@ class MLflowTracker(GeneralTracker):
         return self.active_run
 
     def store_init_configuration(self, values: dict[str, Any]) -> None:
-        """Log ``values`` as run parameters (long values are cut to MLflow's limit, with a warning)."""
+        """Log ``values`` as run parameters. A value longer than MLflow accepts is left out of what is logged,
+        with a warning, as Accelerate does; ``values`` itself is not changed (the other trackers get the same
+        dict)."""
         import mlflow
         from mlflow.utils.validation import MAX_PARAM_VAL_LENGTH, MAX_PARAMS_TAGS_PER_BATCH
 
@@ -241,12 +243,13 @@ class MLflowTracker(GeneralTracker):
             text = str(plain_value(value))
             if len(text) > MAX_PARAM_VAL_LENGTH:
                 logger.warning(
-                    "mlflow: the value of parameter %r has %d characters; MLflow keeps %d, so it was cut.",
+                    "mlflow: the value of parameter %r has %d characters; MLflow's log_param() accepts at most "
+                    "%d, so it was left out of the run's parameters (the other trackers still get it).",
                     key,
                     len(text),
                     MAX_PARAM_VAL_LENGTH,
                 )
-                text = text[:MAX_PARAM_VAL_LENGTH]
+                continue
             params[key] = text
         items = list(params.items())
         for start in range(0, len(items), MAX_PARAMS_TAGS_PER_BATCH):

@@ -6,6 +6,7 @@ Example:
 
 from lockstep.trainer._evaluation import EvalPrediction, PredictionOutput
 from lockstep.trainer._hyperparameter_search import BestRun
+from lockstep.trainer.accelerator_config import AcceleratorConfig
 from lockstep.trainer.arguments import TrainingArguments
 from lockstep.trainer.callbacks import (
     CallbackHandler,
@@ -32,6 +33,7 @@ from lockstep.trainer.schedules import (
 from lockstep.trainer.trainer import Trainer, TrainOutput
 
 __all__ = [
+    "AcceleratorConfig",
     "BestRun",
     "CallbackHandler",
     "DefaultFlowCallback",

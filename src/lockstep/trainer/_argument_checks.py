@@ -11,6 +11,7 @@ import os
 from typing import Any
 
 from lockstep.trainer import _values
+from lockstep.trainer.accelerator_config import AcceleratorConfig
 from lockstep.trainer.fsdp_options import normalize_fsdp_config, parse_fsdp_options
 
 # The TrainingArguments being validated; typed loosely because arguments.py imports this module.
@@ -71,13 +72,6 @@ SCHEDULE_KWARGS: dict[str, tuple[str, ...]] = {
     ),
 }
 """The ``lr_scheduler_kwargs`` keys each schedule accepts (transformers' names)."""
-ACCELERATOR_CONFIG_DEFAULTS: dict[str, Any] = {
-    "split_batches": False,
-    "dispatch_batches": None,
-    "even_batches": True,
-    "use_seedable_sampler": True,
-    "non_blocking": False,
-}
 
 
 def check_int(args: TrainingArguments, name: str, *, minimum: int, optional: bool = False) -> None:
@@ -359,9 +353,14 @@ def check_distributed(args: TrainingArguments) -> None:
         args.ddp_backend = _values.check_choice(args.ddp_backend, DDP_BACKENDS, argument="ddp_backend")
     check_int(args, "ddp_timeout", minimum=1)
     check_int(args, "ddp_bucket_cap_mb", minimum=1, optional=True)
-    args.accelerator_config = accelerator_config(args.accelerator_config)
-    args.fsdp = parse_fsdp_options(args.fsdp)
-    args.fsdp_config = normalize_fsdp_config(_values.load_json_dict(args.fsdp_config, argument="fsdp_config"))
+    args.accelerator_config = AcceleratorConfig.from_value(args.accelerator_config)
+    # As in transformers: without FSDP, fsdp and fsdp_config stay None (or as given).
+    if args.fsdp:
+        args.fsdp = parse_fsdp_options(args.fsdp)
+    if args.fsdp_config is not None:
+        args.fsdp_config = normalize_fsdp_config(
+            _values.load_json_dict(args.fsdp_config, argument="fsdp_config")
+        )
     args.deepspeed = _values.load_json_dict(args.deepspeed, argument="deepspeed")
     if args.fsdp and args.deepspeed:
         raise ValueError(
@@ -424,22 +423,3 @@ def parse_report_to(value: Any) -> list[str]:
             )
         found.append(registered)
     return found
-
-
-def accelerator_config(value: Any) -> dict[str, Any]:
-    loaded = _values.load_json_dict(value, argument="accelerator_config") or {}
-    unknown = sorted(set(loaded) - set(ACCELERATOR_CONFIG_DEFAULTS))
-    if unknown:
-        raise ValueError(
-            f"TrainingArguments(accelerator_config) has unknown key(s) {unknown}; known keys: "
-            f"{', '.join(ACCELERATOR_CONFIG_DEFAULTS)}."
-        )
-    merged = {**ACCELERATOR_CONFIG_DEFAULTS, **loaded}
-    for key, item in merged.items():
-        allowed = (bool, type(None)) if key == "dispatch_batches" else (bool,)
-        if not isinstance(item, allowed):
-            raise ValueError(
-                f"TrainingArguments(accelerator_config) {key}={item!r} is invalid: it must be true or false"
-                + (" (or null)." if key == "dispatch_batches" else ".")
-            )
-    return merged

@@ -36,6 +36,7 @@ from lockstep.config.backend_specs import launched_plugin, sectioned_specs, spec
 from lockstep.config.fsdp import FullyShardedDataParallelPlugin
 from lockstep.config.fsdp_keys import plugin_fields
 from lockstep.config.parallelism import ParallelismConfig
+from lockstep.trainer.accelerator_config import AcceleratorConfig
 from lockstep.trainer.arguments import TrainingArguments
 from lockstep.trainer.deepspeed_options import deepspeed_plugin_for
 from lockstep.trainer.fsdp_options import fsdp_plugin_kwargs
@@ -75,13 +76,14 @@ def ddp_kwargs(args: TrainingArguments, model: nn.Module | None) -> DistributedD
 
 
 def dataloader_configuration(args: TrainingArguments) -> DataLoaderConfiguration:
-    config = dict(args.accelerator_config)  # type: ignore[arg-type]
+    config = args.accelerator_config
+    assert isinstance(config, AcceleratorConfig)  # TrainingArguments converted it
     return DataLoaderConfiguration(
-        split_batches=config["split_batches"],
-        dispatch_batches=config["dispatch_batches"],
-        even_batches=config["even_batches"],
-        use_seedable_sampler=config["use_seedable_sampler"],
-        non_blocking=config["non_blocking"],
+        split_batches=config.split_batches,
+        dispatch_batches=config.dispatch_batches,
+        even_batches=config.even_batches,
+        use_seedable_sampler=config.use_seedable_sampler,
+        non_blocking=config.non_blocking,
         data_seed=args.data_seed if args.data_seed is not None else args.seed,
     )
 

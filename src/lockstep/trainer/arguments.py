@@ -23,7 +23,6 @@ from lockstep.config.enums import BUILT_IN_TRACKERS
 from lockstep.trainer import _argument_checks as _checks
 from lockstep.trainer import _values
 from lockstep.trainer._argument_checks import (
-    ACCELERATOR_CONFIG_DEFAULTS,
     DDP_BACKENDS,
     LOG_LEVELS,
     LR_SCHEDULER_TYPES,
@@ -32,6 +31,7 @@ from lockstep.trainer._argument_checks import (
     STRATEGIES,
 )
 from lockstep.trainer._field_status import check_not_built
+from lockstep.trainer.accelerator_config import AcceleratorConfig
 
 __all__ = [
     "ACCELERATOR_CONFIG_DEFAULTS",
@@ -39,8 +39,13 @@ __all__ = [
     "LR_SCHEDULER_TYPES",
     "OPTIMIZERS",
     "STRATEGIES",
+    "AcceleratorConfig",
     "TrainingArguments",
 ]
+
+
+ACCELERATOR_CONFIG_DEFAULTS: dict[str, Any] = AcceleratorConfig().to_dict()
+"""The default ``accelerator_config`` settings."""
 
 
 def _help(default: Any, text: str) -> Any:
@@ -251,11 +256,11 @@ class TrainingArguments:
     data_seed: int | None = _help(None, "Seed of the data order (default: seed).")
     use_cpu: bool = _help(False, "Train on the CPU even when a GPU is present.")
     local_rank: int = _help(-1, "Set by launchers; lockstep reads LOCAL_RANK from the environment instead.")
-    accelerator_config: dict | str | None = field(
+    accelerator_config: AcceleratorConfig | dict | str | None = field(
         default=None,
         metadata={
             "help": "Dict, JSON text or JSON file: split_batches, dispatch_batches, even_batches, use_seedable_sampler, "
-            "non_blocking."
+            "non_blocking. Becomes an AcceleratorConfig (args.accelerator_config.even_batches)."
         },
     )
     parallelism_config: Any = field(
@@ -343,8 +348,12 @@ class TrainingArguments:
         return math.ceil(total_steps * fraction)
 
     def to_dict(self) -> dict[str, Any]:
-        """The arguments as plain values (for trackers and ``trainer_state.json``)."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        """The arguments as plain values (for trackers and ``trainer_state.json``); ``accelerator_config`` as
+        a dict, as transformers writes it."""
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        if isinstance(values["accelerator_config"], AcceleratorConfig):
+            values["accelerator_config"] = values["accelerator_config"].to_dict()
+        return values
 
     # -- command line -----------------------------------------------------------------------------
     @classmethod

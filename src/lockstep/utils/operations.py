@@ -36,6 +36,7 @@ from lockstep._nested import (
     find_batch_size,
     honor_type,
     is_namedtuple,
+    is_torch_tensor,
     recursively_apply,
 )
 from lockstep._nested import send_to_device as _send_to_device
@@ -82,11 +83,6 @@ __all__ = [
     "send_to_device",
     "slice_tensors",
 ]
-
-
-def is_torch_tensor(tensor: Any) -> bool:
-    """Whether ``tensor`` is a ``torch.Tensor`` (the default ``test_type`` of :func:`recursively_apply`)."""
-    return isinstance(tensor, torch.Tensor)
 
 
 def is_tensor_information(tensor_info: Any) -> bool:
