@@ -230,10 +230,10 @@ def _record_collectives() -> list[dict]:
     import torch.distributed as dist
 
     from lockstep import Accelerator
-    from lockstep.diagnostics import collective_log, hang_watchdog
+    from lockstep.diagnostics import active_watchdog, collective_log
 
     accelerator = Accelerator(kwargs_handlers=[HangDetectionKwargs(timeout=60)])
-    watchdog = hang_watchdog.current()
+    watchdog = active_watchdog.current()
     assert watchdog is not None and collective_log.installed()
     dist.all_reduce(torch.ones(2, 3))  # DIRECT
     accelerator.reduce(torch.ones(4, dtype=torch.int64))  # VIA_LOCKSTEP
@@ -241,7 +241,7 @@ def _record_collectives() -> list[dict]:
     entries = [entry.to_dict(0.0, 0.0) for entry in watchdog.log.snapshot()]
     original = dist.all_reduce.__wrapped__
     accelerator.end_training()
-    assert hang_watchdog.current() is None and not collective_log.installed()
+    assert active_watchdog.current() is None and not collective_log.installed()
     assert dist.all_reduce is original  # torch's own function is back
     return entries
 

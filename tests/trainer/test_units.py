@@ -150,7 +150,7 @@ def test_iterable_datasets_need_max_steps_and_train_for_exactly_that_many(tmp_pa
 
 
 def test_rotation_keeps_the_newest_checkpoints_and_the_one_just_saved(tmp_path):
-    from lockstep.trainer._checkpoints import rotate_checkpoints, sorted_checkpoints
+    from lockstep.trainer._checkpoint_folders import rotate_checkpoints, sorted_checkpoints
 
     for step in (10, 2, 30, 20):
         (tmp_path / f"checkpoint-{step}").mkdir()

@@ -25,8 +25,8 @@ from lockstep.backends.base import Backend
 from lockstep.backends.capabilities import Indexed, ShardedCheckpointIO
 from lockstep.checkpoint import layout
 from lockstep.checkpoint.async_writer import AsyncCheckpointWriter
+from lockstep.checkpoint.collective_save import choose_checkpoint, load_checkpoint, save_checkpoint
 from lockstep.checkpoint.model_files import save_model_files
-from lockstep.checkpoint.saver import choose_checkpoint, load_checkpoint, save_checkpoint
 from lockstep.checkpoint.training_state import TrainingObjects
 from lockstep.config.project import ProjectConfiguration
 from lockstep.state import PartialState

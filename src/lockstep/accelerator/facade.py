@@ -251,15 +251,15 @@ class Accelerator:
     def _start_hang_watchdog(self) -> Callable[[], None]:
         """Start lockstep.diagnostics' watchdog (a hang becomes a report and exit code 124); returns the
         progress note prepared optimizers call on every step."""
-        from lockstep.diagnostics import hang_watchdog
+        from lockstep.diagnostics import active_watchdog
 
-        hang_watchdog.start(
+        active_watchdog.start(
             rank=self.process_index,
             world_size=self.num_processes,
             handler=self.settings.handlers.hang,
             logging_dir=self.logging_dir,
         )
-        return hang_watchdog.note_step
+        return active_watchdog.note_step
 
     def _build_preparer(
         self,
@@ -613,13 +613,13 @@ class Accelerator:
         transformers' ``*_no_trainer.py`` examples call ``wait_for_everyone()`` and save the model after it.
         (Accelerate destroys the group here, and those scripts then fail on several processes.)
         """
-        from lockstep.diagnostics import hang_watchdog
+        from lockstep.diagnostics import active_watchdog
 
         self._trackers.finish()
         if self._checkpoints is not None:
             self._checkpoints.wait()
         self.free_memory()
-        hang_watchdog.stop()
+        active_watchdog.stop()
 
     # -- saving -----------------------------------------------------------------------------------
     def save(self, obj: Any, f: Any, safe_serialization: bool = False) -> None:

@@ -13,7 +13,7 @@ and the job exits with code 124 instead of hanging. Configure it with :class:`Ha
 
 Modules: ``settings`` (the handler), ``collective_log`` (the record and the torch.distributed wrappers),
 ``stacks``, ``dump`` (per-rank files), ``exchange`` (talking to the other ranks through the store),
-``hang_summary`` (the line, pure), ``watchdog`` (the thread and the diagnosis), ``hang_watchdog`` (the process's
+``hang_summary`` (the line, pure), ``watchdog`` (the thread and the diagnosis), ``active_watchdog`` (the process's
 one watchdog), ``records`` (the elastic agent's error record).
 """
 

@@ -95,7 +95,7 @@ def _mark_failed() -> None:
 def _diagnose_hang(error: BaseException) -> None:
     """A collective timeout raised from torch's C++ (e.g. DDP's backward) becomes the hang report;
     the watchdog then ends the process with code 124. Returns for every other error."""
-    hang_runtime = sys.modules.get("lockstep.diagnostics.hang_watchdog")
+    hang_runtime = sys.modules.get("lockstep.diagnostics.active_watchdog")
     if hang_runtime is not None:
         hang_runtime.on_uncaught_exception(error)  # type: ignore[attr-defined]
 

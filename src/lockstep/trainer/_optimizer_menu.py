@@ -6,8 +6,8 @@ themselves are built in :mod:`lockstep.trainer.optimizers`.
 
 from __future__ import annotations
 
-from lockstep.trainer import _values
-from lockstep.trainer._argument_checks import OPTIMIZERS
+from lockstep.trainer import _argument_parsers
+from lockstep.trainer._arguments_post_init import OPTIMIZERS
 
 _BNB = "bitsandbytes"
 NEEDS_PACKAGE: dict[str, str] = {
@@ -77,7 +77,7 @@ def check_optim(value: object) -> str:
             f"(pip install {package}), which lockstep does not wire. Build that optimizer yourself and pass "
             f"Trainer(optimizers=(optimizer, None)), or use one of {', '.join(OPTIMIZERS)}."
         )
-    return _values.check_choice(value, OPTIMIZERS, argument="optim")
+    return _argument_parsers.check_choice(value, OPTIMIZERS, argument="optim")
 
 
 def parse_optim_args(text: str | None) -> dict[str, str]:

@@ -16,7 +16,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from lockstep.trainer import _values
+from lockstep.trainer import _argument_parsers
 
 
 @dataclass(kw_only=True)
@@ -55,7 +55,7 @@ class AcceleratorConfig:
                 f"TrainingArguments(accelerator_config={value.__name__}) is invalid: it is a class. Pass an "
                 f"instance ({value.__name__}()) or a dict."
             )
-        loaded = _values.load_json_dict(value, argument="accelerator_config") or {}
+        loaded = _argument_parsers.load_json_dict(value, argument="accelerator_config") or {}
         known = [f.name for f in dataclasses.fields(cls)]
         unknown = sorted(set(loaded) - set(known))
         if unknown:

@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lockstep.config.enums import BUILT_IN_TRACKERS
-from lockstep.trainer import _argument_checks as _checks
-from lockstep.trainer import _values
-from lockstep.trainer._argument_checks import (
+from lockstep.trainer import _argument_parsers
+from lockstep.trainer import _arguments_post_init as _checks
+from lockstep.trainer._arguments_post_init import (
     DDP_BACKENDS,
     LOG_LEVELS,
     LR_SCHEDULER_TYPES,
@@ -330,7 +330,9 @@ class TrainingArguments:
         _checks.check_distributed(self)
         self.report_to = _checks.parse_report_to(self.report_to)
         self.label_names = (
-            None if self.label_names is None else _values.name_list(self.label_names, argument="label_names")
+            None
+            if self.label_names is None
+            else _argument_parsers.name_list(self.label_names, argument="label_names")
         )
         check_not_built(self)
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from lockstep.config.fsdp_keys import PREFIX, SPELLINGS, fsdp_key
 from lockstep.config.keys import SettingKey
-from lockstep.trainer._values import name_list
+from lockstep.trainer._argument_parsers import name_list
 
 logger = logging.getLogger("lockstep.trainer")
 

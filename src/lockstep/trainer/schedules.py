@@ -27,7 +27,7 @@ from typing import Any
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR, ReduceLROnPlateau
 
-from lockstep.trainer._argument_checks import LR_SCHEDULER_TYPES, SCHEDULE_KWARGS
+from lockstep.trainer._arguments_post_init import LR_SCHEDULER_TYPES, SCHEDULE_KWARGS
 
 
 def _constant(step: int) -> float:

@@ -28,11 +28,10 @@ from lockstep.trainer import (
     _best_model,
     _hyperparameter_search,
     _process_setup,
-    _trainer_checks,
+    _setup_checks,
     _transformers_format,
     batches,
 )
-from lockstep.trainer._checkpoint_saving import TrainerCheckpoints
 from lockstep.trainer._evaluation import EvalOptions, EvalPrediction, PredictionOutput, evaluation_loop
 from lockstep.trainer._hyperparameter_search import BestRun
 from lockstep.trainer._loaders import TrainerLoaders
@@ -40,6 +39,7 @@ from lockstep.trainer._logging import format_log_line
 from lockstep.trainer._loss_sums import LossSums
 from lockstep.trainer._num_items import MicroBatch
 from lockstep.trainer._step_plan import plan_steps, record_plan
+from lockstep.trainer._trainer_checkpoints import TrainerCheckpoints
 from lockstep.trainer._training_step import training_step_for
 from lockstep.trainer.accelerator_factory import (
     create_accelerator_and_postprocess,
@@ -125,7 +125,7 @@ class Trainer:
             raise TypeError(
                 f"Trainer(args=...) got {type(self.args).__name__}; pass a lockstep.TrainingArguments."
             )
-        _trainer_checks.check_inputs(
+        _setup_checks.check_inputs(
             self.args,
             train_dataset=train_dataset,
             eval_dataset=eval_dataset,
@@ -136,7 +136,7 @@ class Trainer:
         _process_setup.seed_everything(self.args)
         self.model = model
         _process_setup.apply_use_cache(model, self.args)
-        _trainer_checks.enable_gradient_checkpointing(model, self.args)
+        _setup_checks.enable_gradient_checkpointing(model, self.args)
         self.accelerator = create_accelerator_and_postprocess(self.args, model)
         _process_setup.apply_tf32(self.args)
         _process_setup.apply_log_level(
@@ -371,7 +371,7 @@ class Trainer:
     def _resume(self, folder: Path) -> None:
         planned = self.state.max_steps
         if _transformers_format.is_transformers_checkpoint(folder):
-            _trainer_checks.check_transformers_resume(self.accelerator, folder)
+            _setup_checks.check_transformers_resume(self.accelerator, folder)
             self._plan_steps()
             _transformers_format.resume_from_transformers(
                 folder,

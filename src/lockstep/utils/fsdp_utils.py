@@ -27,8 +27,8 @@ from typing import Any
 from torch import nn
 
 from lockstep import _env
+from lockstep.checkpoint.collective_save import agree
 from lockstep.checkpoint.model_files import save_model_files
-from lockstep.checkpoint.saver import agree
 from lockstep.state import PartialState
 from lockstep.utils._tied_weights import ensure_weights_retied
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from lockstep.trainer import _values
+from lockstep.trainer import _argument_parsers
 from lockstep.trainer.accelerator_config import AcceleratorConfig
 from lockstep.trainer.fsdp_options import normalize_fsdp_config, parse_fsdp_options
 
@@ -103,8 +103,8 @@ def resolve_defaults_and_aliases(args: TrainingArguments) -> None:
     if not args.output_dir:
         raise ValueError("TrainingArguments(output_dir='') is invalid: give the folder for checkpoints.")
     for name in ("lr_scheduler_kwargs", "activation_checkpointing_kwargs", "gradient_checkpointing_kwargs"):
-        setattr(args, name, _values.load_json_dict(getattr(args, name), argument=name))
-    args.liger_kernel_config = _values.load_json_dict(
+        setattr(args, name, _argument_parsers.load_json_dict(getattr(args, name), argument=name))
+    args.liger_kernel_config = _argument_parsers.load_json_dict(
         args.liger_kernel_config, argument="liger_kernel_config"
     )
     # gradient_checkpointing* are transformers 5's aliases of activation_checkpointing*: the new name wins
@@ -123,13 +123,15 @@ def resolve_defaults_and_aliases(args: TrainingArguments) -> None:
     tokens = args.include_num_input_tokens_seen
     if isinstance(tokens, bool):
         tokens = "all" if tokens else "no"
-    args.include_num_input_tokens_seen = _values.check_choice(
+    args.include_num_input_tokens_seen = _argument_parsers.check_choice(
         tokens, TOKENS_SEEN, argument="include_num_input_tokens_seen"
     )
-    args.include_for_metrics = _values.name_list(args.include_for_metrics, argument="include_for_metrics")
+    args.include_for_metrics = _argument_parsers.name_list(
+        args.include_for_metrics, argument="include_for_metrics"
+    )
     for name in args.include_for_metrics:
-        _values.check_choice(name, METRICS_INPUTS, argument="include_for_metrics")
-    args.debug = _values.name_list(args.debug, argument="debug")
+        _argument_parsers.check_choice(name, METRICS_INPUTS, argument="include_for_metrics")
+    args.debug = _argument_parsers.name_list(args.debug, argument="debug")
     if args.use_cpu:
         args.dataloader_pin_memory = False
 
@@ -163,7 +165,7 @@ def check_counts(args: TrainingArguments) -> None:
             "TrainingArguments(dataloader_persistent_workers=True) needs dataloader_num_workers > 0."
         )
     if args.dataloader_multiprocessing_context is not None:
-        _values.check_choice(
+        _argument_parsers.check_choice(
             args.dataloader_multiprocessing_context,
             MULTIPROCESSING_CONTEXTS,
             argument="dataloader_multiprocessing_context",
@@ -187,9 +189,13 @@ def _check_warmup_steps(args: TrainingArguments) -> None:
 # -- 3. strategies ----------------------------------------------------------------------------------
 def check_strategies(args: TrainingArguments) -> None:
     for name in ("logging_strategy", "eval_strategy"):
-        setattr(args, name, _values.check_choice(getattr(args, name), STRATEGIES, argument=name))
-    args.save_strategy = _values.check_choice(args.save_strategy, SAVE_STRATEGIES, argument="save_strategy")
-    args.hub_strategy = _values.check_choice(args.hub_strategy, HUB_STRATEGIES, argument="hub_strategy")
+        setattr(args, name, _argument_parsers.check_choice(getattr(args, name), STRATEGIES, argument=name))
+    args.save_strategy = _argument_parsers.check_choice(
+        args.save_strategy, SAVE_STRATEGIES, argument="save_strategy"
+    )
+    args.hub_strategy = _argument_parsers.check_choice(
+        args.hub_strategy, HUB_STRATEGIES, argument="hub_strategy"
+    )
     if args.eval_strategy != "no":
         args.do_eval = True
     if args.eval_strategy == "steps" and not args.eval_steps:
@@ -288,7 +294,7 @@ def _check_schedule(args: TrainingArguments) -> str:
             "TrainingArguments(lr_scheduler_type='greedy') is not built in lockstep yet (transformers' GreedyLR). "
             f"Use one of {', '.join(LR_SCHEDULER_TYPES)}."
         )
-    name = _values.check_choice(name, LR_SCHEDULER_TYPES, argument="lr_scheduler_type")
+    name = _argument_parsers.check_choice(name, LR_SCHEDULER_TYPES, argument="lr_scheduler_type")
     unknown = sorted(set(args.lr_scheduler_kwargs or {}) - set(SCHEDULE_KWARGS[name]))
     if unknown:
         known = ", ".join(SCHEDULE_KWARGS[name]) or "none"
@@ -306,11 +312,11 @@ def _check_schedule(args: TrainingArguments) -> str:
 
 # -- 5. evaluation, logging -------------------------------------------------------------------------
 def check_evaluation_and_logging(args: TrainingArguments) -> None:
-    args.log_level = _values.check_choice(args.log_level, LOG_LEVELS, argument="log_level")
-    args.log_level_replica = _values.check_choice(
+    args.log_level = _argument_parsers.check_choice(args.log_level, LOG_LEVELS, argument="log_level")
+    args.log_level_replica = _argument_parsers.check_choice(
         args.log_level_replica, LOG_LEVELS, argument="log_level_replica"
     )
-    args.train_sampling_strategy = _values.check_choice(
+    args.train_sampling_strategy = _argument_parsers.check_choice(
         args.train_sampling_strategy, SAMPLING_STRATEGIES, argument="train_sampling_strategy"
     )
 
@@ -350,7 +356,9 @@ def _check_tf32_supported() -> None:
 # -- 7. distributed ---------------------------------------------------------------------------------
 def check_distributed(args: TrainingArguments) -> None:
     if args.ddp_backend is not None:
-        args.ddp_backend = _values.check_choice(args.ddp_backend, DDP_BACKENDS, argument="ddp_backend")
+        args.ddp_backend = _argument_parsers.check_choice(
+            args.ddp_backend, DDP_BACKENDS, argument="ddp_backend"
+        )
     check_int(args, "ddp_timeout", minimum=1)
     check_int(args, "ddp_bucket_cap_mb", minimum=1, optional=True)
     args.accelerator_config = AcceleratorConfig.from_value(args.accelerator_config)
@@ -359,9 +367,9 @@ def check_distributed(args: TrainingArguments) -> None:
         args.fsdp = parse_fsdp_options(args.fsdp)
     if args.fsdp_config is not None:
         args.fsdp_config = normalize_fsdp_config(
-            _values.load_json_dict(args.fsdp_config, argument="fsdp_config")
+            _argument_parsers.load_json_dict(args.fsdp_config, argument="fsdp_config")
         )
-    args.deepspeed = _values.load_json_dict(args.deepspeed, argument="deepspeed")
+    args.deepspeed = _argument_parsers.load_json_dict(args.deepspeed, argument="deepspeed")
     if args.fsdp and args.deepspeed:
         raise ValueError(
             "TrainingArguments sets both fsdp and deepspeed: they are two ways of sharding the model; choose one."
@@ -382,7 +390,7 @@ def _check_parallelism_config(args: TrainingArguments) -> None:
     if config is None:
         return
     if isinstance(config, (str, dict, os.PathLike)):  # the command line's JSON: {"tp_size": 2, ...}
-        sizes = _values.load_json_dict(config, argument="parallelism_config") or {}
+        sizes = _argument_parsers.load_json_dict(config, argument="parallelism_config") or {}
         try:
             config = args.parallelism_config = ParallelismConfig(**sizes)
         except TypeError:
@@ -408,7 +416,7 @@ def parse_report_to(value: Any) -> list[str]:
     ``"all"`` (every built-in tracker whose package is installed, as ``log_with="all"``)."""
     from lockstep.tracking.registry import find_tracker_name, tracker_choices
 
-    names = _values.name_list(value, argument="report_to")
+    names = _argument_parsers.name_list(value, argument="report_to")
     if [name.strip().lower() for name in names] == ["none"] or not names:
         return []
     found = []

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from lockstep import checkpoint
 from lockstep.accelerator import Accelerator
-from lockstep.trainer import _checkpoints
+from lockstep.trainer import _checkpoint_folders
 from lockstep.trainer._loss_sums import LossSums
 from lockstep.trainer.arguments import TrainingArguments
 from lockstep.trainer.callbacks import TrainerState
@@ -51,7 +51,7 @@ class TrainerCheckpoints:
 
     def folder(self) -> Path:
         """The folder of the current step's checkpoint."""
-        return _checkpoints.checkpoint_folder(self.args.output_dir, self.state.global_step)
+        return _checkpoint_folders.checkpoint_folder(self.args.output_dir, self.state.global_step)
 
     def save(self) -> Path:
         """Save the whole state into ``checkpoint-<step>``; rotate older ones (never the best model's)."""
@@ -59,7 +59,7 @@ class TrainerCheckpoints:
         folder = self.folder()
         best = self.state.best_global_step
         if best is not None:
-            best_folder = _checkpoints.checkpoint_folder(self.args.output_dir, best)
+            best_folder = _checkpoint_folders.checkpoint_folder(self.args.output_dir, best)
             if best == self.state.global_step or best_folder.is_dir():
                 self.state.best_model_checkpoint = str(best_folder)
         if self.args.save_only_model:
@@ -101,7 +101,7 @@ class TrainerCheckpoints:
         """Delete the checkpoints ``save_total_limit`` no longer keeps (main process), then synchronise."""
         if self.accelerator.is_main_process:
             protected = self.state.best_model_checkpoint
-            for removed in _checkpoints.rotate_checkpoints(
+            for removed in _checkpoint_folders.rotate_checkpoints(
                 self.args.output_dir,
                 self.args.save_total_limit,
                 folder,
@@ -127,7 +127,7 @@ class TrainerCheckpoints:
         choice: list[str | None] = [None]
         # With save_on_each_node every node holds its own copies (node-local disks): each process looks.
         if self.accelerator.is_main_process or self.args.save_on_each_node:
-            found = _checkpoints.newest_valid_checkpoint(self.args.output_dir)
+            found = _checkpoint_folders.newest_valid_checkpoint(self.args.output_dir)
             choice[0] = None if found is None else str(found)
         if self.accelerator.num_processes > 1 and not self.args.save_on_each_node:
             broadcast_object_list(choice)
@@ -148,6 +148,6 @@ class TrainerCheckpoints:
         self.state.load_state_dict(finished)
         if self.args.save_total_limit == 1 and self.accelerator.is_main_process:
             # transformers' rule: with a limit of 1, the best checkpoint is the one that remains.
-            _checkpoints.keep_only(self.args.output_dir, folder)
+            _checkpoint_folders.keep_only(self.args.output_dir, folder)
         self.accelerator.wait_for_everyone()
         return folder
