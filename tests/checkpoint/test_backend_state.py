@@ -16,9 +16,9 @@ import torch
 from lockstep.accelerator.accumulation import GradientAccumulation
 from lockstep.accelerator.checkpoints import CheckpointManager
 from lockstep.accelerator.prepared import PreparedObjects
-from lockstep.backends.single import SingleProcessBackend
+from lockstep.backends.base import Backend
 from lockstep.checkpoint import layout
-from lockstep.config.enums import PrecisionType
+from lockstep.config.enums import DistributedType, PrecisionType
 from lockstep.config.project import ProjectConfiguration
 from lockstep.precision import Precision
 from lockstep.state import GradientState, PartialState
@@ -27,12 +27,17 @@ from tests.helpers.multiprocess import run_distributed
 OWN_FOLDER = "own_state"
 
 
-class OwnFilesBackend(SingleProcessBackend):
-    """Writes each model's weights into ``own_state/model_<i>.pt`` itself."""
+class OwnFilesBackend(Backend):
+    """One process that writes each model's weights into ``own_state/model_<i>.pt`` itself."""
+
+    distributed_type = DistributedType.NO
 
     def __init__(self, state: PartialState) -> None:
         super().__init__(state, precision=Precision(PrecisionType.NO, state.device))
         self.applied: list[int] = []
+
+    def wrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        return model
 
     def model_state_dicts(self, models):
         return [None for _ in models]  # nothing for checkpoint/ to write

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from typing import final
+
 from torch import nn
 
 from lockstep.backends.base import Backend
 from lockstep.config.enums import DistributedType
 
 
+@final
 class SingleProcessBackend(Backend):
     """A single process on one device."""
 
