@@ -267,6 +267,64 @@ def identity_checks(modules: Iterable[Module]) -> list[str]:
     return found
 
 
+def _class_name(node: ast.expr) -> str:
+    """``Name`` for ``Name``, ``mod.Name`` and ``Name[...]`` (a base, a decorator or a metaclass)."""
+    if isinstance(node, ast.Subscript | ast.Call):
+        node = node.value if isinstance(node, ast.Subscript) else node.func
+    return getattr(node, "id", getattr(node, "attr", ""))
+
+
+def is_abstract(node: ast.ClassDef) -> bool:
+    """Whether a class declares itself abstract: ``ABC`` among its bases, ``metaclass=ABCMeta``, or a method
+    of its own marked ``@abstractmethod``. An abstract method inherited and left unimplemented does not count:
+    a class meant to stay abstract says so in its own body."""
+    if any(_class_name(base) == "ABC" for base in node.bases):
+        return True
+    if any(k.arg == "metaclass" and _class_name(k.value) == "ABCMeta" for k in node.keywords):
+        return True
+    return any(
+        _class_name(decorator) == "abstractmethod"
+        for item in node.body
+        if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef)
+        for decorator in item.decorator_list
+    )
+
+
+def _classes_within(modules: Iterable[Module], prefix: str) -> Iterator[tuple[Module, ast.ClassDef]]:
+    for module in modules:
+        if _within(module.name, prefix):
+            yield from ((module, n) for n in ast.walk(module.tree) if isinstance(n, ast.ClassDef))
+
+
+def concrete_backend_subclasses(modules: Iterable[Module]) -> list[str]:
+    """Classes under ``lockstep.backends`` with a base class that is defined there too and is not abstract
+    (:func:`is_abstract`): shared backend logic is an abstract base, a function or a component, never a
+    concrete backend to inherit from. Bases are matched by their class name; a name defined several times
+    under ``backends/`` counts as concrete unless every definition is abstract."""
+    modules = list(modules)
+    abstract: dict[str, bool] = {}
+    for _, node in _classes_within(modules, "lockstep.backends"):
+        abstract[node.name] = abstract.get(node.name, True) and is_abstract(node)
+    return [
+        f"{module.name}:{node.lineno} {node.name} subclasses {_class_name(base)}, a concrete class of backends/"
+        for module, node in _classes_within(modules, "lockstep.backends")
+        for base in node.bases
+        if abstract.get(_class_name(base)) is False
+    ]
+
+
+def open_backend_classes(modules: Iterable[Module]) -> list[str]:
+    """Classes named ``*Backend`` under ``lockstep.backends`` that are neither decorated ``@final`` (or
+    ``@typing.final``) nor abstract (:func:`is_abstract`)."""
+    return [
+        f"{module.name}:{node.lineno} {node.name} is neither @final nor abstract"
+        for module, node in _classes_within(modules, "lockstep.backends")
+        if node.name.endswith("Backend")
+        and not is_abstract(node)
+        and not any(_class_name(d) == "final" for d in node.decorator_list)
+    ]
+
+
 # -- the rules hold for lockstep ------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def modules() -> list[Module]:
@@ -585,3 +643,38 @@ def test_the_identity_rules_catch_synthetic_violations():
     assert trainer_internal_imports([private, parse("lockstep.backends.fsdp.units", "")]) == [
         "lockstep.trainer.fake:4 imports lockstep.backends.fsdp.units (a lockstep.backends internal)"
     ]
+
+
+# -- backends inherit from no concrete backend, and each is abstract or final ----------------------------
+def test_no_backend_subclasses_a_concrete_backend(modules):
+    assert concrete_backend_subclasses(modules) == []
+
+
+def test_every_backend_class_is_final_or_abstract(modules):
+    assert open_backend_classes(modules) == []
+
+
+def test_the_backend_class_rules_catch_synthetic_violations():
+    tree = parse(
+        "lockstep.backends.fake",
+        "import abc, typing\n"  # line 1
+        "class Backend(abc.ABC):\n    pass\n"  # 2: abstract by its base
+        "class SharedBackend(Backend):\n    @abc.abstractmethod\n    def mesh(self): ...\n"  # 4: abstract
+        "@typing.final\nclass GoodBackend(SharedBackend):\n    pass\n"  # 8: final over an abstract base
+        "class LooseBackend(Backend):\n    pass\n"  # 10: concrete and not final
+        "@final\nclass ChildBackend(LooseBackend):\n    pass\n"  # 13: final, but over a concrete backend
+        "class Helper(typing.Generic[T]):\n    pass\n"  # 15: concrete, not named *Backend
+        "class Part(Helper[int]):\n    pass\n",  # 17: subclasses a concrete class of backends/
+    )
+    user_code = parse("tests.fake", "class MineBackend(LooseBackend):\n    pass\n")
+    assert concrete_backend_subclasses([tree, user_code]) == [
+        "lockstep.backends.fake:13 ChildBackend subclasses LooseBackend, a concrete class of backends/",
+        "lockstep.backends.fake:17 Part subclasses Helper, a concrete class of backends/",
+    ]
+    assert open_backend_classes([tree, user_code]) == [
+        "lockstep.backends.fake:10 LooseBackend is neither @final nor abstract"
+    ]
+    meta = parse(
+        "lockstep.backends.meta", "class Base(metaclass=abc.ABCMeta):\n    pass\nclass A(Base):\n    pass\n"
+    )
+    assert concrete_backend_subclasses([meta]) == []

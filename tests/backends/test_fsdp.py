@@ -291,3 +291,17 @@ def test_ignored_modules_stay_unsharded():
     kinds = run_distributed(_ignored, 2, 2)[0]
     assert kinds["head.weight"] is False and kinds["head.bias"] is False
     assert all(sharded for name, sharded in kinds.items() if not name.startswith("head."))
+
+
+def test_the_shared_sharding_base_is_abstract():
+    """The FSDP, N-D and pipeline backends share ShardedBackend; it names no mesh, so it cannot be built."""
+    from lockstep.backends.fsdp.sharded import ShardedBackend
+    from lockstep.state import PartialState
+
+    state = PartialState(cpu=True)
+    with pytest.raises(TypeError, match=r"abstract class ShardedBackend .*mesh"):
+        ShardedBackend(
+            state,
+            plugin=FullyShardedDataParallelPlugin(),
+            precision=FSDPPrecision(PrecisionType.NO, state.device),
+        )

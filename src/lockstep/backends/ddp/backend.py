@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import warnings
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, final
 
 from torch import nn
 
@@ -42,6 +42,7 @@ def _comm_hook(
     return hook, power_sgd
 
 
+@final
 class DDPBackend(Backend, TrainingStateTransfer):
     """Replicate the model on every process and all-reduce gradients in backward.
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, final
 
 import torch
 from torch import nn
@@ -30,6 +30,7 @@ from lockstep.state import GradientState, PartialState
 _LRScheduler = torch.optim.lr_scheduler.LRScheduler
 
 
+@final
 class DeepSpeedBackend(Backend, JointPreparation, ShardedCheckpointIO):
     """ZeRO through DeepSpeed engines, one per ``prepare`` call that holds a model.
 

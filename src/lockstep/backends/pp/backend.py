@@ -7,7 +7,9 @@ rank's stages, shards each with ``fully_shard`` over ``dp_shard`` when there is 
 that holds them under the model's own parameter names and runs torch's schedule
 (``ScheduleGPipe``, ``Schedule1F1B``, ``ScheduleInterleaved1F1B``, ...).
 
-Everything else is the N-D/FSDP backend's, because the pipelined model looks like an ordinary module:
+Everything else is every sharding backend's (:class:`~lockstep.backends.fsdp.sharded.ShardedBackend`,
+with the mesh read by :mod:`lockstep.backends.nd.mesh`), because the pipelined model looks like an
+ordinary module:
 optimizers built before ``prepare`` are re-bound to this rank's (sharded) parameters and forget those
 other ranks hold; ``save_state`` writes every rank's stages into one ``torch.distributed.checkpoint``
 folder (stages have disjoint names); clipping reduces the norm over the ``dp_shard`` shards, then over
@@ -27,7 +29,7 @@ import weakref
 from collections.abc import Iterable
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Any
+from typing import Any, final
 
 import torch
 import torch.distributed as dist
@@ -39,10 +41,10 @@ from torch.distributed.tensor import DTensor
 from lockstep.backends.base import Backend, DataShard, Indexed
 from lockstep.backends.capabilities import PipelineSchedule
 from lockstep.backends.fsdp import checkpoint as shards
-from lockstep.backends.fsdp.backend import _parameter_owners
 from lockstep.backends.fsdp.clipping import global_grad_norm
 from lockstep.backends.fsdp.precision import FSDPPrecision
-from lockstep.backends.nd.backend import NDParallelBackend, _sum_reductions_only
+from lockstep.backends.fsdp.sharded import ShardedBackend, gathered_state_dict, parameter_owners
+from lockstep.backends.nd.mesh import MeshLayout, sum_reductions_on_gloo
 from lockstep.backends.pp import full_load
 from lockstep.backends.pp.meta_init import has_meta_tensors, materialise, meta_stand_ins, put_back
 from lockstep.backends.pp.model import PipelinedModel, mode_dependent_modules
@@ -54,7 +56,8 @@ from lockstep.config.plugins import TorchDynamoPlugin
 from lockstep.state import PartialState
 
 
-class PipelineBackend(NDParallelBackend, PipelineSchedule):
+@final
+class PipelineBackend(ShardedBackend, PipelineSchedule):
     """Pipeline parallelism over ``pp`` (with FSDP2 over ``dp_shard`` inside each stage).
 
     Args:
@@ -74,9 +77,10 @@ class PipelineBackend(NDParallelBackend, PipelineSchedule):
         precision: FSDPPrecision,
         dynamo_plugin: TorchDynamoPlugin | None = None,
     ) -> None:
-        super().__init__(
-            state, config=config, plugin=plugin, precision=precision, dynamo_plugin=dynamo_plugin
-        )
+        super().__init__(state, plugin=plugin, precision=precision, dynamo_plugin=dynamo_plugin)
+        self.layout = MeshLayout(state, config, owner=type(self).__name__)
+        self.config = config
+        self.distributed_type = self.layout.distributed_type
         assert config.pp_handler is not None
         self.handler: TorchPipelineParallelConfig = config.pp_handler
         if precision.scaler is not None:
@@ -97,6 +101,11 @@ class PipelineBackend(NDParallelBackend, PipelineSchedule):
         self._optimizer_names: weakref.WeakKeyDictionary[Any, list[list[str]]] = weakref.WeakKeyDictionary()
 
     @property
+    def mesh(self) -> DeviceMesh | None:
+        """The mesh each stage is sharded over (:attr:`MeshLayout.fsdp_mesh`): ``dp_shard``, if any."""
+        return self.layout.fsdp_mesh
+
+    @property
     def pp_mesh(self) -> DeviceMesh:
         return self.config.get_submesh("pp")
 
@@ -110,17 +119,13 @@ class PipelineBackend(NDParallelBackend, PipelineSchedule):
             self.pp_mesh.get_local_rank(), pp_size, handler.stages_per_rank, handler.stage_layout
         )  # type: ignore[arg-type]
         uses = 0 in held or num_stages - 1 in held
-        return super().data_shard()._replace(place_batches=uses)
+        return self.layout.data_shard()._replace(place_batches=uses)
 
     def data_parallel_group(self) -> dist.ProcessGroup | None:
         """The ``dp`` replicas only: the ranks of one pipeline read the same batch (and, after an evaluation
         forward, hold the same outputs), so metrics gathered over every process would count them ``pp_size``
         times."""
-        if self.config.dp_dim_names:
-            return self.config.get_submesh("dp").get_group()
-        if self._own_group is None:
-            self._own_group = dist.new_group([self.state.process_index], use_local_synchronization=True)
-        return self._own_group
+        return self.layout.replica_group()
 
     # -- models -----------------------------------------------------------------------------------
     def prepare_model(
@@ -153,14 +158,14 @@ class PipelineBackend(NDParallelBackend, PipelineSchedule):
         here = {id(p) for module in local for p in module.parameters()}
         self._names |= {id(p): name for name, p in model.named_parameters()}
         self._elsewhere |= {id(p) for p in model.parameters() if id(p) not in here}
-        owners = [owner for module in local for owner in _parameter_owners(module)]
+        owners = [owner for module in local for owner in parameter_owners(module)]
         uninitialised = materialise(local, self.device) if on_meta else []
         if device_placement:
             for module in local:
                 module.to(self.device)
         for module in local:  # bf16: each stage computes under autocast and hands fp32 activations on, the
             self.precision.wrap_forward(module)  # dtype the traced stages' receive buffers expect
-        fsdp_mesh = self._fsdp_mesh
+        fsdp_mesh = self.mesh
         if fsdp_mesh is not None:
             for module in local:
                 self._shard_stage(module, fsdp_mesh)
@@ -191,8 +196,7 @@ class PipelineBackend(NDParallelBackend, PipelineSchedule):
             mp_policy=self.mp_policy,
             offload_policy=self.offload_policy,
         )
-        if dist.get_backend() == "gloo":
-            _sum_reductions_only(module)
+        sum_reductions_on_gloo(module)
 
     def _stages(self, modules: list[nn.Module], indices: list[int], num_stages: int) -> list[Any]:
         from torch.distributed.pipelining import PipelineStage
@@ -281,7 +285,7 @@ class PipelineBackend(NDParallelBackend, PipelineSchedule):
     def full_state_dict(self, model: nn.Module) -> dict[str, Any]:
         """The whole model's weights on the main process (every stage gathered; {} on the others)."""
         if not isinstance(model, PipelinedModel):
-            return super().full_state_dict(model)
+            return gathered_state_dict(getattr(model, "_orig_mod", model))
         local = {
             key: (value.full_tensor() if isinstance(value, DTensor) else value).detach().cpu()
             for key, value in model.state_dict().items()

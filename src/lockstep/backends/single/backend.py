@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, final
 
 from torch import nn
 
@@ -12,6 +12,7 @@ from lockstep.backends.capabilities import TrainingStateTransfer
 from lockstep.config.enums import DistributedType
 
 
+@final
 class SingleProcessBackend(Backend, TrainingStateTransfer):
     """A single process on one device."""
 
