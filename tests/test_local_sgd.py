@@ -74,8 +74,12 @@ def _train(steps: int, local_sgd_steps: int | None, enabled: bool, use_context: 
     # Without the block, step() still averages (Accelerate allows it) and DDP keeps syncing gradients.
     with local_sgd if use_context else contextlib.nullcontext():
         for step in range(1, steps + 1):
-            _sgd_step(model, optimizer, _batch(rank, step))
-            local_sgd.step()
+            with accelerator.accumulate(model):  # as in Accelerate's example: it must not re-enable sync
+                x, y = _batch(rank, step)
+                accelerator.backward(nn.functional.mse_loss(model(x), y))
+                optimizer.step()
+                optimizer.zero_grad()
+                local_sgd.step()
     return {
         "params": flat_params(model),
         "averaged_at": averaged_at,
