@@ -1,10 +1,10 @@
 """Coverage of Accelerate 1.15's public API is a test, not a claim (issue 15, item 8).
 
 ``src/lockstep/accelerate_api.json`` lists Accelerate 1.15.0's public names (the Accelerator's members and
-attributes, the top-level ``accelerate`` names, ``accelerate.utils``), each marked ``implemented``,
-``unsupported`` or ``absent``. This file checks every entry against lockstep: implemented names resolve
-and are lockstep's own code, unsupported ones resolve and raise ``NotImplementedError`` when used, absent
-ones do not resolve. The flags of ``accelerate launch`` are checked by
+attributes, the top-level ``accelerate`` names, ``accelerate.utils``, ``accelerate.local_sgd``), each
+marked ``implemented``, ``unsupported`` or ``absent``. This file checks every entry against lockstep:
+implemented names resolve and are lockstep's own code, unsupported ones resolve and raise
+``NotImplementedError`` when used, absent ones do not resolve. The flags of ``accelerate launch`` are checked by
 ``tests/cli/test_accelerate_launch_flags.py``; the summary below counts them too.
 
 ``python -m tests.test_api_coverage`` prints the coverage figures.
@@ -22,6 +22,7 @@ import pytest
 import torch
 
 import lockstep
+import lockstep.local_sgd
 import lockstep.utils
 from lockstep import Accelerator
 
@@ -87,6 +88,7 @@ def test_the_lists_hold_accelerate_1_15s_names_with_known_statuses():
         "accelerator_attributes": 28,
         "top_level": 30,
         "utils": 264,
+        "local_sgd": 1,
     }
     for names in SECTIONS.values():
         assert {status_of(entry) for entry in names.values()} <= set(STATUSES)
@@ -103,6 +105,7 @@ def test_the_coverage_figures():
         "accelerator_attributes": {"names": 28, "implemented": 26, "absent": 2},
         "top_level": {"names": 30, "implemented": 23, "unsupported": 6, "absent": 1},
         "utils": {"names": 264, "implemented": 213, "unsupported": 40, "absent": 11},
+        "local_sgd": {"names": 1, "implemented": 1},
         "launch_flags": {"names": 124, "implemented": 61, "accepted": 9, "unsupported": 54},
     }
 
@@ -149,7 +152,7 @@ def test_absent_accelerator_attributes_do_not_resolve(accelerator, name):
 
 
 # -- the modules --------------------------------------------------------------------------------------
-MODULE_SECTIONS = {"top_level": lockstep, "utils": lockstep.utils}
+MODULE_SECTIONS = {"top_level": lockstep, "utils": lockstep.utils, "local_sgd": lockstep.local_sgd}
 MODULE_CASES = [
     pytest.param(section, name, status_of(entry), id=f"{section}.{name}")
     for section in MODULE_SECTIONS
