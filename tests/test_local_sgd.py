@@ -250,22 +250,17 @@ def test_sharded_parameters_are_refused_naming_what_was_passed():
     ), message
 
 
-class _FakeBackend:
-    def __init__(self, kind: type) -> None:
-        self.kind = kind
-
-    def capability(self, kind: type) -> object | None:
-        return object() if kind is self.kind else None
-
-
 class _FakeAccelerator:
     """Only what LocalSGD asks of an Accelerator: a unit-test stand-in for the backends too slow to start
     here (DeepSpeed builds native code on first use)."""
 
     def __init__(self, kind: type, distributed_type: str) -> None:
-        self.backend = _FakeBackend(kind)
+        self.kind = kind
         self.distributed_type = distributed_type
         self.num_processes = 2
+
+    def capability(self, kind: type) -> object | None:
+        return object() if kind is self.kind else None
 
 
 @pytest.mark.parametrize(

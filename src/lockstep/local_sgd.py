@@ -157,9 +157,9 @@ def _refuse_unsupported(accelerator: Accelerator, model: nn.Module) -> None:
 
 
 def _why_not_averageable(accelerator: Accelerator, model: nn.Module) -> str | None:
-    if accelerator.backend.capability(JointPreparation) is not None:
+    if accelerator.capability(JointPreparation) is not None:
         return "the model and its optimizer are one engine that keeps its own copy of the weights"
-    if accelerator.backend.capability(PipelineSchedule) is not None:
+    if accelerator.capability(PipelineSchedule) is not None:
         return "each process holds a different stage of the model (pipeline parallelism)"
     for name, param in model.named_parameters():
         if type(param.data) is not torch.Tensor:
