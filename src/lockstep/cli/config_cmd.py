@@ -27,7 +27,8 @@ from typing import Any, TypeVar
 from lockstep.cli._errors import UsageError
 from lockstep.cli.config_update import register_update
 from lockstep.cli.explain import register_explain
-from lockstep.config.backend_specs import spec_for_distributed_type
+from lockstep.config.answers import parse_choice, parse_int, parse_text, parse_yes_no
+from lockstep.config.backend_specs import backend_specs, spec_for_distributed_type
 from lockstep.config.enums import DistributedType, DynamoBackend, PrecisionType
 from lockstep.config.file import (
     ClusterConfig,
@@ -258,62 +259,24 @@ class _Prompter:
         raise UsageError(f"no valid answer to {question!r} after {MAX_TRIES} tries (last: {answer!r}).")
 
 
-def _parse_choice(choices: tuple[str, ...]) -> Callable[[str], str]:
-    def parse(answer: str) -> str:
-        text = answer.strip().lower().replace("_", "-")
-        for index, choice in enumerate(choices):
-            if text in (choice.replace("_", "-"), str(index)):
-                return choice
-        raise ValueError(f"{answer!r} is not one of: {', '.join(choices)}.")
-
-    return parse
-
-
-def _parse_int(low: int, high: int | None = None) -> Callable[[str], int]:
-    def parse(answer: str) -> int:
-        try:
-            number = int(answer)
-        except ValueError:
-            raise ValueError(f"{answer!r} is not a whole number.") from None
-        if number < low or (high is not None and number > high):
-            bounds = f">= {low}" if high is None else f"from {low} to {high}"
-            raise ValueError(f"{number} is out of range: it must be {bounds}.")
-        return number
-
-    return parse
-
-
-def _parse_yes_no(answer: str) -> bool:
-    text = answer.strip().lower()
-    if text in ("y", "yes", "true", "1"):
-        return True
-    if text in ("n", "no", "false", "0"):
-        return False
-    raise ValueError(f"{answer!r} is not yes or no.")
-
-
-def _parse_text(answer: str) -> str | None:
-    return None if answer.strip().lower() in ("", "none") else answer.strip()
-
-
 def _ask_machines(prompter: _Prompter) -> dict[str, Any]:
-    machines = prompter.ask("How many machines will you use?", "1", _parse_int(1))
+    machines = prompter.ask("How many machines will you use?", "1", parse_int(1))
     if machines == 1:
         return {"num_machines": 1}
     return {
         "num_machines": machines,
         "machine_rank": prompter.ask(
-            f"Rank of this machine (0 to {machines - 1})?", "0", _parse_int(0, machines - 1)
+            f"Rank of this machine (0 to {machines - 1})?", "0", parse_int(0, machines - 1)
         ),
-        "main_process_ip": prompter.ask("IP address of the machine of rank 0?", "none", _parse_text),
+        "main_process_ip": prompter.ask("IP address of the machine of rank 0?", "none", parse_text),
         "main_process_port": prompter.ask(
-            "Port of the rendezvous on that machine?", str(DEFAULT_PORT), _parse_int(1, 65535)
+            "Port of the rendezvous on that machine?", str(DEFAULT_PORT), parse_int(1, 65535)
         ),
         "rdzv_backend": prompter.ask(
-            "Rendezvous backend (static, c10d)?", "static", _parse_choice(("static", "c10d"))
+            "Rendezvous backend (static, c10d)?", "static", parse_choice(("static", "c10d"))
         ),
         "same_network": prompter.ask(
-            "Are all machines on the same local network (yes/no)?", "yes", _parse_yes_no
+            "Are all machines on the same local network (yes/no)?", "yes", parse_yes_no
         ),
     }
 
@@ -323,7 +286,7 @@ def _ask_num_processes(prompter: _Prompter, kind: MachineKind, machines: int) ->
     unit = "CPU processes" if kind.cpu else "GPU processes"
 
     def parse(answer: str) -> int:
-        number = _parse_int(1)(answer)
+        number = parse_int(1)(answer)
         if number % machines:
             raise ValueError(f"{number} is not a multiple of the {machines} machines.")
         return number
@@ -333,7 +296,7 @@ def _ask_num_processes(prompter: _Prompter, kind: MachineKind, machines: int) ->
 
 def _divisor_of(total: int) -> Callable[[str], int]:
     def parse(answer: str) -> int:
-        number = _parse_int(1)(answer)
+        number = parse_int(1)(answer)
         if total % number:
             raise ValueError(f"{number} does not divide {total} processes.")
         return number
@@ -369,44 +332,25 @@ def _ask_mesh(prompter: _Prompter, processes: int) -> dict[str, Any]:
 
 
 def _ask_sharding(prompter: _Prompter, processes: int) -> dict[str, Any]:
-    """Whether to shard the model: FSDP, the device mesh's sizes (``ParallelismConfig``: tensor parallel,
-    FSDP, HSDP), or for DeepSpeed the questions Accelerate's wizard asks."""
+    """Whether to shard the model: with a registered backend that has questions (FSDP, DeepSpeed: those
+    Accelerate's wizard asks), or on a device mesh (``ParallelismConfig``: tensor/context parallel, FSDP,
+    HSDP sizes)."""
+    offered = {
+        spec.name: spec for spec in backend_specs() if spec.wizard is not None and spec.distributed_types
+    }
+    names = ", ".join(offered)
     sharding = prompter.ask(
-        "Shard the model (no, fsdp, deepspeed, mesh: tensor/context parallel, FSDP, HSDP sizes)?",
+        f"Shard the model (no, {names}, mesh: tensor/context parallel, FSDP, HSDP sizes)?",
         "no",
-        _parse_choice(("no", "fsdp", "deepspeed", "mesh")),
+        parse_choice(("no", *offered, "mesh")),
     )
-    if sharding == "fsdp":
-        return {"distributed_type": DistributedType.FSDP, "fsdp_config": {"fsdp_version": 2}}
     if sharding == "mesh":
         return _ask_mesh(prompter, processes)
     if sharding == "no":
         return {}
-    section: dict[str, Any] = {}
-    config_file = prompter.ask(
-        "DeepSpeed JSON config file (none: answer the questions instead)?", "none", _parse_text
-    )
-    if config_file is not None:
-        section["deepspeed_config_file"] = config_file
-        return {"distributed_type": DistributedType.DEEPSPEED, "deepspeed_config": section}
-    section["zero_stage"] = prompter.ask("ZeRO stage (0, 1, 2, 3)?", "2", _parse_int(0, 3))
-    devices = ("none", "cpu", "nvme")
-    section["offload_optimizer_device"] = prompter.ask(
-        "Offload the optimizer state to (none, cpu, nvme)?", "none", _parse_choice(devices)
-    )
-    if section["zero_stage"] == 3:
-        section["offload_param_device"] = prompter.ask(
-            "Offload the parameters to (none, cpu, nvme)?", "none", _parse_choice(devices)
-        )
-        section["zero3_init_flag"] = prompter.ask(
-            "Build models already partitioned (zero3_init_flag, yes/no)?", "yes", _parse_yes_no
-        )
-        section["zero3_save_16bit_model"] = prompter.ask(
-            "Gather the whole 16-bit model when saving it (yes/no)?", "no", _parse_yes_no
-        )
-    clipping = prompter.ask("Clip the gradient norm to (0: do not clip)?", "1.0", float)
-    section["gradient_clipping"] = clipping
-    return {"distributed_type": DistributedType.DEEPSPEED, "deepspeed_config": section}
+    spec = offered[sharding]
+    assert spec.wizard is not None and spec.config_section is not None
+    return {"distributed_type": spec.distributed_types[0], spec.config_section: spec.wizard(prompter.ask)}
 
 
 def _ask_config(prompter: _Prompter) -> ClusterConfig:
@@ -415,7 +359,7 @@ def _ask_config(prompter: _Prompter) -> ClusterConfig:
         prompter.ask(
             "Which kind of machine are you using (0: no distributed training, 1: multi-CPU, 2: multi-GPU)?",
             "no",
-            _parse_choice(tuple(MACHINE_KINDS)),
+            parse_choice(tuple(MACHINE_KINDS)),
         )
     ]
     settings: dict[str, Any] = {"distributed_type": kind.distributed_type(processes=1), "num_processes": 1}
@@ -427,12 +371,12 @@ def _ask_config(prompter: _Prompter) -> ClusterConfig:
         settings.update(_ask_sharding(prompter, settings["num_processes"]))
     else:
         settings["use_cpu"] = prompter.ask(
-            "Train on the CPU only, even if a GPU is present (yes/no)?", "no", _parse_yes_no
+            "Train on the CPU only, even if a GPU is present (yes/no)?", "no", parse_yes_no
         )
     settings["mixed_precision"] = prompter.ask(
-        "Mixed precision (no, fp16, bf16)?", "no", _parse_choice(WIZARD_PRECISIONS)
+        "Mixed precision (no, fp16, bf16)?", "no", parse_choice(WIZARD_PRECISIONS)
     )
-    steps = prompter.ask("Gradient accumulation steps?", "1", _parse_int(1))
+    steps = prompter.ask("Gradient accumulation steps?", "1", parse_int(1))
     backend = spec_for_distributed_type(settings.get("distributed_type"))
     if backend is not None and "gradient_accumulation_steps" in backend.section_keys:
         # a backend whose own section holds the steps (DeepSpeed): where Accelerate's wizard writes them
@@ -442,7 +386,7 @@ def _ask_config(prompter: _Prompter) -> ClusterConfig:
             None if steps == 1 else steps
         )  # unset keeps Accelerate's schema
     backend = prompter.ask(
-        "torch.compile backend (no, eager, aot_eager, inductor)?", "no", _parse_choice(WIZARD_DYNAMO_BACKENDS)
+        "torch.compile backend (no, eager, aot_eager, inductor)?", "no", parse_choice(WIZARD_DYNAMO_BACKENDS)
     )
     if backend != "no":
         settings["dynamo_config"] = {"dynamo_backend": DynamoBackend.parse(backend, argument="backend").name}

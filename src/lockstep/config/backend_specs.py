@@ -129,6 +129,9 @@ class BackendSpec:
     """Builds its plugin from the section the launcher passed to the workers (``distributed_type`` chose it)."""
     launcher_notes: Callable[[dict[str, Any]], list[str]] | None = None
     """Settings of the section that have no effect, one line each (printed as warnings)."""
+    wizard: Callable[[Any], dict[str, Any]] | None = None
+    """``lockstep config``'s questions for it: ``wizard(ask)`` returns its config section (``ask`` is
+    :data:`lockstep.config.answers.Ask`); None: the wizard does not offer it."""
     requirement: str | None = None
     """The package it needs beyond torch (``deepspeed``), for ``lockstep env`` and errors."""
 

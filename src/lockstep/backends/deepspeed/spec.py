@@ -48,6 +48,12 @@ def _plugin_from_section(section: dict[str, Any]) -> Any:
     return DeepSpeedPlugin(**plugin_fields(section))
 
 
+def _wizard(ask: Any) -> dict[str, Any]:
+    from lockstep.backends.deepspeed.wizard import ask_deepspeed_section
+
+    return ask_deepspeed_section(ask)
+
+
 def _notes(section: dict[str, Any]) -> list[str]:
     from lockstep.config.deepspeed_launch import deepspeed_launcher_notes
 
@@ -72,6 +78,7 @@ SPEC = register_backend_spec(
         check_section=_check_section,
         plugin_from_section=_plugin_from_section,
         launcher_notes=_notes,
+        wizard=_wizard,
         requirement="deepspeed",
     )
 )

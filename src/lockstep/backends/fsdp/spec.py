@@ -90,5 +90,6 @@ SPEC = register_backend_spec(
         enable_flag="use_fsdp",
         check_section=_check_section,
         plugin_from_section=_plugin_from_section,
+        wizard=lambda ask: {"fsdp_version": 2},
     )
 )
