@@ -127,6 +127,18 @@ class Precision:
             self.scaler.unscale_(optimizer)
 
 
+def precision_for(request: Any, kind: type[Precision] = Precision) -> Precision:
+    """The precision a backend trains with, from what the Accelerator resolved (a
+    :class:`~lockstep.config.backend_specs.BackendRequest`): its mixed precision, device, autocast and
+    scaler settings; ``kind`` is the class (a sharding backend's subclass derives its policy from it)."""
+    return kind(
+        request.mixed_precision,
+        request.state.device,
+        autocast_kwargs=request.autocast_kwargs,
+        scaler_kwargs=request.scaler_kwargs,
+    )
+
+
 def remove_forward_wrapper(model: nn.Module) -> None:
     """Undo :meth:`Precision.wrap_forward` (used by ``unwrap_model(keep_fp32_wrapper=False)``)."""
     original: Callable[..., Any] | None = model.__dict__.pop(_ORIGINAL_FORWARD, None)

@@ -7,35 +7,25 @@ adds a backend from their own code with :func:`register_backend` (see its docstr
 This package imports nothing heavy on its own: ``lockstep launch`` reads the specs without torch.
 """
 
-from __future__ import annotations
+from lockstep._lazy import lazy_exports
 
-from typing import Any
-
-_EXPORTS = {
-    "Backend": "lockstep.backends.base",
-    "DataShard": "lockstep.backends.base",
-    "BackendRequest": "lockstep.config.backend_specs",
-    "BackendSpec": "lockstep.config.backend_specs",
-    "Capability": "lockstep.backends.capabilities",
-    "ContextParallel": "lockstep.backends.capabilities",
-    "JointPreparation": "lockstep.backends.capabilities",
-    "PipelineSchedule": "lockstep.backends.capabilities",
-    "ShardedCheckpointIO": "lockstep.backends.capabilities",
-    "TrainingStateTransfer": "lockstep.backends.capabilities",
-    "DDPBackend": "lockstep.backends.ddp.backend",
-    "SingleProcessBackend": "lockstep.backends.single.backend",
-    "register_backend": "lockstep.backends.registry",
-    "select_backend": "lockstep.backends.registry",
-    "unregister_backend": "lockstep.backends.registry",
-}
-
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'lockstep.backends' has no attribute {name!r}")
-    import importlib
-
-    return getattr(importlib.import_module(module), name)
+__getattr__, __all__ = lazy_exports(
+    __name__,
+    {
+        "Backend": "lockstep.backends.base",
+        "DataShard": "lockstep.backends.base",
+        "BackendRequest": "lockstep.config.backend_specs",
+        "BackendSpec": "lockstep.config.backend_specs",
+        "Capability": "lockstep.backends.capabilities",
+        "ContextParallel": "lockstep.backends.capabilities",
+        "JointPreparation": "lockstep.backends.capabilities",
+        "PipelineSchedule": "lockstep.backends.capabilities",
+        "ShardedCheckpointIO": "lockstep.backends.capabilities",
+        "TrainingStateTransfer": "lockstep.backends.capabilities",
+        "DDPBackend": "lockstep.backends.ddp.backend",
+        "SingleProcessBackend": "lockstep.backends.single.backend",
+        "register_backend": "lockstep.backends.registry",
+        "select_backend": "lockstep.backends.registry",
+        "unregister_backend": "lockstep.backends.registry",
+    },
+)

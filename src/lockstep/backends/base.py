@@ -22,9 +22,9 @@ from __future__ import annotations
 import contextlib
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import torch
 from torch import nn
@@ -62,6 +62,9 @@ class Backend(ABC):
     """
 
     distributed_type: DistributedType
+    capability_objects: ClassVar[dict[type, Callable[[Backend], Any]]] = {}
+    """Capabilities this backend hands out as small objects built around it (``kind -> factory(backend)``),
+    beside those it implements itself (the capability interfaces among its bases)."""
 
     def __init__(
         self,
@@ -89,6 +92,9 @@ class Backend(ABC):
             >>> select_backend(PartialState(cpu=True)).capability(PipelineSchedule) is None
             True
         """
+        factory = self.capability_objects.get(kind)
+        if factory is not None:
+            return factory(self)  # type: ignore[return-value]
         return self if isinstance(self, kind) else None
 
     def data_shard(self) -> DataShard:

@@ -153,15 +153,9 @@ def unregister_backend(name: str) -> None:
 
 def _default_builder(cls: type[Backend], plugin_type: type) -> Callable[[BackendRequest], Backend]:
     def build(request: BackendRequest) -> Backend:
-        from lockstep.precision import Precision
+        from lockstep.precision import precision_for
 
-        precision = Precision(
-            request.mixed_precision,
-            request.state.device,
-            autocast_kwargs=request.autocast_kwargs,
-            scaler_kwargs=request.scaler_kwargs,
-        )
-        backend = cls(request.state, precision=precision, dynamo_plugin=request.dynamo_plugin)
+        backend = cls(request.state, precision=precision_for(request), dynamo_plugin=request.dynamo_plugin)
         backend.plugin = request.plugin_of(plugin_type)  # type: ignore[attr-defined]
         return backend
 

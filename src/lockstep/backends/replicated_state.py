@@ -1,18 +1,20 @@
 """The whole training state of a replica that holds whole models (one process, DDP), in memory.
 
-What :class:`~lockstep.backends.capabilities.TrainingStateTransfer` does for backends whose every process
-holds the full model and optimizer: a copy on the CPU that a peer can send, and the load of one.
+:class:`ReplicatedStateTransfer` is the :class:`~lockstep.backends.capabilities.TrainingStateTransfer` of
+backends whose every process holds the full model and optimizer: a copy on the CPU that a peer can send,
+and the load of one. Such a backend lists it in ``capability_objects``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, final
 
 import torch
 from torch import nn
 
 from lockstep.backends.base import Backend
+from lockstep.backends.capabilities import TrainingStateTransfer
 
 
 def _to_cpu(value: Any) -> Any:
@@ -53,3 +55,23 @@ def load_replicated_training_state(
         backend.unwrap_model(model, keep_torch_compile=False).load_state_dict(weights)
     for optimizer, optimizer_state in zip(optimizers, state["optimizers"], strict=True):
         optimizer.load_state_dict(optimizer_state)
+
+
+@final
+class ReplicatedStateTransfer(TrainingStateTransfer):
+    """The training state of a backend whose processes each hold the whole model and optimizer.
+
+    Args:
+        backend: unwraps the prepared models.
+    """
+
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+
+    def training_state(self, models: Sequence[nn.Module], optimizers: Sequence[Any]) -> dict[str, Any]:
+        return replicated_training_state(self.backend, models, optimizers)
+
+    def load_training_state(
+        self, models: Sequence[nn.Module], optimizers: Sequence[Any], state: dict[str, Any]
+    ) -> None:
+        load_replicated_training_state(self.backend, models, optimizers, state)

@@ -4,16 +4,11 @@ The backend class loads on first use (``lockstep.backends.ddp.backend``): the pa
 so that its ``spec`` (the backend's vocabulary) can be read by the launcher.
 """
 
-from __future__ import annotations
+from lockstep._lazy import lazy_exports
 
-from typing import Any
-
-__all__ = ["DDPBackend"]
-
-
-def __getattr__(name: str) -> Any:
-    if name == "DDPBackend":
-        from lockstep.backends.ddp.backend import DDPBackend
-
-        return DDPBackend
-    raise AttributeError(f"module 'lockstep.backends.ddp' has no attribute {name!r}")
+__getattr__, __all__ = lazy_exports(
+    __name__,
+    {
+        "DDPBackend": "lockstep.backends.ddp.backend",
+    },
+)

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import Any, final
 
 from torch import nn
 
 from lockstep.backends.base import Backend
 from lockstep.backends.capabilities import TrainingStateTransfer
+from lockstep.backends.replicated_state import ReplicatedStateTransfer
 from lockstep.config.enums import DDPCommunicationHookType
 from lockstep.config.kwargs import DistributedDataParallelKwargs
 from lockstep.config.plugins import TorchDynamoPlugin
@@ -43,7 +44,7 @@ def _comm_hook(
 
 
 @final
-class DDPBackend(Backend, TrainingStateTransfer):
+class DDPBackend(Backend):
     """Replicate the model on every process and all-reduce gradients in backward.
 
     Args:
@@ -53,6 +54,8 @@ class DDPBackend(Backend, TrainingStateTransfer):
         dynamo_plugin: ``torch.compile`` settings (the model is compiled *before* the DDP wrap, because
             ``torch.compile(DDP(m))`` silently runs eager).
     """
+
+    capability_objects = {TrainingStateTransfer: ReplicatedStateTransfer}
 
     def __init__(
         self,
@@ -124,18 +127,6 @@ class DDPBackend(Backend, TrainingStateTransfer):
                 "that step instead, or set find_unused_parameters=False."
             )
         return _forced_sync(model)
-
-    def training_state(self, models: Sequence[nn.Module], optimizers: Sequence[Any]) -> dict[str, Any]:
-        from lockstep.backends.replicated_state import replicated_training_state
-
-        return replicated_training_state(self, models, optimizers)
-
-    def load_training_state(
-        self, models: Sequence[nn.Module], optimizers: Sequence[Any], state: dict[str, Any]
-    ) -> None:
-        from lockstep.backends.replicated_state import load_replicated_training_state
-
-        load_replicated_training_state(self, models, optimizers, state)
 
 
 @contextlib.contextmanager

@@ -10,16 +10,13 @@ from lockstep.config.enums import DistributedType
 
 def _build(request: BackendRequest) -> Any:
     from lockstep.backends.ddp.backend import DDPBackend
-    from lockstep.precision import Precision
+    from lockstep.precision import precision_for
 
-    precision = Precision(
-        request.mixed_precision,
-        request.state.device,
-        autocast_kwargs=request.autocast_kwargs,
-        scaler_kwargs=request.scaler_kwargs,
-    )
     return DDPBackend(
-        request.state, precision=precision, ddp_kwargs=request.ddp_kwargs, dynamo_plugin=request.dynamo_plugin
+        request.state,
+        precision=precision_for(request),
+        ddp_kwargs=request.ddp_kwargs,
+        dynamo_plugin=request.dynamo_plugin,
     )
 
 

@@ -4,16 +4,11 @@ The backend class loads on first use (``lockstep.backends.fsdp.backend``): the p
 so that its ``spec`` (the backend's vocabulary) can be read by the launcher.
 """
 
-from __future__ import annotations
+from lockstep._lazy import lazy_exports
 
-from typing import Any
-
-__all__ = ["FSDPBackend"]
-
-
-def __getattr__(name: str) -> Any:
-    if name == "FSDPBackend":
-        from lockstep.backends.fsdp.backend import FSDPBackend
-
-        return FSDPBackend
-    raise AttributeError(f"module 'lockstep.backends.fsdp' has no attribute {name!r}")
+__getattr__, __all__ = lazy_exports(
+    __name__,
+    {
+        "FSDPBackend": "lockstep.backends.fsdp.backend",
+    },
+)

@@ -15,13 +15,9 @@ from lockstep.config.fsdp_keys import FSDP_KEYS
 def sharding_precision(request: BackendRequest) -> Any:
     """The precision of a backend that shards with FSDP2 (its ``MixedPrecisionPolicy`` comes from it)."""
     from lockstep.backends.fsdp.precision import FSDPPrecision
+    from lockstep.precision import precision_for
 
-    return FSDPPrecision(
-        request.mixed_precision,
-        request.state.device,
-        autocast_kwargs=request.autocast_kwargs,
-        scaler_kwargs=request.scaler_kwargs,
-    )
+    return precision_for(request, FSDPPrecision)
 
 
 def plugin_or_default(request: BackendRequest) -> Any:
@@ -31,6 +27,18 @@ def plugin_or_default(request: BackendRequest) -> Any:
     from lockstep.config.fsdp import FullyShardedDataParallelPlugin
 
     return FullyShardedDataParallelPlugin()
+
+
+def build_on_layout(request: BackendRequest, backend_class: type) -> Any:
+    """A backend that lays the model out on the ``ParallelismConfig``'s mesh (N-D, pipeline), sharding with
+    the user's FSDP plugin or the default one."""
+    return backend_class(
+        request.state,
+        config=request.parallelism_config,
+        plugin=plugin_or_default(request),
+        precision=sharding_precision(request),
+        dynamo_plugin=request.dynamo_plugin,
+    )
 
 
 def _applies(request: BackendRequest) -> bool:

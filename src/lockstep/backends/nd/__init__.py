@@ -4,16 +4,11 @@ The backend class loads on first use (``lockstep.backends.nd.backend``): the pac
 so that its ``spec`` (the backend's vocabulary) can be read by the launcher.
 """
 
-from __future__ import annotations
+from lockstep._lazy import lazy_exports
 
-from typing import Any
-
-__all__ = ["NDParallelBackend"]
-
-
-def __getattr__(name: str) -> Any:
-    if name == "NDParallelBackend":
-        from lockstep.backends.nd.backend import NDParallelBackend
-
-        return NDParallelBackend
-    raise AttributeError(f"module 'lockstep.backends.nd' has no attribute {name!r}")
+__getattr__, __all__ = lazy_exports(
+    __name__,
+    {
+        "NDParallelBackend": "lockstep.backends.nd.backend",
+    },
+)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from lockstep.backends.fsdp.spec import plugin_or_default, sharding_precision
+from lockstep.backends.fsdp.spec import build_on_layout
 from lockstep.config.backend_specs import BackendRequest, BackendSpec, register_backend_spec
 
 
@@ -17,13 +17,7 @@ def _applies(request: BackendRequest) -> bool:
 def _build(request: BackendRequest) -> Any:
     from lockstep.backends.nd.backend import NDParallelBackend
 
-    return NDParallelBackend(
-        request.state,
-        config=request.parallelism_config,
-        plugin=plugin_or_default(request),
-        precision=sharding_precision(request),
-        dynamo_plugin=request.dynamo_plugin,
-    )
+    return build_on_layout(request, NDParallelBackend)
 
 
 SPEC = register_backend_spec(

@@ -10,15 +10,11 @@ from lockstep.config.enums import DistributedType
 
 def _build(request: BackendRequest) -> Any:
     from lockstep.backends.single.backend import SingleProcessBackend
-    from lockstep.precision import Precision
+    from lockstep.precision import precision_for
 
-    precision = Precision(
-        request.mixed_precision,
-        request.state.device,
-        autocast_kwargs=request.autocast_kwargs,
-        scaler_kwargs=request.scaler_kwargs,
+    return SingleProcessBackend(
+        request.state, precision=precision_for(request), dynamo_plugin=request.dynamo_plugin
     )
-    return SingleProcessBackend(request.state, precision=precision, dynamo_plugin=request.dynamo_plugin)
 
 
 SPEC = register_backend_spec(
