@@ -35,6 +35,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from lockstep.accelerator.accumulation import GradientAccumulation
+from lockstep.accelerator.checkpointing_view import CheckpointingView
 from lockstep.accelerator.collectives_view import CollectivesView
 from lockstep.accelerator.mesh_view import MeshView, build_layout
 from lockstep.accelerator.optimizer import AcceleratedOptimizer
@@ -69,7 +70,6 @@ from lockstep.state import AcceleratorState, GradientState
 from lockstep.throughput.build import build_step_timer
 
 if TYPE_CHECKING:
-    from lockstep.accelerator.checkpoints import CheckpointManager, SaveReport
     from lockstep.backends.base import Backend
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -81,6 +81,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 @answers_for("_tracking", TrackingView)
 @answers_for("_unconfigured", UnconfiguredFeatures)
 @answers_for("_collectives", CollectivesView)
+@answers_for("_saving", CheckpointingView, internal=("manager", "wait_if_started"))
 class Accelerator:
     """Runs one ordinary training loop on one CPU, one GPU, many processes or many machines.
 
@@ -194,8 +195,15 @@ class Accelerator:
         )
         self._tracking = TrackingView(self._trackers)
         self._step_timer = self._build_step_timer(step_timing)
+        self._saving = CheckpointingView(
+            prepared=self._prepared,
+            backend=self.backend,
+            state=self.state,
+            project=self.project_configuration,
+            accumulation=self._accumulation,
+            step_timer=self._step_timer,
+        )
         self._preemption = PreemptionWatcher(preemption_signals, preemption_grace_period)
-        self._checkpoints: CheckpointManager | None = None  # built on first use (imports lockstep.checkpoint)
         self._preparer = self._build_preparer(
             device_placement=device_placement,
             step_scheduler_with_optimizer=step_scheduler_with_optimizer,
@@ -278,20 +286,6 @@ class Accelerator:
             watch=self._step_timer.watch,
             on_optimizer_step=on_optimizer_step,
         )
-
-    @property
-    def _checkpointing(self) -> CheckpointManager:
-        if self._checkpoints is None:
-            from lockstep.accelerator.checkpoints import CheckpointManager
-
-            self._checkpoints = CheckpointManager(
-                prepared=self._prepared,
-                backend=self.backend,
-                state=self.state,
-                project=self.project_configuration,
-                accumulation=self._accumulation,
-            )
-        return self._checkpoints
 
     # -- preparation settings (may be changed between prepare calls, as in Accelerate) ---------------
     @property
@@ -616,58 +610,11 @@ class Accelerator:
         from lockstep.diagnostics import active_watchdog
 
         self._trackers.finish()
-        if self._checkpoints is not None:
-            self._checkpoints.wait()
+        self._saving.wait_if_started()
         self.free_memory()
         active_watchdog.stop()
 
     # -- saving -----------------------------------------------------------------------------------
-    def save(self, obj: Any, f: Any, safe_serialization: bool = False) -> None:
-        """Save ``obj`` once per machine set-up (on the main process): torch.save or safetensors."""
-        if not self.is_main_process:
-            return
-        if safe_serialization:
-            from safetensors.torch import save_file
-
-            save_file({k: v.contiguous() for k, v in obj.items()}, f)
-        else:
-            torch.save(obj, f)
-
-    def save_state(
-        self,
-        output_dir: str | None = None,
-        safe_serialization: bool = True,
-        async_save: bool = False,
-        **kwargs: Any,
-    ) -> str:
-        """Save everything needed to resume exactly: weights, optimizers, schedulers, scaler, RNGs of every
-        rank, dataloader positions, the accumulation position and registered objects.
-
-        The save is crash-consistent: files go to a staging folder, a manifest is written last and the
-        folder is renamed into place atomically. Returns the checkpoint folder. With ``async_save=True``
-        training stops only while the state is copied to CPU memory; the files are written in the
-        background and the next save (or :meth:`wait_for_checkpoint`) waits for them.
-        ``last_save_report`` says how long training stalled.
-
-        Example:
-            >>> accelerator = Accelerator(project_config=ProjectConfiguration(  # doctest: +SKIP
-            ...     project_dir="runs/a", automatic_checkpoint_naming=True, total_limit=3))
-            >>> accelerator.save_state()  # runs/a/checkpoints/checkpoint_0  # doctest: +SKIP
-        """
-        checkpoints = self._checkpointing  # built (and its modules imported) before the save is timed
-        with self._step_timer.checkpoint():
-            return checkpoints.save_state(output_dir, safe_serialization, async_save)
-
-    def wait_for_checkpoint(self) -> None:
-        """Block until a background (``async_save=True``) checkpoint is written and committed."""
-        with self._step_timer.checkpoint():
-            self._checkpointing.wait()
-
-    @property
-    def last_save_report(self) -> SaveReport | None:
-        """Folder, training stall in seconds, bytes and mode of the last ``save_state`` (None before one)."""
-        return None if self._checkpoints is None else self._checkpoints.last_save
-
     @property
     def step_stats(self) -> dict[str, float]:
         """The last optimizer step's time breakdown and rates (``Accelerator(step_timing=True)``).
@@ -677,44 +624,6 @@ class Accelerator:
         ``tokens_per_second``, ``flops_per_second``, ``mfu`` (known GPUs); see ``lockstep.throughput``.
         """
         return self._step_timer.stats
-
-    def load_state(self, input_dir: str | None = None, **kwargs: Any) -> None:
-        """Restore a checkpoint written by :meth:`save_state`; prepared dataloaders continue at the next
-        unseen batch. Without ``input_dir``, loads the newest valid checkpoint of the project."""
-        self._checkpointing.load_state(input_dir)
-
-    def register_for_checkpointing(self, *objects: Any) -> None:
-        """Save and load these objects (anything with ``state_dict``/``load_state_dict``) with the state."""
-        self._prepared.register_for_checkpointing(objects)
-
-    def register_save_state_pre_hook(self, hook: Callable[..., Any]) -> Any:
-        """Call ``hook(models, weights, output_dir)`` before saving; it may pop weights it saved itself.
-
-        ``output_dir`` is the folder being written (renamed into place when the save commits): files the
-        hook writes there are part of the checkpoint, covered by its manifest and rotated with it.
-
-        Example:
-            >>> def save_unet(models, weights, output_dir):  # doctest: +SKIP
-            ...     if accelerator.is_main_process:
-            ...         models[0].save_pretrained(os.path.join(output_dir, "unet"))
-            ...     weights.pop()
-            >>> accelerator.register_save_state_pre_hook(save_unet)  # doctest: +SKIP
-        """
-        return self._checkpointing.add_hook(self._checkpointing.save_hooks, hook)
-
-    def register_load_state_pre_hook(self, hook: Callable[..., Any]) -> Any:
-        """Call ``hook(models, input_dir)`` before loading; it may pop models it loaded itself."""
-        return self._checkpointing.add_hook(self._checkpointing.load_hooks, hook)
-
-    def save_model(
-        self,
-        model: nn.Module,
-        save_directory: str,
-        max_shard_size: int | str = "10GB",
-        safe_serialization: bool = True,
-    ) -> None:
-        """Write the unwrapped model as (sharded) safetensors plus an index, on the main process."""
-        self._checkpointing.save_model(model, save_directory, max_shard_size, safe_serialization)
 
     # -- preemption and restarts -------------------------------------------------------------------
     @property
@@ -753,7 +662,7 @@ class Accelerator:
         Example:
             >>> accelerator.resume_from_latest_checkpoint()  # doctest: +SKIP
         """
-        root = self._checkpointing.automatic_root()
+        root = self._saving.manager.automatic_root()
         if root is None:
             raise ValueError(
                 "resume_from_latest_checkpoint() needs Accelerator(project_dir=...) (checkpoints are looked for "

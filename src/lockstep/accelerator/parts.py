@@ -48,13 +48,14 @@ class _Forwarded:
         setattr(getattr(host, self.holder), self.name, value)
 
 
-def answers_for(holder: str, part: type) -> Callable[[H], H]:
+def answers_for(holder: str, part: type, *, internal: tuple[str, ...] = ()) -> Callable[[H], H]:
     """Class decorator: the host answers every public member of ``part`` from the part object it keeps in
-    ``self.<holder>``; members the host defines itself stay its own."""
+    ``self.<holder>``; members the host defines itself stay its own, and ``internal`` names (what the host
+    itself asks of the part) are not the host's."""
 
     def decorate(host: H) -> H:
         for name, member in vars(part).items():
-            if name.startswith("_") or name in vars(host):
+            if name.startswith("_") or name in vars(host) or name in internal:
                 continue
             setattr(host, name, _Forwarded(holder, name, member))
         return host

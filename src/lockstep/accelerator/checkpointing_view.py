@@ -1,0 +1,154 @@
+"""The Accelerator's checkpoint members (Accelerate's names): ``save_state``, ``load_state``, the save/load
+hooks, ``register_for_checkpointing``, ``save_model`` and ``save``, over a :class:`CheckpointManager` built
+on first use (so that ``from lockstep import Accelerator`` does not import :mod:`lockstep.checkpoint`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+if TYPE_CHECKING:
+    from lockstep.accelerator.accumulation import GradientAccumulation
+    from lockstep.accelerator.checkpoints import CheckpointManager, SaveReport
+    from lockstep.accelerator.prepared import PreparedObjects
+    from lockstep.backends.base import Backend
+    from lockstep.config.project import ProjectConfiguration
+    from lockstep.state import PartialState
+
+
+class CheckpointingView:
+    """Saving and loading the whole training state, and the model alone.
+
+    Args:
+        prepared: the prepared objects (what a checkpoint holds) and the registered ones.
+        backend: writes and reads the model and optimizer state.
+        state: the process state.
+        project: the project folder and checkpoint naming.
+        accumulation: where the loop stands in an accumulation cycle (saved with the state).
+        step_timer: counts the time spent checkpointing.
+    """
+
+    def __init__(
+        self,
+        *,
+        prepared: PreparedObjects,
+        backend: Backend,
+        state: PartialState,
+        project: ProjectConfiguration,
+        accumulation: GradientAccumulation,
+        step_timer: Any,
+    ) -> None:
+        self._prepared = prepared
+        self._backend = backend
+        self._state = state
+        self._project = project
+        self._accumulation = accumulation
+        self._step_timer = step_timer
+        self._manager: CheckpointManager | None = None
+
+    @property
+    def manager(self) -> CheckpointManager:
+        """The checkpoint manager (built, and :mod:`lockstep.checkpoint` imported, on first use)."""
+        if self._manager is None:
+            from lockstep.accelerator.checkpoints import CheckpointManager
+
+            self._manager = CheckpointManager(
+                prepared=self._prepared,
+                backend=self._backend,
+                state=self._state,
+                project=self._project,
+                accumulation=self._accumulation,
+            )
+        return self._manager
+
+    def wait_if_started(self) -> None:
+        """Wait for a background save, if a checkpoint was ever saved (at the end of training)."""
+        if self._manager is not None:
+            self._manager.wait()
+
+    def save(self, obj: Any, f: Any, safe_serialization: bool = False) -> None:
+        """Save ``obj`` once per machine set-up (on the main process): torch.save or safetensors."""
+        if not self._state.is_main_process:
+            return
+        if safe_serialization:
+            from safetensors.torch import save_file
+
+            save_file({k: v.contiguous() for k, v in obj.items()}, f)
+        else:
+            torch.save(obj, f)
+
+    def save_state(
+        self,
+        output_dir: str | None = None,
+        safe_serialization: bool = True,
+        async_save: bool = False,
+        **kwargs: Any,
+    ) -> str:
+        """Save everything needed to resume exactly: weights, optimizers, schedulers, scaler, RNGs of every
+        rank, dataloader positions, the accumulation position and registered objects.
+
+        The save is crash-consistent: files go to a staging folder, a manifest is written last and the
+        folder is renamed into place atomically. Returns the checkpoint folder. With ``async_save=True``
+        training stops only while the state is copied to CPU memory; the files are written in the
+        background and the next save (or :meth:`wait_for_checkpoint`) waits for them.
+        ``last_save_report`` says how long training stalled.
+
+        Example:
+            >>> accelerator = Accelerator(project_config=ProjectConfiguration(  # doctest: +SKIP
+            ...     project_dir="runs/a", automatic_checkpoint_naming=True, total_limit=3))
+            >>> accelerator.save_state()  # runs/a/checkpoints/checkpoint_0  # doctest: +SKIP
+        """
+        checkpoints = self.manager  # built (and its modules imported) before the save is timed
+        with self._step_timer.checkpoint():
+            return checkpoints.save_state(output_dir, safe_serialization, async_save)
+
+    def wait_for_checkpoint(self) -> None:
+        """Block until a background (``async_save=True``) checkpoint is written and committed."""
+        with self._step_timer.checkpoint():
+            self.manager.wait()
+
+    @property
+    def last_save_report(self) -> SaveReport | None:
+        """Folder, training stall in seconds, bytes and mode of the last ``save_state`` (None before one)."""
+        return None if self._manager is None else self._manager.last_save
+
+    def load_state(self, input_dir: str | None = None, **kwargs: Any) -> None:
+        """Restore a checkpoint written by :meth:`save_state`; prepared dataloaders continue at the next
+        unseen batch. Without ``input_dir``, loads the newest valid checkpoint of the project."""
+        self.manager.load_state(input_dir)
+
+    def register_for_checkpointing(self, *objects: Any) -> None:
+        """Save and load these objects (anything with ``state_dict``/``load_state_dict``) with the state."""
+        self._prepared.register_for_checkpointing(objects)
+
+    def register_save_state_pre_hook(self, hook: Callable[..., Any]) -> Any:
+        """Call ``hook(models, weights, output_dir)`` before saving; it may pop weights it saved itself.
+
+        ``output_dir`` is the folder being written (renamed into place when the save commits): files the
+        hook writes there are part of the checkpoint, covered by its manifest and rotated with it.
+
+        Example:
+            >>> def save_unet(models, weights, output_dir):  # doctest: +SKIP
+            ...     if accelerator.is_main_process:
+            ...         models[0].save_pretrained(os.path.join(output_dir, "unet"))
+            ...     weights.pop()
+            >>> accelerator.register_save_state_pre_hook(save_unet)  # doctest: +SKIP
+        """
+        return self.manager.add_hook(self.manager.save_hooks, hook)
+
+    def register_load_state_pre_hook(self, hook: Callable[..., Any]) -> Any:
+        """Call ``hook(models, input_dir)`` before loading; it may pop models it loaded itself."""
+        return self.manager.add_hook(self.manager.load_hooks, hook)
+
+    def save_model(
+        self,
+        model: nn.Module,
+        save_directory: str,
+        max_shard_size: int | str = "10GB",
+        safe_serialization: bool = True,
+    ) -> None:
+        """Write the unwrapped model as (sharded) safetensors plus an index, on the main process."""
+        self.manager.save_model(model, save_directory, max_shard_size, safe_serialization)
