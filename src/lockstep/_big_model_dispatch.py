@@ -2,7 +2,7 @@
 offloading it to CPU memory or disk with hooks. lockstep does not move weights with hooks, so these names
 import (``from lockstep import dispatch_model`` where code wrote ``from accelerate import ...``) and
 calling them raises ``NotImplementedError`` with what to use instead. (The stand-ins live in
-:mod:`lockstep.utils._unsupported`, so that ``lockstep.utils`` re-exports ``infer_auto_device_map`` too.)
+:mod:`lockstep.utils.unsupported`, so that ``lockstep.utils`` re-exports ``infer_auto_device_map`` too.)
 
 Example:
     >>> cpu_offload(object())
@@ -12,7 +12,7 @@ Example:
 
 from __future__ import annotations
 
-from lockstep.utils import (
+from lockstep.utils.unsupported import (
     cpu_offload,
     cpu_offload_with_hook,
     disk_offload,

@@ -90,8 +90,8 @@ def backend_report() -> list[tuple[str, str]]:
     asked whether they apply.
 
     Example:
-        >>> dict(backend_report())["ddp"]
-        "data parallel: torch's DistributedDataParallel, one replica per process"
+        >>> dict(backend_report())["ddp"].split("; ")
+        ["data parallel: torch's DistributedDataParallel, one replica per process", 'distributed_type MULTI_CPU/MULTI_GPU/MULTI_XPU/MULTI_MPS']
     """
     from lockstep.config.backend_specs import backend_specs
 

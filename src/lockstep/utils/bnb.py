@@ -4,6 +4,6 @@ Calling these functions raises ``NotImplementedError``; quantize with bitsandbyt
 ``BitsAndBytesConfig``) before preparing the model.
 """
 
-from lockstep.utils._unsupported import has_4bit_bnb_layers, load_and_quantize_model
+from lockstep.utils.unsupported import has_4bit_bnb_layers, load_and_quantize_model
 
 __all__ = ["has_4bit_bnb_layers", "load_and_quantize_model"]

@@ -4,7 +4,7 @@ The settings themselves live in :mod:`lockstep.config` and are re-exported here 
 This module adds the few records Accelerate keeps next to them (:class:`ComputeEnvironment`,
 :class:`SageMakerDistributedType`, :class:`CustomDtype`, :class:`TensorInformation`) and the plugins and
 recipes of integrations lockstep does not drive, which import fine and raise ``NotImplementedError`` when
-constructed (see :mod:`lockstep.utils._unsupported`).
+constructed (see :mod:`lockstep.utils.unsupported`).
 
 Example:
     >>> PrecisionType("bf16") == "bf16"
@@ -45,7 +45,7 @@ from lockstep.config.parallelism import (
     TorchContextParallelConfig,
     TorchTensorParallelConfig,
 )
-from lockstep.utils._unsupported import (
+from lockstep.utils.unsupported import (
     AORecipeKwargs,
     BnbQuantizationConfig,
     DeepSpeedSequenceParallelConfig,

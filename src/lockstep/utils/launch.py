@@ -5,6 +5,6 @@ typed launch configuration for torch's elastic agent instead. Calling :func:`pre
 raises ``NotImplementedError``.
 """
 
-from lockstep.utils._unsupported import prepare_sagemager_args_inputs
+from lockstep.utils.unsupported import prepare_sagemager_args_inputs
 
 __all__ = ["prepare_sagemager_args_inputs"]

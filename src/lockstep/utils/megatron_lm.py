@@ -3,7 +3,7 @@
 Constructing any of these classes or calling the functions raises ``NotImplementedError``.
 """
 
-from lockstep.utils._unsupported import (
+from lockstep.utils.unsupported import (
     AbstractTrainStep,
     BertTrainStep,
     GPTTrainStep,

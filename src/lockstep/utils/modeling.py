@@ -51,8 +51,8 @@ from lockstep.utils._model_tensors import (
     retie_parameters,
     set_module_tensor_to_device,
 )
-from lockstep.utils._unsupported import get_balanced_memory, infer_auto_device_map
 from lockstep.utils.offload import load_offloaded_weight
+from lockstep.utils.unsupported import get_balanced_memory, infer_auto_device_map
 
 __all__ = [
     "align_module_device",

@@ -3,6 +3,6 @@
 Calling :func:`install_xla` raises ``NotImplementedError``.
 """
 
-from lockstep.utils._unsupported import install_xla
+from lockstep.utils.unsupported import install_xla
 
 __all__ = ["install_xla"]

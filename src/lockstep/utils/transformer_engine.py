@@ -3,7 +3,7 @@
 Calling these functions raises ``NotImplementedError``; use ``mixed_precision="bf16"`` (or ``"fp16"``).
 """
 
-from lockstep.utils._unsupported import (
+from lockstep.utils.unsupported import (
     apply_fp8_autowrap,
     contextual_fp8_autocast,
     convert_model,
