@@ -1,6 +1,7 @@
-"""DeepSpeed checkpoints: save_state/load_state in a fresh process group resume mid-epoch bitwise under
-ZeRO-2 and ZeRO-3; lockstep merge-weights gives the same weights without DeepSpeed or a process group; a
-checkpoint is refused clearly on another number of processes; ZeRO-3's get_state_dict needs its flag."""
+"""DeepSpeed checkpoints: save_state/load_state in a fresh process group, started from other weights,
+resume mid-epoch bitwise at the saved step under ZeRO-3; lockstep merge-weights gives the same weights
+without DeepSpeed or a process group; a checkpoint is refused clearly on another number of processes;
+ZeRO-3's get_state_dict needs its flag."""
 
 from __future__ import annotations
 
@@ -18,11 +19,13 @@ from tests.helpers.optional import requires
 pytestmark = [requires("deepspeed"), pytest.mark.distributed]
 
 LENGTH, PER_PROCESS, STOP_AT = 48, 4, 4
+STEPS = 2 * LENGTH // (2 * PER_PROCESS)  # two epochs on two processes
 
 
 def _run(stage: int, folder: str, mode: str) -> dict:
     """mode: "straight" trains 2 epochs; "stop" saves after STOP_AT batches of epoch 0 and returns;
-    "resume" loads the checkpoint and finishes both epochs."""
+    "resume" starts from other weights and another seed, loads the checkpoint and finishes both epochs.
+    Returns the gathered weights and the number of optimizer steps this run took."""
     from lockstep import Accelerator
     from lockstep.utils import DeepSpeedPlugin
 
@@ -30,13 +33,13 @@ def _run(stage: int, folder: str, mode: str) -> dict:
         deepspeed_plugin=DeepSpeedPlugin(zero_stage=stage, zero3_save_16bit_model=True),
         project_dir=folder,
     )
-    model = make_transformer()
+    model = make_transformer(seed=1 if mode == "resume" else 0)  # only a real load undoes other weights
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     loader = torch.utils.data.DataLoader(
         data_loader(LENGTH, PER_PROCESS).dataset, batch_size=PER_PROCESS, shuffle=True
     )
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
-    start_epoch = 0
+    start_epoch, steps = 0, 0
     if mode == "resume":
         accelerator.load_state(f"{folder}/saved")
         start_epoch = loader.epoch if hasattr(loader, "epoch") else 0
@@ -46,23 +49,26 @@ def _run(stage: int, folder: str, mode: str) -> dict:
             accelerator.backward(loss_of(model, batch))
             optimizer.step()
             optimizer.zero_grad()
+            steps += 1
             if mode == "stop" and epoch == 0 and step + 1 == STOP_AT:
                 accelerator.save_state(f"{folder}/saved")
-                return {}
+                return {"steps": steps}
     weights = accelerator.get_state_dict(model)
-    return {name: tensor.clone() for name, tensor in weights.items()}
+    return {"steps": steps, "weights": {name: tensor.clone() for name, tensor in weights.items()}}
 
 
 def test_a_mid_epoch_save_resumes_bitwise_in_a_fresh_process_group(tmp_path):
     # ZeRO-3 here (parameters partitioned too); ZeRO-2 and ZeRO-3 are resumed after a kill and a preemption
     # under lockstep launch in tests/e2e/test_deepspeed_launch.py.
     straight = run_distributed(_run, 2, 3, str(tmp_path / "a"), "straight", timeout=180)[0]
-    assert straight  # the main process's gathered weights
-    run_distributed(_run, 2, 3, str(tmp_path / "b"), "stop", timeout=180)
+    assert straight["steps"] == STEPS and straight["weights"]  # the main process's gathered weights
+    assert run_distributed(_run, 2, 3, str(tmp_path / "b"), "stop", timeout=180)[0] == {"steps": STOP_AT}
     resumed = run_distributed(_run, 2, 3, str(tmp_path / "b"), "resume", timeout=180)[0]
-    assert straight.keys() == resumed.keys()
-    for name in straight:
-        assert torch.equal(straight[name], resumed[name]), name
+    resumed_at = STEPS - resumed["steps"]
+    assert resumed_at == STOP_AT, f"resumed at step {resumed_at} of {STEPS}, expected {STOP_AT}"
+    assert straight["weights"].keys() == resumed["weights"].keys()
+    for name in straight["weights"]:
+        assert torch.equal(straight["weights"][name], resumed["weights"][name]), name
 
 
 def _at_stop(stage: int, folder: str) -> dict:

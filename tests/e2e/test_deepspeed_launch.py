@@ -1,8 +1,11 @@
 """DeepSpeed under `lockstep launch`: a killed rank restarts and a preempted run resumes to exactly the
-weights of an uninterrupted run, under ZeRO-2 and ZeRO-3; the launcher's DeepSpeed flags and config keys."""
+weights of an uninterrupted run, under ZeRO-2 and ZeRO-3; the launcher's DeepSpeed flags and config keys.
+
+The resumed attempt is seeded differently (other initial weights, dropout and data order): starting over, or
+a load that restores nothing, cannot reach the uninterrupted run's weights, and the step it resumed at is
+checked exactly."""
 
 import json
-import random
 import signal
 import time
 
@@ -10,14 +13,12 @@ import pytest
 
 from tests.helpers.cli import SCRIPTS, lockstep, lockstep_popen
 from tests.helpers.optional import requires
+from tests.helpers.resume import Resumed, draw_step, final_params, last_checkpoint_before, resumed_lines
 
 pytestmark = [pytest.mark.distributed, requires("deepspeed")]
 
 SCRIPT = str(SCRIPTS / "resumable_train.py")
-
-
-def _params(stdout: str) -> list[float]:
-    return json.loads(next(line for line in stdout.splitlines() if line.startswith("PARAMS "))[7:])
+SAVE_EVERY = 3  # the script's default
 
 
 def _zero(stage: int) -> list[str]:
@@ -31,24 +32,29 @@ def uninterrupted(tmp_path_factory) -> dict[int, list[float]]:
     for stage in (2, 3):
         result = lockstep(*_zero(stage), SCRIPT, str(tmp_path_factory.mktemp(f"straight{stage}")))
         assert result.returncode == 0, result.stderr[-3000:]
-        runs[stage] = _params(result.stdout)
+        runs[stage] = final_params(result.stdout)
     return runs
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("stage", [2, 3])
 def test_a_killed_rank_restarts_and_matches_an_uninterrupted_run(tmp_path, uninterrupted, stage):
-    die_at = random.Random().randint(4, 11)  # after the first checkpoint (step 3)
+    die_at, drawn = draw_step(f"zero-{stage} killed rank", 4, 11)  # after the first checkpoint (step 3)
     result = lockstep(*_zero(stage), "--max-restarts", "1", SCRIPT, str(tmp_path), "--die-at", str(die_at))
-    assert result.returncode == 0, f"died at step {die_at}: {result.stderr[-3000:]}"
-    assert "attempt 1 resumed from" in result.stdout
-    assert _params(result.stdout) == uninterrupted[stage], f"died at step {die_at}"
+    assert result.returncode == 0, f"{drawn}: {result.stderr[-3000:]}"
+    resumed_at = last_checkpoint_before(die_at, SAVE_EVERY)
+    folder = str(tmp_path / "checkpoints" / f"checkpoint_{resumed_at // SAVE_EVERY - 1}")
+    assert resumed_lines(result.stdout) == [
+        Resumed(attempt=0, seed=0, folder="None", step=0),
+        Resumed(attempt=1, seed=1, folder=folder, step=resumed_at),
+    ], f"{drawn}:\n{result.stdout[-3000:]}"
+    assert final_params(result.stdout) == uninterrupted[stage], drawn
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("stage", [2, 3])
 def test_a_preempted_run_exits_143_and_resumes_exactly(tmp_path, uninterrupted, stage):
-    stop_after = random.Random().randint(2, 8)
+    stop_after, drawn = draw_step(f"zero-{stage} preemption", 2, 8)
     launcher = lockstep_popen(*_zero(stage), SCRIPT, str(tmp_path), "--step-delay", "0.2")
     progress = tmp_path / "progress"
     deadline = time.monotonic() + 120
@@ -60,10 +66,13 @@ def test_a_preempted_run_exits_143_and_resumes_exactly(tmp_path, uninterrupted, 
     _, stderr = launcher.communicate(timeout=120)
     assert launcher.returncode == 143, stderr[-3000:]
     stopped_at = int(progress.read_text())
-    result = lockstep(*_zero(stage), SCRIPT, str(tmp_path))
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert f"at step {stopped_at}" in result.stdout
-    assert _params(result.stdout) == uninterrupted[stage]
+    latest = (tmp_path / "checkpoints" / "latest").read_text().strip()
+    result = lockstep(*_zero(stage), SCRIPT, str(tmp_path), "--seed", "1")
+    assert result.returncode == 0, f"{drawn}: {result.stderr[-3000:]}"
+    assert resumed_lines(result.stdout) == [
+        Resumed(attempt=0, seed=1, folder=str(tmp_path / "checkpoints" / latest), step=stopped_at)
+    ], f"{drawn}:\n{result.stdout[-3000:]}"
+    assert final_params(result.stdout) == uninterrupted[stage], drawn
 
 
 def test_a_deepspeed_file_key_that_contradicts_the_json_config_is_refused(tmp_path):
@@ -129,4 +138,4 @@ def test_an_accelerate_deepspeed_config_file_launches_unchanged(tmp_path, uninte
     project.mkdir()
     result = lockstep("launch", "--config-file", str(config), SCRIPT, str(project))
     assert result.returncode == 0, result.stderr[-3000:]
-    assert _params(result.stdout) == uninterrupted[2]
+    assert final_params(result.stdout) == uninterrupted[2]

@@ -1,8 +1,10 @@
 """A training loop that survives restarts and preemption with lockstep's one-line patterns.
 
-Usage: resumable_train.py PROJECT_DIR [--steps N] [--save-every K] [--die-at STEP] [--step-delay S]
+Usage: resumable_train.py PROJECT_DIR [--steps N] [--save-every K] [--die-at STEP] [--step-delay S] [--seed S]
 Rank 0 writes PROJECT_DIR/progress (the number of finished steps) after every step and, at the end,
 prints `PARAMS [...]`. With --die-at, rank 1 kills itself with SIGKILL at that step on the first attempt.
+Attempt k of an elastic job seeds torch with S + k (S defaults to 0): a restarted attempt starts from other
+weights, dropout masks and data order, so only a real resume reaches the weights of an uninterrupted run.
 """
 
 import argparse
@@ -36,9 +38,12 @@ parser.add_argument("--steps", type=int, default=12)
 parser.add_argument("--save-every", type=int, default=3)
 parser.add_argument("--die-at", type=int, default=-1)
 parser.add_argument("--step-delay", type=float, default=0.0)
+parser.add_argument("--seed", type=int, default=0)
 args = parser.parse_args()
 
-torch.manual_seed(0)
+attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+seed = args.seed + attempt
+torch.manual_seed(seed)
 accelerator = Accelerator(
     project_config=ProjectConfiguration(
         project_dir=args.project_dir, automatic_checkpoint_naming=True, total_limit=2
@@ -54,9 +59,7 @@ model, optimizer, train_dl = accelerator.prepare(
 progress = Progress()
 accelerator.register_for_checkpointing(progress)
 resumed = accelerator.resume_from_latest_checkpoint()  # the one line that survives restarts
-accelerator.print(
-    f"attempt {os.environ.get('TORCHELASTIC_RESTART_COUNT')} resumed from {resumed} at step {progress.done}"
-)
+accelerator.print(f"attempt {attempt} (seed {seed}) resumed from {resumed} at step {progress.done}")
 
 while progress.done < args.steps:
     for x, y in train_dl:
@@ -68,8 +71,7 @@ while progress.done < args.steps:
         time.sleep(args.step_delay)
         if accelerator.is_main_process:
             (Path(args.project_dir) / "progress").write_text(str(progress.done))
-        restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-        if progress.done == args.die_at and accelerator.process_index == 1 and restart == "0":
+        if progress.done == args.die_at and accelerator.process_index == 1 and attempt == 0:
             os.kill(os.getpid(), signal.SIGKILL)
         if accelerator.should_stop:  # preemption: every rank stops at the same step
             accelerator.checkpoint_and_exit()

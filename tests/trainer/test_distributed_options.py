@@ -107,21 +107,27 @@ def _each_node(base: str, on_each_node: bool, resume: bool) -> dict:
         save_steps=3,
         save_on_each_node=on_each_node,
     )
-    trainer = Trainer(make_model(), args, train_dataset=make_dataset(64), compute_loss_func=mse)
-    with contextlib.redirect_stdout(io.StringIO()):
+    # A resumed run starts from other weights (seed 1): only a real load ends at the first run's weights.
+    trainer = Trainer(
+        make_model(seed=1 if resume else 0), args, train_dataset=make_dataset(64), compute_loss_func=mse
+    )
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
         trainer.train(resume_from_checkpoint=True if resume else None)
     folders = sorted(p.name for p in Path(output_dir).glob("checkpoint-*"))
     for name in folders:
         verify(Path(output_dir) / name)
-    return {"folders": folders, "weights": flat_params(trainer.model)}
+    return {"folders": folders, "weights": flat_params(trainer.model), "printed": printed.getvalue()}
 
 
 def test_save_on_each_node_gives_every_node_its_checkpoints_and_resume(tmp_path):
     each = run_distributed(_each_node, 2, str(tmp_path / "b"), True, False, env=QUIET, timeout=120)
     assert each[0]["folders"] == each[1]["folders"] == ["checkpoint-3", "checkpoint-6"]
-    # Resuming: each node finds its own newest checkpoint (the run is already complete: nothing changes).
+    # Resuming: each node finds its own newest valid checkpoint (checkpoint-3) and trains steps 4 to 6 again.
     for node in (0, 1):
         (tmp_path / "b" / f"node{node}" / "checkpoint-6" / "manifest.json").unlink()  # broken: skipped
     resumed = run_distributed(_each_node, 2, str(tmp_path / "b"), True, True, env=QUIET, timeout=120)
+    said = [line for line in resumed[0]["printed"].splitlines() if line.startswith("[train] resumed from ")]
+    assert said == [f"[train] resumed from {tmp_path / 'b' / 'node0' / 'checkpoint-3'} at step 3/6"], said
     assert torch.equal(resumed[0]["weights"], each[0]["weights"])
     assert torch.equal(resumed[1]["weights"], resumed[0]["weights"])

@@ -155,9 +155,9 @@ def test_evaluation_is_complete_ordered_and_equals_one_process(tmp_path):
 
 
 class DropoutModel(nn.Module):
-    def __init__(self) -> None:
+    def __init__(self, seed: int = 0) -> None:
         super().__init__()
-        torch.manual_seed(0)
+        torch.manual_seed(seed)
         self.net = nn.Sequential(nn.Linear(6, 16), nn.Dropout(0.2), nn.Tanh(), nn.Linear(16, 1))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -175,7 +175,7 @@ class PreemptAt(TrainerCallback):
             os.kill(os.getpid(), signal.SIGTERM)
 
 
-def _resumable_run(output_dir: str, resume, preempt_at: int | None) -> dict:
+def _resumable_run(output_dir: str, resume, preempt_at: int | None, model_seed: int = 0) -> dict:
     args = TrainingArguments(
         output_dir=output_dir,
         num_train_epochs=2,
@@ -190,15 +190,25 @@ def _resumable_run(output_dir: str, resume, preempt_at: int | None) -> dict:
     )
     callbacks = [PreemptAt(preempt_at)] if preempt_at else []
     trainer = Trainer(
-        DropoutModel(), args, train_dataset=make_dataset(40), compute_loss_func=mse, callbacks=callbacks
+        DropoutModel(model_seed),
+        args,
+        train_dataset=make_dataset(40),
+        compute_loss_func=mse,
+        callbacks=callbacks,
     )
+    printed = io.StringIO()
     try:
-        with contextlib.redirect_stdout(io.StringIO()):
+        with contextlib.redirect_stdout(printed):
             trainer.train(resume_from_checkpoint=resume)
     except SystemExit as exited:
         return {"exit_code": exited.code, "step": trainer.state.global_step}
     losses = {h["step"]: h["loss"] for h in trainer.state.log_history if "loss" in h}
-    return {"params": flat_params(trainer.model), "losses": losses, "step": trainer.state.global_step}
+    return {
+        "params": flat_params(trainer.model),
+        "losses": losses,
+        "step": trainer.state.global_step,
+        "printed": printed.getvalue(),
+    }
 
 
 def test_preempted_run_resumes_exactly_from_its_newest_valid_checkpoint(tmp_path):
@@ -213,7 +223,12 @@ def test_preempted_run_resumes_exactly_from_its_newest_valid_checkpoint(tmp_path
     shutil.copytree(tmp_path / "run" / "checkpoint-5", broken)
     (broken / "model.safetensors").write_bytes(b"torn")
 
-    resumed, _ = run_distributed(_resumable_run, 2, str(tmp_path / "run"), True, None, env=QUIET)
+    # Other initial weights (model seed 1): starting over, or a load that restores nothing, cannot end there.
+    resumed, _ = run_distributed(_resumable_run, 2, str(tmp_path / "run"), True, None, 1, env=QUIET)
+    said = [line for line in resumed["printed"].splitlines() if line.startswith("[train] resumed from ")]
+    assert said == [f"[train] resumed from {tmp_path / 'run' / 'checkpoint-5'} at step 5/8"], resumed[
+        "printed"
+    ]
     assert resumed["step"] == 8
     assert torch.equal(resumed["params"], full["params"])  # bitwise: data order, dropout, Adam, schedule
     # The logged losses sum the processes' step losses in another order after a resume (the checkpoint holds

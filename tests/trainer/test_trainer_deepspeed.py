@@ -13,7 +13,7 @@ from lockstep import TrainingArguments
 from lockstep.trainer.deepspeed_options import deepspeed_plugin_for
 from tests.helpers.multiprocess import run_distributed
 from tests.helpers.optional import requires
-from tests.trainer.test_transformers_models import QUIET, _check_against_one_process, _train
+from tests.trainer.test_transformers_models import QUIET, _check_against_one_process, _train, check_resumed_at
 
 pytestmark = [requires("deepspeed", "transformers"), pytest.mark.distributed]
 
@@ -54,7 +54,10 @@ def test_tiny_bert_under_zero3_with_auto_everywhere_trains_evaluates_and_resumes
     shutil.copytree(
         tmp_path / "full" / "checkpoint-16", tmp_path / "resumed" / "checkpoint-16"
     )  # mid-epoch 3
-    resumed, _ = run_distributed(_train, 2, str(tmp_path / "resumed"), options, True, timeout=300, env=QUIET)
+    resumed, _ = run_distributed(
+        _train, 2, str(tmp_path / "resumed"), options, True, 1, timeout=300, env=QUIET
+    )  # other initial weights (model seed 1): only a real load reaches the uninterrupted run's weights
+    check_resumed_at(resumed["printed"], tmp_path / "resumed" / "checkpoint-16", 16, 36)
     for name, value in result["weights"].items():
         assert torch.equal(resumed["weights"][name], value), name
     assert resumed["metrics"]["eval_loss"] == result["metrics"]["eval_loss"]

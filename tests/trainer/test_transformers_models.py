@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import io
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -22,8 +23,8 @@ QUIET = {"LOCKSTEP_DISABLE_PROGRESS_BARS": "1"}
 SEQ, VOCAB = 8, 64
 
 
-def tiny_bert() -> torch.nn.Module:
-    torch.manual_seed(0)
+def tiny_bert(seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
     config = transformers.BertConfig(
         vocab_size=VOCAB,
         hidden_size=32,
@@ -49,7 +50,9 @@ def accuracy(prediction) -> dict[str, float]:
     return {"accuracy": float((np.argmax(prediction.predictions, axis=-1) == prediction.label_ids).mean())}
 
 
-def _train(output_dir: str, options: dict, resume: bool | None = None) -> dict:
+def _train(output_dir: str, options: dict, resume: bool | None = None, model_seed: int = 0) -> dict:
+    """Train, evaluate and predict; a resumed run passes another ``model_seed`` so that only a real load
+    of the checkpoint reaches the weights of the run that wrote it. ``printed``: the main process's output."""
     settings = {
         "num_train_epochs": 6,
         "per_device_train_batch_size": 8,
@@ -60,19 +63,32 @@ def _train(output_dir: str, options: dict, resume: bool | None = None) -> dict:
     }
     args = TrainingArguments(output_dir=output_dir, **{**settings, **options})
     trainer = Trainer(
-        tiny_bert(),
+        tiny_bert(model_seed),
         args,
         train_dataset=examples(96, seed=1),
         eval_dataset=examples(37, seed=2),
         compute_metrics=accuracy,
     )
-    with contextlib.redirect_stdout(io.StringIO()):
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
         trainer.train(resume_from_checkpoint=resume)
         metrics = trainer.evaluate()
         predicted = trainer.predict(examples(37, seed=2))
     weights = trainer.accelerator.get_state_dict(trainer.model_wrapped)
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
-    return {"metrics": metrics, "predictions": predicted.predictions, "losses": losses, "weights": weights}
+    return {
+        "metrics": metrics,
+        "predictions": predicted.predictions,
+        "losses": losses,
+        "weights": weights,
+        "printed": printed.getvalue(),
+    }
+
+
+def check_resumed_at(printed: str, folder: Path, step: int, max_steps: int) -> None:
+    """The resumed run says it continued from ``folder`` at ``step``: not from scratch, not at step 0."""
+    said = [line for line in printed.splitlines() if line.startswith("[train] resumed from ")]
+    assert said == [f"[train] resumed from {folder} at step {step}/{max_steps}"], printed[-2000:]
 
 
 def single_process_evaluation(weights: dict) -> tuple[float, float, np.ndarray]:
@@ -117,7 +133,10 @@ def test_tiny_bert_fsdp_trains_evaluates_and_resumes_exactly(tmp_path):
     shutil.copytree(
         tmp_path / "full" / "checkpoint-16", tmp_path / "resumed" / "checkpoint-16"
     )  # mid-epoch 3
-    resumed, _ = run_distributed(_train, 2, str(tmp_path / "resumed"), options, True, timeout=240, env=QUIET)
+    resumed, _ = run_distributed(
+        _train, 2, str(tmp_path / "resumed"), options, True, 1, timeout=240, env=QUIET
+    )  # other initial weights (model seed 1): only a real load reaches the uninterrupted run's weights
+    check_resumed_at(resumed["printed"], tmp_path / "resumed" / "checkpoint-16", 16, 36)
     for name, value in result["weights"].items():  # sharded checkpoint, every rank's data position and RNGs
         assert torch.equal(resumed["weights"][name], value), name
     assert resumed["metrics"]["eval_loss"] == result["metrics"]["eval_loss"]
