@@ -12,7 +12,7 @@ Example:
 
 from __future__ import annotations
 
-from lockstep.utils import (
+from lockstep.utils.modeling import (
     cpu_offload,
     cpu_offload_with_hook,
     disk_offload,

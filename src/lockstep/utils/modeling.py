@@ -51,7 +51,15 @@ from lockstep.utils._model_tensors import (
     retie_parameters,
     set_module_tensor_to_device,
 )
+
+# `x as x`: the hook-based dispatch stand-ins (cpu_offload ... load_checkpoint_and_dispatch) are not in __all__
+# (accelerate.utils does not export them); lockstep.big_modeling and the package export them from here.
+from lockstep.utils._unsupported import cpu_offload as cpu_offload
+from lockstep.utils._unsupported import cpu_offload_with_hook as cpu_offload_with_hook
+from lockstep.utils._unsupported import disk_offload as disk_offload
+from lockstep.utils._unsupported import dispatch_model as dispatch_model
 from lockstep.utils._unsupported import get_balanced_memory, infer_auto_device_map
+from lockstep.utils._unsupported import load_checkpoint_and_dispatch as load_checkpoint_and_dispatch
 from lockstep.utils.offload import load_offloaded_weight
 
 __all__ = [
