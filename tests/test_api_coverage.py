@@ -114,6 +114,13 @@ def test_the_statuses_cover_exactly_the_names_of_the_real_package():
     assert not set(SECTIONS["accelerator_members"]) & set(SECTIONS["accelerator_attributes"])
 
 
+def test_the_surface_file_says_how_it_was_generated():
+    command = SURFACE["generated_by"].split("  ")[0]
+    assert command == ".venv-reference/bin/python dev/accelerate_api.py"
+    assert (Path(__file__).parents[1] / "dev" / "accelerate_api.py").is_file()
+    assert SURFACE["modules"]["data_loader"] == "accelerate.data_loader"
+
+
 def test_the_coverage_figures():
     print(summary())
     figures = coverage_figures()
