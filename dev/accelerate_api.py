@@ -15,7 +15,7 @@ It imports ``accelerate`` and lists, for each public module, its public names:
   ``logger``) and the names of its ``__all__``; what it merely imports from elsewhere is left out.
 
 For each callable, its signature as data: ``[name, kind, default]`` per parameter, in order, with the default
-as its ``repr`` (``null`` when there is none; memory addresses blanked). Classes give their constructor's
+as its ``repr`` (``null`` when there is none; memory addresses blanked, the home folder written ``~``). Classes give their constructor's
 signature, methods include ``self``. A guarded name that does not import here is listed with
 ``"signature": null`` and the reason. ``tests/test_api_coverage.py`` compares lockstep with this file.
 """
@@ -54,7 +54,8 @@ _ADDRESS = re.compile(r" at 0x[0-9a-f]+")
 def default_repr(value: Any) -> str | None:
     if value is inspect.Parameter.empty:
         return None
-    return _ADDRESS.sub("", repr(value))
+    # Memory addresses blanked, and the home folder (in defaults computed at import) written as ~.
+    return _ADDRESS.sub("", repr(value)).replace(str(Path.home()), "~")
 
 
 def signature_of(value: Any) -> list[list[str | None]] | None:
@@ -210,12 +211,15 @@ def surface() -> dict[str, Any]:
     }
 
 
-def main() -> None:
-    OUTPUT.write_text(json.dumps(surface(), indent=1) + "\n", encoding="utf-8")
-    data = json.loads(OUTPUT.read_text(encoding="utf-8"))
+def main(argv: list[str]) -> None:
+    """Write the surface to ``argv[0]`` when given (the reference test compares it with the committed file),
+    else to :data:`OUTPUT`."""
+    output = Path(argv[0]) if argv else OUTPUT
+    output.write_text(json.dumps(surface(), indent=1) + "\n", encoding="utf-8")
+    data = json.loads(output.read_text(encoding="utf-8"))
     counts = {section: len(names) for section, names in data["sections"].items()}
-    print(f"wrote {OUTPUT} (Accelerate {data['accelerate_version']}): {counts}")
+    print(f"wrote {output} (Accelerate {data['accelerate_version']}): {counts}")
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

@@ -18,6 +18,8 @@ from __future__ import annotations
 import importlib
 import inspect
 import json
+import os
+import subprocess
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -119,6 +121,24 @@ def test_the_surface_file_says_how_it_was_generated():
     assert command == ".venv-reference/bin/python dev/accelerate_api.py"
     assert (Path(__file__).parents[1] / "dev" / "accelerate_api.py").is_file()
     assert SURFACE["modules"]["data_loader"] == "accelerate.data_loader"
+
+
+def test_the_surface_file_is_what_the_generator_writes_from_the_real_package(tmp_path):
+    """Regenerated in the reference environment (``.venv-reference``, built by ``make test``): the committed file
+    must be what Accelerate 1.15 gives today. Skips without that environment, fails without it under CI."""
+    repo = Path(__file__).parents[1]
+    python = repo / ".venv-reference" / "bin" / "python"
+    if not python.is_file():
+        message = f"the reference environment is missing ({python}); build it with make test"
+        if os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}:
+            pytest.fail(f"CI=true: {message}", pytrace=False)
+        pytest.skip(message)
+    fresh = tmp_path / "surface.json"
+    changing = ("LOCKSTEP_", "ACCELERATE_", "HF_HOME", "XDG_CACHE_HOME")  # they change Accelerate's defaults
+    env = {key: value for key, value in os.environ.items() if not key.startswith(changing)}
+    command = [str(python), str(repo / "dev" / "accelerate_api.py"), str(fresh)]
+    subprocess.run(command, check=True, cwd=tmp_path, env={**env, "PYTHONPATH": ""}, timeout=300)
+    assert json.loads(fresh.read_text(encoding="utf-8"))["sections"] == SURFACE["sections"]
 
 
 def test_the_coverage_figures():
