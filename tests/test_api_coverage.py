@@ -1,10 +1,13 @@
 """Coverage of Accelerate 1.15's public API is a test, not a claim (issue 15, item 8).
 
-``src/lockstep/accelerate_api.json`` lists Accelerate 1.15.0's public names (the Accelerator's members and
-attributes, the top-level ``accelerate`` names, ``accelerate.utils``, ``accelerate.local_sgd``), each
-marked ``implemented``, ``unsupported`` or ``absent``. This file checks every entry against lockstep:
-implemented names resolve and are lockstep's own code, unsupported ones resolve and raise
-``NotImplementedError`` when used, absent ones do not resolve. The flags of ``accelerate launch`` are checked by
+``src/lockstep/accelerate_api.json`` gives each public name of Accelerate 1.15.0 (the Accelerator's members and
+attributes, and the names of every public module: ``accelerate``, ``accelerate.utils``, ``accelerate.hooks``,
+``accelerate.data_loader``, ...) a status: ``implemented``, ``unsupported`` or ``absent``. The names themselves
+come from the real package: ``tests/accelerate_1_15_surface.json``, written by ``dev/accelerate_api.py`` in the
+reference environment, and the statuses must cover exactly those names. This file checks every entry against
+lockstep at the same path (``accelerate.X.name`` -> ``lockstep.X.name``): implemented names resolve and are
+lockstep's own code, unsupported ones resolve and raise ``NotImplementedError`` when used, absent ones do not
+resolve. ``tests/test_api_signatures.py`` compares the signatures of the implemented callables. The flags of ``accelerate launch`` are checked by
 ``tests/cli/test_accelerate_launch_flags.py``; the summary below counts them too.
 
 ``python -m tests.test_api_coverage`` prints the coverage figures.
@@ -12,8 +15,11 @@ implemented names resolve and are lockstep's own code, unsupported ones resolve 
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import json
+import os
+import subprocess
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -22,12 +28,11 @@ import pytest
 import torch
 
 import lockstep
-import lockstep.local_sgd
-import lockstep.utils
 from lockstep import Accelerator
 
 PACKAGE = Path(lockstep.__file__).parent
 DATA = json.loads((PACKAGE / "accelerate_api.json").read_text(encoding="utf-8"))
+SURFACE = json.loads((Path(__file__).parent / "accelerate_1_15_surface.json").read_text(encoding="utf-8"))
 SECTIONS: dict[str, dict[str, str]] = {name: section["names"] for name, section in DATA["sections"].items()}
 STATUSES = ("implemented", "unsupported", "absent")
 # Arguments for the unsupported Accelerator methods (properties are read instead).
@@ -76,25 +81,64 @@ def summary() -> str:
     for section, counts in coverage_figures().items():
         total = counts["names"]
         parts = ", ".join(f"{counts[s]} {s}" for s in (*STATUSES, "accepted") if counts.get(s))
-        lines.append(f"  {section}: {counts['implemented']}/{total} implemented ({parts})")
+        lines.append(f"  {section}: {counts.get('implemented', 0)}/{total} implemented ({parts})")
     return "\n".join(lines)
 
 
 # -- the file itself ----------------------------------------------------------------------------------
-def test_the_lists_hold_accelerate_1_15s_names_with_known_statuses():
-    assert DATA["accelerate_version"] == "1.15.0"
+def test_the_statuses_cover_exactly_the_names_of_the_real_package():
+    assert DATA["accelerate_version"] == SURFACE["accelerate_version"] == "1.15.0"
+    assert list(SECTIONS) == list(SURFACE["sections"])
+    for section, names in SECTIONS.items():
+        assert sorted(names) == sorted(SURFACE["sections"][section]), section
     assert {section: len(names) for section, names in SECTIONS.items()} == {
         "accelerator_members": 86,
         "accelerator_attributes": 28,
         "top_level": 30,
         "utils": 264,
         "local_sgd": 1,
+        "hooks": 12,
+        "big_modeling": 8,
+        "data_loader": 12,
+        "launchers": 3,
+        "inference": 5,
+        "tracking": 15,
+        "logging": 2,
+        "state": 7,
+        "checkpointing": 4,
+        "optimizer": 3,
+        "scheduler": 1,
     }
     for names in SECTIONS.values():
         assert {status_of(entry) for entry in names.values()} <= set(STATUSES)
         for entry in names.values():  # an absent name always says why
             assert status_of(entry) != "absent" or len(entry.split(":", 1)[1].strip()) > 20
     assert not set(SECTIONS["accelerator_members"]) & set(SECTIONS["accelerator_attributes"])
+
+
+def test_the_surface_file_says_how_it_was_generated():
+    command = SURFACE["generated_by"].split("  ")[0]
+    assert command == ".venv-reference/bin/python dev/accelerate_api.py"
+    assert (Path(__file__).parents[1] / "dev" / "accelerate_api.py").is_file()
+    assert SURFACE["modules"]["data_loader"] == "accelerate.data_loader"
+
+
+def test_the_surface_file_is_what_the_generator_writes_from_the_real_package(tmp_path):
+    """Regenerated in the reference environment (``.venv-reference``, built by ``make test``): the committed file
+    must be what Accelerate 1.15 gives today. Skips without that environment, fails without it under CI."""
+    repo = Path(__file__).parents[1]
+    python = repo / ".venv-reference" / "bin" / "python"
+    if not python.is_file():
+        message = f"the reference environment is missing ({python}); build it with make test"
+        if os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}:
+            pytest.fail(f"CI=true: {message}", pytrace=False)
+        pytest.skip(message)
+    fresh = tmp_path / "surface.json"
+    changing = ("LOCKSTEP_", "ACCELERATE_", "HF_HOME", "XDG_CACHE_HOME")  # they change Accelerate's defaults
+    env = {key: value for key, value in os.environ.items() if not key.startswith(changing)}
+    command = [str(python), str(repo / "dev" / "accelerate_api.py"), str(fresh)]
+    subprocess.run(command, check=True, cwd=tmp_path, env={**env, "PYTHONPATH": ""}, timeout=300)
+    assert json.loads(fresh.read_text(encoding="utf-8"))["sections"] == SURFACE["sections"]
 
 
 def test_the_coverage_figures():
@@ -106,6 +150,17 @@ def test_the_coverage_figures():
         "top_level": {"names": 30, "implemented": 23, "unsupported": 6, "absent": 1},
         "utils": {"names": 264, "implemented": 213, "unsupported": 40, "absent": 11},
         "local_sgd": {"names": 1, "implemented": 1},
+        "hooks": {"names": 12, "absent": 12},
+        "big_modeling": {"names": 8, "implemented": 2, "unsupported": 5, "absent": 1},
+        "data_loader": {"names": 12, "implemented": 8, "absent": 4},
+        "launchers": {"names": 3, "implemented": 2, "absent": 1},
+        "inference": {"names": 5, "implemented": 1, "absent": 4},
+        "tracking": {"names": 15, "implemented": 9, "absent": 6},
+        "logging": {"names": 2, "implemented": 2},
+        "state": {"names": 7, "implemented": 3, "absent": 4},
+        "checkpointing": {"names": 4, "absent": 4},
+        "optimizer": {"names": 3, "implemented": 1, "absent": 2},
+        "scheduler": {"names": 1, "implemented": 1},
         "launch_flags": {"names": 124, "implemented": 61, "accepted": 9, "unsupported": 54},
     }
 
@@ -125,11 +180,13 @@ def accelerator() -> Accelerator:
 
 @pytest.mark.parametrize("name", entries("accelerator_members", "implemented"))
 def test_implemented_accelerator_members_are_defined_by_lockstep(name):
-    member = inspect.getattr_static(Accelerator, name)
-    member = getattr(member, "member", member)  # a part's member the facade answers for (accelerator/parts.py)
-    owner = next(klass for klass in Accelerator.__mro__ if name in vars(klass))
-    assert owner.__module__.startswith("lockstep.accelerator.")
-    assert isinstance(member, property) or callable(member)
+    member = getattr(
+        Accelerator, name
+    )  # the facade's own, or the function or property of the part it forwards to
+    function = member.fget if isinstance(member, property) else member
+    assert callable(function)
+    assert function.__module__.startswith("lockstep.accelerator.")
+    assert not is_stub(function)
 
 
 @pytest.mark.parametrize("name", entries("accelerator_members", "unsupported"))
@@ -153,7 +210,18 @@ def test_absent_accelerator_attributes_do_not_resolve(accelerator, name):
 
 
 # -- the modules --------------------------------------------------------------------------------------
-MODULE_SECTIONS = {"top_level": lockstep, "utils": lockstep.utils, "local_sgd": lockstep.local_sgd}
+MODULE_SECTIONS = [section for section in SECTIONS if not section.startswith("accelerator_")]
+
+
+def lockstep_module(section: str) -> Any:
+    """The lockstep module at Accelerate's path (``lockstep.data_loader`` for ``accelerate.data_loader``), or
+    None where lockstep has none (every name of such a section is absent)."""
+    try:
+        return importlib.import_module(DATA["sections"][section]["lockstep"])
+    except ModuleNotFoundError:
+        return None
+
+
 MODULE_CASES = [
     pytest.param(section, name, status_of(entry), id=f"{section}.{name}")
     for section in MODULE_SECTIONS
@@ -163,7 +231,7 @@ MODULE_CASES = [
 
 @pytest.mark.parametrize(("section", "name", "status"), MODULE_CASES)
 def test_every_module_name_resolves_as_listed(section, name, status):
-    module = MODULE_SECTIONS[section]
+    module = lockstep_module(section)
     if status == "absent":
         assert not hasattr(module, name)
         return

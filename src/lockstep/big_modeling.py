@@ -3,7 +3,8 @@
 :func:`init_empty_weights` creates parameters on the meta device (shapes and dtypes, no memory), so a model
 too large for the CPU can be built, sized (``lockstep.utils.compute_module_sizes``) and then filled with
 ``lockstep.utils.load_checkpoint_in_model`` or sharded by ``prepare`` with FSDP. Accelerate's hook-based
-dispatch (``dispatch_model``, ``cpu_offload``, ``load_checkpoint_and_dispatch``) is not provided.
+dispatch (``dispatch_model``, ``cpu_offload``, ``load_checkpoint_and_dispatch``, ...) is not provided: those
+names import from here as from ``accelerate.big_modeling``, and calling them raises ``NotImplementedError``.
 
 Example:
     >>> import torch
@@ -21,7 +22,23 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-__all__ = ["init_empty_weights", "init_on_device"]
+from lockstep._big_model_dispatch import (
+    cpu_offload,
+    cpu_offload_with_hook,
+    disk_offload,
+    dispatch_model,
+    load_checkpoint_and_dispatch,
+)
+
+__all__ = [
+    "cpu_offload",
+    "cpu_offload_with_hook",
+    "disk_offload",
+    "dispatch_model",
+    "init_empty_weights",
+    "init_on_device",
+    "load_checkpoint_and_dispatch",
+]
 
 
 @contextmanager

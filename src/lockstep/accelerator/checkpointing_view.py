@@ -101,6 +101,7 @@ class CheckpointingView:
             ...     project_dir="runs/a", automatic_checkpoint_naming=True, total_limit=3))
             >>> accelerator.save_state()  # runs/a/checkpoints/checkpoint_0  # doctest: +SKIP
         """
+        _refuse_model_kwargs("save_state", "save_model_func_kwargs", kwargs)
         checkpoints = self.manager  # built (and its modules imported) before the save is timed
         with self._step_timer.checkpoint():
             return checkpoints.save_state(output_dir, safe_serialization, async_save)
@@ -118,6 +119,7 @@ class CheckpointingView:
     def load_state(self, input_dir: str | None = None, **kwargs: Any) -> None:
         """Restore a checkpoint written by :meth:`save_state`; prepared dataloaders continue at the next
         unseen batch. Without ``input_dir``, loads the newest valid checkpoint of the project."""
+        _refuse_model_kwargs("load_state", "load_kwargs / load_model_func_kwargs", kwargs)
         self.manager.load_state(input_dir)
 
     def register_for_checkpointing(self, *objects: Any) -> None:
@@ -152,3 +154,14 @@ class CheckpointingView:
     ) -> None:
         """Write the unwrapped model as (sharded) safetensors plus an index, on the main process."""
         self.manager.save_model(model, save_directory, max_shard_size, safe_serialization)
+
+
+def _refuse_model_kwargs(method: str, accelerate_name: str, kwargs: dict[str, Any]) -> None:
+    """Accelerate passes these keyword arguments on to its model savers and loaders; lockstep's backends save
+    and load the model themselves, so they are refused rather than ignored."""
+    if kwargs:
+        raise NotImplementedError(
+            f"Accelerator.{method}({', '.join(f'{key}=...' for key in kwargs)}) is not supported: lockstep's "
+            f"backends save and load the model themselves and take no extra keyword arguments (Accelerate's "
+            f"{accelerate_name}). Remove them."
+        )

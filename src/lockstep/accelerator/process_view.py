@@ -119,11 +119,11 @@ class ProcessView:
     ) -> contextlib.AbstractContextManager:
         return self.state.split_between_processes(inputs, apply_padding=apply_padding)
 
-    def on_main_process(self, function: F) -> F:
-        return self.state.on_main_process(function)
+    def on_main_process(self, function: F | None = None) -> F:
+        return self.state.on_main_process(_decorated("on_main_process", function))
 
-    def on_local_main_process(self, function: F) -> F:
-        return self.state.on_local_main_process(function)
+    def on_local_main_process(self, function: F | None = None) -> F:
+        return self.state.on_local_main_process(_decorated("on_local_main_process", function))
 
     def on_last_process(self, function: F) -> F:
         return self.state.on_last_process(function)
@@ -164,3 +164,15 @@ class ProcessView:
             return
         with Join(list(joinables)):
             yield
+
+
+def _decorated(decorator: str, function: F | None) -> F:
+    """``function``, or Accelerate's error for a decorator called without one (``accelerator.on_main_process()``:
+    Accelerate's default ``None`` is only for its own methods)."""
+    if function is None:
+        raise ValueError(
+            f"Accelerator.{decorator}() was called without a function: it is a decorator. Write "
+            f"`@accelerator.{decorator}` above the function. (The `{decorator}` decorator must be called with a "
+            "function on an instantiated `Accelerator` object.)"
+        )
+    return function

@@ -50,8 +50,8 @@ class DistributedDataParallelKwargs(KwargsHandler):
     """Dimension along which inputs are scattered (DDP's ``dim``)."""
     broadcast_buffers: bool = True
     """Broadcast module buffers from rank 0 at the start of each forward."""
-    bucket_cap_mb: float | None = None
-    """Gradient bucket size in MiB (torch's default, 25, when None)."""
+    bucket_cap_mb: float | None = 25
+    """Gradient bucket size in MiB (25, torch's default, as in Accelerate; None also leaves torch's default)."""
     find_unused_parameters: bool = False
     """Traverse the autograd graph to find parameters that got no gradient."""
     check_reduction: bool = False

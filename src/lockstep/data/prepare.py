@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -46,10 +47,12 @@ def prepare_data_loader(
     rng_types: list[Any] | None = None,
     dispatch_batches: bool | None = None,
     even_batches: bool = True,
+    slice_fn_for_dispatch: Callable[..., Any] | None = None,
     use_seedable_sampler: bool = False,
     data_seed: int | None = None,
     non_blocking: bool = False,
     use_stateful_dataloader: bool = False,
+    torch_device_mesh: Any = None,
 ) -> DataLoader:
     """Wrap ``dataloader`` so that this process reads only its share of every epoch.
 
@@ -72,17 +75,20 @@ def prepare_data_loader(
             datasets when ``put_on_device``, else False.
         even_batches: repeat samples from the start of the epoch so every process gets the same number of
             full batches.
+        slice_fn_for_dispatch: must be None (batches are dispatched sliced along dim 0).
         use_seedable_sampler: replace a ``RandomSampler`` by a :class:`SeedableRandomSampler`.
         data_seed: seed of that sampler (default: ``torch.initial_seed()``).
         non_blocking: copy batches to the device asynchronously.
         use_stateful_dataloader: make it a torchdata ``StatefulDataLoader`` too, whose state also restores
             datasets with a state of their own (:mod:`lockstep.data._stateful`; needs torchdata).
+        torch_device_mesh: must be None (pass the data-parallel ``num_processes`` and ``process_index``).
 
     Returns:
         The prepared loader (a ``torch.utils.data.DataLoader``).
 
     Raises:
         ImportError: ``use_stateful_dataloader=True`` without torchdata installed.
+        NotImplementedError: ``slice_fn_for_dispatch`` or ``torch_device_mesh`` is not None.
 
     Example:
         >>> from torch.utils.data import DataLoader
@@ -94,6 +100,7 @@ def prepare_data_loader(
         raise TypeError(
             f"prepare_data_loader() needs a torch.utils.data.DataLoader, got {type(dataloader).__name__}."
         )
+    _refuse_unsupported(slice_fn_for_dispatch, torch_device_mesh)
     world, rank = _topology(num_processes, process_index)
     iterable = isinstance(dataloader.dataset, IterableDataset)
     if dispatch_batches is None:
@@ -166,6 +173,22 @@ def skip_first_batches(dataloader: DataLoader, num_batches: int = 0) -> DataLoad
 
 
 # -- building blocks --------------------------------------------------------------------------------
+def _refuse_unsupported(slice_fn_for_dispatch: Callable[..., Any] | None, torch_device_mesh: Any) -> None:
+    """Accelerate's two arguments lockstep's loaders do not honour: refused rather than ignored."""
+    if slice_fn_for_dispatch is not None:
+        raise NotImplementedError(
+            f"prepare_data_loader(slice_fn_for_dispatch={slice_fn_for_dispatch!r}) is not supported: lockstep's "
+            "DataLoaderDispatcher slices every tensor of a dispatched batch along dim 0. Leave it None, or "
+            "dispatch_batches=False so that each process reads its own batches."
+        )
+    if torch_device_mesh is not None:
+        raise NotImplementedError(
+            "prepare_data_loader(torch_device_mesh=...) is not supported: lockstep does not read the data-parallel "
+            "shard from a mesh here. Pass num_processes and process_index of the data-parallel group (Accelerator."
+            "prepare does this from its ParallelismConfig)."
+        )
+
+
 def _topology(num_processes: int | None, process_index: int | None) -> tuple[int, int]:
     if num_processes is None or process_index is None:
         state = PartialState()

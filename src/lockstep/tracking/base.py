@@ -86,7 +86,7 @@ class GeneralTracker(ABC):
         """Flush and close (called by ``end_training``)."""
 
 
-def on_main_process(method: F) -> F:
+def on_main_process(function: F) -> F:
     """Decorator for tracker methods: run only on the main process when the tracker is ``main_process_only``.
 
     The tracker's ``main_process_only`` is read at call time, so the process group is not touched when
@@ -105,14 +105,14 @@ def on_main_process(method: F) -> F:
         ...         print(step, values)
     """
 
-    @functools.wraps(method)
+    @functools.wraps(function)
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
         if getattr(self, "main_process_only", False):
             from lockstep.state import PartialState
 
             if not PartialState().is_main_process:
                 return None
-        return method(self, *args, **kwargs)
+        return function(self, *args, **kwargs)
 
     return wrapper  # type: ignore[return-value]
 

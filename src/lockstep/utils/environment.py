@@ -63,21 +63,22 @@ _FORBIDDEN_ENV_CHARACTERS = (";", "\n", "<", ">", " ")
 _OWN_PREFIXES = ("ACCELERATE_", "LOCKSTEP_")
 
 
-def str_to_bool(value: str) -> int:
-    """``1`` for y, yes, t, true, on, 1 and ``0`` for n, no, f, false, off, 0 (any case), as Accelerate.
+def str_to_bool(value: str, to_bool: bool = False) -> int | bool:
+    """``1`` for y, yes, t, true, on, 1 and ``0`` for n, no, f, false, off, 0 (any case), as Accelerate;
+    ``True``/``False`` instead with ``to_bool``.
 
     Raises:
         ValueError: any other string.
 
     Example:
-        >>> str_to_bool("Yes"), str_to_bool("off")
-        (1, 0)
+        >>> str_to_bool("Yes"), str_to_bool("off"), str_to_bool("on", to_bool=True)
+        (1, 0, True)
     """
     text = str(value).strip().lower()
     if text in _TRUE:
-        return 1
+        return True if to_bool else 1
     if text in _FALSE:
-        return 0
+        return False if to_bool else 0
     raise ValueError(
         f"str_to_bool({value!r}) is invalid: it is not a truth value. Use one of {', '.join(_TRUE)} "
         f"or {', '.join(_FALSE)}."
