@@ -63,6 +63,7 @@ def snapshot(accelerator: Any, model: nn.Module, optimizer: Any, scheduler: Any,
     """What a checkpoint must carry over; draws from every generator (call it once, right after a save or a
     load)."""
     return {
+        "setup": [accelerator.num_processes, accelerator.distributed_type.value],
         "model": {k: v.detach().clone() for k, v in accelerator.unwrap_model(model).state_dict().items()},
         # copies: AdamW updates its step and moments in place as training goes on
         "optimizer": copy.deepcopy(optimizer.state_dict()),
