@@ -3,8 +3,8 @@
 # same torch as lockstep's, in an environment of their own. The tests in tests/reference/ (and the opt-in
 # reference tests elsewhere) run snippets there; lockstep itself never imports it.
 #
-# Idempotent: the requirements file's checksum is stamped into the environment once everything imports,
-# and a second run with the same file installs nothing. Any failed step stops the script with its output.
+# Idempotent: the checksum of the requirements file and of this script is stamped into the environment once
+# everything imports, and a second run with both unchanged installs nothing. Any failed step stops the script with its output.
 #
 # It also fills .venv-reference/accelerate-only/ with links to the accelerate package alone: the folder
 # LOCKSTEP_REFERENCE_PYTHONPATH names for tests that run lockstep's own environment with accelerate added
@@ -15,10 +15,10 @@ PYTHON="${PYTHON:-python3}"
 VENV=.venv-reference
 REQUIREMENTS=dev/reference-requirements.txt
 STAMP="$VENV/.requirements.sha256"
-want="$(sha256sum "$REQUIREMENTS" | cut -d' ' -f1)"
+want="$(cat "$REQUIREMENTS" dev/reference_env.sh | sha256sum | cut -d' ' -f1)"
 
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && [ -x "$VENV/bin/python" ]; then
-  echo "reference environment $VENV is up to date ($REQUIREMENTS unchanged)"
+  echo "reference environment $VENV is up to date ($REQUIREMENTS and dev/reference_env.sh unchanged)"
   exit 0
 fi
 
