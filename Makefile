@@ -1,5 +1,5 @@
 # The two commands of the README's quick start.
-.PHONY: demo test lint setup
+.PHONY: demo test lint setup reference
 
 setup:
 	bash dev/setup.sh
@@ -12,5 +12,9 @@ lint: setup
 	.venv/bin/ruff check src tests examples bench
 	.venv/bin/ruff format --check src tests examples bench
 
-test: lint
+# The real Accelerate and transformers in .venv-reference, for the reference tests (tests/reference/).
+reference:
+	bash dev/reference_env.sh
+
+test: lint reference
 	.venv/bin/python -m pytest -q

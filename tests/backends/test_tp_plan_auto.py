@@ -2,8 +2,8 @@
 tensor parallelism like one process.
 
 transformers refuses ``tp_plan`` unless the accelerate package is importable, and lockstep's test environment does not
-install it (lockstep never depends on it). The test runs where ``LOCKSTEP_REFERENCE_PYTHONPATH`` names a folder holding
-accelerate (e.g. ``pip install --no-deps --target /tmp/acc accelerate==1.15.0``): only the launched processes see it.
+install it (lockstep never depends on it): the launched processes get the accelerate package of the reference
+environment (``tests/helpers/reference.py``; ``LOCKSTEP_REFERENCE_PYTHONPATH`` overrides it), and only they see it.
 """
 
 from __future__ import annotations
@@ -16,12 +16,11 @@ import torch
 from tests.helpers.cli import SCRIPTS, cli_env, lockstep
 from tests.helpers.llama import tiny_llama_config
 from tests.helpers.optional import requires
+from tests.helpers.reference import accelerate_pythonpath
 
-REFERENCE = os.environ.get("LOCKSTEP_REFERENCE_PYTHONPATH", "")
 
-
-def _run(model_dir: str, out: str, processes: int) -> dict:
-    env = cli_env(PYTHONPATH=os.pathsep.join([REFERENCE, cli_env()["PYTHONPATH"]]))
+def _run(model_dir: str, out: str, processes: int, reference: str) -> dict:
+    env = cli_env(PYTHONPATH=os.pathsep.join([reference, cli_env()["PYTHONPATH"]]))
     done = lockstep(
         "launch",
         "--num-processes",
@@ -38,17 +37,14 @@ def _run(model_dir: str, out: str, processes: int) -> dict:
 
 @requires("transformers")
 @pytest.mark.distributed
-@pytest.mark.skipif(
-    not REFERENCE,
-    reason="set LOCKSTEP_REFERENCE_PYTHONPATH to a folder holding accelerate (transformers' tp_plan)",
-)
 def test_a_llama_sharded_by_transformers_tp_plan_auto_trains_like_one_process(tmp_path):
     from transformers import LlamaForCausalLM
 
+    reference = accelerate_pythonpath()
     torch.manual_seed(0)
     LlamaForCausalLM(tiny_llama_config()).save_pretrained(str(tmp_path / "llama"))
-    expected = _run(str(tmp_path / "llama"), str(tmp_path / "one.pt"), 1)
-    result = _run(str(tmp_path / "llama"), str(tmp_path / "tp2.pt"), 2)
+    expected = _run(str(tmp_path / "llama"), str(tmp_path / "one.pt"), 1, reference)
+    result = _run(str(tmp_path / "llama"), str(tmp_path / "tp2.pt"), 2, reference)
     assert expected["q_proj"] is None and result["q_proj"] == ["Shard(dim=0)"]
     assert len(result["losses"]) == 6 and len(result["norms"]) == 3
     assert result["losses"] == pytest.approx(expected["losses"], abs=1e-5)

@@ -108,5 +108,10 @@ def run_distributed(
                 proc.join()
     if errors:
         first = min(errors)
-        raise WorkerError(f"rank {first} of {world_size} failed:\n{errors[first]}")
+        # the others' tracebacks too: a rank that lost its peer fails with gloo's "Connection closed by peer",
+        # and the peer's own error (the cause) may be on a higher rank
+        others = "".join(
+            f"\n--- rank {r} of {world_size} also failed:\n{errors[r]}" for r in sorted(errors)[1:]
+        )
+        raise WorkerError(f"rank {first} of {world_size} failed:\n{errors[first]}{others}")
     return [results[r] for r in range(world_size)]

@@ -27,6 +27,7 @@ from lockstep import Trainer, TrainerCallback, TrainingArguments
 from lockstep.checkpoint import load_model_files
 from lockstep.errors import UnsafeCheckpointError
 from lockstep.trainer import EarlyStoppingCallback
+from tests.helpers.reference import accelerate_pythonpath
 from tests.helpers.training import flat_params, make_dataset, make_model
 
 transformers = pytest.importorskip("transformers")
@@ -317,8 +318,6 @@ def test_restore_callback_states_rebuilds_early_stopping_from_the_checkpoint(tmp
     assert without == 12  # a fresh counter: steps 6..12 bring it to 4 only at 12
 
 
-REFERENCE = os.environ.get("LOCKSTEP_REFERENCE_PYTHONPATH", "")
-
 _TRANSFORMERS_RUN = textwrap.dedent(
     """
     import sys, torch
@@ -357,16 +356,13 @@ _TRANSFORMERS_RUN = textwrap.dedent(
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(
-    not REFERENCE,
-    reason="set LOCKSTEP_REFERENCE_PYTHONPATH to a folder holding accelerate (transformers.Trainer)",
-)
 def test_resume_from_a_checkpoint_written_by_transformers_trainer(tmp_path):
+    reference = accelerate_pythonpath()  # transformers.Trainer needs accelerate
     out = tmp_path / "hf"
     script = _TRANSFORMERS_RUN.format(repo=str(REPO), out=str(out))
     env = {
         **os.environ,
-        "PYTHONPATH": os.pathsep.join([REFERENCE, *sys.path[:1]]),
+        "PYTHONPATH": os.pathsep.join([reference, *sys.path[:1]]),
         "CUDA_VISIBLE_DEVICES": "",
     }
     done = subprocess.run(

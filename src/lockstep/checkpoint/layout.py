@@ -257,7 +257,9 @@ def automatic_checkpoints(root: Path) -> list[tuple[int, Path]]:
 
 
 def newest_valid_checkpoint(root: Path) -> Path:
-    """The newest ``checkpoint_{i}`` under ``root`` whose manifest verifies; warns about broken newer ones.
+    """The newest ``checkpoint_{i}`` under ``root`` whose manifest verifies, or that Accelerate's ``save_state``
+    wrote (taken as ``load_state(input_dir)`` takes one: Accelerate's own ``load_state()`` picks the newest
+    folder); warns about broken newer ones.
 
     Raises:
         FileNotFoundError: when there is no valid checkpoint at all.
@@ -265,7 +267,8 @@ def newest_valid_checkpoint(root: Path) -> Path:
     broken: list[str] = []
     for _, folder in reversed(automatic_checkpoints(root)):
         try:
-            verify(folder)
+            if not written_by_accelerate(folder):
+                verify(folder)
         except CheckpointError as error:
             broken.append(str(error))
             continue

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Build .venv-reference: the real Accelerate and transformers (dev/reference-requirements.txt) beside the
+# same torch as lockstep's, in an environment of their own. The tests in tests/reference/ (and the opt-in
+# reference tests elsewhere) run snippets there; lockstep itself never imports it.
+#
+# Idempotent: the checksum of the requirements file and of this script is stamped into the environment once
+# everything imports, and a second run with both unchanged installs nothing. Any failed step stops the script with its output.
+#
+# It also fills .venv-reference/accelerate-only/ with links to the accelerate package alone: the folder
+# LOCKSTEP_REFERENCE_PYTHONPATH names for tests that run lockstep's own environment with accelerate added
+# (transformers refuses tp_plan and writes Trainer checkpoints only where accelerate imports).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON="${PYTHON:-python3}"
+VENV=.venv-reference
+REQUIREMENTS=dev/reference-requirements.txt
+STAMP="$VENV/.requirements.sha256"
+want="$(cat "$REQUIREMENTS" dev/reference_env.sh | sha256sum | cut -d' ' -f1)"
+
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && [ -x "$VENV/bin/python" ]; then
+  echo "reference environment $VENV is up to date ($REQUIREMENTS and dev/reference_env.sh unchanged)"
+  exit 0
+fi
+
+log="$(mktemp)"
+trap 'rm -f "$log"' EXIT
+run() {  # run a step quietly; on failure print its output and stop
+  if ! "$@" >"$log" 2>&1; then
+    cat "$log" >&2
+    echo "dev/reference_env.sh: failed: $*" >&2
+    exit 1
+  fi
+}
+
+rm -f "$STAMP"
+[ -x "$VENV/bin/python" ] || run "$PYTHON" -m venv "$VENV"
+PIP=("$VENV/bin/python" -m pip install --quiet --disable-pip-version-check)
+# torch alone first, from its pin: resolving it together with transformers could pick another build.
+run "${PIP[@]}" "$(grep -m1 '^torch==' "$REQUIREMENTS")"
+run "${PIP[@]}" -r "$REQUIREMENTS"
+run "$VENV/bin/python" -m pip check
+run "$VENV/bin/python" - <<'PY'
+import os, pathlib, sysconfig
+import accelerate, torch, transformers
+site = pathlib.Path(sysconfig.get_paths()["purelib"])
+only = pathlib.Path(".venv-reference/accelerate-only")
+only.mkdir(exist_ok=True)
+for item in [site / "accelerate", *site.glob("accelerate-*.dist-info")]:
+    link = only / item.name
+    if link.is_symlink() or link.exists():
+        link.unlink()
+    link.symlink_to(os.path.relpath(item, only))  # relative: the clone may move
+print(f"accelerate {accelerate.__version__}, transformers {transformers.__version__}, torch {torch.__version__}")
+PY
+cat "$log"
+echo "$want" >"$STAMP"

@@ -1,0 +1,93 @@
+"""The reference environment: the real Accelerate and transformers, apart from lockstep's environment.
+
+``dev/reference_env.sh`` (run by ``make test``) builds ``.venv-reference`` from
+``dev/reference-requirements.txt``. Tests reach it in two ways:
+
+- :func:`run_reference` runs a Python snippet with the reference interpreter (``accelerate launch``-free:
+  one process, or several through ``torch.distributed.run``), so Accelerate itself writes and reads files;
+- :func:`accelerate_pythonpath` is a folder holding the accelerate package alone, for tests that run
+  lockstep's own environment with accelerate importable (transformers needs it for ``tp_plan`` and to write
+  Trainer checkpoints). ``LOCKSTEP_REFERENCE_PYTHONPATH`` overrides it.
+
+Without the environment the tests skip, except under CI (``CI=true``), where they fail: a reference test that
+silently skips in CI checks nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import textwrap
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+REFERENCE_VENV = REPO / ".venv-reference"
+REFERENCE_PYTHON = REFERENCE_VENV / "bin" / "python"
+ACCELERATE_ONLY = REFERENCE_VENV / "accelerate-only"
+BUILD = "bash dev/reference_env.sh (make test runs it)"
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}
+
+
+def _missing(what: str) -> None:
+    message = f"the reference environment is missing: {what}. Build it with {BUILD}"
+    if in_ci():
+        pytest.fail(f"CI=true: {message}", pytrace=False)
+    pytest.skip(message)
+
+
+def reference_python() -> Path:
+    """The reference interpreter; skips the test (fails it under CI) when it is not built."""
+    if not REFERENCE_PYTHON.is_file():
+        _missing(f"{REFERENCE_PYTHON} does not exist")
+    return REFERENCE_PYTHON
+
+
+def accelerate_pythonpath() -> str:
+    """A folder holding accelerate alone (``LOCKSTEP_REFERENCE_PYTHONPATH`` if set, else the one in the
+    reference environment); skips the test (fails it under CI) when there is none."""
+    override = os.environ.get("LOCKSTEP_REFERENCE_PYTHONPATH", "")
+    if override:
+        return override
+    if not (ACCELERATE_ONLY / "accelerate" / "__init__.py").is_file():
+        _missing(f"{ACCELERATE_ONLY} holds no accelerate package")
+    return str(ACCELERATE_ONLY)
+
+
+def reference_env(**extra: str) -> dict[str, str]:
+    """Environment variables for a reference process: CPU only, one thread, the repository importable (for
+    ``tests.helpers``; lockstep's ``src`` is left off so that nothing there shadows the real libraries)."""
+    env = {
+        key: value for key, value in os.environ.items() if not key.startswith(("LOCKSTEP_", "ACCELERATE_"))
+    }
+    env.update(
+        PYTHONPATH=str(REPO), CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", **extra
+    )
+    return env
+
+
+def run_reference(
+    snippet: str, *args: str, folder: Path, processes: int = 1, timeout: float = 120
+) -> subprocess.CompletedProcess:
+    """Write ``snippet`` (dedented) to ``folder`` and run it there with the reference interpreter and
+    ``args`` as ``sys.argv[1:]``; with ``processes > 1`` through ``torch.distributed.run`` (gloo, loopback).
+    Fails the test with the output's tail when it exits non-zero."""
+    python = str(reference_python())
+    script = folder / "reference_snippet.py"
+    script.write_text(textwrap.dedent(snippet), encoding="utf-8")
+    command = [python, str(script), *args]
+    if processes > 1:
+        command[1:1] = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}"]
+    done = subprocess.run(
+        command, env=reference_env(), capture_output=True, text=True, timeout=timeout, cwd=folder
+    )
+    if done.returncode != 0:
+        pytest.fail(
+            f"reference run exited {done.returncode}:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}",
+            pytrace=False,
+        )
+    return done
