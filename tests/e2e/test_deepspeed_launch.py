@@ -96,7 +96,7 @@ def test_a_deepspeed_file_key_that_contradicts_the_json_config_is_refused(tmp_pa
 
 def test_deepspeed_and_fsdp_flags_together_are_refused():
     result = lockstep("launch", "--use-fsdp", "--zero-stage", "2", SCRIPT, "x")
-    assert result.returncode == 2 and "both shard the model" in result.stderr
+    assert result.returncode == 2 and "both choose how the model is distributed" in result.stderr
 
 
 def test_an_unknown_zero_stage_is_refused_before_any_process_starts():

@@ -168,7 +168,9 @@ def test_what_cannot_be_split_is_refused_with_what_to_do():
 
 
 def test_models_and_arguments_that_cannot_split_a_sequence_are_refused_before_training():
-    accelerator = SimpleNamespace(parallelism_config=SimpleNamespace(cp_size=2))
+    accelerator = SimpleNamespace(  # a layout with cp_size=2: its backend splits sequences
+        parallelism_config=SimpleNamespace(cp_size=2), capability=lambda kind: object()
+    )
     args = TrainingArguments(output_dir="unused")
     llama = tiny_llama()
 
@@ -192,5 +194,5 @@ def test_models_and_arguments_that_cannot_split_a_sequence_are_refused_before_tr
     neftune = TrainingArguments(output_dir="unused", neftune_noise_alpha=5.0)
     with pytest.raises(NotImplementedError, match=r"neftune_noise_alpha=5\.0: NEFTune scales its noise"):
         check(llama, neftune)
-    no_cp = SimpleNamespace(parallelism_config=SimpleNamespace(cp_size=1))
+    no_cp = SimpleNamespace(parallelism_config=SimpleNamespace(cp_size=1), capability=lambda kind: None)
     assert sequence_split_for(no_cp, llama, args, counted=False, has_loss_func=True) is None  # type: ignore[arg-type]

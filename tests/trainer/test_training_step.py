@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from lockstep import Trainer, TrainingArguments
+from lockstep.backends import ContextParallel, PipelineSchedule
 from lockstep.trainer._training_step import PipelineStep, PlainStep, training_step_for
 from tests.helpers.training import make_dataset, make_model
 
@@ -27,7 +28,12 @@ def _layout(**sizes: int) -> SimpleNamespace:
         config = SimpleNamespace(
             **{"pp_size": 1, "cp_size": 1, "dp_shard_size": 1, "data_parallel_size": 1} | sizes
         )
+    offered = {
+        PipelineSchedule: bool(config and config.pp_size > 1),
+        ContextParallel: bool(config and config.cp_size > 1),
+    }
     return SimpleNamespace(
+        capability=lambda kind: object() if offered.get(kind) else None,
         parallelism_config=config,
         deepspeed_plugin=None,
         process_index=0,
