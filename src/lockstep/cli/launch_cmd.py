@@ -2,7 +2,8 @@
 
 Flags take both spellings (``--num-processes`` and Accelerate's ``--num_processes``); every flag of
 ``accelerate launch`` is understood, and those for hardware and services lockstep does not drive are
-refused with one line (see :mod:`lockstep.cli.launch_flags`). Settings resolve as flag > config file
+refused with one line (see :mod:`lockstep.cli.launch_flags`). Settings resolve as flag > cluster
+environment (SLURM, Kubeflow, MPI, LSF, PBS: see :mod:`lockstep.launcher.clusters`) > config file
 (``--config-file``, else the default file if it exists) > default. Processes are started by torch's elastic
 agent (the engine behind torchrun), in this process.
 
@@ -78,6 +79,7 @@ def load_settings(args: argparse.Namespace) -> Any:
     """Resolve flags + config file into LaunchSettings (UsageError on bad input); warn about settings that
     have no effect here."""
     from lockstep.config.file import ConfigFileError, default_config_path, load_config_file
+    from lockstep.launcher.clusters import detect_cluster
     from lockstep.launcher.settings import resolve
 
     flags = given_flags(args)
@@ -92,7 +94,8 @@ def load_settings(args: argparse.Namespace) -> Any:
             file_config = load_config_file(path)
         except ConfigFileError as error:
             raise UsageError(str(error)) from None
-    settings = resolve(flags, file_config, path)
+    cluster = detect_cluster(os.environ, choice=flags.get("cluster", "auto"))
+    settings = resolve(flags, file_config, path, cluster=cluster)
     for note in settings.notes():
         print(f"lockstep {getattr(args, 'command', 'launch')}: warning: {note}", file=sys.stderr)
     return settings
