@@ -401,3 +401,14 @@ def test_cli_refuses_a_contradiction_in_one_line(monkeypatch, capsys, tmp_path):
     assert re.search(
         r"main_process_port +12123 +\(SLURM: derived from SLURM_JOB_ID=4242123: 10000 \+ id", out
     )
+
+
+def test_env_prints_the_detected_cluster_and_derived_values(monkeypatch, capsys, tmp_path):
+    monkeypatch.setenv("LOCKSTEP_HOME", str(tmp_path))
+    for name, value in PYTORCHJOB_WORKER_1.items():
+        monkeypatch.setenv(name, value)
+    assert main(["env"]) == 0
+    out = capsys.readouterr().out
+    assert "Cluster environment (what lockstep launch reads): Kubeflow PyTorchJob" in out
+    assert re.search(r"machine_rank +: 1 \(PET_NODE_RANK=1\)", out)
+    assert re.search(r"processes_per_machine +: 4 \(PET_NPROC_PER_NODE=4\)", out)

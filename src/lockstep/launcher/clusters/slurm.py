@@ -10,10 +10,15 @@ What is read (an ``srun`` step's own variables first, then the job's):
 - the port: ``MASTER_PORT`` if exported, else ``10000 + SLURM_JOB_ID % 20000`` (the same on every node);
 - processes per machine: ``SLURM_GPUS_ON_NODE`` when SLURM gave GPUs; cores: ``SLURM_CPUS_ON_NODE``.
 
-Tasks per node (``SLURM_STEP_TASKS_PER_NODE``, ``SLURM_TASKS_PER_NODE``, ``SLURM_NTASKS_PER_NODE``, else
-``SLURM_NTASKS`` against the node count) tell one launcher per node from one task per process: several
-launchers on a node would form separate jobs, so that is refused. With one task per process, run
-``srun python train.py`` instead: each process reads ``SLURM_PROCID``/``SLURM_NTASKS`` itself.
+Inside an ``srun`` step (``SLURM_STEP_ID`` set), tasks per node (``SLURM_STEP_TASKS_PER_NODE``,
+``SLURM_TASKS_PER_NODE``, ``SLURM_NTASKS_PER_NODE``, else ``SLURM_NTASKS`` against the node count) tell one
+launcher per node from one task per process: several launchers on a node would form separate jobs, so that
+is refused. With one task per process, run ``srun python train.py`` instead: each process reads
+``SLURM_PROCID``/``SLURM_NTASKS`` itself (``lockstep._env``), and no launcher is involved.
+
+Outside a step, ``lockstep launch`` runs in the job's batch script, which SLURM starts once, on the first
+node: fine for a job of one node (whatever ``--ntasks-per-node`` says), refused for several nodes, where the
+others would never join.
 
 As in Lightning, a job named ``bash`` or ``interactive`` (``srun --job-name=interactive --pty bash``) is not
 read, so that a shell inside an allocation can launch by hand; ``--cluster none`` does the same.
