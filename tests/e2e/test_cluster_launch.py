@@ -11,6 +11,8 @@ from tests.helpers.cli import SCRIPTS, cli_env, lockstep_popen
 from tests.helpers.multiprocess import free_port
 
 pytestmark = pytest.mark.distributed
+ONE_JOB_OF_TWO = [(0, 2, 0, 3.0), (1, 2, 1, 3.0)]
+"""(rank, world size, machine, sum of rank + 1 over the job) of each worker: one job, not two of world 1."""
 
 
 def _free_job_port() -> int:
@@ -25,7 +27,8 @@ def _free_job_port() -> int:
     raise RuntimeError("no free port between 10000 and 30000")
 
 
-def _launch_two_nodes(node_env) -> list[dict]:
+def _launch_two_nodes(node_env) -> tuple[list[dict], list[str]]:
+    """Start both nodes' launchers; the workers' reports by rank and each launcher's stderr."""
     launchers = [
         lockstep_popen("launch", str(SCRIPTS / "cluster_reduce.py"), env=cli_env(**node_env(node)))
         for node in range(2)
@@ -34,7 +37,8 @@ def _launch_two_nodes(node_env) -> list[dict]:
     for launcher, (_, stderr) in zip(launchers, outputs):
         assert launcher.returncode == 0, stderr
     lines = [line for stdout, _ in outputs for line in stdout.splitlines() if line.startswith("REPORT ")]
-    return sorted((json.loads(line[7:]) for line in lines), key=lambda report: report["rank"])
+    reports = sorted((json.loads(line[7:]) for line in lines), key=lambda report: report["rank"])
+    return reports, [stderr for _, stderr in outputs]
 
 
 def test_slurm_variables_alone_form_one_job():
@@ -57,12 +61,11 @@ def test_slurm_variables_alone_form_one_job():
             "SLURM_CPUS_ON_NODE": "1",
         }
 
-    reports = _launch_two_nodes(node_env)
-    assert [(r["rank"], r["world"], r["machine"], r["sum"]) for r in reports] == [
-        (0, 2, 0, 3.0),
-        (1, 2, 1, 3.0),
-    ]
+    reports, stderrs = _launch_two_nodes(node_env)
+    assert [(r["rank"], r["world"], r["machine"], r["sum"]) for r in reports] == ONE_JOB_OF_TWO
     assert [r["threads"] for r in reports] == ["1", "1"]  # SLURM_CPUS_ON_NODE shared out
+    summary = f"slurm job: machine 1 of 2, 1 process here, rendezvous at 127.0.0.1:{10000 + job_id} (static)"
+    assert f"lockstep launch: {summary}" in stderrs[1]
 
 
 def test_kubeflow_pet_variables_alone_form_one_job():
@@ -77,8 +80,5 @@ def test_kubeflow_pet_variables_alone_form_one_job():
             "PET_MASTER_PORT": port,
         }
 
-    reports = _launch_two_nodes(node_env)
-    assert [(r["rank"], r["world"], r["machine"], r["sum"]) for r in reports] == [
-        (0, 2, 0, 3.0),
-        (1, 2, 1, 3.0),
-    ]
+    reports, _ = _launch_two_nodes(node_env)
+    assert [(r["rank"], r["world"], r["machine"], r["sum"]) for r in reports] == ONE_JOB_OF_TWO

@@ -191,12 +191,20 @@ def test_kubeflow_elastic_policy_uses_c10d_and_keyword_nproc_leaves_the_default(
 
 
 def test_kubeflow_older_operator_one_pod_one_machine():
-    env = {"MASTER_ADDR": "mnist-master-0", "MASTER_PORT": "23456", "WORLD_SIZE": "3", "RANK": "2"}
+    env = {
+        "MASTER_ADDR": "mnist-master-0",
+        "MASTER_PORT": "23456",
+        "WORLD_SIZE": "3",
+        "RANK": "2",
+        "KUBERNETES_SERVICE_HOST": "10.96.0.1",
+    }
     cluster = detect_cluster(env)
     assert cluster.title == "Kubeflow PyTorchJob (older operator)"
     assert (cluster.num_machines, cluster.machine_rank, cluster.main_address) == (3, 2, "mnist-master-0")
     # torchrun's workers have the same variables plus LOCAL_RANK: they are not a cluster to launch in.
     assert detect_cluster({**env, "LOCAL_RANK": "0"}) is None
+    # Outside a pod, a shell that exported them is not a job of several machines.
+    assert detect_cluster({k: v for k, v in env.items() if k != "KUBERNETES_SERVICE_HOST"}) is None
 
 
 @pytest.mark.parametrize(

@@ -42,6 +42,7 @@ __all__ = [
     "LAUNCH_FLAGS",
     "Flag",
     "add_launch_flags",
+    "cluster_summary",
     "given_flags",
     "load_settings",
     "register",
@@ -160,11 +161,30 @@ def _check_function_defined(path: str, name: str) -> None:
         )
 
 
+def cluster_summary(settings: Any) -> str:
+    """One line saying what the cluster environment made of this launcher (printed on several machines).
+
+    Example:
+        >>> from lockstep.launcher.settings import LaunchSettings
+        >>> cluster_summary(LaunchSettings(num_processes=4, num_machines=2, machine_rank=1, cluster="slurm",
+        ...                                main_process_ip="gpu07", main_process_port=10731))
+        'slurm job: machine 1 of 2, 2 processes here, rendezvous at gpu07:10731 (static)'
+    """
+    machine = f"machine {settings.machine_rank} of " if settings.rdzv_backend == "static" else "machines: "
+    return (
+        f"{settings.cluster} job: {machine}{settings.num_machines}, {settings.processes_per_machine} "
+        f"process{'es' if settings.processes_per_machine > 1 else ''} here, rendezvous at "
+        f"{settings.main_process_ip}:{settings.main_process_port} ({settings.rdzv_backend})"
+    )
+
+
 def run_launch(args: argparse.Namespace) -> int:
     from lockstep.launcher.elastic import launch
 
     settings = load_settings(args)
     check_target(args, settings)
+    if settings.cluster != "none" and settings.num_machines > 1:
+        print(f"lockstep launch: {cluster_summary(settings)}", file=sys.stderr)
     return launch(
         settings,
         args.target,

@@ -8,7 +8,7 @@ Unset ones take torchrun's defaults (one node, rank 0, ``127.0.0.1:29500``).
 
 The older operator, without ``PET_*``, gave each pod ``MASTER_ADDR``, ``MASTER_PORT``, ``WORLD_SIZE`` (the
 number of pods) and ``RANK`` (this pod's index), with no ``LOCAL_RANK`` (which torchrun's workers always
-have). Lightning's ``KubeflowEnvironment`` reads them the same way: one pod is one machine.
+have); they are read only inside a Kubernetes pod (``KUBERNETES_SERVICE_HOST``). Lightning's ``KubeflowEnvironment`` reads them the same way: one pod is one machine.
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ NNODES, NODE_RANK, NPROC_PER_NODE = "PET_NNODES", "PET_NODE_RANK", "PET_NPROC_PE
 PET_MASTER_ADDR, PET_MASTER_PORT = "PET_MASTER_ADDR", "PET_MASTER_PORT"
 RDZV_BACKEND, RDZV_ENDPOINT = "PET_RDZV_BACKEND", "PET_RDZV_ENDPOINT"
 WORLD_SIZE, RANK, LOCAL_RANK, ELASTIC_RUN_ID = "WORLD_SIZE", "RANK", "LOCAL_RANK", "TORCHELASTIC_RUN_ID"
+KUBERNETES = "KUBERNETES_SERVICE_HOST"
+"""Set by Kubernetes in every pod."""
 TORCHRUN_DEFAULT_ADDR, TORCHRUN_DEFAULT_PORT = "127.0.0.1", 29500
 NPROC_KEYWORDS = ("auto", "gpu", "cpu")
 
@@ -37,7 +39,9 @@ def _has_pet(environ: Mapping[str, str]) -> bool:
 
 
 def _is_legacy(environ: Mapping[str, str]) -> bool:
-    given = all(text(environ, name) for name in (MASTER_ADDR, WORLD_SIZE, RANK))
+    """In a Kubernetes pod (``KUBERNETES_SERVICE_HOST``), ``MASTER_ADDR``/``WORLD_SIZE``/``RANK`` without
+    torchrun's worker variables: a shell that merely exported them elsewhere is not taken for a job."""
+    given = all(text(environ, name) for name in (MASTER_ADDR, WORLD_SIZE, RANK, KUBERNETES))
     return given and not any(name in environ for name in (LOCAL_RANK, ELASTIC_RUN_ID))
 
 
