@@ -288,6 +288,15 @@ def test_open_mpi_and_hydra_launchers():
     assert (cluster.title, cluster.num_machines, cluster.machine_rank) == ("MPICH / Intel MPI (Hydra)", 3, 0)
     # mpirun inside a SLURM allocation describes the launchers; SLURM only the allocation.
     assert detect_cluster({**_srun_one_per_node(), **OPEN_MPI_RANK_1}).name == "mpi"
+    # srun --mpi=pmi2 gives PMI_RANK/PMI_SIZE without Hydra's MPI_LOCALNRANKS: SLURM describes that job.
+    slurm_pmi = {
+        **_srun_one_per_node(),
+        "PMI_RANK": "2",
+        "PMI_SIZE": "4",
+        "PMI_FD": "7",
+        "PMI_JOBID": "4242123.0",
+    }
+    assert detect_cluster(slurm_pmi).name == "slurm"
 
 
 def test_mpi_needs_the_address_of_rank_0_and_one_launcher_per_host():

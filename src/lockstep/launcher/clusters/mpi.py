@@ -8,6 +8,9 @@ MPI recipes do; the port is ``MASTER_PORT`` if exported, else lockstep's default
 
 Several launchers on one host would form separate jobs, so that is refused: to let MPI start every
 process, run ``mpirun -np N python train.py`` (each process reads its rank from MPI's variables).
+
+``PMI_SIZE``/``PMI_RANK`` without Hydra's ``MPI_LOCALNRANKS`` are SLURM's PMI (``srun --mpi=pmi2``): SLURM's
+own variables describe that job, so it is left to :mod:`~lockstep.launcher.clusters.slurm`.
 """
 
 from __future__ import annotations
@@ -24,7 +27,10 @@ HYDRA = ("MPICH / Intel MPI (Hydra)", "PMI_SIZE", "PMI_RANK", "MPI_LOCALNRANKS")
 
 
 def detect(environ: Mapping[str, str]) -> bool:
-    return any(text(environ, names[1]) is not None for names in (OPEN_MPI, HYDRA))
+    """Open MPI's variables, or Hydra's: ``PMI_SIZE`` alone is also what SLURM's PMI plugins give the
+    tasks of ``srun --mpi=pmi2``, where SLURM describes the job; Hydra adds ``MPI_LOCALNRANKS``."""
+    hydra = text(environ, HYDRA[1]) is not None and text(environ, HYDRA[3]) is not None
+    return text(environ, OPEN_MPI[1]) is not None or hydra
 
 
 def read(environ: Mapping[str, str], hostname: str | None = None) -> DetectedCluster:

@@ -10,6 +10,9 @@ What is read (an ``srun`` step's own variables first, then the job's):
 - the port: ``MASTER_PORT`` if exported, else ``10000 + SLURM_JOB_ID % 20000`` (the same on every node);
 - processes per machine: ``SLURM_GPUS_ON_NODE`` when SLURM gave GPUs; cores: ``SLURM_CPUS_ON_NODE``.
 
+``SLURM_LAUNCH_NODE_IPADDR`` is not used for machine 0: it is the host ``srun`` ran on, which under ``salloc``
+is a login node that runs no launcher.
+
 Inside an ``srun`` step (``SLURM_STEP_ID`` set), tasks per node (``SLURM_STEP_TASKS_PER_NODE``,
 ``SLURM_TASKS_PER_NODE``, ``SLURM_NTASKS_PER_NODE``, else ``SLURM_NTASKS`` against the node count) tell one
 launcher per node from one task per process: several launchers on a node would form separate jobs, so that
