@@ -429,3 +429,11 @@ def test_env_prints_the_detected_cluster_and_derived_values(monkeypatch, capsys,
     assert "Cluster environment (what lockstep launch reads): Kubeflow PyTorchJob" in out
     assert re.search(r"machine_rank +: 1 \(PET_NODE_RANK=1\)", out)
     assert re.search(r"processes_per_machine +: 4 \(PET_NPROC_PER_NODE=4\)", out)
+
+
+def test_env_reports_invalid_cluster_variables_instead_of_failing():
+    from lockstep.cli.env_cmd import cluster_report
+
+    title, rows = cluster_report({"SLURM_JOB_ID": "77", "SLURM_NNODES": "2"})
+    assert title == "invalid"
+    assert rows[0][0] == "error" and rows[0][1].startswith("SLURM_NNODES=2 but SLURM_STEP_ID is not set")
