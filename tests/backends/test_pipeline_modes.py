@@ -22,6 +22,8 @@ import torch
 from torch import nn
 
 from lockstep import Accelerator, ParallelismConfig
+from lockstep.backends.pp.modes import copy_modes, follow_module_modes, traced_in_training
+from lockstep.backends.pp.split import trace_stages
 from lockstep.config.pipeline import TorchPipelineParallelConfig
 from tests.helpers.multiprocess import run_distributed
 
@@ -167,15 +169,15 @@ def _compare(results: list[dict], reference: dict) -> None:
     steps = sum(TRAIN_STEPS)
     assert first["losses"] == [None] * steps  # the loss lives on the last stage's rank
     assert last["losses"] == pytest.approx(reference["losses"], abs=TOLERANCE, rel=0)
-    for result in results:  # every stage module switched, on both ranks
-        assert result["modes"] == [{False}, {True}] * 3
-        for got, expected in zip(result["evals"], reference["evals"], strict=True):
-            assert (got - expected).abs().max().item() <= TOLERANCE
     state, expected = first["state"], reference["state"]
     assert sorted(state) == sorted(expected)
     for key in expected:  # weights, and BatchNorm's running_mean, running_var, num_batches_tracked
         assert (state[key].double() - expected[key].double()).abs().max().item() <= TOLERANCE, key
     assert int(state["0.1.num_batches_tracked"]) == steps * BATCH // MICRO
+    for result in results:  # every stage module switched, on both ranks
+        assert result["modes"] == [{False}, {True}] * 3
+        for got, expected in zip(result["evals"], reference["evals"], strict=True):
+            assert (got - expected).abs().max().item() <= TOLERANCE
 
 
 @pytest.mark.distributed
@@ -192,3 +194,42 @@ def test_dropout_in_every_stage_draws_from_each_ranks_generator():
     _compare(results, _reference(dropout, generator_per_stage=True))
     one_generator = _reference(dropout, generator_per_stage=False)["losses"]
     assert results[1]["losses"] != pytest.approx(one_generator, abs=1e-3)  # why it cannot be plain PyTorch's
+
+
+def _frozen_norm(model: nn.Sequential) -> nn.Sequential:
+    model.train()
+    model[1][1].eval()  # a BatchNorm the user froze: running statistics, no updates
+    return model
+
+
+@pytest.mark.parametrize("interpreter", [True, False], ids=["interpreter", "generated_code"])
+def test_traced_stages_follow_the_mode_of_their_modules(interpreter):
+    model = _frozen_norm(_make_model((0.3, 0.5)))
+    reference = _frozen_norm(_make_model((0.3, 0.5)))
+    with traced_in_training(model):
+        stages = trace_stages(model, (torch.zeros(MICRO, FEATURES),), ["1"])
+    assert (model.training, model[1][1].training) == (True, False)  # the user's modes are left as they were
+    assert follow_module_modes(stages) == [
+        "0.1: aten.add_.Tensor",
+        "0.1: aten.batch_norm.default",
+        "0.3: aten.dropout.default",
+        "1.1: aten.add_.Tensor",
+        "1.1: aten.batch_norm.default",
+        "1.3: aten.dropout.default",
+    ]
+    copy_modes(model, stages)
+    assert [name for stage in stages for name, m in stage.named_modules() if not m.training] == ["1.1"]
+    for module in (m for stage in stages for m in stage.modules()):
+        module._run_with_interpreter = interpreter  # InterpreterModule's two ways to run its graph
+    x = _eval_inputs()
+    for mode in ("train", "eval"):  # dropout drawn alike and BatchNorm updating; then neither
+        if mode == "eval":
+            for module in (*stages, reference):
+                module.eval()
+        torch.manual_seed(0)
+        got = stages[1](stages[0](x))
+        torch.manual_seed(0)
+        assert torch.equal(got, reference(x)), mode
+    for key, value in reference.state_dict().items():
+        assert torch.equal(model.state_dict()[key], value), key
+    assert int(model[0][1].num_batches_tracked) == 1 and int(model[1][1].num_batches_tracked) == 0
