@@ -1,11 +1,12 @@
 """Train/eval mode of a pipelined model with dropout and BatchNorm, against plain PyTorch on one process.
 
 A tiny MLP (two blocks of Linear, BatchNorm1d, ReLU, Dropout) is cut into 2 stages on 2 gloo processes
-(GPipe, 4 micro-batches of 4). The reference runs the same weights in plain PyTorch, micro-batch by
+(GPipe, and 1F1B, 4 micro-batches of 4). The reference runs the same weights in plain PyTorch, micro-batch by
 micro-batch (BatchNorm normalises each micro-batch with its own statistics, as the stages do), with SGD.
 
 Dropout and random numbers: each stage draws its masks from the generator of the rank that holds it, one
-micro-batch after the other. Plain PyTorch draws every stage's mask from one generator, stage after stage
+micro-batch after the other (with several stages per rank, they share it in the order the schedule runs
+them). Plain PyTorch draws every stage's mask from one generator, stage after stage
 within each micro-batch, so with dropout in both stages the masks cannot be the same. What is guaranteed,
 and tested: with dropout in the first stage only the losses are plain PyTorch's (one generator, the same
 draws); with dropout in both, they are those of plain PyTorch with one generator per stage, each seeded as
@@ -63,9 +64,9 @@ def _modes(model: nn.Module) -> set[bool]:
     return {module.training for stage in model.stage_modules for module in stage.modules()}
 
 
-def _pipelined(dropout: tuple[float, float]) -> dict:
+def _pipelined(dropout: tuple[float, float], schedule: str = "gpipe") -> dict:
     handler = TorchPipelineParallelConfig(
-        schedule="gpipe",
+        schedule=schedule,
         num_microbatches=BATCH // MICRO,
         split_points=["1"],
         example_args=(torch.zeros(BATCH, FEATURES),),
@@ -181,9 +182,10 @@ def _compare(results: list[dict], reference: dict) -> None:
 
 
 @pytest.mark.distributed
-def test_train_and_eval_switch_dropout_and_batch_norm_as_plain_pytorch():
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_train_and_eval_switch_dropout_and_batch_norm_as_plain_pytorch(schedule):
     dropout = (0.3, 0.0)  # dropout in the first stage only: plain PyTorch draws the same masks
-    results = run_distributed(_pipelined, 2, dropout, timeout=120)
+    results = run_distributed(_pipelined, 2, dropout, schedule, timeout=120)
     _compare(results, _reference(dropout, generator_per_stage=False))
 
 
