@@ -235,3 +235,29 @@ def test_traced_stages_follow_the_mode_of_their_modules(interpreter):
     for key, value in reference.state_dict().items():
         assert torch.equal(model.state_dict()[key], value), key
     assert int(model[0][1].num_batches_tracked) == 1 and int(model[1][1].num_batches_tracked) == 0
+
+
+def _norms() -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(
+        nn.Linear(FEATURES, 8),
+        nn.Unflatten(1, (2, 4)),
+        nn.InstanceNorm1d(2, track_running_stats=True),  # running statistics in eval mode
+        nn.Flatten(),
+        nn.BatchNorm1d(8, track_running_stats=False),  # the batch's statistics in both modes
+        nn.Linear(8, 1),
+    )
+
+
+def test_instance_norm_and_norms_without_running_statistics_follow_pytorch():
+    model, reference = _norms(), _norms()
+    with traced_in_training(model):
+        stages = trace_stages(model, (torch.zeros(MICRO, FEATURES),), ["4"])
+    assert follow_module_modes(stages) == ["2: aten.instance_norm.default", "4: aten.batch_norm.default"]
+    x = _eval_inputs()
+    for mode in ("train", "eval"):
+        if mode == "eval":
+            for module in (*stages, reference):
+                module.eval()
+        assert (stages[1](stages[0](x)) - reference(x)).abs().max().item() <= TOLERANCE, mode
+    assert torch.equal(model[2].running_mean, reference[2].running_mean)

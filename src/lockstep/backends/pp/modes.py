@@ -7,8 +7,10 @@ mode becomes ``aten.dropout(x, p, True)``, a ``BatchNorm`` ``aten.batch_norm(...
 training mode (:func:`traced_in_training`: the recorded graph then holds every mode-dependent operator and
 its probabilities), and :func:`follow_module_modes` makes those operators read the ``training`` flag of the
 stage module that owns them at run time: the arguments named ``train``/``training`` of any operator take
-the flag, ``dropout_p`` becomes 0 and ``use_input_stats`` (instance norm with running stats) False in eval
-mode, and the ``num_batches_tracked`` increment runs in training mode only. :func:`copy_modes` then gives
+the flag, ``dropout_p`` becomes 0 and ``use_input_stats`` (instance norm) False in eval mode, and the
+``num_batches_tracked`` increment runs in training mode only; a norm keeping no running statistics
+(``track_running_stats=False``: no ``running_mean`` argument) uses the batch's statistics in both modes,
+as PyTorch's does. :func:`copy_modes` then gives
 each stage module the mode of the user's module of the same name (a BatchNorm the user froze with
 ``.eval()`` stays frozen).
 
@@ -77,12 +79,19 @@ class _ModeAware:
         if self.only_in_training:
             return self.op(*args, **kwargs) if training else args[0]
         args = list(args)
+        if (
+            not training
+            and "running_mean" in self._positions
+            and self._get(args, kwargs, "running_mean") is None
+        ):
+            return self.op(
+                *args, **kwargs
+            )  # a norm keeping no running statistics uses the batch's in both modes
         for name in _FLAG_ARGUMENTS:
             self._set(args, kwargs, name, training)
         if not training:
             self._set(args, kwargs, "dropout_p", 0.0)
-            if self._get(args, kwargs, "running_mean") is not None:
-                self._set(args, kwargs, "use_input_stats", False)
+            self._set(args, kwargs, "use_input_stats", False)
         return self.op(*args, **kwargs)
 
     def _get(self, args: list[Any], kwargs: dict[str, Any], name: str) -> Any:
