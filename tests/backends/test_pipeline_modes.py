@@ -23,7 +23,13 @@ import torch
 from torch import nn
 
 from lockstep import Accelerator, ParallelismConfig
-from lockstep.backends.pp.modes import copy_modes, follow_module_modes, traced_in_training
+from lockstep.backends.pp.backend import _warn_random_operators
+from lockstep.backends.pp.modes import (
+    copy_modes,
+    follow_module_modes,
+    traced_in_training,
+    training_only_suspects,
+)
 from lockstep.backends.pp.split import trace_stages
 from lockstep.config.pipeline import TorchPipelineParallelConfig
 from tests.helpers.multiprocess import run_distributed
@@ -261,3 +267,24 @@ def test_instance_norm_and_norms_without_running_statistics_follow_pytorch():
                 module.eval()
         assert (stages[1](stages[0](x)) - reference(x)).abs().max().item() <= TOLERANCE, mode
     assert torch.equal(model[2].running_mean, reference[2].running_mean)
+
+
+class _NoisyInTraining(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + 0.1 * torch.randn_like(x) if self.training else x
+
+
+def test_random_numbers_outside_dropout_are_warned_about():
+    noisy = nn.Sequential(nn.Linear(FEATURES, 8), _NoisyInTraining(), nn.Dropout(0.2), nn.Linear(8, 1))
+    with traced_in_training(noisy):
+        stages = trace_stages(noisy, (torch.zeros(MICRO, FEATURES),), ["3"])
+    assert training_only_suspects(stages) == ["1: aten.randn_like.default"]  # dropout is not a suspect
+    with pytest.warns(UserWarning) as caught:
+        _warn_random_operators(noisy, stages)
+    assert str(caught[0].message).startswith(
+        "The pipeline stages of Sequential draw random numbers outside dropout (1: aten.randn_like.default). "
+        "The model is traced in training mode, so if its forward draws them only when self.training, they "
+        "are drawn after model.eval() too"
+    )
+    with traced_in_training(model := _make_model((0.3, 0.5))):
+        assert training_only_suspects(trace_stages(model, (torch.zeros(MICRO, FEATURES),), ["1"])) == []

@@ -25,6 +25,7 @@ A model built on the meta device is traced on it, and each rank gives memory to 
 from __future__ import annotations
 
 import math
+import warnings
 import weakref
 from collections.abc import Iterable
 from contextlib import nullcontext
@@ -48,7 +49,13 @@ from lockstep.backends.nd.mesh import MeshLayout, sum_reductions_on_gloo
 from lockstep.backends.pp import full_load
 from lockstep.backends.pp.meta_init import has_meta_tensors, materialise, meta_stand_ins, put_back
 from lockstep.backends.pp.model import PipelinedModel
-from lockstep.backends.pp.modes import BufferKeepingStage, copy_modes, follow_module_modes, traced_in_training
+from lockstep.backends.pp.modes import (
+    BufferKeepingStage,
+    copy_modes,
+    follow_module_modes,
+    traced_in_training,
+    training_only_suspects,
+)
 from lockstep.backends.pp.split import first_microbatch, resolve_split_points, stage_indices, trace_stages
 from lockstep.config.fsdp import FullyShardedDataParallelPlugin
 from lockstep.config.parallelism import ParallelismConfig
@@ -157,6 +164,7 @@ class PipelineBackend(ShardedBackend, PipelineSchedule):
         local = [modules[index] for index in indices]
         follow_module_modes(local)  # model.train()/eval() switch the stages (see .modes)
         copy_modes(model, local)
+        _warn_random_operators(model, local)
         put_back(local, real_tensors)
         here = {id(p) for module in local for p in module.parameters()}
         self._names |= {id(p): name for name, p in model.named_parameters()}
@@ -322,6 +330,20 @@ class PipelineBackend(ShardedBackend, PipelineSchedule):
             [(i, m) for i, m in sharded_models if contents.models[i] == shards.SHARDS],
             [(i, m, o) for i, m, o in sharded_optimizers if contents.optimizers[i] == shards.SHARDS],
             distributed=True,
+        )
+
+
+def _warn_random_operators(model: nn.Module, stages: list[nn.Module]) -> None:
+    suspects = training_only_suspects(stages)
+    if suspects:
+        warnings.warn(
+            f"The pipeline stages of {type(model).__name__} draw random numbers outside dropout "
+            f"({', '.join(suspects[:5])}). The model is traced in training mode, so if its forward draws them "
+            "only when self.training, they are drawn after model.eval() too and evaluation differs from the "
+            "unpipelined model's (the trace holds no sign of such a branch). Ignore this if the noise is meant in "
+            "both modes; dropout modules and functions are switched by model.eval() as in PyTorch.",
+            UserWarning,
+            stacklevel=4,
         )
 
 

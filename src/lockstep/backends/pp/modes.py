@@ -15,7 +15,8 @@ each stage module the mode of the user's module of the same name (a BatchNorm th
 ``.eval()`` stays frozen).
 
 What this cannot see: Python code branching on ``self.training`` (a module returning something else in
-training) is traced in its training branch only.
+training) is traced in its training branch only. Random numbers drawn outside dropout are the likeliest
+case (noise added in training only), so :func:`training_only_suspects` lists them and ``prepare`` warns.
 
 :class:`BufferKeepingStage` is torch's ``PipelineStage`` whose shape pass leaves the buffers alone. In
 torch 2.13 the stage infers the shapes of what it exchanges by running a real forward (the first stage on
@@ -153,6 +154,25 @@ def follow_module_modes(stage_modules: Sequence[nn.Module]) -> list[str]:
             if changed:
                 _recompile(owner)
     return rewritten
+
+
+def training_only_suspects(stage_modules: Sequence[nn.Module]) -> list[str]:
+    """``"module: operator"`` for each operator of the stages that draws random numbers outside dropout
+    (``torch.randn_like``, ``bernoulli``, ...): traced in training mode, it runs in eval mode too, which is
+    wrong when the model draws it only ``if self.training`` (see the module docs)."""
+    found = []
+    for stage in stage_modules:
+        for name, owner in stage.named_modules():
+            graph = getattr(owner, "graph", None)
+            if not isinstance(graph, fx.Graph):
+                continue
+            for node in graph.nodes:
+                op = node.target
+                if node.op != "call_function" or not isinstance(op, torch._ops.OpOverload):
+                    continue
+                if torch.Tag.nondeterministic_seeded in op.tags and not _mode_dependent(op):
+                    found.append(f"{name}: {op}")
+    return found
 
 
 def _recompile(owner: nn.Module) -> None:
