@@ -58,8 +58,8 @@ def _run(stage: int, folder: str, mode: str) -> dict:
 
 
 def test_a_mid_epoch_save_resumes_bitwise_in_a_fresh_process_group(tmp_path):
-    # ZeRO-3 here (parameters partitioned too); ZeRO-2 and ZeRO-3 are resumed after a kill and a preemption
-    # under lockstep launch in tests/e2e/test_deepspeed_launch.py.
+    # ZeRO-3 here (parameters partitioned too); under lockstep launch, tests/e2e/test_deepspeed_launch.py
+    # resumes ZeRO-3 after a killed rank and ZeRO-2 after a preemption.
     straight = run_distributed(_run, 2, 3, str(tmp_path / "a"), "straight", timeout=180)[0]
     assert straight["steps"] == STEPS and straight["weights"]  # the main process's gathered weights
     assert run_distributed(_run, 2, 3, str(tmp_path / "b"), "stop", timeout=180)[0] == {"steps": STOP_AT}

@@ -36,8 +36,11 @@ def uninterrupted(tmp_path_factory) -> dict[int, list[float]]:
     return runs
 
 
+# One ZeRO stage per way of stopping, ZeRO-3 killed and ZeRO-2 preempted (both stages save and load through
+# the same DeepSpeed checkpoint path; tests/backends/test_deepspeed_checkpoint.py also resumes ZeRO-3 in
+# process): each DeepSpeed launch costs 15-20 s on the 2-core CI machine, and the four took over 3 minutes.
 @pytest.mark.slow
-@pytest.mark.parametrize("stage", [2, 3])
+@pytest.mark.parametrize("stage", [3])
 def test_a_killed_rank_restarts_and_matches_an_uninterrupted_run(tmp_path, uninterrupted, stage):
     die_at, drawn = draw_step(f"zero-{stage} killed rank", 4, 11)  # after the first checkpoint (step 3)
     result = lockstep(*_zero(stage), "--max-restarts", "1", SCRIPT, str(tmp_path), "--die-at", str(die_at))
@@ -52,7 +55,7 @@ def test_a_killed_rank_restarts_and_matches_an_uninterrupted_run(tmp_path, unint
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("stage", [2, 3])
+@pytest.mark.parametrize("stage", [2])
 def test_a_preempted_run_exits_143_and_resumes_exactly(tmp_path, uninterrupted, stage):
     stop_after, drawn = draw_step(f"zero-{stage} preemption", 2, 8)
     launcher = lockstep_popen(*_zero(stage), SCRIPT, str(tmp_path), "--step-delay", "0.2")

@@ -60,6 +60,7 @@ progress = Progress()
 accelerator.register_for_checkpointing(progress)
 resumed = accelerator.resume_from_latest_checkpoint()  # the one line that survives restarts
 accelerator.print(f"attempt {attempt} (seed {seed}) resumed from {resumed} at step {progress.done}")
+accelerator.print(f"attempt {attempt} world {accelerator.num_processes}")
 
 while progress.done < args.steps:
     for x, y in train_dl:

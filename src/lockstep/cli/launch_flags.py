@@ -30,7 +30,7 @@ from lockstep.config.parallelism_keys import PARALLELISM_KEYS
 from lockstep.config.plugins import DYNAMO_KEYS
 from lockstep.errors import UsageError
 from lockstep.launcher.clusters import CLUSTER_CHOICES
-from lockstep.launcher.settings import parse_rdzv_conf
+from lockstep.launcher.settings import machine_count, parse_rdzv_conf
 
 Flag = tuple[tuple[str, ...], dict[str, Any]]
 """A flag's spellings and its argparse keyword arguments."""
@@ -101,7 +101,13 @@ LAUNCH_FLAGS: list[Flag] = [
         ("--num-processes", "--num_processes"),
         {"type": int, "help": "processes in the whole job (all machines)"},
     ),
-    (("--num-machines", "--num_machines"), {"type": int, "help": "machines in the job"}),
+    (
+        ("--num-machines", "--num_machines", "--nnodes"),
+        {
+            "dest": "num_machines",
+            "help": "machines in the job: N, or MIN:MAX for an elastic job that trains on whoever is left",
+        },
+    ),
     (
         ("--num-cpu-threads-per-process", "--num_cpu_threads_per_process"),
         {"type": int, "help": "OMP_NUM_THREADS of each worker (default: the cores shared out)"},
@@ -194,6 +200,8 @@ def given_flags(args: argparse.Namespace) -> dict[str, Any]:
         flags["distributed_type"] = "MULTI_GPU"
     if "rdzv_conf" in flags:
         flags["rdzv_conf"] = parse_rdzv_conf(flags["rdzv_conf"])
+    if "num_machines" in flags:
+        flags["num_machines"] = machine_count(str(flags["num_machines"]))
     return flags
 
 

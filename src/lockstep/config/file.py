@@ -67,6 +67,7 @@ _FIELD_CHECKS: dict[str, Check] = {
     "debug": checks.boolean,
     "num_processes": checks.optional(checks.num_processes),
     "num_machines": checks.int_range(1),
+    "min_num_machines": checks.optional(checks.int_range(1)),
     "machine_rank": checks.int_range(0),
     "gpu_ids": checks.optional(checks.gpu_ids),
     "main_process_ip": checks.optional(checks.string),
@@ -92,6 +93,12 @@ def _check_consistency(values: Mapping[str, Any]) -> None:
     machines, rank, processes = values["num_machines"], values["machine_rank"], values["num_processes"]
     if rank >= machines:
         raise ValueError(f"machine_rank must be < num_machines ({machines}), got {rank}")
+    fewest = values["min_num_machines"]
+    if fewest is not None and fewest > machines:
+        raise ValueError(
+            f"min_num_machines ({fewest}) must be <= num_machines ({machines}): the job trains on between "
+            "min_num_machines and num_machines machines"
+        )
     if processes is not None and processes % machines:
         raise ValueError(
             f"num_processes ({processes}) must be a multiple of num_machines ({machines}): it counts the "
@@ -146,7 +153,11 @@ class ClusterConfig:
     num_processes: int | None = None
     """Processes of all machines together; None (Accelerate's -1) lets the launcher decide."""
     num_machines: int = 1
-    """Machines (nodes) in the job."""
+    """Machines (nodes) in the job; the most, when ``min_num_machines`` is set."""
+    min_num_machines: int | None = None
+    """lockstep extension: the fewest machines the job trains on (an elastic job, ``--num-machines MIN:MAX``:
+    it keeps training on whoever is left after a machine is lost, and takes machines that join); None: exactly
+    ``num_machines``."""
     machine_rank: int = 0
     """Rank of this machine, from 0 to num_machines - 1."""
     gpu_ids: str | None = None

@@ -63,7 +63,7 @@ def torch_launch_config(settings: LaunchSettings, *, start_method: str = "spawn"
     if settings.rdzv_backend == "static":
         rdzv_configs["rank"] = settings.machine_rank  # the machine rank decides, whatever --rdzv-conf says
     return LaunchConfig(
-        min_nodes=settings.num_machines,
+        min_nodes=settings.min_num_machines or settings.num_machines,
         max_nodes=settings.num_machines,
         nproc_per_node=settings.processes_per_machine,
         run_id=f"lockstep-{port}",

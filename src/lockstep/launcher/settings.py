@@ -46,7 +46,11 @@ class LaunchSettings:
     """Processes in the whole job, across all machines (as in Accelerate); each machine runs
     ``num_processes / num_machines``."""
     num_machines: int = 1
-    """Machines taking part in the job."""
+    """Machines taking part in the job; the most, in an elastic job (``min_num_machines`` set)."""
+    min_num_machines: int | None = None
+    """The fewest machines an elastic job trains on (``--num-machines MIN:MAX``): torch's rendezvous admits
+    between MIN and MAX machines, and a lost or joining machine restarts the workers on the new world size
+    (``--max-restarts``). None: exactly ``num_machines``."""
     machine_rank: int = 0
     """Rank of this machine (0 hosts the rendezvous)."""
     main_process_ip: str = "127.0.0.1"
@@ -124,6 +128,11 @@ class LaunchSettings:
     def processes_per_machine(self) -> int:
         return self.num_processes // self.num_machines
 
+    @property
+    def elastic(self) -> bool:
+        """Whether the job trains on a varying number of machines (``--num-machines MIN:MAX``, MIN < MAX)."""
+        return self.min_num_machines is not None and self.min_num_machines < self.num_machines
+
     def worker_settings(self) -> dict[str, Any]:
         """What the workers' Accelerator reads from ``LOCKSTEP_LAUNCH_CONFIG``."""
         return {
@@ -188,6 +197,7 @@ def _from_file(config: Any) -> dict[str, Any]:
     values = {
         "num_processes": getattr(config, "num_processes", None),
         "num_machines": getattr(config, "num_machines", None),
+        "min_num_machines": getattr(config, "min_num_machines", None),
         "machine_rank": getattr(config, "machine_rank", None),
         "main_process_ip": getattr(config, "main_process_ip", None),
         "main_process_port": getattr(config, "main_process_port", None),
@@ -240,6 +250,7 @@ def resolve(
         UsageError: a bad setting, or a flag that contradicts the cluster environment.
     """
     from_file = _from_file(file_config)
+    flags = _machine_range_split(flags)
     merged: dict[str, Any] = {}
     sources: dict[str, str] = {}
     for name in {f.name for f in fields(LaunchSettings)} - {"sources", "config_file"}:
@@ -273,7 +284,8 @@ def _fill_topology_defaults(merged: dict[str, Any], sources: dict[str, str]) -> 
         sources["num_processes"] = "derived"
     if merged.get("num_machines", 1) > 1 and "main_process_port" not in merged:
         merged["main_process_port"] = 29500
-    if merged.get("same_network") is False and "rdzv_backend" not in merged:
+    elastic = merged.get("min_num_machines") not in (None, merged.get("num_machines", 1))
+    if (merged.get("same_network") is False or elastic) and "rdzv_backend" not in merged:
         merged["rdzv_backend"], sources["rdzv_backend"] = "c10d", "derived"
     requested = checked_distributed_type(merged.get("distributed_type"))
     world_size = int(merged["num_processes"])
@@ -322,6 +334,8 @@ def _validate_topology(s: LaunchSettings) -> None:
         f"--num-processes {s.num_processes} is invalid with --num-machines {s.num_machines}: it counts the "
         "processes of the whole job (as in Accelerate) and must be a multiple of the number of machines.",
     )
+    if s.min_num_machines is not None:
+        _validate_machine_range(s)
     _check(
         0 <= s.machine_rank < s.num_machines,
         f"--machine-rank {s.machine_rank} is invalid with --num-machines {s.num_machines}: "
@@ -359,6 +373,51 @@ def _validate_workers(s: LaunchSettings) -> None:
         not s.enable_cpu_affinity or hasattr(os, "sched_setaffinity"),
         "--enable-cpu-affinity needs os.sched_setaffinity, which this platform lacks (Linux has it); "
         "drop the flag.",
+    )
+
+
+def machine_count(text: str) -> int | tuple[int, int]:
+    """``--num-machines`` text: ``N``, or ``MIN:MAX`` for an elastic job (torchrun's ``--nnodes`` spelling).
+
+    Example:
+        >>> machine_count("2"), machine_count("1:4")
+        (2, (1, 4))
+
+    Raises:
+        UsageError: not a whole number or a MIN:MAX pair of them.
+    """
+    parts = [part.strip() for part in text.split(":")]
+    _check(
+        len(parts) in (1, 2) and all(part.isdigit() for part in parts),
+        f"--num-machines {text!r} is invalid: give a number of machines (2) or, for an elastic job that "
+        "trains on whoever is left, the fewest and the most (1:4).",
+    )
+    if len(parts) == 1:
+        return int(parts[0])
+    return int(parts[0]), int(parts[1])
+
+
+def _machine_range_split(flags: dict[str, Any]) -> dict[str, Any]:
+    """``--num-machines MIN:MAX`` as the two settings ``min_num_machines`` and ``num_machines``."""
+    given = flags.get("num_machines")
+    if not isinstance(given, tuple):
+        return flags
+    return {**flags, "min_num_machines": given[0], "num_machines": given[1]}
+
+
+def _validate_machine_range(s: LaunchSettings) -> None:
+    """An elastic job: 1 <= MIN <= MAX, on torch's c10d rendezvous (static ranks cannot change)."""
+    given = f"--num-machines {s.min_num_machines}:{s.num_machines}"
+    _check(s.min_num_machines >= 1, f"{given} is invalid: the fewest machines must be >= 1.")
+    _check(
+        s.min_num_machines <= s.num_machines,
+        f"{given} is invalid: MIN ({s.min_num_machines}) is larger than MAX ({s.num_machines}). Write MIN:MAX.",
+    )
+    _check(
+        not s.elastic or s.rdzv_backend == "c10d",
+        f"{given} is an elastic job, which needs torch's c10d rendezvous, but --rdzv-backend is "
+        f"{s.rdzv_backend!r} ({s.sources.get('rdzv_backend', DEFAULT_SOURCE)}). Drop --rdzv-backend or pass "
+        "--rdzv-backend c10d.",
     )
 
 
