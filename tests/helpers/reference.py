@@ -91,3 +91,39 @@ def run_reference(
             pytrace=False,
         )
     return done
+
+
+TRANSFORMERS_4 = REFERENCE_VENV / "transformers-4.x"
+
+
+def transformers4_pythonpath() -> Path:
+    """A folder holding a transformers 4.x package (put first on ``PYTHONPATH``): ``LOCKSTEP_TRANSFORMERS4_PATH``
+    if set, else ``.venv-reference/transformers-4.x``; skips the test (fails it under CI) when there is none."""
+    folder = Path(os.environ.get("LOCKSTEP_TRANSFORMERS4_PATH", "") or TRANSFORMERS_4)
+    if not (folder / "transformers" / "__init__.py").is_file():
+        _missing(
+            f"{folder} holds no transformers 4.x package (LOCKSTEP_TRANSFORMERS4_PATH names another folder)"
+        )
+    return folder
+
+
+def run_with_transformers4(module: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run ``python -m module`` with lockstep's interpreter, transformers 4.x first on the path, then lockstep's
+    sources and the repository; fails the test with the output's tail when it exits non-zero."""
+    import sys
+
+    paths = [str(transformers4_pythonpath()), str(REPO / "src"), str(REPO)]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(paths),
+        "CUDA_VISIBLE_DEVICES": "",
+        "HF_HUB_OFFLINE": "1",
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", module], env=env, capture_output=True, text=True, timeout=timeout, cwd=REPO
+    )
+    if done.returncode != 0:
+        pytest.fail(
+            f"{module} exited {done.returncode}:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}", pytrace=False
+        )
+    return done

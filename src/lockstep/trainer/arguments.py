@@ -58,6 +58,12 @@ class TrainingArguments:
     """Settings of a :class:`~lockstep.Trainer` run (transformers' ``TrainingArguments`` names).
 
     Each field's help text is also its ``--help`` line in :meth:`from_cli`.
+
+    The annotations are in the forms transformers' ``HfArgumentParser`` reads (4.40 to 5.x), as transformers
+    writes them: in a union with ``None`` the parser keeps the *second* member, so ``list[str] | str | None``
+    and ``dict | str | None`` take one text on its command line (a name list, JSON text or a file path); a
+    union of ``bool`` and ``str`` is read as a bool. ``accelerator_config`` and ``parallelism_config`` also take
+    an ``AcceleratorConfig`` / ``ParallelismConfig`` object.
     """
 
     # -- output and run length ------------------------------------------------------------------
@@ -103,7 +109,7 @@ class TrainingArguments:
     optim_args: str | None = _help(
         None, "Extra optimizer arguments as 'key=value,key=value' (e.g. momentum=0.9)."
     )
-    optim_target_modules: str | list[str] | None = field(
+    optim_target_modules: list[str] | str | None = field(
         default=None,
         metadata={"help": "Modules GaLore/APOLLO optimizers apply to (those optimizers are not built)."},
     )
@@ -173,7 +179,7 @@ class TrainingArguments:
     )
     log_level_replica: str = _help("warning", "Level of the 'lockstep' logger on the other processes.")
     disable_tqdm: bool | None = _help(None, "Hide the progress bar (also LOCKSTEP_DISABLE_PROGRESS_BARS=1).")
-    report_to: str | list[str] | None = field(
+    report_to: list[str] | str | None = field(
         default="none",
         metadata={
             "help": f"Trackers: {', '.join(BUILT_IN_TRACKERS)}, a name given to register_tracker_class, all "
@@ -183,7 +189,7 @@ class TrainingArguments:
     project: str = _help("huggingface", "Trackio project (not built: lockstep has no Trackio tracker).")
     trackio_space_id: str | None = _help(None, "Trackio Space (not built).")
     trackio_bucket_id: str | None = _help(None, "Trackio bucket (not built).")
-    trackio_static_space_id: str | bool | None = _help(None, "Trackio static Space (not built).")
+    trackio_static_space_id: str | None = _help(None, "Trackio static Space (not built).")
     # -- evaluation -----------------------------------------------------------------------------
     eval_strategy: str = _help("no", "When to evaluate during training: no, steps, epoch.")
     eval_steps: float | None = _help(
@@ -256,14 +262,14 @@ class TrainingArguments:
     data_seed: int | None = _help(None, "Seed of the data order (default: seed).")
     use_cpu: bool = _help(False, "Train on the CPU even when a GPU is present.")
     local_rank: int = _help(-1, "Set by launchers; lockstep reads LOCAL_RANK from the environment instead.")
-    accelerator_config: AcceleratorConfig | dict | str | None = field(
+    accelerator_config: dict | str | None = field(
         default=None,
         metadata={
             "help": "Dict, JSON text or JSON file: split_batches, dispatch_batches, even_batches, use_seedable_sampler, "
             "non_blocking. Becomes an AcceleratorConfig (args.accelerator_config.even_batches)."
         },
     )
-    parallelism_config: Any = field(
+    parallelism_config: dict | str | None = field(
         default=None,
         metadata={
             "help": "A ParallelismConfig (or a dict / JSON of its sizes: tp_size, dp_shard_size, dp_replicate_size): "
@@ -298,7 +304,7 @@ class TrainingArguments:
     ddp_static_graph: bool | None = _help(None, "DDP static_graph (the graph is the same every step).")
     ddp_backend: str | None = _help(None, f"Process-group backend: {', '.join(DDP_BACKENDS)}.")
     ddp_timeout: int = _help(1800, "Seconds a collective may wait before the run fails.")
-    fsdp: str | list[str] | None = field(
+    fsdp: list[str] | str | None = field(
         default=None,
         metadata={
             "help": "FSDP options: full_shard or shard_grad_op, plus offload and/or auto_wrap (e.g. 'full_shard auto_wrap')."
