@@ -13,15 +13,15 @@ From the command line (``lockstep launch train.py --learning_rate 3e-5``)::
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from lockstep.config.enums import BUILT_IN_TRACKERS
 from lockstep.trainer import _argument_parsers
+from lockstep.trainer import _arguments_api as _api
 from lockstep.trainer import _arguments_post_init as _checks
+from lockstep.trainer import _arguments_setters as _setters
 from lockstep.trainer._arguments_post_init import (
     DDP_BACKENDS,
     LOG_LEVELS,
@@ -350,18 +350,35 @@ class TrainingArguments:
 
     def warmup_steps_for(self, total_steps: int) -> int:
         """Warm-up steps for a run of ``total_steps`` optimizer steps (transformers' ``get_warmup_steps``)."""
-        if self.warmup_steps >= 1:
-            return int(self.warmup_steps)
-        fraction = self.warmup_steps if self.warmup_steps > 0 else self.warmup_ratio
-        return math.ceil(total_steps * fraction)
+        return _api.get_warmup_steps(self, total_steps)
 
-    def to_dict(self) -> dict[str, Any]:
-        """The arguments as plain values (for trackers and ``trainer_state.json``); ``accelerator_config`` as
-        a dict, as transformers writes it."""
-        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        if isinstance(values["accelerator_config"], AcceleratorConfig):
-            values["accelerator_config"] = values["accelerator_config"].to_dict()
-        return values
+    # -- transformers' methods and properties beyond the fields (see _arguments_api) ----------------
+    ddp_timeout_delta = property(_api.ddp_timeout_delta)
+    device = property(_api.device)
+    n_gpu = property(_api.n_gpu)
+    parallel_mode = property(_api.parallel_mode)
+    world_size = property(_api.world_size)
+    process_index = property(_api.process_index)
+    local_process_index = property(_api.local_process_index)
+    should_log = property(_api.should_log)
+    should_save = property(_api.should_save)
+    train_batch_size = property(_api.train_batch_size)
+    eval_batch_size = property(_api.eval_batch_size)
+    get_process_log_level = _api.get_process_log_level
+    main_process_first = _api.main_process_first
+    get_warmup_steps = _api.get_warmup_steps
+    to_dict = _api.to_dict
+    to_json_string = _api.to_json_string
+    to_sanitized_dict = _api.to_sanitized_dict
+    set_training = _setters.set_training
+    set_evaluate = _setters.set_evaluate
+    set_testing = _setters.set_testing
+    set_save = _setters.set_save
+    set_logging = _setters.set_logging
+    set_push_to_hub = _setters.set_push_to_hub
+    set_optimizer = _setters.set_optimizer
+    set_lr_scheduler = _setters.set_lr_scheduler
+    set_dataloader = _setters.set_dataloader
 
     # -- command line -----------------------------------------------------------------------------
     @classmethod
