@@ -93,26 +93,31 @@ def run_reference(
     return done
 
 
-TRANSFORMERS_4 = REFERENCE_VENV / "transformers-4.x"
+def transformers4_overlays() -> list[Path]:
+    """Folders each holding a transformers 4.x package (put first on ``PYTHONPATH``): those named by
+    ``LOCKSTEP_TRANSFORMERS4_PATHS`` (separated by ``os.pathsep``), else ``.venv-reference/transformers-4.*``."""
+    override = os.environ.get("LOCKSTEP_TRANSFORMERS4_PATHS", "")
+    if override:
+        folders = [Path(path) for path in override.split(os.pathsep) if path]
+    else:
+        folders = sorted(REFERENCE_VENV.glob("transformers-4.*"))
+    return [folder for folder in folders if (folder / "transformers" / "__init__.py").is_file()]
 
 
-def transformers4_pythonpath() -> Path:
-    """A folder holding a transformers 4.x package (put first on ``PYTHONPATH``): ``LOCKSTEP_TRANSFORMERS4_PATH``
-    if set, else ``.venv-reference/transformers-4.x``; skips the test (fails it under CI) when there is none."""
-    folder = Path(os.environ.get("LOCKSTEP_TRANSFORMERS4_PATH", "") or TRANSFORMERS_4)
-    if not (folder / "transformers" / "__init__.py").is_file():
-        _missing(
-            f"{folder} holds no transformers 4.x package (LOCKSTEP_TRANSFORMERS4_PATH names another folder)"
-        )
-    return folder
-
-
-def run_with_transformers4(module: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    """Run ``python -m module`` with lockstep's interpreter, transformers 4.x first on the path, then lockstep's
-    sources and the repository; fails the test with the output's tail when it exits non-zero."""
+def run_with_transformers4(
+    module: str, overlay: Path | None, timeout: float = 300
+) -> subprocess.CompletedProcess:
+    """Run ``python -m module`` with lockstep's interpreter, the ``overlay`` transformers first on the path,
+    then lockstep's sources and the repository; skips (fails under CI) without an overlay, and fails the test
+    with the output's tail when the module exits non-zero."""
     import sys
 
-    paths = [str(transformers4_pythonpath()), str(REPO / "src"), str(REPO)]
+    if overlay is None:
+        _missing(
+            f"no transformers 4.x overlay in {REFERENCE_VENV}/transformers-4.* (LOCKSTEP_TRANSFORMERS4_PATHS names "
+            "others; make one with pip install --target <folder> --no-deps 'transformers==4.56.*')"
+        )
+    paths = [str(overlay), str(REPO / "src"), str(REPO)]
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join(paths),

@@ -7,7 +7,8 @@ differ from the default arguments (so the value did arrive); a field lockstep do
 
 Run by ``tests/trainer/test_hf_argparser.py`` in-process with the installed transformers, and as
 ``python -m tests.trainer.hf_parser_check`` under another transformers (``PYTHONPATH=<transformers>:src``):
-it prints one JSON object, ``{"transformers": version, "fields": n, "failures": {...}}``.
+it prints one JSON object, ``{"transformers": version, "fields": n, "failures": {...}, "optim": [transformers'
+default, lockstep's default]}``.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from lockstep import TrainingArguments
-from lockstep.trainer._field_status import FIELD_STATUS, NOT_BUILT
+from lockstep.trainer._field_status import _NOT_BUILT
 
 # field -> (command-line tokens after --field, the same value as JSON/YAML/dict holds it)
 VALUES: dict[str, tuple[list[str], Any]] = {
@@ -56,6 +57,7 @@ VALUES: dict[str, tuple[list[str], Any]] = {
     "project": (["p"], "p"),
     "trackio_static_space_id": (["s"], "s"),
     "eval_strategy": (["epoch"], "epoch"),
+    "evaluation_strategy": (["epoch"], "epoch"),
     "include_for_metrics": (["inputs", "loss"], ["inputs", "loss"]),
     "save_strategy": (["epoch"], "epoch"),
     "hub_strategy": (["end"], "end"),
@@ -128,7 +130,7 @@ def check_field(parser: Any, f: dataclasses.Field, folder: Path) -> list[str]:
         expected = _outcome(lambda: TrainingArguments(**values))
     except (ValueError, TypeError) as error:
         return [f"TrainingArguments(**{values!r}) itself fails: {error}"]
-    not_built = FIELD_STATUS.get(f.name, ("", ""))[0] == NOT_BUILT
+    not_built = f.name in _NOT_BUILT
     argv = [token for name, v in needs.items() for token in (f"--{name}", str(v))]
     (folder / "a.json").write_text(json.dumps(values), encoding="utf-8")
     (folder / "a.yaml").write_text(yaml.safe_dump(values), encoding="utf-8")
@@ -185,7 +187,13 @@ def run() -> dict[str, Any]:
         failures["flags"] = [
             "--bf16 --no_remove_unused_columns did not set bf16=True, remove_unused_columns=False"
         ]
-    return {"transformers": transformers.__version__, "fields": len(fields), "failures": failures}
+    optim = {f.name: f.default for f in dataclasses.fields(transformers.TrainingArguments)}["optim"]
+    return {
+        "transformers": transformers.__version__,
+        "fields": len(fields),
+        "failures": failures,
+        "optim": [getattr(optim, "value", optim), TrainingArguments().optim],
+    }
 
 
 if __name__ == "__main__":

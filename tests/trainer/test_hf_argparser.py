@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tests.helpers.reference import run_with_transformers4
+from tests.helpers.reference import run_with_transformers4, transformers4_overlays
 from tests.trainer import hf_parser_check
 
 transformers = pytest.importorskip("transformers")
@@ -15,15 +15,22 @@ transformers = pytest.importorskip("transformers")
 def test_installed_transformers_parser_sets_every_field():
     report = hf_parser_check.run()
     assert report["failures"] == {}
-    assert report["fields"] == 116
+    assert report["fields"] == 120
     assert report["transformers"] == transformers.__version__
+    assert report["optim"] == ["adamw_torch_fused", "adamw_torch_fused"]  # transformers 5.24, torch >= 2.8
 
 
-def test_transformers_4_parser_sets_every_field():
-    done = run_with_transformers4("tests.trainer.hf_parser_check")
-    report = json.loads(done.stdout)
-    assert report["transformers"].startswith("4."), report["transformers"]
+@pytest.mark.parametrize(
+    "overlay", transformers4_overlays() or [None], ids=lambda p: p.name if p else "absent"
+)
+def test_transformers_4_parser_sets_every_field_and_defaults_follow_it(overlay):
+    """Item 3 too: under transformers 4.x, lockstep's default optim is that version's."""
+    report = json.loads(run_with_transformers4("tests.trainer.hf_parser_check", overlay).stdout)
+    assert report["transformers"] == overlay.name.removeprefix("transformers-")
     assert report["failures"] == {}
+    theirs, ours = report["optim"]
+    assert ours == theirs
+    assert ours == ("adamw_torch" if report["transformers"] < "4.54" else "adamw_torch_fused")
 
 
 def test_the_issue_example_parses_three_dataclasses(tmp_path):

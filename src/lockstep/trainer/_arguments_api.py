@@ -22,8 +22,9 @@ if TYPE_CHECKING:
     import torch
 
     from lockstep.state import PartialState
-    from lockstep.trainer.arguments import TrainingArguments
 
+# typed loosely: arguments.py binds these functions, so importing it here would be an import cycle
+TrainingArguments = Any
 logger = logging.getLogger("lockstep.trainer")
 
 
@@ -97,6 +98,7 @@ def get_process_log_level(self: TrainingArguments) -> int:
     ``"passive"`` is the ``lockstep`` logger's current level.
 
     Example:
+        >>> from lockstep import TrainingArguments
         >>> TrainingArguments(log_level="info").get_process_log_level()
         20
     """
@@ -112,6 +114,7 @@ def main_process_first(self: TrainingArguments, local: bool = True, desc: str = 
     ``datasets.map`` whose cache the others then read. One process: just runs the block.
 
     Example:
+        >>> from lockstep import TrainingArguments
         >>> with TrainingArguments().main_process_first(desc="tokenize"):
         ...     pass
     """

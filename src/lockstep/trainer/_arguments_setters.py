@@ -5,7 +5,8 @@ new values, so an invalid combination raises the constructor's error and leaves 
 returns the arguments. Defaults and parameter names are transformers 5.24's.
 
 Example:
-    >>> args = TrainingArguments("runs/a").set_training(learning_rate=1e-4, batch_size=32)
+    >>> from lockstep import TrainingArguments
+    >>> args = TrainingArguments(output_dir="runs/a").set_training(learning_rate=1e-4, batch_size=32)
     >>> args.learning_rate, args.per_device_train_batch_size
     (0.0001, 32)
 """
@@ -13,10 +14,10 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from lockstep.trainer.arguments import TrainingArguments
+# typed loosely: arguments.py binds these functions, so importing it here would be an import cycle
+TrainingArguments = Any
 
 
 def _apply(self: TrainingArguments, **updates: Any) -> TrainingArguments:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -26,12 +26,13 @@ from lockstep.trainer import _evaluation, _hyperparameter_search, _process_setup
 from lockstep.trainer._evaluation import EvalOptions, PredictionOutput
 from lockstep.trainer._num_items import MicroBatch
 from lockstep.trainer.optimizers import create_optimizer as build_optimizer
-from lockstep.trainer.optimizers import decay_parameter_names
+from lockstep.trainer.optimizers import decay_parameter_names, parameter_groups
 from lockstep.trainer.schedules import get_scheduler
 
-if TYPE_CHECKING:
-    from lockstep.trainer.arguments import TrainingArguments
-    from lockstep.trainer.trainer import Trainer
+# The Trainer and its arguments, typed loosely: trainer.py binds these functions, so importing it here (even
+# for type checking) would be an import cycle.
+Trainer = Any
+TrainingArguments = Any
 
 
 class EvalLoopOutput(NamedTuple):
@@ -55,8 +56,12 @@ def training_step(
 
 def create_optimizer(self: Trainer, model: nn.Module | None = None) -> torch.optim.Optimizer:
     """The optimizer given to the Trainer, else ``args.optim`` over the trainable parameters (built once)."""
-    if self.optimizer is None:
-        self.optimizer = build_optimizer(model if model is not None else self.model, self.args)
+    model = model if model is not None else self.model
+    if self.optimizer is None and self.optimizer_cls_and_kwargs is not None:
+        optimizer_cls, kwargs = self.optimizer_cls_and_kwargs
+        self.optimizer = optimizer_cls(parameter_groups(model, self.args.weight_decay), **kwargs)
+    elif self.optimizer is None:
+        self.optimizer = build_optimizer(model, self.args)
     return self.optimizer
 
 
@@ -160,6 +165,13 @@ def compute_loss_context_manager(self: Trainer) -> contextlib.ExitStack:
     return stack
 
 
+def model_accepts_loss_kwargs(self: Trainer) -> bool:
+    """Whether the model's forward takes ``num_items_in_batch`` (it then normalizes its own loss by it)."""
+    from lockstep.trainer._num_items import accepts_loss_kwargs
+
+    return accepts_loss_kwargs(self.model)
+
+
 def end(self: Trainer) -> None:
     """Finish the trackers and destroy the process group: the last call of a script."""
     from lockstep.state import PartialState
@@ -210,12 +222,6 @@ def prediction_step(
     return loss, batches.predictions_of(outputs), labels
 
 
-def _overrides(self: Trainer, name: str) -> bool:
-    from lockstep.trainer.trainer import Trainer
-
-    return getattr(type(self), name) is not getattr(Trainer, name)
-
-
 def run_evaluation(
     self: Trainer,
     loader: DataLoader,
@@ -232,7 +238,7 @@ def run_evaluation(
     )
     options = dataclasses.replace(options, preprocess_logits=self.preprocess_logits_for_metrics)
     step = None
-    if _overrides(self, "prediction_step") or ignore_keys:
+    if type(self).prediction_step is not prediction_step or ignore_keys:  # a subclass's, or keys to drop
 
         def step(model: nn.Module, batch: Any) -> tuple[Any, Any, Any]:
             return self.prediction_step(model, batch, loss_only, ignore_keys=ignore_keys)
@@ -280,3 +286,14 @@ def processing_class_of(processing_class: Any, tokenizer: Any) -> Any:
             "name of processing_class. Pass one of them."
         )
     return processing_class if processing_class is not None else tokenizer
+
+
+def given_model(model: nn.Module | None, model_init: Any) -> nn.Module:
+    """``model``, or ``model_init()`` when it is None; a TypeError for anything but a module."""
+    if model is None and model_init is not None:
+        model = _hyperparameter_search.call_model_init(model_init, None)
+    if not isinstance(model, nn.Module):
+        raise TypeError(
+            f"Trainer(model=...) got {type(model).__name__}; pass a torch.nn.Module, or model_init=fn returning one."
+        )
+    return model

@@ -6,7 +6,7 @@ Functions of the Trainer (``self``), bound in its class body as transformers bin
 Example:
     >>> metrics = trainer.train().metrics  # doctest: +SKIP
     >>> trainer.log_metrics("train", metrics)  # doctest: +SKIP
-    >>> trainer.save_metrics("train", metrics)  # output_dir/train_results.json and all_results.json
+    >>> trainer.save_metrics("train", metrics)  # train_results.json, all_results.json  # doctest: +SKIP
     >>> trainer.save_state()  # output_dir/trainer_state.json  # doctest: +SKIP
 """
 
@@ -16,12 +16,12 @@ import datetime
 import json
 import platform
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import Any, NoReturn
 
 from lockstep.trainer import _transformers_format
 
-if TYPE_CHECKING:
-    from lockstep.trainer.trainer import Trainer
+# typed loosely: trainer.py binds these functions, so importing it here would be an import cycle
+Trainer = Any
 
 _NO_UPLOAD = (
     "lockstep does not upload to the Hugging Face Hub (it needs network access and huggingface_hub). Save with "
@@ -50,6 +50,7 @@ def metrics_format(metrics: dict[str, float]) -> dict[str, Any]:
     memory in MB and ``total_flos`` in GF.
 
     Example:
+        >>> from lockstep import Trainer
         >>> Trainer.metrics_format({"train_runtime": 61.5, "train_loss": 0.123456})
         {'train_runtime': '0:01:01.50', 'train_loss': 0.1235}
     """
@@ -109,6 +110,7 @@ def push_to_hub(
     blocking: bool = True,
     token: str | None = None,
     revision: str | None = None,
+    private: bool | None = None,
     **kwargs: Any,
 ) -> NoReturn:
     """Refused: raises ``NotImplementedError`` (lockstep works offline; upload ``output_dir`` yourself)."""

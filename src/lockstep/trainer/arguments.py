@@ -31,6 +31,7 @@ from lockstep.trainer._arguments_post_init import (
     STRATEGIES,
 )
 from lockstep.trainer._field_status import check_not_built
+from lockstep.trainer._transformers_version import DEFAULT_OPTIM
 from lockstep.trainer.accelerator_config import AcceleratorConfig
 
 __all__ = [
@@ -70,6 +71,9 @@ class TrainingArguments:
     output_dir: str | None = _help(
         None, "Folder for checkpoints (checkpoint-<step>) and the final model (default: 'trainer_output')."
     )
+    overwrite_output_dir: bool = _help(
+        False, "Read by transformers 4 scripts to start over in a non-empty output_dir (not by the Trainer)."
+    )
     logging_dir: str | None = _help(
         None,
         "Folder for tracker files (report_to); default: output_dir. (lockstep; removed in transformers 5.)",
@@ -105,7 +109,11 @@ class TrainingArguments:
         0.0,
         "Warm-up as a fraction of the total steps when warmup_steps is 0 (lockstep; transformers 4 name).",
     )
-    optim: str = _help("adamw_torch_fused", f"Optimizer: {', '.join(OPTIMIZERS)}.")
+    optim: str = _help(
+        DEFAULT_OPTIM,
+        f"Optimizer: {', '.join(OPTIMIZERS)} (default: the installed transformers' default, adamw_torch_fused "
+        "on transformers >= 4.54 with torch >= 2.8, else adamw_torch).",
+    )
     optim_args: str | None = _help(
         None, "Extra optimizer arguments as 'key=value,key=value' (e.g. momentum=0.9)."
     )
@@ -192,6 +200,12 @@ class TrainingArguments:
     trackio_static_space_id: str | None = _help(None, "Trackio static Space (not built).")
     # -- evaluation -----------------------------------------------------------------------------
     eval_strategy: str = _help("no", "When to evaluate during training: no, steps, epoch.")
+    evaluation_strategy: str | None = _help(
+        None, "transformers 4's name of eval_strategy: sets it, then reads None (the two must agree)."
+    )
+    use_legacy_prediction_loop: bool = _help(
+        False, "transformers 4's old prediction loop (not built: evaluation_loop is the only loop)."
+    )
     eval_steps: float | None = _help(
         None, "Evaluate every N steps (default: logging_steps); < 1: a fraction."
     )
@@ -220,6 +234,10 @@ class TrainingArguments:
         "Call compute_metrics(EvalPrediction, compute_result) on every batch instead of once at the end.",
     )
     # -- checkpoints ----------------------------------------------------------------------------
+    save_safetensors: bool = _help(
+        True,
+        "Save weights as safetensors (transformers 4's switch; lockstep always does, False is not built).",
+    )
     save_only_model: bool = _help(
         False, "Checkpoints of the weights alone, without optimizer, scheduler and RNG state (no resume)."
     )
@@ -353,6 +371,7 @@ class TrainingArguments:
         return _api.get_warmup_steps(self, total_steps)
 
     # -- transformers' methods and properties beyond the fields (see _arguments_api) ----------------
+    default_optim = DEFAULT_OPTIM
     ddp_timeout_delta = property(_api.ddp_timeout_delta)
     device = property(_api.device)
     n_gpu = property(_api.n_gpu)

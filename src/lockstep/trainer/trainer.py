@@ -93,6 +93,8 @@ class Trainer:
             every checkpoint; ``tokenizer=`` is transformers 4's name of it.
         preprocess_logits_for_metrics: ``fn(logits, labels) -> logits`` applied to each evaluation batch
             before it is gathered (e.g. an argmax, so that the whole vocabulary's logits are not kept).
+        optimizer_cls_and_kwargs: ``(optimizer class, its keyword arguments)``, built over the parameter
+            groups instead of ``args.optim``.
     """
 
     def __init__(
@@ -110,17 +112,14 @@ class Trainer:
         model_init: Callable[..., nn.Module] | None = None,
         processing_class: Any | None = None,
         preprocess_logits_for_metrics: Callable[[Any, Any], Any] | None = None,
+        optimizer_cls_and_kwargs: tuple[type[torch.optim.Optimizer], dict[str, Any]] | None = None,
         tokenizer: Any | None = None,
     ) -> None:
-        if model is None and model_init is not None:
-            model = _hyperparameter_search.call_model_init(model_init, None)
-        if not isinstance(model, nn.Module):
-            raise TypeError(
-                f"Trainer(model=...) got {type(model).__name__}; pass a torch.nn.Module, or model_init=fn returning one."
-            )
+        model = _trainer_parts.given_model(model, model_init)
         self.model_init = model_init
         self.processing_class = _trainer_parts.processing_class_of(processing_class, tokenizer)
         self.preprocess_logits_for_metrics = preprocess_logits_for_metrics
+        self.optimizer_cls_and_kwargs = optimizer_cls_and_kwargs
         self._inputs = {
             "train_dataset": train_dataset,
             "eval_dataset": eval_dataset,
@@ -505,11 +504,16 @@ class Trainer:
         return loss.detach(), grad_norm
 
     def compute_loss(
-        self, model: nn.Module, batch: Any, num_items_in_batch: torch.Tensor | None = None
-    ) -> torch.Tensor:
+        self,
+        model: nn.Module,
+        inputs: Any,
+        return_outputs: bool = False,
+        num_items_in_batch: torch.Tensor | None = None,
+    ) -> Any:
         """The loss of one batch: ``outputs.loss``, or ``compute_loss_func(outputs, labels, ...)``;
-        ``num_items_in_batch`` (the label tokens of the accumulation cycle) goes to both."""
-        return self._step.loss(model, batch, num_items_in_batch)
+        ``num_items_in_batch`` (the label tokens of the accumulation cycle) goes to both. With
+        ``return_outputs``: ``(loss, outputs)``."""
+        return self._step.loss(model, inputs, num_items_in_batch, return_outputs=return_outputs)
 
     def _after_optimizer_step(
         self, step_loss: torch.Tensor, grad_norm: torch.Tensor | None, samples: int
@@ -644,7 +648,12 @@ class Trainer:
         )
 
     # -- evaluation -------------------------------------------------------------------------------
-    def evaluate(self, eval_dataset: Any | None = None, metric_key_prefix: str = "eval") -> dict[str, float]:
+    def evaluate(
+        self,
+        eval_dataset: Any | None = None,
+        ignore_keys: list[str] | None = None,
+        metric_key_prefix: str = "eval",
+    ) -> dict[str, float]:
         """Evaluate on ``eval_dataset`` (default: the Trainer's); metrics equal a one-process evaluation.
 
         Returns ``{prefix}_loss`` (when the model gives a loss), the ``compute_metrics`` results prefixed,
@@ -652,12 +661,14 @@ class Trainer:
         """
         self._setup()
         loader = self._eval_loader(eval_dataset, "Trainer.evaluate(eval_dataset=...)")
-        output = self._run_evaluation(loader, metric_key_prefix)
+        output = self._run_evaluation(loader, metric_key_prefix, ignore_keys=ignore_keys)
         self.log(dict(output.metrics))
         self.control = self._event("on_evaluate", metrics=output.metrics)
         return output.metrics
 
-    def predict(self, test_dataset: Any, metric_key_prefix: str = "test") -> PredictionOutput:
+    def predict(
+        self, test_dataset: Any, ignore_keys: list[str] | None = None, metric_key_prefix: str = "test"
+    ) -> PredictionOutput:
         """Predictions (NumPy, one row per example, in dataset order), labels and metrics on ``test_dataset``."""
         self._setup()
         if test_dataset is None:
@@ -666,6 +677,7 @@ class Trainer:
             self._eval_loader(test_dataset, "Trainer.predict(test_dataset=...)"),
             metric_key_prefix,
             predict=True,
+            ignore_keys=ignore_keys,
         )
         self.control = self._event("on_predict", metrics=output.metrics)
         return output
@@ -740,6 +752,7 @@ class Trainer:
     autocast_smart_context_manager = _trainer_parts.autocast_smart_context_manager
     compute_loss_context_manager = _trainer_parts.compute_loss_context_manager
     end = _trainer_parts.end
+    model_accepts_loss_kwargs = property(_trainer_parts.model_accepts_loss_kwargs)
     is_world_process_zero = _trainer_reports.is_world_process_zero
     is_local_process_zero = _trainer_reports.is_local_process_zero
     metrics_format = staticmethod(_trainer_reports.metrics_format)
