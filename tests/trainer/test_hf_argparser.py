@@ -54,3 +54,18 @@ def test_the_issue_example_parses_three_dataclasses(tmp_path):
         [],
         "",
     )
+
+
+def test_without_transformers_the_defaults_are_5_24s(monkeypatch):
+    from importlib import metadata
+
+    from lockstep.trainer import _transformers_version as versions
+
+    def not_installed(name: str) -> str:
+        raise metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(versions.metadata, "version", not_installed)
+    assert versions.transformers_version() == (5, 24)
+    assert versions.default_optim(versions.transformers_version(), (2, 13)) == "adamw_torch_fused"
+    assert versions.default_optim((4, 53), (2, 13)) == "adamw_torch"
+    assert versions.default_optim((5, 24), None) == "adamw_torch"

@@ -169,7 +169,13 @@ def test_metrics_state_and_model_card_are_written_as_transformers_writes_them(tm
 
 
 def test_processing_class_is_saved_with_the_model_and_tokenizer_is_its_old_name(tmp_path):
-    trainer = Trainer(Model(), _args(tmp_path), train_dataset=Tokens(16), processing_class=FakeTokenizer())
+    args = _args(tmp_path, save_strategy="steps", save_steps=2)
+    trainer = Trainer(Model(), args, train_dataset=Tokens(16), processing_class=FakeTokenizer())
+    trainer.train()
+    assert (
+        sorted(p.name for p in tmp_path.glob("checkpoint-*/tokenizer_config.json"))
+        == ["tokenizer_config.json"] * 2
+    )
     trainer.save_model(str(tmp_path / "final"))
     assert json.loads((tmp_path / "final" / "tokenizer_config.json").read_text()) == {"kind": "fake"}
     tokenizer = FakeTokenizer()

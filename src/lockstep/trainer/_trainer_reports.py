@@ -40,6 +40,12 @@ def is_local_process_zero(self: Trainer) -> bool:
     return self.accelerator.is_local_main_process
 
 
+def save_processing_class(self: Trainer, folder: Path) -> None:
+    """The tokenizer (or processor) into ``folder`` beside the model, as transformers saves it."""
+    if self.processing_class is not None:
+        self.processing_class.save_pretrained(str(folder))
+
+
 def _seconds_text(seconds: float) -> str:
     fraction = int(abs(seconds - int(seconds)) * 100)
     return f"{datetime.timedelta(seconds=int(seconds))}.{fraction:02d}"

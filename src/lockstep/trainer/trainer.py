@@ -595,6 +595,7 @@ class Trainer:
             return
         folder = Path(output_dir)
         _transformers_format.write_trainer_state(folder, self.state)
+        _trainer_reports.save_processing_class(self, folder)
         if weights and weights[0] is not None:  # model.safetensors goes to the folder: add its config
             unwrapped = self.accelerator.unwrap_model(self.model_wrapped, keep_torch_compile=False)
             _transformers_format.write_model_config(folder, unwrapped)
@@ -724,8 +725,7 @@ class Trainer:
         self._step.save_weights(model, folder)
         if self.accelerator.is_main_process:
             (folder / "training_args.json").write_text(json.dumps(self.args.to_dict(), indent=1, default=str))
-            if self.processing_class is not None:  # the tokenizer travels with the model, as in transformers
-                self.processing_class.save_pretrained(str(folder))
+            _trainer_reports.save_processing_class(self, folder)
         self.accelerator.wait_for_everyone()
 
     # -- transformers' public methods beyond the loop (_trainer_parts, _trainer_reports) ----------------
