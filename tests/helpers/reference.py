@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import subprocess
 import textwrap
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -105,27 +106,41 @@ def transformers4_overlays() -> list[Path]:
 
 
 def run_with_transformers4(
-    module: str, overlay: Path | None, timeout: float = 300
+    module: str, overlay: Path | None, *args: str, first: Sequence[str] = (), timeout: float = 300
 ) -> subprocess.CompletedProcess:
-    """Run ``python -m module`` with lockstep's interpreter, the ``overlay`` transformers first on the path,
-    then lockstep's sources and the repository; skips (fails under CI) without an overlay, and fails the test
-    with the output's tail when the module exits non-zero."""
-    import sys
-
+    """Run ``python -m module args`` with the ``overlay`` transformers first on the path (then the ``first``
+    folders) as :func:`run_module` does; skips (fails under CI) without an overlay."""
     if overlay is None:
         _missing(
             f"no transformers 4.x overlay in {REFERENCE_VENV}/transformers-4.* (LOCKSTEP_TRANSFORMERS4_PATHS names "
             "others; make one with pip install --target <folder> --no-deps 'transformers==4.56.*')"
         )
-    paths = [str(overlay), str(REPO / "src"), str(REPO)]
+    return run_module(module, *args, first=[str(overlay), *first], timeout=timeout)
+
+
+def run_module(
+    module: str, *args: str, first: Sequence[str] = (), timeout: float = 300
+) -> subprocess.CompletedProcess:
+    """Run ``python -m module args`` with lockstep's interpreter (one thread, no GPU, offline), the ``first``
+    folders, then lockstep's sources and the repository on the path; fails the test with the output's tail
+    when it exits non-zero."""
+    import sys
+
+    paths = [*first, str(REPO / "src"), str(REPO)]
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join(paths),
         "CUDA_VISIBLE_DEVICES": "",
         "HF_HUB_OFFLINE": "1",
     }
+    env["OMP_NUM_THREADS"] = "1"
     done = subprocess.run(
-        [sys.executable, "-m", module], env=env, capture_output=True, text=True, timeout=timeout, cwd=REPO
+        [sys.executable, "-m", module, *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO,
     )
     if done.returncode != 0:
         pytest.fail(

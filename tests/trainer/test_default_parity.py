@@ -1,0 +1,60 @@
+"""Issue 32, item 3: lockstep's TrainingArguments take the installed transformers' defaults, so the same run
+with the same arguments (``optim`` left at its default) gives transformers.Trainer's weights on one process,
+under transformers 5.24 (installed) and under each transformers 4.x overlay of the reference environment.
+
+Measured (12 AdamW steps of a small classifier, one thread): under 5.24, 4.56.2 (``adamw_torch_fused``) and
+4.40.2 (``adamw_torch``) the weights are bitwise equal; lockstep with the fused default under 4.40.2 differs
+from transformers.Trainer by 3.0e-8, so the bound below (1e-9, tighter than the issue's 1e-6) catches a wrong
+default optimizer by the weights alone.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.helpers.reference import (
+    accelerate_pythonpath,
+    run_module,
+    run_with_transformers4,
+    transformers4_overlays,
+)
+
+pytest.importorskip("transformers")
+
+MODULE = "tests.trainer.weights_parity_run"
+
+
+def _weights(which: str, overlay, folder) -> dict:
+    first = [accelerate_pythonpath()]  # transformers.Trainer needs accelerate; lockstep never imports it
+    if overlay is None:
+        done = run_module(MODULE, which, str(folder / which), first=first)
+    else:
+        done = run_with_transformers4(MODULE, overlay, which, str(folder / which), first=first)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _compare(overlay, folder) -> tuple[dict, dict, float]:
+    ours, theirs = _weights("lockstep", overlay, folder), _weights("transformers", overlay, folder)
+    difference = max(abs(a - b) for a, b in zip(ours["weights"], theirs["weights"], strict=True))
+    return ours, theirs, difference
+
+
+def test_installed_transformers_defaults_give_its_weights(tmp_path):
+    ours, theirs, difference = _compare(None, tmp_path)
+    assert ours["transformers"].startswith("5.")
+    assert ours["optim"] == theirs["optim"] == "adamw_torch_fused"
+    assert difference <= 1e-9
+
+
+@pytest.mark.parametrize(
+    "overlay", transformers4_overlays() or [None], ids=lambda p: p.name if p else "absent"
+)
+def test_transformers_4_defaults_give_its_weights(overlay, tmp_path):
+    if overlay is None:
+        run_with_transformers4(MODULE, None)  # skips, or fails under CI, saying what is missing
+    ours, theirs, difference = _compare(overlay, tmp_path)
+    assert ours["transformers"] == overlay.name.removeprefix("transformers-")
+    assert ours["optim"] == theirs["optim"]
+    assert difference <= 1e-9
