@@ -328,3 +328,43 @@ def test_preprocess_logits_for_metrics_runs_on_each_batch_before_gathering(tmp_p
     output = trainer.predict(Tokens(10))
     assert seen == [(4, CLASSES), (4, CLASSES), (2, CLASSES)]
     assert output.predictions.shape == (10,)
+
+
+def _process_facts(folder: str) -> dict:
+    import os
+
+    args = TrainingArguments(output_dir=folder, log_level="info", log_level_replica="error", report_to="none")
+    marker = os.path.join(folder, "written_by_the_main_process")
+    with args.main_process_first(local=False, desc="make the marker"):
+        saw_marker = os.path.exists(marker)  # the main process runs first: the others find its file
+        if args.process_index == 0:
+            with open(marker, "w") as f:
+                f.write("0")
+    return {
+        "world_size": args.world_size,
+        "rank": (args.process_index, args.local_process_index),
+        "mode": args.parallel_mode.value,
+        "should": (args.should_log, args.should_save),
+        "level": args.get_process_log_level(),
+        "saw_marker": saw_marker,
+        "metrics_printed_by": Trainer(Model(), args).is_world_process_zero(),
+    }
+
+
+def test_process_facts_and_main_process_first_on_two_processes(tmp_path):
+    from tests.helpers.multiprocess import run_distributed
+
+    first, second = run_distributed(
+        _process_facts, 2, str(tmp_path), env={"LOCKSTEP_DISABLE_PROGRESS_BARS": "1"}
+    )
+    assert first == {
+        "world_size": 2,
+        "rank": (0, 0),
+        "mode": "distributed",
+        "should": (True, True),
+        "level": logging.INFO,
+        "saw_marker": False,
+        "metrics_printed_by": True,
+    }
+    replica = {"rank": (1, 1), "should": (False, False), "level": logging.ERROR, "saw_marker": True}
+    assert second == {**first, **replica, "metrics_printed_by": False}
