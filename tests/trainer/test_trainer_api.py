@@ -135,6 +135,29 @@ def test_grouped_setters_set_their_fields_and_check_them(tmp_path):
         args.set_push_to_hub("me/model")
 
 
+def test_a_setter_keeps_every_other_field_as_it_was():
+    """A setter rebuilds the arguments to check them: every field's value survives the rebuild unchanged."""
+    import dataclasses
+
+    from lockstep.trainer._field_status import _NOT_BUILT
+    from tests.trainer.hf_parser_check import NEEDS, sample
+
+    changed = {}
+    for f in dataclasses.fields(TrainingArguments):
+        if f.name in _NOT_BUILT:
+            continue
+        args = TrainingArguments(**{**NEEDS.get(f.name, {}), f.name: sample(f)[1]})
+        before = args.to_dict()
+        after = args.set_testing(
+            batch_size=args.per_device_eval_batch_size, loss_only=args.prediction_loss_only
+        )
+        after = after.to_dict()
+        changed.update(
+            {name: (before[name], after[name]) for name in before if repr(before[name]) != repr(after[name])}
+        )
+    assert changed == {"do_predict": (False, True)}
+
+
 # -- Trainer ------------------------------------------------------------------------------------------
 def test_metrics_state_and_model_card_are_written_as_transformers_writes_them(tmp_path, capsys):
     trainer = Trainer(Model(), _args(tmp_path), train_dataset=Tokens(16), eval_dataset=Tokens(8))
