@@ -43,9 +43,7 @@ from lockstep.trainer._num_items import MicroBatch
 from lockstep.trainer._step_plan import plan_steps, record_plan
 from lockstep.trainer._trainer_checkpoints import TrainerCheckpoints
 from lockstep.trainer._training_step import training_step_for
-from lockstep.trainer.accelerator_factory import (
-    create_accelerator_and_postprocess,
-)
+from lockstep.trainer.accelerator_factory import create_accelerator_and_postprocess
 from lockstep.trainer.arguments import TrainingArguments
 from lockstep.trainer.callbacks import (
     CallbackHandler,
@@ -743,11 +741,9 @@ class Trainer:
     get_optimizer_group = _trainer_parts.get_optimizer_group
     get_total_train_batch_size = _trainer_parts.get_total_train_batch_size
     floating_point_ops = _trainer_parts.floating_point_ops
-    get_tp_size, get_cp_size, get_sp_size = (
-        _trainer_parts.get_tp_size,
-        _trainer_parts.get_cp_size,
-        _trainer_parts.get_sp_size,
-    )
+    get_tp_size = _trainer_parts.get_tp_size
+    get_cp_size = _trainer_parts.get_cp_size
+    get_sp_size = _trainer_parts.get_sp_size
     call_model_init = _trainer_parts.call_model_init
     autocast_smart_context_manager = _trainer_parts.autocast_smart_context_manager
     compute_loss_context_manager = _trainer_parts.compute_loss_context_manager
