@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
 import sys
 
 import torch
@@ -48,7 +49,12 @@ def main(which: str, output_dir: str) -> None:
         trainer.train()
     weights = torch.cat([p.detach().reshape(-1) for p in trainer.model.parameters()])
     optim = getattr(args.optim, "value", args.optim)
-    print(json.dumps({"transformers": transformers.__version__, "optim": optim, "weights": weights.tolist()}))
+    if os.environ.get("RANK", "0") == "0":  # under torchrun every rank holds the same weights
+        print(
+            json.dumps(
+                {"transformers": transformers.__version__, "optim": optim, "weights": weights.tolist()}
+            )
+        )
 
 
 if __name__ == "__main__":
