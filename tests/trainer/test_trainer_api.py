@@ -261,6 +261,7 @@ def test_overridden_steps_and_optimizer_are_the_ones_used(tmp_path):
     assert isinstance(getattr(trainer.optimizer, "optimizer", trainer.optimizer), torch.optim.SGD)
     metrics = trainer.evaluate()
     assert trainer.calls["prediction_step"] == 3  # 10 examples in batches of 4
+    assert trainer.calls["compute_loss"] == 8 + 3  # the evaluation loss comes from the override too
     output = trainer.predict(Tokens(10))
     assert output.predictions.shape == (10,) and output.predictions.dtype == np.int64
     assert metrics["eval_accuracy"] == pytest.approx(_accuracy(output)["accuracy"])
@@ -391,3 +392,16 @@ def test_process_facts_and_main_process_first_on_two_processes(tmp_path):
     }
     replica = {"rank": (1, 1), "should": (False, False), "level": logging.ERROR, "saw_marker": True}
     assert second == {**first, **replica, "metrics_printed_by": False}
+
+
+class DoubledLossTrainer(Trainer):
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        loss, outputs = super().compute_loss(model, inputs, return_outputs=True)
+        return (2 * loss, outputs) if return_outputs else 2 * loss
+
+
+def test_an_overridden_compute_loss_is_the_evaluation_loss_too(tmp_path):
+    args = _args(tmp_path, per_device_eval_batch_size=4)
+    plain = Trainer(Model(), args, eval_dataset=Tokens(12)).evaluate()
+    doubled = DoubledLossTrainer(Model(), args, eval_dataset=Tokens(12)).evaluate()
+    assert doubled["eval_loss"] == pytest.approx(2 * plain["eval_loss"], rel=1e-6)

@@ -6,8 +6,9 @@ changes what the Trainer does:
 
 - ``training_step(model, inputs, num_items_in_batch)``: forward and backward of one micro-batch;
 - ``prediction_step(model, inputs, prediction_loss_only, ignore_keys)``: ``(loss, logits, labels)`` of one
-  evaluation batch; when a subclass overrides it, ``evaluate`` and ``predict`` use it for every batch (the
-  even_batches filler of the last batch is then dropped from the predictions, not from the loss);
+  evaluation batch through ``compute_loss``; when a subclass overrides either (or ``ignore_keys`` is given),
+  ``evaluate`` and ``predict`` use it for every batch (the even_batches filler of the last batch is then
+  dropped from the predictions, not from the loss);
 - ``evaluation_loop(dataloader, description, ...)``: the loop ``evaluate`` runs, with ``num_samples``.
 """
 
@@ -204,22 +205,26 @@ def prediction_step(
     ignore_keys: list[str] | None = None,
 ) -> tuple[torch.Tensor | None, Any, Any]:
     """``(loss, logits, labels)`` of one batch without gradients; ``(loss, None, None)`` with
-    ``prediction_loss_only``. Output keys in ``ignore_keys`` are left out of the logits."""
-    model_inputs, labels = batches.split_labels(
-        inputs, self.label_names, pop=self.compute_loss_func is not None
-    )
+    ``prediction_loss_only``. With labels the loss and outputs come from :meth:`compute_loss` (a subclass's
+    override included), as in transformers. Output keys in ``ignore_keys`` are left out of the logits."""
+    labels = batches.split_labels(inputs, self.label_names, pop=False)[1]  # before compute_loss may pop them
     with torch.no_grad():
-        outputs = batches.call_model(model, model_inputs)
-        if self.compute_loss_func is not None and labels is not None:
-            loss = self.compute_loss_func(outputs, labels, num_items_in_batch=batches.count_items(labels))
+        if labels is not None:
+            loss, outputs = self.compute_loss(model, inputs, return_outputs=True)
         else:
-            loss = batches.output_loss(outputs)
+            loss, outputs = None, batches.call_model(model, inputs)
     loss = loss.detach().mean() if loss is not None else None
     if prediction_loss_only:
         return loss, None, None
     if ignore_keys and isinstance(outputs, Mapping):
         outputs = {key: value for key, value in outputs.items() if key not in ignore_keys}
     return loss, batches.predictions_of(outputs), labels
+
+
+def _lockstep_defines(self: Trainer, name: str) -> bool:
+    """Whether the method ``name`` of this Trainer is lockstep's own (not a subclass's override)."""
+    owner = next(cls for cls in type(self).__mro__ if name in vars(cls))
+    return owner.__module__.startswith("lockstep.trainer.")
 
 
 def run_evaluation(
@@ -238,7 +243,8 @@ def run_evaluation(
     )
     options = dataclasses.replace(options, preprocess_logits=self.preprocess_logits_for_metrics)
     step = None
-    if type(self).prediction_step is not prediction_step or ignore_keys:  # a subclass's, or keys to drop
+    overridden = not _lockstep_defines(self, "prediction_step") or not _lockstep_defines(self, "compute_loss")
+    if overridden or ignore_keys:  # a subclass's prediction_step or compute_loss, or output keys to drop
 
         def step(model: nn.Module, batch: Any) -> tuple[Any, Any, Any]:
             return self.prediction_step(model, batch, loss_only, ignore_keys=ignore_keys)
