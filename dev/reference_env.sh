@@ -9,13 +9,19 @@
 # It also fills .venv-reference/accelerate-only/ with links to the accelerate package alone: the folder
 # LOCKSTEP_REFERENCE_PYTHONPATH names for tests that run lockstep's own environment with accelerate added
 # (transformers refuses tp_plan and writes Trainer checkpoints only where accelerate imports).
+#
+# And two older transformers, each in a folder of its own to put first on PYTHONPATH (with either
+# environment's python): .venv-reference/transformers-4.40 (the oldest lockstep supports) and
+# .venv-reference/transformers-4.56 (the last 4.x; transformers' example scripts of that version need it).
+# Each holds transformers with the tokenizers, huggingface_hub and requests it needs, nothing else, so the
+# environment's torch and numpy serve all three versions (dev/reference-transformers-4.txt pins them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"
 VENV=.venv-reference
 REQUIREMENTS=dev/reference-requirements.txt
 STAMP="$VENV/.requirements.sha256"
-want="$(cat "$REQUIREMENTS" dev/reference_env.sh | sha256sum | cut -d' ' -f1)"
+want="$(cat "$REQUIREMENTS" dev/reference-transformers-4.txt dev/reference_env.sh | sha256sum | cut -d' ' -f1)"
 
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && [ -x "$VENV/bin/python" ]; then
   echo "reference environment $VENV is up to date ($REQUIREMENTS and dev/reference_env.sh unchanged)"
@@ -53,4 +59,14 @@ for item in [site / "accelerate", *site.glob("accelerate-*.dist-info")]:
 print(f"accelerate {accelerate.__version__}, transformers {transformers.__version__}, torch {torch.__version__}")
 PY
 cat "$log"
+overlay() {  # overlay VERSION: the lines of dev/reference-transformers-4.txt for that transformers version
+  local dir="$VENV/transformers-$1"
+  rm -rf "$dir"
+  # shellcheck disable=SC2046
+  run "${PIP[@]}" --no-deps --target "$dir" $(grep "^$1 " dev/reference-transformers-4.txt | cut -d' ' -f2-)
+  run env PYTHONPATH="$dir" "$VENV/bin/python" -c "import transformers as t; assert t.__version__ == '$1', t.__version__"
+  echo "transformers $1 in $dir"
+}
+overlay 4.40.2
+overlay 4.56.2
 echo "$want" >"$STAMP"

@@ -114,12 +114,15 @@ def _pipelined(
     model: nn.Module, module: nn.Module, state: PartialState, chunks: int, batch_size: int
 ) -> PipelinedModel:
     """This process's stage, on its device, as a :class:`PipelinedModel` running GPipe over every process."""
-    from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+    from torch.distributed.pipelining import ScheduleGPipe
+
+    from lockstep.backends.pp.modes import BufferKeepingStage, copy_modes
 
     group = dist.group.WORLD
     assert group is not None
     rank, world = state.process_index, state.num_processes
-    stage = PipelineStage(module.to(state.device), rank, world, state.device, group=group)
+    copy_modes(model, [module])
+    stage = BufferKeepingStage(module.to(state.device), rank, world, state.device, group=group)
     return PipelinedModel(
         [stage],
         schedule_class=ScheduleGPipe,
@@ -127,7 +130,7 @@ def _pipelined(
         persistent_keys=list(model.state_dict()),
         group=group,
         last_stage_rank=world - 1,
-        traced_training=model.training,
+        training=model.training,
         mode_dependent=mode_dependent_modules(model),
         eval_batch_size=batch_size,
     )

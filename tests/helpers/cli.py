@@ -11,8 +11,13 @@ REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = REPO / "tests" / "scripts"
 
 
+CLUSTER_PREFIXES = ("SLURM_", "PET_", "OMPI_", "PMI_", "MPI_LOCAL", "LSB_", "JSM_NAMESPACE_", "PBS_")
+"""Variables of schedulers and cluster launchers, which ``lockstep launch`` reads: tests that run inside a
+job (``srun pytest``) launch as on a plain machine, unless a test sets them."""
+
+
 def cli_env(**extra: str) -> dict[str, str]:
-    env = dict(os.environ)
+    env = {name: value for name, value in os.environ.items() if not name.startswith(CLUSTER_PREFIXES)}
     env.pop("OMP_NUM_THREADS", None)
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     env.setdefault("LOCKSTEP_HOME", str(REPO / ".pytest_cache" / "lockstep_home_empty"))

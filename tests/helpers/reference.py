@@ -59,6 +59,16 @@ def accelerate_pythonpath() -> str:
     return str(ACCELERATE_ONLY)
 
 
+def transformers_overlay(version: str) -> str:
+    """The folder holding transformers ``version`` (4.40.2 or 4.56.2) with its tokenizers and huggingface_hub,
+    to put first on ``PYTHONPATH`` with either environment's python; skips the test (fails it under CI) when it
+    is not built."""
+    folder = REFERENCE_VENV / f"transformers-{version}"
+    if not (folder / "transformers" / "__init__.py").is_file():
+        _missing(f"{folder} holds no transformers package")
+    return str(folder)
+
+
 def reference_env(**extra: str) -> dict[str, str]:
     """Environment variables for a reference process: CPU only, one thread, the repository importable (for
     ``tests.helpers``; lockstep's ``src`` is left off so that nothing there shadows the real libraries)."""

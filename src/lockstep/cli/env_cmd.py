@@ -7,7 +7,10 @@ import importlib.metadata
 import os
 import platform
 import sys
+from collections.abc import Mapping
 from typing import Any
+
+from lockstep.errors import UsageError
 
 # The trackers' packages are listed with the trackers (tracker_report), from the tracker table.
 # The backends' packages are listed with the backends (backend_report), from the backend specs.
@@ -106,6 +109,26 @@ def backend_report() -> list[tuple[str, str]]:
     return lines
 
 
+def cluster_report(environ: Mapping[str, str]) -> tuple[str, list[tuple[str, str]]]:
+    """The cluster environment ``lockstep launch`` would read here: its title and (value, source) rows.
+
+    Example:
+        >>> cluster_report({"PET_NNODES": "2", "PET_NODE_RANK": "1", "PET_MASTER_ADDR": "job-master-0"})[0]
+        'Kubeflow PyTorchJob'
+        >>> cluster_report({})
+        ('none detected', [])
+    """
+    from lockstep.launcher.clusters import detect_cluster
+
+    try:
+        cluster = detect_cluster(environ)
+    except UsageError as error:
+        return "invalid", [("error", str(error))]
+    if cluster is None:
+        return "none detected", []
+    return cluster.title, [(name, f"{value} ({source})") for name, value, source in cluster.rows()]
+
+
 def _print_table(title: str, rows: list[tuple[str, str]]) -> None:
     print(f"\n{title}:")
     width = max(len(name) for name, _ in rows)
@@ -123,6 +146,10 @@ def run_env(args: argparse.Namespace) -> int:
         print(f"- {name.ljust(width)} : {value}")
     _print_table("Backends (asked in this order; the first that applies trains)", backend_report())
     _print_table("Trackers (log_with / report_to names)", tracker_report())
+    title, rows = cluster_report(os.environ)
+    print(f"\nCluster environment (what lockstep launch reads): {title}")
+    if rows:
+        _print_table("Derived for lockstep launch (value and where it came from)", rows)
     path = lines[-1][1]
     if os.path.isfile(path):
         try:

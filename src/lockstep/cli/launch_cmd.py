@@ -2,7 +2,8 @@
 
 Flags take both spellings (``--num-processes`` and Accelerate's ``--num_processes``); every flag of
 ``accelerate launch`` is understood, and those for hardware and services lockstep does not drive are
-refused with one line (see :mod:`lockstep.cli.launch_flags`). Settings resolve as flag > config file
+refused with one line (see :mod:`lockstep.cli.launch_flags`). Settings resolve as flag > cluster
+environment (SLURM, Kubeflow, MPI, LSF, PBS: see :mod:`lockstep.launcher.clusters`) > config file
 (``--config-file``, else the default file if it exists) > default. Processes are started by torch's elastic
 agent (the engine behind torchrun), in this process.
 
@@ -41,6 +42,7 @@ __all__ = [
     "LAUNCH_FLAGS",
     "Flag",
     "add_launch_flags",
+    "cluster_summary",
     "given_flags",
     "load_settings",
     "register",
@@ -78,6 +80,7 @@ def load_settings(args: argparse.Namespace) -> Any:
     """Resolve flags + config file into LaunchSettings (UsageError on bad input); warn about settings that
     have no effect here."""
     from lockstep.config.file import ConfigFileError, default_config_path, load_config_file
+    from lockstep.launcher.clusters import detect_cluster
     from lockstep.launcher.settings import resolve
 
     flags = given_flags(args)
@@ -92,7 +95,8 @@ def load_settings(args: argparse.Namespace) -> Any:
             file_config = load_config_file(path)
         except ConfigFileError as error:
             raise UsageError(str(error)) from None
-    settings = resolve(flags, file_config, path)
+    cluster = detect_cluster(os.environ, choice=flags.get("cluster", "auto"))
+    settings = resolve(flags, file_config, path, cluster=cluster)
     for note in settings.notes():
         print(f"lockstep {getattr(args, 'command', 'launch')}: warning: {note}", file=sys.stderr)
     return settings
@@ -157,11 +161,30 @@ def _check_function_defined(path: str, name: str) -> None:
         )
 
 
+def cluster_summary(settings: Any) -> str:
+    """One line saying what the cluster environment made of this launcher (printed on several machines).
+
+    Example:
+        >>> from lockstep.launcher.settings import LaunchSettings
+        >>> cluster_summary(LaunchSettings(num_processes=4, num_machines=2, machine_rank=1, cluster="slurm",
+        ...                                main_process_ip="gpu07", main_process_port=10731))
+        'slurm job: machine 1 of 2, 2 processes here, rendezvous at gpu07:10731 (static)'
+    """
+    machine = f"machine {settings.machine_rank} of " if settings.rdzv_backend == "static" else "machines: "
+    return (
+        f"{settings.cluster} job: {machine}{settings.num_machines}, {settings.processes_per_machine} "
+        f"process{'es' if settings.processes_per_machine > 1 else ''} here, rendezvous at "
+        f"{settings.main_process_ip}:{settings.main_process_port} ({settings.rdzv_backend})"
+    )
+
+
 def run_launch(args: argparse.Namespace) -> int:
     from lockstep.launcher.elastic import launch
 
     settings = load_settings(args)
     check_target(args, settings)
+    if settings.cluster != "none" and settings.num_machines > 1:
+        print(f"lockstep launch: {cluster_summary(settings)}", file=sys.stderr)
     return launch(
         settings,
         args.target,

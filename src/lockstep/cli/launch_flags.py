@@ -29,6 +29,7 @@ from lockstep.config.keys import SettingKey, flag_keys
 from lockstep.config.parallelism_keys import PARALLELISM_KEYS
 from lockstep.config.plugins import DYNAMO_KEYS
 from lockstep.errors import UsageError
+from lockstep.launcher.clusters import CLUSTER_CHOICES
 from lockstep.launcher.settings import parse_rdzv_conf
 
 Flag = tuple[tuple[str, ...], dict[str, Any]]
@@ -121,6 +122,14 @@ LAUNCH_FLAGS: list[Flag] = [
         {"help": "more rendezvous options: key1=value1,key2=value2 (e.g. join_timeout=900)"},
     ),
     _switch(("--same-network", "--same_network"), "machines share a network"),
+    (
+        ("--cluster",),
+        {
+            "choices": CLUSTER_CHOICES,
+            "help": "read the job's machines, machine rank, address and port from the cluster's variables: "
+            "auto (default) detects SLURM, Kubeflow, MPI, LSF or PBS; none reads none; a name reads only it",
+        },
+    ),
     (
         ("--max-restarts", "--max_restarts"),
         {"type": int, "help": "restart all workers this often on failure"},

@@ -39,7 +39,8 @@ def prepare_worker_environment(settings: LaunchSettings, environ: dict[str, str]
     if settings.num_cpu_threads_per_process is not None:  # the flag beats the environment, as in Accelerate
         environ["OMP_NUM_THREADS"] = str(settings.num_cpu_threads_per_process)
     elif "OMP_NUM_THREADS" not in environ:
-        environ["OMP_NUM_THREADS"] = str(cpu_threads_per_process(settings.processes_per_machine))
+        threads = cpu_threads_per_process(settings.processes_per_machine, settings.cpus_per_machine)
+        environ["OMP_NUM_THREADS"] = str(threads)
     if settings.gpu_ids not in (None, "all") and not settings.use_cpu:
         environ["CUDA_VISIBLE_DEVICES"] = str(settings.gpu_ids)
     if settings.use_cpu:

@@ -1,4 +1,9 @@
-"""Resolving launch settings: flag > config file > default, remembering where each value came from.
+"""Resolving launch settings: flag > cluster environment > config file > default, remembering where each
+value came from.
+
+The cluster environment (SLURM, Kubeflow, LSF, PBS, MPI: :mod:`lockstep.launcher.clusters`) gives the
+machines, this machine's rank, machine 0's address and the port; a flag that contradicts the machine count
+or rank it gives is an error naming both.
 
 The result, :class:`LaunchSettings`, is what ``lockstep launch`` runs and what ``lockstep config explain``
 prints. Its :meth:`~LaunchSettings.worker_settings` are serialized into one environment variable
@@ -22,6 +27,8 @@ from lockstep.config.topology import (
     is_plain,
 )
 from lockstep.errors import UsageError
+from lockstep.launcher.clusters import DetectedCluster
+from lockstep.launcher.clusters.merge import apply_cluster
 
 DEFAULT_SOURCE = "default"
 FLAG_SOURCE = "flag"
@@ -46,6 +53,12 @@ class LaunchSettings:
     """Address of machine 0."""
     main_process_port: int | None = None
     """Rendezvous port on machine 0 (a free port when unset on one machine; 29500 on several)."""
+    cluster: str = "none"
+    """The cluster environment the job's layout was read from (``--cluster``: ``auto`` detects it, ``none``
+    reads none, a name reads only that one)."""
+    cpus_per_machine: int | None = None
+    """Cores this machine gives the job (from the scheduler, e.g. ``SLURM_CPUS_ON_NODE``); the workers'
+    threads share them out. Unset: every core of the machine."""
     rdzv_backend: str = "static"
     """``static`` (fixed machine ranks) or ``c10d`` (torch's elastic rendezvous)."""
     rdzv_conf: dict[str, str] = field(default_factory=dict)
@@ -208,13 +221,23 @@ def _device_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def resolve(flags: dict[str, Any], file_config: Any = None, file_path: str | None = None) -> LaunchSettings:
-    """Merge explicit flags over the config file over defaults, then validate.
+def resolve(
+    flags: dict[str, Any],
+    file_config: Any = None,
+    file_path: str | None = None,
+    *,
+    cluster: DetectedCluster | None = None,
+) -> LaunchSettings:
+    """Merge explicit flags over the cluster environment over the config file over defaults, then validate.
 
     Args:
         flags: only the flags the user gave (name -> value).
         file_config: a loaded ``ClusterConfig``, or None.
         file_path: the file it came from (for messages and ``explain``).
+        cluster: the cluster environment this machine runs in (``detect_cluster``), or None.
+
+    Raises:
+        UsageError: a bad setting, or a flag that contradicts the cluster environment.
     """
     from_file = _from_file(file_config)
     merged: dict[str, Any] = {}
@@ -227,6 +250,12 @@ def resolve(flags: dict[str, Any], file_config: Any = None, file_path: str | Non
             merged[name], sources[name] = flags[name], FLAG_SOURCE
         elif name in from_file:
             merged[name], sources[name] = from_file[name], f"config file {file_path}"
+    if cluster is not None:
+        apply_cluster(merged, sources, flags, cluster)
+        if "cluster" in flags:
+            sources["cluster"] = FLAG_SOURCE
+    elif "cluster" in merged:
+        merged["cluster"] = "none"  # --cluster none, or auto with nothing detected
     _fill_topology_defaults(merged, sources)
     if merged.get("parallelism_config") and not merged.get("use_parallelism_config"):
         merged["use_parallelism_config"], sources["use_parallelism_config"] = True, "derived"
@@ -384,6 +413,7 @@ def _validate_parallelism(s: LaunchSettings) -> None:
         raise UsageError(f"ParallelismConfig settings: {error}") from None
 
 
-def cpu_threads_per_process(local_processes: int) -> int:
-    """``OMP_NUM_THREADS`` for each worker: the cores shared out, at least one."""
-    return max(1, (os.cpu_count() or 1) // max(local_processes, 1))
+def cpu_threads_per_process(local_processes: int, cpus: int | None = None) -> int:
+    """``OMP_NUM_THREADS`` for each worker: the cores shared out (``cpus``, else every core of this machine),
+    at least one."""
+    return max(1, (cpus or os.cpu_count() or 1) // max(local_processes, 1))

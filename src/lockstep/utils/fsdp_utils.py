@@ -31,6 +31,7 @@ from lockstep.checkpoint.collective_save import agree
 from lockstep.checkpoint.model_files import save_model_files
 from lockstep.state import PartialState
 from lockstep.utils._tied_weights import ensure_weights_retied
+from lockstep.utils.imports import why_transformers_cannot_load_on_main_only
 
 __all__ = [
     "disable_fsdp_ram_efficient_loading",
@@ -58,7 +59,15 @@ def enable_fsdp_ram_efficient_loading() -> None:
         >>> disable_fsdp_ram_efficient_loading()
         >>> os.environ["FSDP_CPU_RAM_EFFICIENT_LOADING"]
         'False'
+
+    Where the installed transformers cannot honour it (4.x without the accelerate package fails in
+    ``from_pretrained`` on every process), nothing is set and a warning says why: every process then reads the
+    weights, and FSDP's ``cpu_ram_efficient_loading`` still sends the main process's weights at ``prepare``.
     """
+    reason = why_transformers_cannot_load_on_main_only()
+    if reason is not None:
+        _logger.warning("enable_fsdp_ram_efficient_loading() does nothing here: %s.", reason)
+        return
     _env.set_rank0_loading(True)
 
 

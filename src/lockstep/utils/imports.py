@@ -550,3 +550,22 @@ def deepspeed_required(func: F) -> F:
         return func(*args, **kwargs)
 
     return wrapper  # type: ignore[return-value]
+
+
+def why_transformers_cannot_load_on_main_only() -> str | None:
+    """Why the installed transformers cannot read pretrained weights on the main process only (None: it can,
+    or transformers is not installed and nothing reads the announcement).
+
+    transformers 4.x takes that path (``low_cpu_mem_usage``) only through the accelerate package and fails in
+    ``from_pretrained`` on every process without it; transformers 5 needs nothing more.
+    """
+    try:
+        version = importlib.metadata.version("transformers")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    if int(version.split(".")[0]) >= 5 or importlib.util.find_spec("accelerate") is not None:
+        return None
+    return (
+        f"transformers {version} reads the weights on the main process only through the accelerate package, "
+        "which is not installed"
+    )

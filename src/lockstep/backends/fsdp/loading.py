@@ -8,11 +8,35 @@ sends each process its part of the main process's weights. Buffers that are not 
 
 from __future__ import annotations
 
+import logging
+
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from lockstep import _env
 from lockstep.state import PartialState
+from lockstep.utils.imports import why_transformers_cannot_load_on_main_only
+
+_logger = logging.getLogger(__name__)
+
+
+def announce_main_process_loading() -> bool:
+    """Tell transformers' ``from_pretrained`` that only the main process needs the pretrained weights, where the
+    installed transformers can honour it; returns whether it was told. Elsewhere every process reads them
+    (more memory while loading, the same training: :func:`broadcast_from_main` sends the main process's
+    weights at ``prepare`` either way)."""
+    reason = why_transformers_cannot_load_on_main_only()
+    if reason is None:
+        _env.announce_rank0_loading()
+        return True
+    _logger.info(
+        "cpu_ram_efficient_loading: %s, so every process reads the pretrained weights in from_pretrained; "
+        "prepare() still gives every process the main process's weights. Install transformers>=5 (or "
+        "accelerate) for loading on the main process only.",
+        reason,
+    )
+    return False
 
 
 def to_meta(model: nn.Module) -> None:

@@ -25,11 +25,11 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, OffloadPolicy, fully_shard
 
-from lockstep import _env
 from lockstep.backends.base import Backend, Indexed
 from lockstep.backends.capabilities import ShardedCheckpointIO
 from lockstep.backends.fsdp import checkpoint as shards
 from lockstep.backends.fsdp.clipping import clip_sharded_gradients
+from lockstep.backends.fsdp.loading import announce_main_process_loading
 from lockstep.backends.fsdp.precision import FSDPPrecision
 from lockstep.backends.fsdp.units import checkpoint_activations, ignored_parameters, select_units
 from lockstep.checkpoint.training_state import GivenState
@@ -75,7 +75,7 @@ class ShardedBackend(Backend, ShardedCheckpointIO):
         # sharded model -> whether its gradients are synchronised now (absent: yes); FSDP2 has no getter
         self._sync_enabled: weakref.WeakKeyDictionary[nn.Module, bool] = weakref.WeakKeyDictionary()
         if plugin.cpu_ram_efficient_loading:
-            _env.announce_rank0_loading()
+            announce_main_process_loading()
 
     @property
     @abstractmethod

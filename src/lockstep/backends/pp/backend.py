@@ -25,6 +25,7 @@ A model built on the meta device is traced on it, and each rank gives memory to 
 from __future__ import annotations
 
 import math
+import warnings
 import weakref
 from collections.abc import Iterable
 from contextlib import nullcontext
@@ -47,7 +48,14 @@ from lockstep.backends.fsdp.sharded import ShardedBackend, gathered_state_dict, 
 from lockstep.backends.nd.mesh import MeshLayout, sum_reductions_on_gloo
 from lockstep.backends.pp import full_load
 from lockstep.backends.pp.meta_init import has_meta_tensors, materialise, meta_stand_ins, put_back
-from lockstep.backends.pp.model import PipelinedModel, mode_dependent_modules
+from lockstep.backends.pp.model import PipelinedModel
+from lockstep.backends.pp.modes import (
+    BufferKeepingStage,
+    copy_modes,
+    follow_module_modes,
+    traced_in_training,
+    training_only_suspects,
+)
 from lockstep.backends.pp.split import first_microbatch, resolve_split_points, stage_indices, trace_stages
 from lockstep.config.fsdp import FullyShardedDataParallelPlugin
 from lockstep.config.parallelism import ParallelismConfig
@@ -148,12 +156,15 @@ class PipelineBackend(ShardedBackend, PipelineSchedule):
         points = resolve_split_points(model, handler.split_points, num_stages)
         example_args, example_kwargs = _example_microbatch(model, handler, microbatches)
         on_meta = has_meta_tensors(model)  # only this rank's stages get memory (see .meta_init)
-        with meta_stand_ins(model) if on_meta else nullcontext({}) as real_tensors:
+        with meta_stand_ins(model) if on_meta else nullcontext({}) as real_tensors, traced_in_training(model):
             modules = trace_stages(model, example_args, points, example_kwargs)
         indices = stage_indices(
             self.pp_mesh.get_local_rank(), pp_size, handler.stages_per_rank, handler.stage_layout
         )  # type: ignore[arg-type]
         local = [modules[index] for index in indices]
+        follow_module_modes(local)  # model.train()/eval() switch the stages (see .modes)
+        copy_modes(model, local)
+        _warn_random_operators(model, local)
         put_back(local, real_tensors)
         here = {id(p) for module in local for p in module.parameters()}
         self._names |= {id(p): name for name, p in model.named_parameters()}
@@ -178,8 +189,7 @@ class PipelineBackend(ShardedBackend, PipelineSchedule):
             persistent_keys=list(model.state_dict()),
             group=self.pp_mesh.get_group(),
             last_stage_rank=next(r for r in range(pp_size) if num_stages - 1 in stage_indices(r, *layout)),  # type: ignore[arg-type]
-            traced_training=model.training,
-            mode_dependent=mode_dependent_modules(model),
+            training=model.training,
             built_on_meta=on_meta,
             uninitialised=uninitialised,
             source_modules=dict(model.named_modules()) if on_meta else None,
@@ -199,11 +209,9 @@ class PipelineBackend(ShardedBackend, PipelineSchedule):
         sum_reductions_on_gloo(module)
 
     def _stages(self, modules: list[nn.Module], indices: list[int], num_stages: int) -> list[Any]:
-        from torch.distributed.pipelining import PipelineStage
-
         group = self.pp_mesh.get_group()
         return [
-            PipelineStage(module, index, num_stages, self.device, group=group)
+            BufferKeepingStage(module, index, num_stages, self.device, group=group)
             for module, index in zip(modules, indices, strict=True)
         ]
 
@@ -322,6 +330,20 @@ class PipelineBackend(ShardedBackend, PipelineSchedule):
             [(i, m) for i, m in sharded_models if contents.models[i] == shards.SHARDS],
             [(i, m, o) for i, m, o in sharded_optimizers if contents.optimizers[i] == shards.SHARDS],
             distributed=True,
+        )
+
+
+def _warn_random_operators(model: nn.Module, stages: list[nn.Module]) -> None:
+    suspects = training_only_suspects(stages)
+    if suspects:
+        warnings.warn(
+            f"The pipeline stages of {type(model).__name__} draw random numbers outside dropout "
+            f"({', '.join(suspects[:5])}). The model is traced in training mode, so if its forward draws them "
+            "only when self.training, they are drawn after model.eval() too and evaluation differs from the "
+            "unpipelined model's (the trace holds no sign of such a branch). Ignore this if the noise is meant in "
+            "both modes; dropout modules and functions are switched by model.eval() as in PyTorch.",
+            UserWarning,
+            stacklevel=4,
         )
 
 

@@ -12,9 +12,12 @@ of the pipeline (broadcast over ``pp``), so ``accelerator.gather_for_metrics(out
 the data-parallel replicas only, counts each sample once. Calling the model in training mode with
 gradients enabled is an error that points to ``pipeline_step``.
 
-The tracer bakes the train/eval mode into the stages: a ``Dropout`` traced in training mode stays active
-after ``model.eval()``. Models with such modules (see :data:`MODE_DEPENDENT`) therefore run only in the mode
-they were traced in; the other mode is a clear ``NotImplementedError``.
+``model.train()`` and ``model.eval()`` switch every module of this rank's stages, and dropout and batch
+norm follow them (the stages are traced in training mode and their mode-dependent operators read the
+module's flag at run time: :mod:`.modes`). The running statistics of a batch norm are those of one process
+running the micro-batches in order (torch's shape pass, a real forward, leaves them alone). Stages built by
+``prepare_pippy`` are traced in the mode the model had: with modules of :data:`MODE_DEPENDENT` they run only
+in that mode; the other mode is a clear ``NotImplementedError``.
 
 A model built on the meta device (see :mod:`.meta_init`) comes with its tensors empty: until they are
 loaded or initialised (:meth:`PipelinedModel.init_weights`), a step is refused on every rank.
@@ -102,8 +105,9 @@ class PipelinedModel(nn.Module):
         persistent_keys: the state-dict keys of the user's model, in its order (other buffers are non-persistent).
         group: the ``pp`` process group the stages exchange activations on.
         last_stage_rank: the rank in ``group`` that holds the last stage (its outputs are broadcast from there).
-        traced_training: the train/eval mode the stages were traced in.
-        mode_dependent: names of modules the traced mode is baked into (:func:`mode_dependent_modules`).
+        training: the model's train/eval mode at ``prepare`` (the stage modules carry their own already).
+        mode_dependent: names of modules whose mode the tracer baked into the stages
+            (:func:`mode_dependent_modules`): the model then runs in ``training``'s mode only.
         eval_batch_size: the evaluation batch size, when known before the first evaluation (the traced one,
             for pipelined inference); smaller batches are padded to it.
         built_on_meta: the user's model was built on the meta device (its stages materialised empty).
@@ -126,7 +130,7 @@ class PipelinedModel(nn.Module):
         persistent_keys: list[str],
         group: dist.ProcessGroup,
         last_stage_rank: int,
-        traced_training: bool = True,
+        training: bool = True,
         mode_dependent: Sequence[str] = (),
         eval_batch_size: int | None = None,
         built_on_meta: bool = False,
@@ -147,12 +151,12 @@ class PipelinedModel(nn.Module):
             self._batch_sizes[False] = eval_batch_size
         self._group = group
         self._last_stage_rank = last_stage_rank
-        self._traced_training = traced_training
+        self._traced_training = training
         self._mode_dependent = list(mode_dependent)
         for stage in self._stages:
             _merge_into(self, stage.submod)
         _mark_non_persistent(self, set(persistent_keys))
-        self.train(traced_training)
+        self.training = training  # not train(): the stage modules keep the modes the user's modules had
         self._materialised = list(uninitialised)  # in the model's order, for messages
         self._uninitialised = set(uninitialised)
         self._unchecked = built_on_meta  # every rank's tensors are checked once before the first step
