@@ -104,28 +104,16 @@ def run_reference(
     return done
 
 
-def transformers4_overlays() -> list[Path]:
-    """Folders each holding a transformers 4.x package (put first on ``PYTHONPATH``): those named by
-    ``LOCKSTEP_TRANSFORMERS4_PATHS`` (separated by ``os.pathsep``), else ``.venv-reference/transformers-4.*``."""
-    override = os.environ.get("LOCKSTEP_TRANSFORMERS4_PATHS", "")
-    if override:
-        folders = [Path(path) for path in override.split(os.pathsep) if path]
-    else:
-        folders = sorted(REFERENCE_VENV.glob("transformers-4.*"))
-    return [folder for folder in folders if (folder / "transformers" / "__init__.py").is_file()]
+TRANSFORMERS_4 = ("4.40.2", "4.56.2")
+"""The transformers 4.x versions of the reference environment's overlays (``transformers_overlay``)."""
 
 
-def run_with_transformers4(
-    module: str, overlay: Path | None, *args: str, first: Sequence[str] = (), timeout: float = 300
+def run_with_transformers(
+    module: str, version: str, *args: str, first: Sequence[str] = (), timeout: float = 300
 ) -> subprocess.CompletedProcess:
-    """Run ``python -m module args`` with the ``overlay`` transformers first on the path (then the ``first``
-    folders) as :func:`run_module` does; skips (fails under CI) without an overlay."""
-    if overlay is None:
-        _missing(
-            f"no transformers 4.x overlay in {REFERENCE_VENV}/transformers-4.* (LOCKSTEP_TRANSFORMERS4_PATHS names "
-            "others; make one with pip install --target <folder> --no-deps 'transformers==4.56.*')"
-        )
-    return run_module(module, *args, first=[str(overlay), *first], timeout=timeout)
+    """Run ``python -m module args`` with transformers ``version`` (an overlay) first on the path, then the
+    ``first`` folders, as :func:`run_module` does; skips (fails under CI) when the overlay is not built."""
+    return run_module(module, *args, first=[transformers_overlay(version), *first], timeout=timeout)
 
 
 def run_module(

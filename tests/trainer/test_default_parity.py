@@ -15,33 +15,30 @@ import json
 
 import pytest
 
-from tests.helpers.reference import (
-    accelerate_pythonpath,
-    run_module,
-    run_with_transformers4,
-    transformers4_overlays,
-)
+from tests.helpers.reference import TRANSFORMERS_4, accelerate_pythonpath, run_module, run_with_transformers
 
 pytest.importorskip("transformers")
 
 MODULE = "tests.trainer.weights_parity_run"
 
 
-def _weights(which: str, overlay, folder, processes: int = 1) -> dict:
+def _weights(which: str, version: str | None, folder, processes: int = 1) -> dict:
+    """The run's JSON under the installed transformers (``version`` None) or an overlay."""
     first = [accelerate_pythonpath()]  # transformers.Trainer needs accelerate; lockstep never imports it
+    output = str(folder / which)
     if processes > 1:  # torchrun runs the module: -m torch.distributed.run ... -m MODULE
         torchrun = ["--standalone", f"--nproc-per-node={processes}", "-m", MODULE]
-        done = run_module("torch.distributed.run", *torchrun, which, str(folder / which), first=first)
-    elif overlay is None:
-        done = run_module(MODULE, which, str(folder / which), first=first)
+        done = run_module("torch.distributed.run", *torchrun, which, output, first=first)
+    elif version is None:
+        done = run_module(MODULE, which, output, first=first)
     else:
-        done = run_with_transformers4(MODULE, overlay, which, str(folder / which), first=first)
+        done = run_with_transformers(MODULE, version, which, output, first=first)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def _compare(overlay, folder, processes: int = 1) -> tuple[dict, dict, float]:
-    ours = _weights("lockstep", overlay, folder, processes)
-    theirs = _weights("transformers", overlay, folder, processes)
+def _compare(version: str | None, folder, processes: int = 1) -> tuple[dict, dict, float]:
+    ours = _weights("lockstep", version, folder, processes)
+    theirs = _weights("transformers", version, folder, processes)
     difference = max(abs(a - b) for a, b in zip(ours["weights"], theirs["weights"], strict=True))
     return ours, theirs, difference
 
@@ -62,13 +59,9 @@ def test_two_processes_give_transformers_trainer_weights(tmp_path):
     assert difference <= 1e-9
 
 
-@pytest.mark.parametrize(
-    "overlay", transformers4_overlays() or [None], ids=lambda p: p.name if p else "absent"
-)
-def test_transformers_4_defaults_give_its_weights(overlay, tmp_path):
-    if overlay is None:
-        run_with_transformers4(MODULE, None)  # skips, or fails under CI, saying what is missing
-    ours, theirs, difference = _compare(overlay, tmp_path)
-    assert ours["transformers"] == overlay.name.removeprefix("transformers-")
+@pytest.mark.parametrize("version", TRANSFORMERS_4)
+def test_transformers_4_defaults_give_its_weights(version, tmp_path):
+    ours, theirs, difference = _compare(version, tmp_path)
+    assert ours["transformers"] == version
     assert ours["optim"] == theirs["optim"]
     assert difference <= 1e-9

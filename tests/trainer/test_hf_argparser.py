@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tests.helpers.reference import run_with_transformers4, transformers4_overlays
+from tests.helpers.reference import TRANSFORMERS_4, run_with_transformers
 from tests.trainer import hf_parser_check
 
 transformers = pytest.importorskip("transformers")
@@ -20,13 +20,11 @@ def test_installed_transformers_parser_sets_every_field():
     assert report["optim"] == ["adamw_torch_fused", "adamw_torch_fused"]  # transformers 5.24, torch >= 2.8
 
 
-@pytest.mark.parametrize(
-    "overlay", transformers4_overlays() or [None], ids=lambda p: p.name if p else "absent"
-)
-def test_transformers_4_parser_sets_every_field_and_defaults_follow_it(overlay):
+@pytest.mark.parametrize("version", TRANSFORMERS_4)
+def test_transformers_4_parser_sets_every_field_and_defaults_follow_it(version):
     """Item 3 too: under transformers 4.x, lockstep's default optim is that version's."""
-    report = json.loads(run_with_transformers4("tests.trainer.hf_parser_check", overlay).stdout)
-    assert report["transformers"] == overlay.name.removeprefix("transformers-")
+    report = json.loads(run_with_transformers("tests.trainer.hf_parser_check", version).stdout)
+    assert report["transformers"] == version
     assert report["failures"] == {}
     theirs, ours = report["optim"]
     assert ours == theirs
