@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import subprocess
 import textwrap
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -99,5 +100,48 @@ def run_reference(
         pytest.fail(
             f"reference run exited {done.returncode}:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}",
             pytrace=False,
+        )
+    return done
+
+
+TRANSFORMERS_4 = ("4.40.2", "4.56.2")
+"""The transformers 4.x versions of the reference environment's overlays (``transformers_overlay``)."""
+
+
+def run_with_transformers(
+    module: str, version: str, *args: str, first: Sequence[str] = (), timeout: float = 300
+) -> subprocess.CompletedProcess:
+    """Run ``python -m module args`` with transformers ``version`` (an overlay) first on the path, then the
+    ``first`` folders, as :func:`run_module` does; skips (fails under CI) when the overlay is not built."""
+    return run_module(module, *args, first=[transformers_overlay(version), *first], timeout=timeout)
+
+
+def run_module(
+    module: str, *args: str, first: Sequence[str] = (), timeout: float = 300
+) -> subprocess.CompletedProcess:
+    """Run ``python -m module args`` with lockstep's interpreter (one thread, no GPU, offline), the ``first``
+    folders, then lockstep's sources and the repository on the path; fails the test with the output's tail
+    when it exits non-zero."""
+    import sys
+
+    paths = [*first, str(REPO / "src"), str(REPO)]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(paths),
+        "CUDA_VISIBLE_DEVICES": "",
+        "HF_HUB_OFFLINE": "1",
+    }
+    env["OMP_NUM_THREADS"] = "1"
+    done = subprocess.run(
+        [sys.executable, "-m", module, *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO,
+    )
+    if done.returncode != 0:
+        pytest.fail(
+            f"{module} exited {done.returncode}:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}", pytrace=False
         )
     return done

@@ -200,6 +200,9 @@ CLI_SAMPLES = {
     "average_tokens_across_devices": ("true", True),
     "eval_steps": ("5", 5),
     "deepspeed": None,  # the DeepSpeed work owns this field
+    "evaluation_strategy": ("epoch", None),  # transformers 4's name: sets eval_strategy, then reads None
+    "use_legacy_prediction_loop": ("false", False),  # True is not built
+    "save_safetensors": ("true", True),  # False is not built
     "activation_checkpointing_kwargs": ('{"use_reentrant": false}', {"use_reentrant": False}),
     "gradient_checkpointing_kwargs": ('{"use_reentrant": false}', {"use_reentrant": False}),
 }

@@ -96,7 +96,22 @@ def _check_number(args: TrainingArguments, name: str, low: float, high: float, *
 
 
 # -- 1. defaults and aliases ------------------------------------------------------------------------
+def _resolve_evaluation_strategy(args: TrainingArguments) -> None:
+    """transformers 4's ``evaluation_strategy`` sets ``eval_strategy`` and is then cleared (read eval_strategy)."""
+    old = args.evaluation_strategy
+    if old is None:
+        return
+    old = getattr(old, "value", old)
+    if args.eval_strategy not in ("no", old):
+        raise ValueError(
+            f"TrainingArguments(evaluation_strategy={old!r}, eval_strategy={args.eval_strategy!r}) is invalid: "
+            "evaluation_strategy is transformers 4's name of eval_strategy. Pass only eval_strategy."
+        )
+    args.eval_strategy, args.evaluation_strategy = old, None
+
+
 def resolve_defaults_and_aliases(args: TrainingArguments) -> None:
+    _resolve_evaluation_strategy(args)
     if args.output_dir is None:
         args.output_dir = "trainer_output"
     args.output_dir = os.path.expanduser(os.fspath(args.output_dir))

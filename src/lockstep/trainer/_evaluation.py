@@ -63,6 +63,8 @@ class EvalOptions:
     """Hold every prediction (False for an evaluation with batch metrics: nothing is kept)."""
     concat_batches: bool = True
     """``eval_do_concat_batches``: one array per output, else a list of per-batch arrays."""
+    preprocess_logits: Callable[[Any, Any], Any] | None = None
+    """The Trainer's ``preprocess_logits_for_metrics(logits, labels)``, applied to each batch before gathering."""
 
     @classmethod
     def from_arguments(cls, args: Any, *, main_input_name: str, predict: bool) -> EvalOptions:
@@ -210,8 +212,12 @@ def evaluation_loop(
     metric_key_prefix: str,
     accumulation_steps: int | None = None,
     options: EvalOptions | None = None,
+    prediction_step: Callable[[nn.Module, Any], tuple[Any, Any, Any]] | None = None,
 ) -> PredictionOutput:
-    """Run ``model`` over the prepared ``loader``; predictions and labels come back complete and in order."""
+    """Run ``model`` over the prepared ``loader``; predictions and labels come back complete and in order.
+
+    ``prediction_step(model, batch) -> (loss, logits, labels)`` replaces the forward of each batch (a Trainer
+    subclass's ``prediction_step``)."""
     options = options or EvalOptions(accumulation_steps=accumulation_steps)
     was_training = model.training
     model.eval()
@@ -221,9 +227,14 @@ def evaluation_loop(
     try:
         for batch in loader:
             steps += 1
-            loss, real, values = _evaluate_batch(
-                accelerator, model, loader, batch, label_names, compute_loss_func
-            )
+            if prediction_step is None:
+                loss, real, values = _evaluate_batch(
+                    accelerator, model, loader, batch, label_names, compute_loss_func
+                )
+            else:
+                loss, real, values = _custom_batch(accelerator, loader, batch, prediction_step(model, batch))
+            if options.preprocess_logits is not None and values["predictions"] is not None:
+                values["predictions"] = options.preprocess_logits(values["predictions"], values["labels"])
             collected.add_loss(loss, real)
             if prediction_loss_only:
                 continue
@@ -282,6 +293,15 @@ def _evaluate_batch(
             rows = batches.first_rows(batch, max(real, 1), size)
             loss = _loss_of(model, rows, label_names, compute_loss_func)
     return loss, real, {"predictions": batches.predictions_of(outputs), "labels": labels}
+
+
+def _custom_batch(
+    accelerator: Accelerator, loader: DataLoader, batch: Any, step: tuple[Any, Any, Any]
+) -> tuple[torch.Tensor | None, int, dict[str, Any]]:
+    """The result of a custom ``prediction_step`` as :func:`_evaluate_batch` gives it."""
+    loss, logits, labels = step
+    reals = _real_examples(accelerator, loader, _batch_size(batch, labels))
+    return loss, reals[data_parallel_share(accelerator)[0]], {"predictions": logits, "labels": labels}
 
 
 def _main_input(batch: Any, name: str) -> torch.Tensor:

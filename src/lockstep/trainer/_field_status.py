@@ -50,6 +50,8 @@ _NOT_BUILT: dict[str, tuple[tuple[Any, ...], str]] = {
     "skip_memory_metrics": ((True,), "the Trainer reports no memory metrics; see lockstep.memory"),
     "optim_target_modules": ((None,), "it selects modules for GaLore/APOLLO optimizers, which are not built"),
     "eval_use_gather_object": ((False,), "predictions are gathered as tensors (padded across processes)"),
+    "use_legacy_prediction_loop": ((False,), "the only prediction loop is evaluation_loop"),
+    "save_safetensors": ((True,), "weights are always written as safetensors"),
 }
 """Fields not built yet: the values accepted, and what to do instead."""
 
@@ -81,17 +83,26 @@ _IMPLEMENTED = (
     "resume_from_checkpoint"
 ).split()
 
-FIELD_STATUS: dict[str, tuple[str, str]] = {
-    **{name: (IMPLEMENTED, "") for name in _IMPLEMENTED},
-    **{name: (ACCEPTED, note) for name, note in _ACCEPTED_NOTES.items()},
-    **{name: (NOT_BUILT, note) for name, (_, note) in _NOT_BUILT.items() if name not in _ACCEPTED_NOTES},
-}
-"""transformers 5.24's ``TrainingArguments`` fields -> (status, note)."""
-
 LOCKSTEP_ONLY = {
+    "overwrite_output_dir": "a transformers 4 field that its example scripts read (transformers 5 removed it)",
+    "evaluation_strategy": "transformers 4's name of eval_strategy (removed in 4.46)",
+    "use_legacy_prediction_loop": "a transformers 4 field (not built: True is refused)",
+    "save_safetensors": "a transformers 4 field (not built: False is refused; weights are always safetensors)",
     "logging_dir": "folder of the tracker files (transformers 5 removed it)",
     "warmup_ratio": "warm-up as a fraction (transformers 5 folded it into warmup_steps < 1)",
 }
+
+
+FIELD_STATUS: dict[str, tuple[str, str]] = {
+    **{name: (IMPLEMENTED, "") for name in _IMPLEMENTED},
+    **{name: (ACCEPTED, note) for name, note in _ACCEPTED_NOTES.items()},
+    **{
+        name: (NOT_BUILT, note)
+        for name, (_, note) in _NOT_BUILT.items()
+        if name not in _ACCEPTED_NOTES and name not in LOCKSTEP_ONLY
+    },
+}
+"""transformers 5.24's ``TrainingArguments`` fields -> (status, note)."""
 
 
 def check_not_built(args: TrainingArguments) -> None:

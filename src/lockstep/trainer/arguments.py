@@ -13,15 +13,15 @@ From the command line (``lockstep launch train.py --learning_rate 3e-5``)::
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from lockstep.config.enums import BUILT_IN_TRACKERS
 from lockstep.trainer import _argument_parsers
+from lockstep.trainer import _arguments_api as _api
 from lockstep.trainer import _arguments_post_init as _checks
+from lockstep.trainer import _arguments_setters as _setters
 from lockstep.trainer._arguments_post_init import (
     DDP_BACKENDS,
     LOG_LEVELS,
@@ -31,6 +31,7 @@ from lockstep.trainer._arguments_post_init import (
     STRATEGIES,
 )
 from lockstep.trainer._field_status import check_not_built
+from lockstep.trainer._transformers_version import DEFAULT_OPTIM
 from lockstep.trainer.accelerator_config import AcceleratorConfig
 
 __all__ = [
@@ -58,11 +59,20 @@ class TrainingArguments:
     """Settings of a :class:`~lockstep.Trainer` run (transformers' ``TrainingArguments`` names).
 
     Each field's help text is also its ``--help`` line in :meth:`from_cli`.
+
+    The annotations are in the forms transformers' ``HfArgumentParser`` reads (4.40 to 5.x), as transformers
+    writes them: in a union with ``None`` the parser keeps the *second* member, so ``list[str] | str | None``
+    and ``dict | str | None`` take one text on its command line (a name list, JSON text or a file path); a
+    union of ``bool`` and ``str`` is read as a bool. ``accelerator_config`` and ``parallelism_config`` also take
+    an ``AcceleratorConfig`` / ``ParallelismConfig`` object.
     """
 
     # -- output and run length ------------------------------------------------------------------
     output_dir: str | None = _help(
         None, "Folder for checkpoints (checkpoint-<step>) and the final model (default: 'trainer_output')."
+    )
+    overwrite_output_dir: bool = _help(
+        False, "Read by transformers 4 scripts to start over in a non-empty output_dir (not by the Trainer)."
     )
     logging_dir: str | None = _help(
         None,
@@ -99,11 +109,15 @@ class TrainingArguments:
         0.0,
         "Warm-up as a fraction of the total steps when warmup_steps is 0 (lockstep; transformers 4 name).",
     )
-    optim: str = _help("adamw_torch_fused", f"Optimizer: {', '.join(OPTIMIZERS)}.")
+    optim: str = _help(
+        DEFAULT_OPTIM,
+        f"Optimizer: {', '.join(OPTIMIZERS)} (default: the installed transformers' default, adamw_torch_fused "
+        "on transformers >= 4.54 with torch >= 2.8, else adamw_torch).",
+    )
     optim_args: str | None = _help(
         None, "Extra optimizer arguments as 'key=value,key=value' (e.g. momentum=0.9)."
     )
-    optim_target_modules: str | list[str] | None = field(
+    optim_target_modules: list[str] | str | None = field(
         default=None,
         metadata={"help": "Modules GaLore/APOLLO optimizers apply to (those optimizers are not built)."},
     )
@@ -173,7 +187,7 @@ class TrainingArguments:
     )
     log_level_replica: str = _help("warning", "Level of the 'lockstep' logger on the other processes.")
     disable_tqdm: bool | None = _help(None, "Hide the progress bar (also LOCKSTEP_DISABLE_PROGRESS_BARS=1).")
-    report_to: str | list[str] | None = field(
+    report_to: list[str] | str | None = field(
         default="none",
         metadata={
             "help": f"Trackers: {', '.join(BUILT_IN_TRACKERS)}, a name given to register_tracker_class, all "
@@ -183,9 +197,15 @@ class TrainingArguments:
     project: str = _help("huggingface", "Trackio project (not built: lockstep has no Trackio tracker).")
     trackio_space_id: str | None = _help(None, "Trackio Space (not built).")
     trackio_bucket_id: str | None = _help(None, "Trackio bucket (not built).")
-    trackio_static_space_id: str | bool | None = _help(None, "Trackio static Space (not built).")
+    trackio_static_space_id: str | None = _help(None, "Trackio static Space (not built).")
     # -- evaluation -----------------------------------------------------------------------------
     eval_strategy: str = _help("no", "When to evaluate during training: no, steps, epoch.")
+    evaluation_strategy: str | None = _help(
+        None, "transformers 4's name of eval_strategy: sets it, then reads None (the two must agree)."
+    )
+    use_legacy_prediction_loop: bool = _help(
+        False, "transformers 4's old prediction loop (not built: evaluation_loop is the only loop)."
+    )
     eval_steps: float | None = _help(
         None, "Evaluate every N steps (default: logging_steps); < 1: a fraction."
     )
@@ -214,6 +234,10 @@ class TrainingArguments:
         "Call compute_metrics(EvalPrediction, compute_result) on every batch instead of once at the end.",
     )
     # -- checkpoints ----------------------------------------------------------------------------
+    save_safetensors: bool = _help(
+        True,
+        "Save weights as safetensors (transformers 4's switch; lockstep always does, False is not built).",
+    )
     save_only_model: bool = _help(
         False, "Checkpoints of the weights alone, without optimizer, scheduler and RNG state (no resume)."
     )
@@ -256,14 +280,14 @@ class TrainingArguments:
     data_seed: int | None = _help(None, "Seed of the data order (default: seed).")
     use_cpu: bool = _help(False, "Train on the CPU even when a GPU is present.")
     local_rank: int = _help(-1, "Set by launchers; lockstep reads LOCAL_RANK from the environment instead.")
-    accelerator_config: AcceleratorConfig | dict | str | None = field(
+    accelerator_config: dict | str | None = field(
         default=None,
         metadata={
             "help": "Dict, JSON text or JSON file: split_batches, dispatch_batches, even_batches, use_seedable_sampler, "
             "non_blocking. Becomes an AcceleratorConfig (args.accelerator_config.even_batches)."
         },
     )
-    parallelism_config: Any = field(
+    parallelism_config: dict | str | None = field(
         default=None,
         metadata={
             "help": "A ParallelismConfig (or a dict / JSON of its sizes: tp_size, dp_shard_size, dp_replicate_size): "
@@ -298,7 +322,7 @@ class TrainingArguments:
     ddp_static_graph: bool | None = _help(None, "DDP static_graph (the graph is the same every step).")
     ddp_backend: str | None = _help(None, f"Process-group backend: {', '.join(DDP_BACKENDS)}.")
     ddp_timeout: int = _help(1800, "Seconds a collective may wait before the run fails.")
-    fsdp: str | list[str] | None = field(
+    fsdp: list[str] | str | None = field(
         default=None,
         metadata={
             "help": "FSDP options: full_shard or shard_grad_op, plus offload and/or auto_wrap (e.g. 'full_shard auto_wrap')."
@@ -344,18 +368,36 @@ class TrainingArguments:
 
     def warmup_steps_for(self, total_steps: int) -> int:
         """Warm-up steps for a run of ``total_steps`` optimizer steps (transformers' ``get_warmup_steps``)."""
-        if self.warmup_steps >= 1:
-            return int(self.warmup_steps)
-        fraction = self.warmup_steps if self.warmup_steps > 0 else self.warmup_ratio
-        return math.ceil(total_steps * fraction)
+        return _api.get_warmup_steps(self, total_steps)
 
-    def to_dict(self) -> dict[str, Any]:
-        """The arguments as plain values (for trackers and ``trainer_state.json``); ``accelerator_config`` as
-        a dict, as transformers writes it."""
-        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        if isinstance(values["accelerator_config"], AcceleratorConfig):
-            values["accelerator_config"] = values["accelerator_config"].to_dict()
-        return values
+    # -- transformers' methods and properties beyond the fields (see _arguments_api) ----------------
+    default_optim = DEFAULT_OPTIM
+    ddp_timeout_delta = property(_api.ddp_timeout_delta)
+    device = property(_api.device)
+    n_gpu = property(_api.n_gpu)
+    parallel_mode = property(_api.parallel_mode)
+    world_size = property(_api.world_size)
+    process_index = property(_api.process_index)
+    local_process_index = property(_api.local_process_index)
+    should_log = property(_api.should_log)
+    should_save = property(_api.should_save)
+    train_batch_size = property(_api.train_batch_size)
+    eval_batch_size = property(_api.eval_batch_size)
+    get_process_log_level = _api.get_process_log_level
+    main_process_first = _api.main_process_first
+    get_warmup_steps = _api.get_warmup_steps
+    to_dict = _api.to_dict
+    to_json_string = _api.to_json_string
+    to_sanitized_dict = _api.to_sanitized_dict
+    set_training = _setters.set_training
+    set_evaluate = _setters.set_evaluate
+    set_testing = _setters.set_testing
+    set_save = _setters.set_save
+    set_logging = _setters.set_logging
+    set_push_to_hub = _setters.set_push_to_hub
+    set_optimizer = _setters.set_optimizer
+    set_lr_scheduler = _setters.set_lr_scheduler
+    set_dataloader = _setters.set_dataloader
 
     # -- command line -----------------------------------------------------------------------------
     @classmethod

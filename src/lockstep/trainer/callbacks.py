@@ -290,5 +290,23 @@ class CallbackHandler:
                 control = result
         return control
 
+    # transformers' handler methods that scripts call directly (trainer_qa.py: on_evaluate, on_predict)
+    def on_evaluate(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, metrics: dict[str, float]
+    ) -> TrainerControl:
+        control.should_evaluate = False
+        return self.call_event("on_evaluate", args, state, control, metrics=metrics)
+
+    def on_predict(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, metrics: dict[str, float]
+    ) -> TrainerControl:
+        return self.call_event("on_predict", args, state, control, metrics=metrics)
+
+    def on_log(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, logs: dict[str, float]
+    ) -> TrainerControl:
+        control.should_log = False
+        return self.call_event("on_log", args, state, control, logs=logs)
+
     def __repr__(self) -> str:
         return ", ".join(type(c).__name__ for c in self.callbacks)

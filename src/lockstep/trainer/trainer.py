@@ -29,10 +29,12 @@ from lockstep.trainer import (
     _hyperparameter_search,
     _process_setup,
     _setup_checks,
+    _trainer_parts,
+    _trainer_reports,
     _transformers_format,
     batches,
 )
-from lockstep.trainer._evaluation import EvalOptions, EvalPrediction, PredictionOutput, evaluation_loop
+from lockstep.trainer._evaluation import EvalPrediction, PredictionOutput
 from lockstep.trainer._hyperparameter_search import BestRun
 from lockstep.trainer._loaders import TrainerLoaders
 from lockstep.trainer._logging import format_log_line
@@ -41,9 +43,7 @@ from lockstep.trainer._num_items import MicroBatch
 from lockstep.trainer._step_plan import plan_steps, record_plan
 from lockstep.trainer._trainer_checkpoints import TrainerCheckpoints
 from lockstep.trainer._training_step import training_step_for
-from lockstep.trainer.accelerator_factory import (
-    create_accelerator_and_postprocess,
-)
+from lockstep.trainer.accelerator_factory import create_accelerator_and_postprocess
 from lockstep.trainer.arguments import TrainingArguments
 from lockstep.trainer.callbacks import (
     CallbackHandler,
@@ -53,8 +53,6 @@ from lockstep.trainer.callbacks import (
     TrainerState,
 )
 from lockstep.trainer.deepspeed_options import optimizer_and_scheduler
-from lockstep.trainer.optimizers import create_optimizer
-from lockstep.trainer.schedules import get_scheduler
 from lockstep.utils import clear_device_cache, find_batch_size, find_executable_batch_size
 
 logger = logging.getLogger("lockstep.trainer")
@@ -89,6 +87,12 @@ class Trainer:
             batch before the model is called.
         model_init: ``fn()`` or ``fn(trial)`` returning a new model: used when ``model`` is None, and for each
             trial of :meth:`hyperparameter_search`.
+        processing_class: the tokenizer (or processor) saved with the model by :meth:`save_model` and in
+            every checkpoint; ``tokenizer=`` is transformers 4's name of it.
+        preprocess_logits_for_metrics: ``fn(logits, labels) -> logits`` applied to each evaluation batch
+            before it is gathered (e.g. an argmax, so that the whole vocabulary's logits are not kept).
+        optimizer_cls_and_kwargs: ``(optimizer class, its keyword arguments)``, built over the parameter
+            groups instead of ``args.optim``.
     """
 
     def __init__(
@@ -104,14 +108,16 @@ class Trainer:
         optimizers: tuple[torch.optim.Optimizer | None, Any] = (None, None),
         compute_loss_func: Callable[..., torch.Tensor] | None = None,
         model_init: Callable[..., nn.Module] | None = None,
+        processing_class: Any | None = None,
+        preprocess_logits_for_metrics: Callable[[Any, Any], Any] | None = None,
+        optimizer_cls_and_kwargs: tuple[type[torch.optim.Optimizer], dict[str, Any]] | None = None,
+        tokenizer: Any | None = None,
     ) -> None:
-        if model is None and model_init is not None:
-            model = _hyperparameter_search.call_model_init(model_init, None)
-        if not isinstance(model, nn.Module):
-            raise TypeError(
-                f"Trainer(model=...) got {type(model).__name__}; pass a torch.nn.Module, or model_init=fn returning one."
-            )
+        model = _trainer_parts.given_model(model, model_init)
         self.model_init = model_init
+        self.processing_class = _trainer_parts.processing_class_of(processing_class, tokenizer)
+        self.preprocess_logits_for_metrics = preprocess_logits_for_metrics
+        self.optimizer_cls_and_kwargs = optimizer_cls_and_kwargs
         self._inputs = {
             "train_dataset": train_dataset,
             "eval_dataset": eval_dataset,
@@ -261,9 +267,7 @@ class Trainer:
         warmup = self.args.warmup_steps_for(max_steps)
 
         def schedule(optimizer: Any) -> Any:
-            return get_scheduler(
-                self.args.lr_scheduler_type, optimizer, warmup, max_steps, self.args.lr_scheduler_kwargs
-            )
+            return self.create_scheduler(max_steps, optimizer)
 
         optimizer, scheduler = self._given_optimizers
         plugin = self.accelerator.deepspeed_plugin
@@ -274,10 +278,10 @@ class Trainer:
                 self.args,
                 warmup_steps=warmup,
                 max_steps=max_steps,
-                build_optimizer=lambda: create_optimizer(self.model, self.args),
+                build_optimizer=self.create_optimizer,
                 build_scheduler=schedule,
             )
-        optimizer = optimizer if optimizer is not None else create_optimizer(self.model, self.args)
+        optimizer = optimizer if optimizer is not None else self.create_optimizer()
         return optimizer, scheduler if scheduler is not None else schedule(optimizer)
 
     def _plan_steps(self) -> int:
@@ -482,7 +486,7 @@ class Trainer:
         Returns the (undivided) loss of the batch and, on the last micro-batch, the gradient norm."""
         accelerator, grad_norm = self.accelerator, None
         with self._step.accumulating(model, micro_batch):
-            loss = self._step.forward_backward(model, micro_batch)
+            loss = self.training_step(model, micro_batch.batch, micro_batch.num_items)
             if accelerator.sync_gradients:
                 if self.args.max_grad_norm:
                     grad_norm = accelerator.clip_grad_norm_(model.parameters(), self.args.max_grad_norm)
@@ -498,11 +502,16 @@ class Trainer:
         return loss.detach(), grad_norm
 
     def compute_loss(
-        self, model: nn.Module, batch: Any, num_items_in_batch: torch.Tensor | None = None
-    ) -> torch.Tensor:
+        self,
+        model: nn.Module,
+        inputs: Any,
+        return_outputs: bool = False,
+        num_items_in_batch: torch.Tensor | None = None,
+    ) -> Any:
         """The loss of one batch: ``outputs.loss``, or ``compute_loss_func(outputs, labels, ...)``;
-        ``num_items_in_batch`` (the label tokens of the accumulation cycle) goes to both."""
-        return self._step.loss(model, batch, num_items_in_batch)
+        ``num_items_in_batch`` (the label tokens of the accumulation cycle) goes to both. With
+        ``return_outputs``: ``(loss, outputs)``."""
+        return self._step.loss(model, inputs, num_items_in_batch, return_outputs=return_outputs)
 
     def _after_optimizer_step(
         self, step_loss: torch.Tensor, grad_norm: torch.Tensor | None, samples: int
@@ -584,6 +593,7 @@ class Trainer:
             return
         folder = Path(output_dir)
         _transformers_format.write_trainer_state(folder, self.state)
+        _trainer_reports.save_processing_class(self, folder)
         if weights and weights[0] is not None:  # model.safetensors goes to the folder: add its config
             unwrapped = self.accelerator.unwrap_model(self.model_wrapped, keep_torch_compile=False)
             _transformers_format.write_model_config(folder, unwrapped)
@@ -637,7 +647,12 @@ class Trainer:
         )
 
     # -- evaluation -------------------------------------------------------------------------------
-    def evaluate(self, eval_dataset: Any | None = None, metric_key_prefix: str = "eval") -> dict[str, float]:
+    def evaluate(
+        self,
+        eval_dataset: Any | None = None,
+        ignore_keys: list[str] | None = None,
+        metric_key_prefix: str = "eval",
+    ) -> dict[str, float]:
         """Evaluate on ``eval_dataset`` (default: the Trainer's); metrics equal a one-process evaluation.
 
         Returns ``{prefix}_loss`` (when the model gives a loss), the ``compute_metrics`` results prefixed,
@@ -645,12 +660,14 @@ class Trainer:
         """
         self._setup()
         loader = self._eval_loader(eval_dataset, "Trainer.evaluate(eval_dataset=...)")
-        output = self._run_evaluation(loader, metric_key_prefix)
+        output = self._run_evaluation(loader, metric_key_prefix, ignore_keys=ignore_keys)
         self.log(dict(output.metrics))
         self.control = self._event("on_evaluate", metrics=output.metrics)
         return output.metrics
 
-    def predict(self, test_dataset: Any, metric_key_prefix: str = "test") -> PredictionOutput:
+    def predict(
+        self, test_dataset: Any, ignore_keys: list[str] | None = None, metric_key_prefix: str = "test"
+    ) -> PredictionOutput:
         """Predictions (NumPy, one row per example, in dataset order), labels and metrics on ``test_dataset``."""
         self._setup()
         if test_dataset is None:
@@ -659,26 +676,12 @@ class Trainer:
             self._eval_loader(test_dataset, "Trainer.predict(test_dataset=...)"),
             metric_key_prefix,
             predict=True,
+            ignore_keys=ignore_keys,
         )
         self.control = self._event("on_predict", metrics=output.metrics)
         return output
 
-    def _run_evaluation(self, loader: DataLoader, prefix: str, predict: bool = False) -> PredictionOutput:
-        assert self.model_wrapped is not None
-        options = EvalOptions.from_arguments(
-            self.args, main_input_name=getattr(self.model, "main_input_name", "input_ids"), predict=predict
-        )
-        return evaluation_loop(
-            self.accelerator,
-            self.model_wrapped,
-            loader,
-            label_names=self.label_names,
-            compute_loss_func=self._step.loss_func,
-            compute_metrics=self.compute_metrics,
-            prediction_loss_only=self.args.prediction_loss_only,
-            metric_key_prefix=prefix,
-            options=options,
-        )
+    _run_evaluation = _trainer_parts.run_evaluation
 
     # -- logging and saving -----------------------------------------------------------------------
     def log(self, logs: dict[str, float]) -> None:
@@ -720,4 +723,38 @@ class Trainer:
         self._step.save_weights(model, folder)
         if self.accelerator.is_main_process:
             (folder / "training_args.json").write_text(json.dumps(self.args.to_dict(), indent=1, default=str))
+            _trainer_reports.save_processing_class(self, folder)
         self.accelerator.wait_for_everyone()
+
+    # -- transformers' public methods beyond the loop (_trainer_parts, _trainer_reports) ----------------
+    training_step = _trainer_parts.training_step
+    prediction_step = _trainer_parts.prediction_step
+    evaluation_loop = _trainer_parts.evaluation_loop
+    create_optimizer = _trainer_parts.create_optimizer
+    create_scheduler = _trainer_parts.create_scheduler
+    create_optimizer_and_scheduler = _trainer_parts.create_optimizer_and_scheduler
+    get_test_dataloader = _trainer_parts.get_test_dataloader
+    num_examples = _trainer_parts.num_examples
+    get_decay_parameter_names = _trainer_parts.get_decay_parameter_names
+    get_num_trainable_parameters = _trainer_parts.get_num_trainable_parameters
+    get_learning_rates = _trainer_parts.get_learning_rates
+    get_optimizer_group = _trainer_parts.get_optimizer_group
+    get_total_train_batch_size = _trainer_parts.get_total_train_batch_size
+    floating_point_ops = _trainer_parts.floating_point_ops
+    get_tp_size = _trainer_parts.get_tp_size
+    get_cp_size = _trainer_parts.get_cp_size
+    get_sp_size = _trainer_parts.get_sp_size
+    call_model_init = _trainer_parts.call_model_init
+    autocast_smart_context_manager = _trainer_parts.autocast_smart_context_manager
+    compute_loss_context_manager = _trainer_parts.compute_loss_context_manager
+    end = _trainer_parts.end
+    model_accepts_loss_kwargs = property(_trainer_parts.model_accepts_loss_kwargs)
+    is_world_process_zero = _trainer_reports.is_world_process_zero
+    is_local_process_zero = _trainer_reports.is_local_process_zero
+    metrics_format = staticmethod(_trainer_reports.metrics_format)
+    log_metrics = _trainer_reports.log_metrics
+    save_metrics = _trainer_reports.save_metrics
+    save_state = _trainer_reports.save_state
+    create_model_card = _trainer_reports.create_model_card
+    push_to_hub = _trainer_reports.push_to_hub
+    init_hf_repo = _trainer_reports.init_hf_repo

@@ -72,11 +72,16 @@ class TrainingStep(abc.ABC):
         to log for it (undivided by the accumulation steps), the same on every rank that shares the batch."""
 
     def loss(
-        self, model: nn.Module, batch: Any, num_items_in_batch: torch.Tensor | None = None
-    ) -> torch.Tensor:
+        self,
+        model: nn.Module,
+        batch: Any,
+        num_items_in_batch: torch.Tensor | None = None,
+        return_outputs: bool = False,
+    ) -> Any:
         """The loss of one batch: ``outputs.loss``, or :attr:`loss_func` of the outputs and labels;
-        ``num_items_in_batch`` goes to both (to the model when its forward takes loss keyword arguments)."""
-        loss, _, _ = batches.compute_loss(
+        ``num_items_in_batch`` goes to both (to the model when its forward takes loss keyword arguments).
+        With ``return_outputs``: ``(loss, outputs)``."""
+        loss, outputs, _ = batches.compute_loss(
             model,
             batch,
             label_names=self.label_names,
@@ -84,7 +89,7 @@ class TrainingStep(abc.ABC):
             num_items_in_batch=num_items_in_batch,
             model_takes_items=self._model_takes_items,
         )
-        return loss
+        return (loss, outputs) if return_outputs else loss
 
     def load_weights(self, prepared: nn.Module | None, folder: Path) -> None:
         """A model-only checkpoint's weights (written by :meth:`save_weights`) into the ``prepared`` model, or
