@@ -1,0 +1,361 @@
+"""Checkpoints on object storage: memory:// units, and a real S3 API on loopback (moto in server mode).
+
+Save, rotate and resume bitwise (2 gloo processes); a writer killed mid-upload leaves the previous checkpoint
+the newest valid one; a dead endpoint, a missing bucket or missing credentials fail before training, fast.
+"""
+
+import os
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from lockstep import Accelerator, ProjectConfiguration
+from lockstep.checkpoint import CheckpointError
+from lockstep.checkpoint.storage import LocalStorage, fsspec_store, is_url, storage_for
+from tests.helpers.cli import REPO, SCRIPTS, cli_env
+from tests.helpers.multiprocess import free_port, run_distributed
+
+fsspec = pytest.importorskip("fsspec")
+
+
+# -- memory:// --------------------------------------------------------------------------------------
+@pytest.fixture
+def memory_url():
+    url = f"memory://lockstep-tests/{uuid.uuid4().hex}"
+    yield url
+    filesystem = fsspec.filesystem("memory")
+    if filesystem.exists(url):
+        filesystem.rm(url, recursive=True)
+
+
+def _accelerator(url: str, **config) -> tuple[Accelerator, nn.Module, torch.optim.Optimizer]:
+    accelerator = Accelerator(project_config=ProjectConfiguration(project_dir=url, **config))
+    model = nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    return accelerator, model, optimizer
+
+
+def _step(accelerator: Accelerator, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    accelerator.backward(model(torch.ones(3, 4)).sum())
+    optimizer.step()
+    optimizer.zero_grad()
+
+
+def _names(filesystem, root: str) -> list[str]:
+    filesystem.invalidate_cache(root)
+    return sorted(entry.rstrip("/").rsplit("/", 1)[-1] for entry in filesystem.ls(root, detail=False))
+
+
+def test_paths_choose_their_storage():
+    assert isinstance(storage_for("runs/a"), LocalStorage)
+    assert isinstance(storage_for("file:///tmp/runs/a"), LocalStorage)  # atomic renames: the local protocol
+    assert storage_for("file:///tmp/runs/a").join("file:///tmp/runs/a", "c").as_posix() == "/tmp/runs/a/c"
+    assert [is_url(p) for p in ("s3://b/r", "memory://r", "runs/a", "C:/runs", None)] == [1, 1, 0, 0, 0]
+    assert type(storage_for("memory://r")).__name__ == "FsspecStorage"
+
+
+def test_a_missing_backend_names_the_extra_and_an_unknown_scheme_is_refused():
+    with pytest.raises(ImportError, match=r"gs:// URLs.*Run: pip install 'lockstep\[gcs\]'"):
+        storage_for("gs://bucket/run")
+    with pytest.raises(ImportError, match=r"pip install 'lockstep\[azure\]'"):
+        Accelerator(project_dir="az://container/run")
+    with pytest.raises(ValueError, match=r"'nosuch://x/run' has the URL scheme nosuch://, which no fsspec"):
+        storage_for("nosuch://x/run")
+
+
+def test_save_rotate_and_resume_on_memory(memory_url):
+    accelerator, model, optimizer = _accelerator(memory_url, automatic_checkpoint_naming=True, total_limit=2)
+    saved = []
+    for _ in range(3):
+        _step(accelerator, model, optimizer)
+        saved.append(model.weight.detach().clone())
+        assert accelerator.save_state() == f"{memory_url}/checkpoints/checkpoint_{len(saved) - 1}"
+    filesystem = fsspec.filesystem("memory")
+    root = f"{memory_url}/checkpoints"
+    assert _names(filesystem, root) == ["checkpoint_1", "checkpoint_2", "latest"]
+    assert filesystem.cat_file(f"{root}/latest") == b"checkpoint_2\n"
+    assert not [p for p in filesystem.find(f"{root}/checkpoint_2") if ".rank_" in p]  # markers removed
+
+    again, model2, _ = _accelerator(memory_url, automatic_checkpoint_naming=True, total_limit=2)
+    with torch.no_grad():
+        model2.weight.zero_()
+    assert again.resume_from_latest_checkpoint() == f"{root}/checkpoint_2"
+    assert torch.equal(model2.weight, saved[2])
+    assert again.project_configuration.iteration == 3
+
+
+def test_an_incomplete_newest_checkpoint_is_skipped_with_a_warning(memory_url):
+    accelerator, model, optimizer = _accelerator(memory_url, automatic_checkpoint_naming=True)
+    _step(accelerator, model, optimizer)
+    accelerator.save_state()
+    accelerator.save_state()
+    filesystem = fsspec.filesystem("memory")
+    root = f"{memory_url}/checkpoints"
+    filesystem.rm_file(f"{root}/checkpoint_1/manifest.json")  # what a writer killed mid-upload leaves
+    filesystem.pipe_file(f"{root}/checkpoint_2/model.safetensors", b"torn")
+    with pytest.warns(UserWarning, match=r"Skipped 2 newer checkpoint\(s\).*using .*checkpoint_0") as caught:
+        accelerator.load_state()
+    message = str(caught[0].message)
+    assert f"{root}/checkpoint_2 has no manifest.json" in message
+    assert f"{root}/checkpoint_1 has no manifest.json" in message
+
+
+def test_a_wrong_size_is_skipped_and_a_corrupt_file_fails_its_checksum_on_load(memory_url):
+    accelerator, model, optimizer = _accelerator(memory_url, automatic_checkpoint_naming=True)
+    _step(accelerator, model, optimizer)
+    accelerator.save_state()
+    accelerator.save_state()
+    filesystem = fsspec.filesystem("memory")
+    root = f"{memory_url}/checkpoints"
+    good = filesystem.cat_file(f"{root}/checkpoint_1/optimizer.bin")
+    filesystem.pipe_file(f"{root}/checkpoint_1/optimizer.bin", good[:-3])
+    with pytest.warns(UserWarning, match=r"optimizer.bin has \d+ bytes but the manifest says \d+"):
+        accelerator.load_state()
+    flipped = bytes([good[-1] ^ 0xFF])
+    filesystem.pipe_file(f"{root}/checkpoint_1/optimizer.bin", good[:-1] + flipped)
+    with pytest.raises(CheckpointError, match=r"checkpoint_1: optimizer.bin is corrupt \(its xxh3_128"):
+        accelerator.load_state(f"{root}/checkpoint_1")
+
+
+def test_saving_over_a_checkpoint_replaces_every_file(memory_url):
+    accelerator, model, optimizer = _accelerator(memory_url)
+    folder = f"{memory_url}/manual"
+    filesystem = fsspec.filesystem("memory")
+    filesystem.pipe_file(f"{folder}/stale.bin", b"from an older save")
+    _step(accelerator, model, optimizer)
+    assert accelerator.save_state(folder) == folder
+    assert "stale.bin" not in _names(filesystem, folder)
+    with torch.no_grad():
+        model.weight.add_(1.0)
+    expected = model.weight.detach().clone()
+    accelerator.save_state(folder)
+    with torch.no_grad():
+        model.weight.zero_()
+    accelerator.load_state(folder)
+    assert torch.equal(model.weight, expected)
+
+
+def test_a_probe_that_never_answers_times_out(memory_url, monkeypatch):
+    storage = storage_for(memory_url)
+    monkeypatch.setattr(fsspec_store, "PROBE_SECONDS", 0.3)
+    monkeypatch.setattr(storage.fs, "pipe_file", lambda *args, **kwargs: time.sleep(5))
+    started = time.monotonic()
+    with pytest.raises(TimeoutError, match=r"did not answer within 0 s \(writing a small test object\)"):
+        storage.probe()
+    assert time.monotonic() - started < 2.0
+
+
+# -- S3 on loopback (moto) --------------------------------------------------------------------------
+AWS_ENV = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+    "AWS_EC2_METADATA_DISABLED": "true",
+}
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint():
+    """A moto S3 server on a free loopback port, with one bucket; the AWS_* variables point at it."""
+    pytest.importorskip("s3fs")
+    server_module = pytest.importorskip("moto.server")
+    port = free_port()
+    server = server_module.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    env = {**AWS_ENV, "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}"}
+    saved = {key: os.environ.get(key) for key in env}
+    os.environ.update(env)
+    import s3fs
+
+    s3fs.S3FileSystem.clear_instance_cache()
+    s3fs.S3FileSystem().mkdir("s3://lockstep-bucket")
+    yield env
+    server.stop()
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+@pytest.fixture
+def s3_url(s3_endpoint):
+    import s3fs
+
+    s3fs.S3FileSystem.clear_instance_cache()
+    return f"s3://lockstep-bucket/{uuid.uuid4().hex}"
+
+
+def _s3():
+    import s3fs
+
+    return s3fs.S3FileSystem()
+
+
+class Progress:
+    def __init__(self) -> None:
+        self.done = 0
+
+    def state_dict(self) -> dict:
+        return {"done": self.done}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.done = state["done"]
+
+
+TOTAL_STEPS = 8  # 2 epochs of 4 batches per rank; a checkpoint every 2 steps
+
+
+def _train_on_s3(url: str, stop_at: int | None, seed: int) -> tuple:
+    torch.manual_seed(seed)
+    project = ProjectConfiguration(project_dir=url, automatic_checkpoint_naming=True, total_limit=2)
+    accelerator = Accelerator(project_config=project)
+    generator = torch.Generator().manual_seed(1)
+    data = TensorDataset(torch.randn(32, 6, generator=generator), torch.randn(32, 1, generator=generator))
+    model = nn.Sequential(nn.Linear(6, 8), nn.Dropout(0.2), nn.Tanh(), nn.Linear(8, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    model, optimizer, loader = accelerator.prepare(
+        model, optimizer, DataLoader(data, batch_size=4, shuffle=True)
+    )
+    progress = Progress()
+    accelerator.register_for_checkpointing(progress)
+    resumed = accelerator.resume_from_latest_checkpoint()
+    losses = []
+    while progress.done < TOTAL_STEPS:
+        for x, y in loader:
+            loss = nn.functional.mse_loss(model(x), y)
+            accelerator.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+            losses.append(loss.item())
+            progress.done += 1
+            if progress.done % 2 == 0:
+                accelerator.save_state()
+            if progress.done in (stop_at, TOTAL_STEPS):
+                break
+        if progress.done == stop_at:
+            return resumed, losses, None, None
+    params = torch.cat([p.detach().reshape(-1) for p in accelerator.unwrap_model(model).parameters()])
+    names = _names(_s3(), f"{url}/checkpoints") if accelerator.is_main_process else None
+    return resumed, losses, params, names
+
+
+@pytest.mark.distributed
+def test_two_processes_save_rotate_and_resume_bitwise_on_s3(s3_endpoint, s3_url):
+    straight = run_distributed(_train_on_s3, 2, f"{s3_url}-straight", None, 0, env=s3_endpoint)
+    stopped = run_distributed(_train_on_s3, 2, s3_url, 7, 0, env=s3_endpoint)
+    after = run_distributed(_train_on_s3, 2, s3_url, None, 123, env=s3_endpoint)  # other weights until loaded
+    assert straight[0][3] == ["checkpoint_2", "checkpoint_3", "latest"]  # 4 saves, total_limit=2
+    assert after[0][3] == ["checkpoint_2", "checkpoint_3", "latest"]  # resumed at 2, saved 3 at step 8
+    for rank in range(2):
+        assert stopped[rank][1] == straight[rank][1][:7]
+        resumed, losses, params, _ = after[rank]
+        assert resumed == f"{s3_url}/checkpoints/checkpoint_2"  # saved at step 6; step 7 was lost
+        assert losses == straight[rank][1][6:]
+        assert torch.equal(params, straight[rank][2])
+
+
+def test_a_writer_killed_mid_upload_leaves_the_previous_checkpoint(s3_endpoint, s3_url):
+    result = subprocess.run(
+        [sys.executable, str(SCRIPTS / "upload_and_die.py"), s3_url],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**cli_env(), **s3_endpoint},
+        cwd=REPO,
+    )
+    assert result.returncode == -9, result.stderr
+    root = f"{s3_url}/checkpoints"
+    torn = _names(_s3(), f"{root}/checkpoint_1")
+    assert len(torn) == 1 and "manifest.json" not in torn  # one file made it, the manifest never did
+    accelerator, model, optimizer = _accelerator(s3_url, automatic_checkpoint_naming=True)
+    with torch.no_grad():
+        model.weight.fill_(7.0)
+    with pytest.warns(
+        UserWarning, match=rf"Skipped 1 newer.*using {root}/checkpoint_0: .*checkpoint_1 has no"
+    ):
+        assert accelerator.resume_from_latest_checkpoint() == f"{root}/checkpoint_0"
+    assert model.weight.abs().max() < 7.0
+    _step(accelerator, model, optimizer)
+    assert accelerator.save_state() == f"{root}/checkpoint_1"  # the torn prefix is replaced whole
+    assert _names(_s3(), f"{root}/checkpoint_1") == [
+        "accelerator_state.json",
+        "manifest.json",
+        "model.safetensors",
+        "optimizer.bin",
+        "random_states_0.pkl",
+    ]
+
+
+def test_an_async_save_uploads_in_the_background(s3_url):
+    accelerator = Accelerator(project_dir=s3_url)
+    model = nn.Sequential(*[nn.Linear(1024, 1024) for _ in range(4)])  # 16 MB, and 16 MB of momentum
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    _step_wide = lambda: (accelerator.backward(model(torch.ones(2, 1024)).sum()), optimizer.step())  # noqa: E731
+    _step_wide()
+    accelerator.save_state(f"{s3_url}/sync")
+    synchronous = accelerator.last_save_report.stall_seconds
+    accelerator.save_state(f"{s3_url}/async", async_save=True)
+    asynchronous = accelerator.last_save_report.stall_seconds
+    _step_wide()  # training goes on while the upload runs
+    accelerator.wait_for_checkpoint()
+    print(f"stall: synchronous {synchronous:.3f} s, asynchronous {asynchronous:.3f} s")
+    assert asynchronous < synchronous / 2, (synchronous, asynchronous)
+    accelerator.load_state(f"{s3_url}/async")  # committed and verified
+
+
+def _probe_error(url: str, **env) -> tuple[BaseException, float]:
+    import s3fs
+
+    saved = {key: os.environ.get(key) for key in env}
+    for key, value in env.items():
+        os.environ.pop(key, None) if value is None else os.environ.__setitem__(key, value)
+    s3fs.S3FileSystem.clear_instance_cache()
+    started = time.monotonic()
+    try:
+        with pytest.raises(OSError) as caught:
+            Accelerator(project_dir=url)  # checked here, before any training
+        return caught.value, time.monotonic() - started
+    finally:
+        for key, value in saved.items():
+            os.environ.pop(key, None) if value is None else os.environ.__setitem__(key, value)
+        s3fs.S3FileSystem.clear_instance_cache()
+
+
+def test_a_missing_bucket_fails_before_training(s3_endpoint):
+    error, seconds = _probe_error("s3://no-such-bucket/run")
+    assert isinstance(error, FileNotFoundError)
+    assert "Checkpoint storage 's3://no-such-bucket/run': the bucket 'no-such-bucket' does not exist" in str(
+        error
+    )
+    assert seconds < 10
+
+
+def test_missing_credentials_fail_before_training(s3_endpoint, tmp_path):
+    error, seconds = _probe_error(
+        "s3://lockstep-bucket/run",
+        AWS_ACCESS_KEY_ID=None,
+        AWS_SECRET_ACCESS_KEY=None,
+        AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "none"),
+        AWS_CONFIG_FILE=str(tmp_path / "none"),
+    )
+    assert isinstance(error, PermissionError)
+    assert "found no credentials. Set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY" in str(error)
+    assert seconds < 10
+
+
+def test_an_unreachable_endpoint_fails_before_training(s3_endpoint):
+    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    error, seconds = _probe_error("s3://lockstep-bucket/run", AWS_ENDPOINT_URL=dead)
+    assert isinstance(error, ConnectionError)
+    assert "is unreachable. Check the endpoint (AWS_ENDPOINT_URL" in str(error)
+    assert dead in str(error)
+    assert seconds < 20
