@@ -4,6 +4,7 @@ Save, rotate and resume bitwise (2 gloo processes); a writer killed mid-upload l
 the newest valid one; a dead endpoint, a missing bucket or missing credentials fail before training, fast.
 """
 
+import json
 import os
 import subprocess
 import sys
@@ -236,12 +237,14 @@ def _train_on_s3(url: str, stop_at: int | None, seed: int) -> tuple:
             optimizer.zero_grad()
             losses.append(loss.item())
             progress.done += 1
-            if progress.done % 2 == 0:
-                accelerator.save_state()
+            if progress.done % 2 == 0:  # uploaded in the background while the next steps run
+                accelerator.save_state(async_save=True)
             if progress.done in (stop_at, TOTAL_STEPS):
                 break
         if progress.done == stop_at:
+            accelerator.wait_for_checkpoint()
             return resumed, losses, None, None
+    accelerator.wait_for_checkpoint()
     params = torch.cat([p.detach().reshape(-1) for p in accelerator.unwrap_model(model).parameters()])
     names = _names(_s3(), f"{url}/checkpoints") if accelerator.is_main_process else None
     return resumed, losses, params, names
@@ -253,6 +256,8 @@ def test_two_processes_save_rotate_and_resume_bitwise_on_s3(s3_endpoint, s3_url)
     stopped = run_distributed(_train_on_s3, 2, s3_url, 7, 0, env=s3_endpoint)
     after = run_distributed(_train_on_s3, 2, s3_url, None, 123, env=s3_endpoint)  # other weights until loaded
     assert straight[0][3] == ["checkpoint_2", "checkpoint_3", "latest"]  # 4 saves, total_limit=2
+    manifest = json.loads(_s3().cat_file(f"{s3_url}-straight/checkpoints/checkpoint_3/manifest.json"))
+    assert {"random_states_0.pkl", "random_states_1.pkl", "model.safetensors"} <= set(manifest["files"])
     assert after[0][3] == ["checkpoint_2", "checkpoint_3", "latest"]  # resumed at 2, saved 3 at step 8
     for rank in range(2):
         assert stopped[rank][1] == straight[rank][1][:7]
@@ -359,3 +364,16 @@ def test_an_unreachable_endpoint_fails_before_training(s3_endpoint):
     assert "is unreachable. Check the endpoint (AWS_ENDPOINT_URL" in str(error)
     assert dead in str(error)
     assert seconds < 20
+
+
+@pytest.mark.distributed
+def test_a_sharded_fsdp_checkpoint_round_trips_through_s3_on_another_world_size(s3_endpoint, s3_url):
+    from tests.backends.test_fsdp_checkpoint import _assert_same, _load, _save
+
+    saved = run_distributed(_save, 2, 2, s3_url, "SHARDED_STATE_DICT", env=s3_endpoint)[0]
+    names = _names(_s3(), s3_url)
+    assert {"pytorch_model_fsdp_0", "optimizer_0", "manifest.json"} <= set(names)
+    shards = [p for p in _s3().find(f"{s3_url}/pytorch_model_fsdp_0") if p.endswith(".distcp")]
+    assert len(shards) == 2  # each process uploaded its own shard file from its own staging folder
+    loaded = run_distributed(_load, 1, 1, s3_url, "SHARDED_STATE_DICT", env=s3_endpoint)[0]
+    _assert_same(saved, loaded)
