@@ -377,3 +377,48 @@ def test_a_sharded_fsdp_checkpoint_round_trips_through_s3_on_another_world_size(
     assert len(shards) == 2  # each process uploaded its own shard file from its own staging folder
     loaded = run_distributed(_load, 1, 1, s3_url, "SHARDED_STATE_DICT", env=s3_endpoint)[0]
     _assert_same(saved, loaded)
+
+
+def _trainer(output_dir: str, seed: int, **options):
+    from lockstep import Trainer, TrainingArguments
+    from tests.helpers.training import make_dataset, make_model
+
+    def mse(outputs, labels, num_items_in_batch=None):
+        return nn.functional.mse_loss(outputs, labels)
+
+    args = TrainingArguments(
+        output_dir=output_dir,
+        per_device_train_batch_size=4,
+        max_steps=6,
+        save_strategy="steps",
+        save_steps=2,
+        disable_tqdm=True,
+        report_to="none",
+        **options,
+    )
+    return Trainer(make_model(seed=seed), args, train_dataset=make_dataset(64), compute_loss_func=mse)
+
+
+def test_the_trainer_checkpoints_rotates_and_resumes_on_s3(s3_url, capsys):
+    from tests.helpers.training import flat_params
+
+    first = _trainer(s3_url, 0, save_total_limit=2)
+    first.train()
+    assert _names(_s3(), s3_url) == ["checkpoint-4", "checkpoint-6"]
+    _s3().rm_file(f"{s3_url}/checkpoint-6/manifest.json")  # a save killed mid-upload: skipped
+    resumed = _trainer(s3_url, 1, save_total_limit=2)  # other weights until loaded
+    resumed.train(resume_from_checkpoint=True)
+    assert f"[train] resumed from {s3_url}/checkpoint-4 at step 4/6" in capsys.readouterr().out
+    assert torch.equal(flat_params(resumed.model), flat_params(first.model))
+    assert _names(_s3(), s3_url) == ["checkpoint-4", "checkpoint-6"]
+
+
+def test_a_weights_only_trainer_checkpoint_on_memory_is_committed_and_refused_for_resuming(memory_url):
+    _trainer(memory_url, 0, save_only_model=True, save_total_limit=1).train()
+    filesystem = fsspec.filesystem("memory")
+    assert _names(filesystem, memory_url) == ["checkpoint-6"]
+    assert {"manifest.json", "model.safetensors", "trainer_state.json"} <= set(
+        _names(filesystem, f"{memory_url}/checkpoint-6")
+    )
+    with pytest.raises(ValueError, match=r"checkpoint-6' was saved with save_only_model=True"):
+        _trainer(memory_url, 0).train(resume_from_checkpoint=f"{memory_url}/checkpoint-6")

@@ -41,6 +41,18 @@ class CheckpointStorage(abc.ABC):
         """The folder holding ``location``."""
 
     @abc.abstractmethod
+    def children(self, root: Location) -> list[Location]:
+        """The folders directly under ``root`` (none when it does not exist)."""
+
+    @abc.abstractmethod
+    def exists(self, location: Location) -> bool:
+        """Whether a file or folder is at ``location``."""
+
+    @abc.abstractmethod
+    def remove(self, location: Location) -> None:
+        """Delete the folder ``location`` (a checkpoint stops counting before any of its files goes)."""
+
+    @abc.abstractmethod
     def probe(self) -> None:
         """Check that the storage is reachable and writable (raises a clear error)."""
 

@@ -118,6 +118,21 @@ class FsspecStorage(CheckpointStorage):
         """Forget cached listings: other processes write here too."""
         self.fs.invalidate_cache(str(location))
 
+    def children(self, root: Location) -> list[Location]:
+        root = str(root)
+        self._fresh(root)
+        if not self.fs.exists(root):
+            return []
+        entries = self.fs.ls(root, detail=True)
+        return [self.join(root, self.name(e["name"])) for e in entries if e["type"] == "directory"]
+
+    def exists(self, location: Location) -> bool:
+        self._fresh(str(location))
+        return bool(self.fs.exists(str(location)))
+
+    def remove(self, location: Location) -> None:
+        self._clear(str(location))
+
     # -- reachability -----------------------------------------------------------------------------
     def probe(self) -> None:
         """Write and delete one small object under the URL, within :data:`PROBE_SECONDS`.
@@ -272,16 +287,10 @@ class FsspecStorage(CheckpointStorage):
 
     def automatic(self, root: Location) -> list[tuple[int, str]]:
         """``checkpoint_{i}`` prefixes under ``root``, oldest first."""
-        root = str(root)
-        self._fresh(root)
-        if not self.fs.exists(root):
-            return []
-        found = []
-        for entry in self.fs.ls(root, detail=True):
-            match = layout._AUTOMATIC_NAME.match(entry["name"].rstrip("/").rsplit("/", 1)[-1])
-            if match and entry["type"] == "directory":
-                found.append((int(match.group(1)), self.join(root, match.group(0))))
-        return sorted(found)
+        found = [
+            (layout._AUTOMATIC_NAME.match(self.name(folder)), str(folder)) for folder in self.children(root)
+        ]
+        return sorted((int(match.group(1)), folder) for match, folder in found if match)
 
     def newest_valid(self, root: Location) -> str:
         broken: list[str] = []

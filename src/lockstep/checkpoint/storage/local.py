@@ -8,6 +8,7 @@ local folders, where the atomic rename is the stronger guarantee.
 from __future__ import annotations
 
 import contextlib
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -34,6 +35,16 @@ class LocalStorage(CheckpointStorage):
 
     def parent(self, location: Location) -> Path:
         return _path(location).parent
+
+    def children(self, root: Location) -> list[Location]:
+        root = _path(root)
+        return [p for p in root.iterdir() if p.is_dir()] if root.is_dir() else []
+
+    def exists(self, location: Location) -> bool:
+        return _path(location).exists()
+
+    def remove(self, location: Location) -> None:
+        shutil.rmtree(_path(location), ignore_errors=True)
 
     def probe(self) -> None:
         """Nothing to check: a missing or read-only folder fails the save with the OS's own error."""
