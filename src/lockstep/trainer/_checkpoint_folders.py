@@ -9,8 +9,7 @@ from __future__ import annotations
 import logging
 import re
 
-from lockstep.checkpoint import CheckpointError, verify
-from lockstep.checkpoint.storage import Location, is_url, storage_for
+from lockstep.checkpoint import CheckpointError, Location, is_url, storage_for, verify
 
 PREFIX = "checkpoint"
 _NAME = re.compile(rf"^{PREFIX}-(\d+)$")
