@@ -154,9 +154,10 @@ class CheckpointManager:
         folder, automatic = self.save_target(output_dir)
         models, optimizers = list(self.prepared.models), list(self.prepared.optimizers)
         weights: list[Any] = self.backend.model_state_dicts(models)  # may be a collective: every rank, now
-        writes_shared = self._writes_shared_files()
         limit = self.project.total_limit
         storage = self.storage(folder)
+        # save_on_each_node is for node-local disks; an object store gets the shared files once.
+        writes_shared = self._writes_shared_files() if storage.node_local else self.state.is_main_process
         nbytes = save_checkpoint(
             lambda staging: self._collect(models, weights, staging),
             folder,
