@@ -426,3 +426,25 @@ def test_a_weights_only_trainer_checkpoint_on_memory_is_committed_and_refused_fo
     )
     with pytest.raises(ValueError, match=r"checkpoint-6' was saved with save_only_model=True"):
         _trainer(memory_url, 0).train(resume_from_checkpoint=f"{memory_url}/checkpoint-6")
+
+
+def _load_from_a_dead_endpoint(url: str) -> tuple[str, str, float]:
+    accelerator = Accelerator()  # a local project: the URL is met only here
+    model = accelerator.prepare(nn.Linear(4, 2))
+    started = time.monotonic()
+    try:
+        accelerator.load_state(url)
+    except Exception as error:
+        return type(error).__name__, str(error), time.monotonic() - started
+    return "", repr(model), 0.0
+
+
+@pytest.mark.distributed
+def test_loading_from_a_dead_endpoint_fails_on_every_rank_instead_of_hanging(s3_endpoint):
+    env = {**s3_endpoint, "AWS_ENDPOINT_URL": f"http://127.0.0.1:{free_port()}"}
+    url = "s3://lockstep-bucket/run/checkpoints/checkpoint_0"
+    results = run_distributed(_load_from_a_dead_endpoint, 2, url, env=env, timeout=60)
+    assert results[0][:2] == results[1][:2]  # the main process's error, raised on both ranks
+    assert results[0][0] == "ConnectionError"
+    assert results[0][1].startswith(f"Checkpoint storage '{url}' is unreachable. Check the endpoint")
+    assert all(seconds < 30 for _, _, seconds in results)

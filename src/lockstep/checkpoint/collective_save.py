@@ -146,6 +146,21 @@ def save_checkpoint(
     return sum(snap.nbytes() for snap in snapshots)
 
 
+_AGREED_ERRORS: dict[str, type[Exception]] = {
+    kind.__name__: kind
+    for kind in (
+        layout.CheckpointError,
+        ValueError,
+        FileNotFoundError,
+        PermissionError,
+        ConnectionError,
+        TimeoutError,
+        OSError,
+    )
+}
+"""Errors choosing a checkpoint (the main process's) raised as themselves on every rank."""
+
+
 def choose_checkpoint(
     state: PartialState,
     input_dir: Location | None,
@@ -167,15 +182,15 @@ def choose_checkpoint(
                     "load_state() needs input_dir=, or a project_dir with "
                     "ProjectConfiguration(automatic_checkpoint_naming=True) to find the newest checkpoint."
                 )
-        except (layout.CheckpointError, FileNotFoundError, ValueError) as error:
+        except Exception as error:  # raised on every rank below: the others must not wait in the broadcast
             choice[1] = (type(error).__name__, str(error))
     if state.use_distributed:
         broadcast_object_list(choice, from_process=0)
     if choice[1] is not None:
         kind, message = choice[1]
-        raise {"CheckpointError": layout.CheckpointError, "FileNotFoundError": FileNotFoundError}.get(
-            kind, ValueError
-        )(message)
+        if kind in _AGREED_ERRORS:
+            raise _AGREED_ERRORS[kind](message)
+        raise RuntimeError(f"{kind}: {message}")
     return Path(choice[0]) if storage.node_local else choice[0]
 
 

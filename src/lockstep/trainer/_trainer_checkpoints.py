@@ -141,13 +141,21 @@ class TrainerCheckpoints:
             resume = True
         if resume is not True:
             return self.location(resume)
-        choice: list[str | None] = [None]
+        choice: list[str | None] = [None, None]
         # With save_on_each_node every node holds its own copies (node-local disks): each process looks.
         if self.accelerator.is_main_process or self.args.save_on_each_node:
-            found = _checkpoint_folders.newest_valid_checkpoint(self.args.output_dir)
-            choice[0] = None if found is None else str(found)
+            try:
+                found = _checkpoint_folders.newest_valid_checkpoint(self.args.output_dir)
+                choice[0] = None if found is None else str(found)
+            except Exception as error:  # raised on every rank below, not left for the others to wait on
+                choice[1] = f"{type(error).__name__}: {error}"
         if self.accelerator.num_processes > 1 and not self.args.save_on_each_node:
             broadcast_object_list(choice)
+        if choice[1] is not None:
+            raise RuntimeError(
+                f"train(resume_from_checkpoint=True): looking for the newest checkpoint of "
+                f"{self.args.output_dir!r} failed: {choice[1]}"
+            )
         if choice[0] is None:
             raise ValueError(
                 f"train(resume_from_checkpoint=True): {self.args.output_dir!r} holds no valid checkpoint-<step> "

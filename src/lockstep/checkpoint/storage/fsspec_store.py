@@ -120,10 +120,11 @@ class FsspecStorage(CheckpointStorage):
 
     def children(self, root: Location) -> list[Location]:
         root = str(root)
-        self._fresh(root)
-        if not self.fs.exists(root):
-            return []
-        entries = self.fs.ls(root, detail=True)
+        with self._described(root):
+            self._fresh(root)
+            if not self.fs.exists(root):
+                return []
+            entries = self.fs.ls(root, detail=True)
         return [self.join(root, self.name(e["name"])) for e in entries if e["type"] == "directory"]
 
     def exists(self, location: Location) -> bool:
@@ -256,9 +257,23 @@ class FsspecStorage(CheckpointStorage):
             time.sleep(MARKER_POLL_SECONDS)
 
     # -- finding and reading ----------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _described(self, location: str) -> Iterator[None]:
+        """Failures of the store itself (endpoint, credentials, bucket) as :func:`describe_failure` says them."""
+        started = time.monotonic()
+        try:
+            yield
+        except layout.CheckpointError:
+            raise
+        except Exception as error:
+            raise describe_failure(location, error, time.monotonic() - started) from error
+
     def check(self, folder: Location) -> None:
         """Manifest present and every file it lists there with its size (checksums: when read)."""
-        folder = str(folder)
+        with self._described(str(folder)):
+            self._check(str(folder))
+
+    def _check(self, folder: str) -> None:
         self._fresh(folder)
         manifest_path = self.join(folder, layout.MANIFEST_NAME)
         if not self.fs.exists(manifest_path):
@@ -370,7 +385,7 @@ _FAILURES = (
 
 
 def describe_failure(url: str, error: BaseException, seconds: float) -> OSError:
-    """A clear error for a failed probe: what was tried, why it failed, what to do."""
+    """A clear error for a store that failed: what was tried, why it failed, what to do."""
     text = f"{type(error).__name__}: {error}"
     names = {cls.__name__ for cls in type(error).__mro__}
     if isinstance(error, FileNotFoundError) or "NoSuchBucket" in text:
