@@ -42,6 +42,8 @@ IMPORT_NAMES: dict[str, str | None] = {
     "deepspeed": "deepspeed",
     "optuna": "optuna",
     "transformers": "transformers",
+    "moto": "moto",
+    "s3fs": "s3fs",
 }
 
 

@@ -48,6 +48,10 @@ class CheckpointingView:
         self._accumulation = accumulation
         self._step_timer = step_timer
         self._manager: CheckpointManager | None = None
+        from lockstep.checkpoint.storage import is_url
+
+        if is_url(project.project_dir):
+            self.manager  # noqa: B018 -- an object store is checked now, before training, not at the first save
 
     @property
     def manager(self) -> CheckpointManager:

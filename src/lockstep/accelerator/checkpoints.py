@@ -2,11 +2,13 @@
 
 The file formats and the crash-consistent protocol live in :mod:`lockstep.checkpoint`; the model and
 optimizer state is the backend's business. This module decides what to save (everything prepared plus
-registered objects) and where (``project_dir/checkpoints/checkpoint_{i}`` with automatic naming).
+registered objects) and where (``project_dir/checkpoints/checkpoint_{i}`` with automatic naming; a local
+folder, or any fsspec URL such as ``s3://bucket/run``: see :mod:`lockstep.checkpoint.storage`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -25,8 +27,9 @@ from lockstep.backends.base import Backend
 from lockstep.backends.capabilities import Indexed, ShardedCheckpointIO
 from lockstep.checkpoint import layout
 from lockstep.checkpoint.async_writer import AsyncCheckpointWriter
-from lockstep.checkpoint.collective_save import choose_checkpoint, load_checkpoint, save_checkpoint
+from lockstep.checkpoint.collective_save import agree, choose_checkpoint, load_checkpoint, save_checkpoint
 from lockstep.checkpoint.model_files import save_model_files
+from lockstep.checkpoint.storage import CheckpointStorage, Location, is_url, storage_for
 from lockstep.checkpoint.training_state import TrainingObjects
 from lockstep.config.project import ProjectConfiguration
 from lockstep.state import PartialState
@@ -77,6 +80,28 @@ class CheckpointManager:
         self.load_hooks: OrderedDict[int, Callable[..., Any]] = OrderedDict()
         self.writer = AsyncCheckpointWriter()
         self.last_save: SaveReport | None = None
+        self.loaded_from: Location | None = None
+        """The checkpoint the last ``load_state`` restored."""
+        self._storages: dict[str, CheckpointStorage] = {}
+        if is_url(project.project_dir):
+            self._probe(str(project.project_dir))
+
+    def storage(self, location: Location) -> CheckpointStorage:
+        """The storage serving ``location`` (one per URL scheme and bucket, built on first use)."""
+        key = str(location).split("/", 3)[:3] if is_url(location) else ["local"]
+        name = "/".join(key)
+        if name not in self._storages:
+            self._storages[name] = storage_for(location)
+        return self._storages[name]
+
+    def _probe(self, url: str) -> None:
+        """Every process checks now, before training, that it can write ``url`` (bounded in time)."""
+        error: BaseException | None = None
+        try:
+            self.storage(url).probe()
+        except (OSError, ImportError, ValueError) as failure:
+            error = failure
+        agree(self.state, error, f"Checking the checkpoint storage {url}")
 
     def add_hook(self, hooks: dict[int, Callable[..., Any]], hook: Callable[..., Any]) -> RemovableHandle:
         handle = RemovableHandle(hooks)
@@ -84,13 +109,13 @@ class CheckpointManager:
         return handle
 
     # -- where ------------------------------------------------------------------------------------
-    def automatic_root(self) -> Path | None:
-        """``project_dir/checkpoints``, or None without a project folder."""
+    def automatic_root(self) -> Location | None:
+        """``project_dir/checkpoints`` (a path or a URL), or None without a project folder."""
         if self.project.project_dir is None:
             return None
-        return Path(self.project.project_dir) / CHECKPOINTS_FOLDER
+        return self.storage(self.project.project_dir).join(self.project.project_dir, CHECKPOINTS_FOLDER)
 
-    def save_target(self, output_dir: str | os.PathLike | None) -> tuple[Path, bool]:
+    def save_target(self, output_dir: str | os.PathLike | None) -> tuple[Location, bool]:
         """(folder, whether it is automatically named)."""
         if self.project.automatic_checkpoint_naming:
             root = self.automatic_root()
@@ -99,13 +124,13 @@ class CheckpointManager:
                     "ProjectConfiguration(automatic_checkpoint_naming=True) needs a project_dir: pass "
                     "Accelerator(project_dir=...)."
                 )
-            return root / f"checkpoint_{self.project.iteration}", True
+            return self.storage(root).join(root, f"checkpoint_{self.project.iteration}"), True
         if output_dir is None:
             raise ValueError(
                 "save_state() needs output_dir=, or ProjectConfiguration(automatic_checkpoint_naming=True) with a "
                 "project_dir to name checkpoints project_dir/checkpoints/checkpoint_{i}."
             )
-        return Path(output_dir), False
+        return (os.fspath(output_dir) if is_url(output_dir) else Path(output_dir)), False
 
     # -- what -------------------------------------------------------------------------------------
     def _shared_objects(self) -> TrainingObjects:
@@ -129,18 +154,21 @@ class CheckpointManager:
         folder, automatic = self.save_target(output_dir)
         models, optimizers = list(self.prepared.models), list(self.prepared.optimizers)
         weights: list[Any] = self.backend.model_state_dicts(models)  # may be a collective: every rank, now
-        writes_shared = self._writes_shared_files()
         limit = self.project.total_limit
+        storage = self.storage(folder)
+        # save_on_each_node is for node-local disks; an object store gets the shared files once.
+        writes_shared = self._writes_shared_files() if storage.node_local else self.state.is_main_process
         nbytes = save_checkpoint(
             lambda staging: self._collect(models, weights, staging),
             folder,
+            storage=storage,
             state=self.state,
             writes_shared_files=writes_shared,
             move_latest_pointer=automatic,
             step=self.accumulation.step,
             safe_serialization=safe_serialization,
             writer=self.writer if async_save else None,
-            after_commit=(lambda: layout.rotate(folder.parent, limit))
+            after_commit=(lambda: storage.rotate(storage.parent(folder), limit))
             if automatic and writes_shared
             else None,
             save_shards=self._shard_writer(models, optimizers),
@@ -182,7 +210,7 @@ class CheckpointManager:
         objects.gradients = lambda: self.backend.pending_gradients(models, mid_accumulation=mid_accumulation)
         return objects
 
-    def _report(self, folder: Path, stall: float, nbytes: int, asynchronous: bool) -> None:
+    def _report(self, folder: Location, stall: float, nbytes: int, asynchronous: bool) -> None:
         self.last_save = SaveReport(
             folder=str(folder), stall_seconds=stall, nbytes=nbytes, asynchronous=asynchronous
         )
@@ -203,9 +231,28 @@ class CheckpointManager:
         """Restore the chosen checkpoint on every rank together."""
         self.wait()
         self.state.wait_for_everyone()  # every rank's background save is committed before choosing
-        folder = choose_checkpoint(
-            self.state, None if input_dir is None else Path(input_dir), self.automatic_root()
-        )
+        root = self.automatic_root()
+        if input_dir is not None:
+            input_dir = os.fspath(input_dir) if is_url(input_dir) else Path(input_dir)
+        where = input_dir if input_dir is not None else root
+        storage = self.storage(where) if where is not None else storage_for(".")
+        location = choose_checkpoint(self.state, input_dir, root, storage)
+        with contextlib.ExitStack() as stack:
+            local: list[Path] = []
+            error = None
+            try:  # an object store's checkpoint is downloaded and its checksums verified first
+                local.append(stack.enter_context(storage.readable(location)))
+            except Exception as failure:
+                error = failure
+            agree(self.state, error, f"Reading the checkpoint {location}")
+            self._load_from(local[0])
+        self.loaded_from = location
+        match = layout._AUTOMATIC_NAME.match(storage.name(location))
+        if self.project.automatic_checkpoint_naming and match:
+            self.project.iteration = int(match.group(1)) + 1
+
+    def _load_from(self, folder: Path) -> None:
+        """Restore every object from the local checkpoint folder ``folder``."""
         models: list[nn.Module] = list(self.prepared.models)
         hooked_models = list(models)
         for hook in self.load_hooks.values():
@@ -229,9 +276,6 @@ class CheckpointManager:
         if gradients is not None:
             self.backend.restore_gradients(models, gradients)
         self.accumulation.step = int(counters.get("step", 0))
-        match = layout._AUTOMATIC_NAME.match(folder.name)
-        if self.project.automatic_checkpoint_naming and match:
-            self.project.iteration = int(match.group(1)) + 1
 
     # -- export -----------------------------------------------------------------------------------
     def save_model(

@@ -672,4 +672,4 @@ class Accelerator:
             self.load_state()
         except FileNotFoundError:
             return None
-        return str(root / f"checkpoint_{self.project_configuration.iteration - 1}")
+        return str(self._saving.manager.loaded_from)

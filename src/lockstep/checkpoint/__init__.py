@@ -1,4 +1,5 @@
-"""Checkpoints that lose nothing: layout, manifest, atomic commits, safe loading, model files."""
+"""Checkpoints that lose nothing: layout, manifest, atomic commits, safe loading, model files, storage
+(local folders or fsspec URLs)."""
 
 from lockstep.checkpoint.layout import (
     MANIFEST_NAME,
@@ -12,14 +13,18 @@ from lockstep.checkpoint.layout import (
 )
 from lockstep.checkpoint.model_files import load_model_files, load_model_weights, save_model_files
 from lockstep.checkpoint.safe_load import UnsafeCheckpointError, safe_torch_load
+from lockstep.checkpoint.storage import CheckpointStorage, Location, is_url, storage_for
 from lockstep.checkpoint.training_state import ACCELERATOR_STATE
 
 __all__ = [
     "ACCELERATOR_STATE",
     "MANIFEST_NAME",
     "CheckpointError",
+    "CheckpointStorage",
+    "Location",
     "UnsafeCheckpointError",
     "commit",
+    "is_url",
     "load_model_files",
     "load_model_weights",
     "newest_valid_checkpoint",
@@ -27,6 +32,7 @@ __all__ = [
     "safe_torch_load",
     "save_model_files",
     "staging_dir_for",
+    "storage_for",
     "verify",
     "write_manifest",
 ]

@@ -24,7 +24,8 @@ from typing import Any
 import torch
 
 from lockstep.checkpoint import layout
-from lockstep.checkpoint.async_writer import AsyncCheckpointWriter, rank_work, wait_for_ranks
+from lockstep.checkpoint.async_writer import AsyncCheckpointWriter
+from lockstep.checkpoint.storage import CheckpointStorage, LocalStorage, Location
 from lockstep.checkpoint.training_state import (
     Snapshot,
     TrainingObjects,
@@ -64,8 +65,9 @@ def _attempt(function: Callable[[], Any]) -> BaseException | None:
 
 def save_checkpoint(
     collect: Callable[[Path], TrainingObjects],
-    final_dir: Path,
+    final_dir: Location,
     *,
+    storage: CheckpointStorage | None = None,
     state: PartialState,
     writes_shared_files: bool,
     move_latest_pointer: bool,
@@ -81,16 +83,20 @@ def save_checkpoint(
     save hooks run there and may write files of their own into ``staging``, which are committed (and
     covered by the manifest) with the rest. With ``writer``, only the snapshot happens now and the files
     are written in the background. ``save_shards(staging)`` is the backend's collective write of its own
-    shards, done now in any case.
+    shards, done now in any case. ``storage`` commits the staged files (default: a local folder).
     """
+    storage = storage or LocalStorage()
     if writer is not None:
         writer.wait()
-    staging = layout.staging_dir_for(final_dir)
+    # On an object store only the main process commits; on a (shared) folder every writer of shared files.
+    commits = writes_shared_files and (storage.node_local or state.is_main_process)
+    staged: list[Path] = []
     agree(
         state,
-        _attempt(lambda: layout.prepare_staging(final_dir)) if writes_shared_files else None,
+        _attempt(lambda: staged.append(storage.prepare(final_dir, main=commits))),
         "Preparing the save",
     )
+    staging = staged[0]
     collected: list[TrainingObjects] = []
     agree(
         state, _attempt(lambda: collected.append(collect(staging))), f"Collecting the state for {final_dir}"
@@ -109,10 +115,16 @@ def save_checkpoint(
         # A collective (also when the rest is written in the background); DCP raises on every rank if one fails.
         save_shards(staging)
 
-    def commit() -> None:
-        if writes_shared_files:
-            layout.write_manifest(staging, world_size=state.num_processes, step=step)
-            layout.commit(staging, final_dir, move_latest_pointer=move_latest_pointer)
+    def commit(wait_seconds: float | None) -> None:
+        if commits:
+            storage.commit(
+                staging,
+                final_dir,
+                world_size=state.num_processes,
+                step=step,
+                move_latest_pointer=move_latest_pointer,
+                wait_seconds=wait_seconds,
+            )
             if after_commit is not None:
                 after_commit()
 
@@ -120,48 +132,66 @@ def save_checkpoint(
         for snap in snapshots:
             write_snapshot(snap, staging)
 
+    work = storage.rank_writer(write, staging, final_dir, state.process_index, background=writer is not None)
     if writer is None:
-        agree(state, _attempt(write), f"Saving the checkpoint {final_dir}")
-        agree(state, _attempt(commit), f"Committing the checkpoint {final_dir}")
+        agree(state, _attempt(work), f"Saving the checkpoint {final_dir}")
+        agree(state, _attempt(lambda: commit(None)), f"Committing the checkpoint {final_dir}")
     else:
-        work = rank_work(write, staging, state.process_index)
 
         def background() -> None:
             work()
-            if writes_shared_files:
-                wait_for_ranks(staging, state.num_processes, timeout=ASYNC_TIMEOUT_SECONDS)
-                commit()
+            commit(ASYNC_TIMEOUT_SECONDS)
 
         writer.start(background)
     return sum(snap.nbytes() for snap in snapshots)
 
 
-def choose_checkpoint(state: PartialState, input_dir: Path | None, automatic_root: Path | None) -> Path:
+_AGREED_ERRORS: dict[str, type[Exception]] = {
+    kind.__name__: kind
+    for kind in (
+        layout.CheckpointError,
+        ValueError,
+        FileNotFoundError,
+        PermissionError,
+        ConnectionError,
+        TimeoutError,
+        OSError,
+    )
+}
+"""Errors choosing a checkpoint (the main process's) raised as themselves on every rank."""
+
+
+def choose_checkpoint(
+    state: PartialState,
+    input_dir: Location | None,
+    automatic_root: Location | None,
+    storage: CheckpointStorage | None = None,
+) -> Location:
     """The folder to load, verified by the main process and agreed by all ranks."""
+    storage = storage or LocalStorage()
     choice: list[Any] = [None, None]
     if state.is_main_process:
         try:
             if input_dir is not None:
-                if not layout.written_by_accelerate(input_dir):
-                    layout.verify(input_dir)
+                storage.check(input_dir)
                 choice[0] = str(input_dir)
             elif automatic_root is not None:
-                choice[0] = str(layout.newest_valid_checkpoint(automatic_root))
+                choice[0] = str(storage.newest_valid(automatic_root))
             else:
                 raise ValueError(
                     "load_state() needs input_dir=, or a project_dir with "
                     "ProjectConfiguration(automatic_checkpoint_naming=True) to find the newest checkpoint."
                 )
-        except (layout.CheckpointError, FileNotFoundError, ValueError) as error:
+        except Exception as error:  # raised on every rank below: the others must not wait in the broadcast
             choice[1] = (type(error).__name__, str(error))
     if state.use_distributed:
         broadcast_object_list(choice, from_process=0)
     if choice[1] is not None:
         kind, message = choice[1]
-        raise {"CheckpointError": layout.CheckpointError, "FileNotFoundError": FileNotFoundError}.get(
-            kind, ValueError
-        )(message)
-    return Path(choice[0])
+        if kind in _AGREED_ERRORS:
+            raise _AGREED_ERRORS[kind](message)
+        raise RuntimeError(f"{kind}: {message}")
+    return Path(choice[0]) if storage.node_local else choice[0]
 
 
 def load_checkpoint(

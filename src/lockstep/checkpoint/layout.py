@@ -182,8 +182,17 @@ def read_manifest(folder: Path) -> Manifest:
             "written by lockstep). It cannot be loaded safely."
         )
     try:
-        data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as error:
+        text = path.read_text()
+    except OSError as error:
+        raise CheckpointError(f"Checkpoint {folder}: {MANIFEST_NAME} is unreadable ({error}).") from None
+    return parse_manifest(text, folder)
+
+
+def parse_manifest(text: str | bytes, folder: object) -> Manifest:
+    """A manifest from its JSON text; ``folder`` (a path or URL) is named in errors."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as error:
         raise CheckpointError(f"Checkpoint {folder}: {MANIFEST_NAME} is unreadable ({error}).") from None
     if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("files"), dict):
         raise CheckpointError(f"Checkpoint {folder}: {MANIFEST_NAME} is not a lockstep manifest.")

@@ -17,7 +17,8 @@ class ProjectConfiguration:
     """
 
     project_dir: str | None = None
-    """Root folder of the run (checkpoints go under ``project_dir/checkpoints``)."""
+    """Root folder of the run (checkpoints go under ``project_dir/checkpoints``): a local path, or an fsspec
+    URL such as ``s3://bucket/run`` (``pip install 'lockstep[s3]'``; ``[gcs]``, ``[azure]``)."""
     logging_dir: str | None = None
     """Folder for tracker files; defaults to ``project_dir``."""
     automatic_checkpoint_naming: bool = False

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from lockstep import checkpoint
 from lockstep.accelerator import Accelerator
+from lockstep.checkpoint import CheckpointStorage, Location, is_url, storage_for
 from lockstep.trainer import _checkpoint_folders
 from lockstep.trainer._loss_sums import LossSums
 from lockstep.trainer.arguments import TrainingArguments
@@ -49,18 +50,27 @@ class TrainerCheckpoints:
         self.load_weights = load_weights
         self.write_state = write_state
 
-    def folder(self) -> Path:
+    @property
+    def storage(self) -> CheckpointStorage:
+        """Where ``output_dir`` is: a local folder, or an fsspec URL."""
+        return storage_for(self.args.output_dir)
+
+    def location(self, folder: str | Path) -> Location:
+        """A checkpoint folder given as text: a URL stays one, anything else is a ``Path``."""
+        return str(folder) if is_url(folder) else Path(folder)
+
+    def folder(self) -> Location:
         """The folder of the current step's checkpoint."""
         return _checkpoint_folders.checkpoint_folder(self.args.output_dir, self.state.global_step)
 
-    def save(self) -> Path:
+    def save(self) -> Location:
         """Save the whole state into ``checkpoint-<step>``; rotate older ones (never the best model's)."""
         self.losses.store(self.accelerator, self.state)
         folder = self.folder()
         best = self.state.best_global_step
         if best is not None:
             best_folder = _checkpoint_folders.checkpoint_folder(self.args.output_dir, best)
-            if best == self.state.global_step or best_folder.is_dir():
+            if best == self.state.global_step or self.storage.exists(best_folder):
                 self.state.best_model_checkpoint = str(best_folder)
         if self.args.save_only_model:
             self._save_model_only(folder)
@@ -69,27 +79,34 @@ class TrainerCheckpoints:
         self.rotate(folder)
         return folder
 
-    def _save_model_only(self, folder: Path) -> None:
+    def _save_model_only(self, folder: Location) -> None:
         """``save_only_model``: the weights (``save_model``'s layout) and ``trainer_state.json``, committed
-        atomically with a manifest; no optimizer, scheduler, RNG or data position, so no resuming."""
-        main = self.accelerator.is_main_process
-        staging = checkpoint.prepare_staging(folder) if main else checkpoint.staging_dir_for(folder)
+        with a manifest written last; no optimizer, scheduler, RNG or data position, so no resuming."""
+        main, storage = self.accelerator.is_main_process, self.storage
+        staging = storage.prepare(folder, main=main)
         self.accelerator.wait_for_everyone()
         self.save_weights(staging)  # every rank: gathering a sharded model's weights is a collective
         if main:
             self.write_state(staging)
-            checkpoint.write_manifest(
-                staging, world_size=self.accelerator.num_processes, step=self.state.global_step
+        # On an object store every rank uploads what it wrote (the main process: everything) and says so.
+        storage.rank_writer(lambda: None, staging, folder, self.accelerator.process_index, background=False)()
+        if main:
+            storage.commit(
+                staging,
+                folder,
+                world_size=self.accelerator.num_processes,
+                step=self.state.global_step,
+                move_latest_pointer=False,
+                wait_seconds=None,
             )
-            checkpoint.commit(staging, folder, move_latest_pointer=False)
         self.accelerator.wait_for_everyone()
 
-    @staticmethod
-    def check_resumable(folder: Path) -> None:
+    def check_resumable(self, folder: Location) -> None:
         """Refuse a checkpoint written with ``save_only_model=True`` (it holds the weights only)."""
-        if (folder / checkpoint.MANIFEST_NAME).is_file() and not (
-            folder / checkpoint.ACCELERATOR_STATE
-        ).is_file():
+        storage = storage_for(folder)
+        if storage.exists(storage.join(folder, checkpoint.MANIFEST_NAME)) and not storage.exists(
+            storage.join(folder, checkpoint.ACCELERATOR_STATE)
+        ):
             raise ValueError(
                 f"resume_from_checkpoint={str(folder)!r} was saved with save_only_model=True: it holds the model "
                 "weights only (no optimizer, scheduler, RNG or data position), so training cannot resume from it. "
@@ -97,7 +114,7 @@ class TrainerCheckpoints:
                 "resume_from_checkpoint, or save full checkpoints (save_only_model=False)."
             )
 
-    def rotate(self, folder: Path) -> None:
+    def rotate(self, folder: Location) -> None:
         """Delete the checkpoints ``save_total_limit`` no longer keeps (main process), then synchronise."""
         if self.accelerator.is_main_process:
             protected = self.state.best_model_checkpoint
@@ -105,7 +122,7 @@ class TrainerCheckpoints:
                 self.args.output_dir,
                 self.args.save_total_limit,
                 folder,
-                protected=None if protected is None else Path(protected),
+                protected=None if protected is None else self.location(protected),
             ):
                 logger.info("Deleted %s (save_total_limit=%s)", removed, self.args.save_total_limit)
         self.accelerator.wait_for_everyone()
@@ -115,7 +132,7 @@ class TrainerCheckpoints:
         self.losses.store(self.accelerator, self.state)
         self.accelerator.checkpoint_and_exit(str(self.folder()))
 
-    def resolve(self, resume: str | bool | None) -> Path | None:
+    def resolve(self, resume: str | bool | None) -> Location | None:
         """The folder ``resume_from_checkpoint`` names: True (or "latest") is the newest valid checkpoint of
         ``output_dir``, as the main process sees it."""
         if resume is None or resume is False:
@@ -123,24 +140,32 @@ class TrainerCheckpoints:
         if isinstance(resume, str) and resume.strip().lower() in ("true", "latest"):
             resume = True
         if resume is not True:
-            return Path(resume)
-        choice: list[str | None] = [None]
+            return self.location(resume)
+        choice: list[str | None] = [None, None]
         # With save_on_each_node every node holds its own copies (node-local disks): each process looks.
         if self.accelerator.is_main_process or self.args.save_on_each_node:
-            found = _checkpoint_folders.newest_valid_checkpoint(self.args.output_dir)
-            choice[0] = None if found is None else str(found)
+            try:
+                found = _checkpoint_folders.newest_valid_checkpoint(self.args.output_dir)
+                choice[0] = None if found is None else str(found)
+            except Exception as error:  # raised on every rank below, not left for the others to wait on
+                choice[1] = f"{type(error).__name__}: {error}"
         if self.accelerator.num_processes > 1 and not self.args.save_on_each_node:
             broadcast_object_list(choice)
+        if choice[1] is not None:
+            raise RuntimeError(
+                f"train(resume_from_checkpoint=True): looking for the newest checkpoint of "
+                f"{self.args.output_dir!r} failed: {choice[1]}"
+            )
         if choice[0] is None:
             raise ValueError(
                 f"train(resume_from_checkpoint=True): {self.args.output_dir!r} holds no valid checkpoint-<step> "
                 "folder. Train without resume_from_checkpoint to start from scratch, or pass a checkpoint path."
             )
-        return Path(choice[0])
+        return self.location(choice[0])
 
-    def load_best(self) -> Path:
+    def load_best(self) -> Location:
         """Load the best checkpoint's state; the run's TrainerState (steps, logs) stays that of the end."""
-        folder, finished = Path(str(self.state.best_model_checkpoint)), self.state.state_dict()
+        folder, finished = self.location(str(self.state.best_model_checkpoint)), self.state.state_dict()
         if self.args.save_only_model:
             self.load_weights(folder)
         else:

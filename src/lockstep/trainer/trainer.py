@@ -372,9 +372,10 @@ class Trainer:
         self._losses.reset()
         self.control = TrainerControl()
 
-    def _resume(self, folder: Path) -> None:
+    def _resume(self, folder: Path | str) -> None:
         planned = self.state.max_steps
-        if _transformers_format.is_transformers_checkpoint(folder):
+        # A checkpoint on object storage is a lockstep one (transformers' layout is read from local folders).
+        if isinstance(folder, Path) and _transformers_format.is_transformers_checkpoint(folder):
             _setup_checks.check_transformers_resume(self.accelerator, folder)
             self._plan_steps()
             _transformers_format.resume_from_transformers(
@@ -576,7 +577,7 @@ class Trainer:
         return TrainOutput(global_step=state.global_step, training_loss=train_loss, metrics=metrics)
 
     # -- checkpoints ------------------------------------------------------------------------------
-    def _save_checkpoint(self) -> Path:
+    def _save_checkpoint(self) -> Path | str:
         self.state.stateful_callbacks = _transformers_format.export_callback_states(
             self.callback_handler, self.control
         )

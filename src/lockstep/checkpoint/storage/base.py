@@ -1,0 +1,108 @@
+"""The interface every place checkpoints can live behind: a local folder, or an object store.
+
+A save always writes into a local staging folder first (the Accelerator's save hooks, ``torch.save``,
+safetensors and DCP all write local files); the storage decides how that folder becomes a committed
+checkpoint (an atomic rename on a local disk, an upload with the manifest last on an object store) and
+how a committed checkpoint is found, checked, read back and rotated.
+
+A location is a ``Path`` for local folders and a URL string (``s3://bucket/run/checkpoints/checkpoint_3``)
+for object stores; every method takes either.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+Location = str | os.PathLike
+"""A checkpoint's folder: a local path, or a URL."""
+
+
+class CheckpointStorage(abc.ABC):
+    """Where checkpoints are committed, found, read and rotated."""
+
+    node_local: bool = True
+    """Whether every process of a machine sees the same staging folder (False: each process stages in a
+    private temporary folder and uploads its own files)."""
+
+    @abc.abstractmethod
+    def join(self, root: Location, name: str) -> Location:
+        """``root/name``."""
+
+    @abc.abstractmethod
+    def name(self, location: Location) -> str:
+        """The last part of ``location`` (``checkpoint_3``)."""
+
+    @abc.abstractmethod
+    def parent(self, location: Location) -> Location:
+        """The folder holding ``location``."""
+
+    @abc.abstractmethod
+    def children(self, root: Location) -> list[Location]:
+        """The folders directly under ``root`` (none when it does not exist)."""
+
+    @abc.abstractmethod
+    def exists(self, location: Location) -> bool:
+        """Whether a file or folder is at ``location``."""
+
+    @abc.abstractmethod
+    def remove(self, location: Location) -> None:
+        """Delete the folder ``location`` (a checkpoint stops counting before any of its files goes)."""
+
+    @abc.abstractmethod
+    def probe(self) -> None:
+        """Check that the storage is reachable and writable (raises a clear error)."""
+
+    @abc.abstractmethod
+    def prepare(self, final: Location, *, main: bool) -> Path:
+        """The local staging folder this process writes ``final``'s files into (emptied by ``main``)."""
+
+    @abc.abstractmethod
+    def rank_writer(
+        self, write: Callable[[], None], staging: Path, final: Location, rank: int, *, background: bool
+    ) -> Callable[[], None]:
+        """``write`` (this rank's files into ``staging``) plus whatever makes them reach ``final`` and tells
+        the committing process that this rank is done."""
+
+    @abc.abstractmethod
+    def commit(
+        self,
+        staging: Path,
+        final: Location,
+        *,
+        world_size: int,
+        step: int,
+        move_latest_pointer: bool,
+        wait_seconds: float | None,
+    ) -> None:
+        """Write the manifest last and make ``final`` a committed checkpoint (the committing process).
+
+        Args:
+            wait_seconds: how long to wait for the other ranks' files (None: they are known to be done).
+        """
+
+    @abc.abstractmethod
+    def check(self, folder: Location) -> None:
+        """Raise a ``CheckpointError`` unless ``folder`` is a committed checkpoint (or one Accelerate wrote)."""
+
+    @abc.abstractmethod
+    def newest_valid(self, root: Location) -> Location:
+        """The newest ``checkpoint_{i}`` under ``root`` that :meth:`check` accepts; warns about newer broken
+        ones. Raises ``FileNotFoundError`` when there is none."""
+
+    @abc.abstractmethod
+    def rotate(self, root: Location, total_limit: int | None) -> list[Location]:
+        """Delete the oldest ``checkpoint_{i}`` beyond ``total_limit``; returns what was deleted."""
+
+    @abc.abstractmethod
+    def readable(self, folder: Location) -> contextlib.AbstractContextManager[Path]:
+        """A context giving a local folder with ``folder``'s files, checksums verified."""
+
+
+@contextlib.contextmanager
+def as_local(path: Path) -> Iterator[Path]:
+    """The folder itself: a local checkpoint needs no copy."""
+    yield path

@@ -1,0 +1,88 @@
+"""Checkpoints in a local (or shared, POSIX) folder: today's protocol, unchanged.
+
+Staging folder next to the destination, manifest written last, one atomic ``os.replace``, then the
+``latest`` pointer (see :mod:`lockstep.checkpoint.layout`). ``file://`` URLs land here too: they are
+local folders, where the atomic rename is the stronger guarantee.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+from lockstep.checkpoint import layout
+from lockstep.checkpoint.async_writer import rank_work, wait_for_ranks
+from lockstep.checkpoint.storage.base import CheckpointStorage, Location, as_local
+
+
+def _path(location: Location) -> Path:
+    text = str(location)
+    return Path(text.removeprefix("file://")) if text.startswith("file://") else Path(location)
+
+
+class LocalStorage(CheckpointStorage):
+    """Checkpoints in folders of the local file system (which may be a shared one: NFS, Lustre, ...)."""
+
+    node_local = True
+
+    def join(self, root: Location, name: str) -> Path:
+        return _path(root) / name
+
+    def name(self, location: Location) -> str:
+        return _path(location).name
+
+    def parent(self, location: Location) -> Path:
+        return _path(location).parent
+
+    def children(self, root: Location) -> list[Location]:
+        root = _path(root)
+        return [p for p in root.iterdir() if p.is_dir()] if root.is_dir() else []
+
+    def exists(self, location: Location) -> bool:
+        return _path(location).exists()
+
+    def remove(self, location: Location) -> None:
+        shutil.rmtree(_path(location), ignore_errors=True)
+
+    def probe(self) -> None:
+        """Nothing to check: a missing or read-only folder fails the save with the OS's own error."""
+
+    def prepare(self, final: Location, *, main: bool) -> Path:
+        final = _path(final)
+        return layout.prepare_staging(final) if main else layout.staging_dir_for(final)
+
+    def rank_writer(
+        self, write: Callable[[], None], staging: Path, final: Location, rank: int, *, background: bool
+    ) -> Callable[[], None]:
+        # Synchronous saves agree through a collective; background ones through marker files.
+        return rank_work(write, staging, rank) if background else write
+
+    def commit(
+        self,
+        staging: Path,
+        final: Location,
+        *,
+        world_size: int,
+        step: int,
+        move_latest_pointer: bool,
+        wait_seconds: float | None,
+    ) -> None:
+        if wait_seconds is not None:
+            wait_for_ranks(staging, world_size, timeout=wait_seconds)
+        layout.write_manifest(staging, world_size=world_size, step=step)
+        layout.commit(staging, _path(final), move_latest_pointer=move_latest_pointer)
+
+    def check(self, folder: Location) -> None:
+        if not layout.written_by_accelerate(_path(folder)):
+            layout.verify(_path(folder))
+
+    def newest_valid(self, root: Location) -> Path:
+        return layout.newest_valid_checkpoint(_path(root))
+
+    def rotate(self, root: Location, total_limit: int | None) -> list[Location]:
+        return list(layout.rotate(_path(root), total_limit))
+
+    def readable(self, folder: Location) -> contextlib.AbstractContextManager[Path]:
+        return as_local(_path(folder))

@@ -1,0 +1,450 @@
+"""Checkpoints on object storage: memory:// units, and a real S3 API on loopback (moto in server mode).
+
+Save, rotate and resume bitwise (2 gloo processes); a writer killed mid-upload leaves the previous checkpoint
+the newest valid one; a dead endpoint, a missing bucket or missing credentials fail before training, fast.
+"""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from lockstep import Accelerator, ProjectConfiguration
+from lockstep.checkpoint import CheckpointError
+from lockstep.checkpoint.storage import LocalStorage, fsspec_store, is_url, storage_for
+from tests.helpers.cli import REPO, SCRIPTS, cli_env
+from tests.helpers.multiprocess import free_port, run_distributed
+
+fsspec = pytest.importorskip("fsspec")
+
+
+# -- memory:// --------------------------------------------------------------------------------------
+@pytest.fixture
+def memory_url():
+    url = f"memory://lockstep-tests/{uuid.uuid4().hex}"
+    yield url
+    filesystem = fsspec.filesystem("memory")
+    if filesystem.exists(url):
+        filesystem.rm(url, recursive=True)
+
+
+def _accelerator(url: str, **config) -> tuple[Accelerator, nn.Module, torch.optim.Optimizer]:
+    accelerator = Accelerator(project_config=ProjectConfiguration(project_dir=url, **config))
+    model = nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    return accelerator, model, optimizer
+
+
+def _step(accelerator: Accelerator, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    accelerator.backward(model(torch.ones(3, 4)).sum())
+    optimizer.step()
+    optimizer.zero_grad()
+
+
+def _names(filesystem, root: str) -> list[str]:
+    filesystem.invalidate_cache(root)
+    return sorted(entry.rstrip("/").rsplit("/", 1)[-1] for entry in filesystem.ls(root, detail=False))
+
+
+def test_paths_choose_their_storage():
+    assert isinstance(storage_for("runs/a"), LocalStorage)
+    assert isinstance(storage_for("file:///tmp/runs/a"), LocalStorage)  # atomic renames: the local protocol
+    assert storage_for("file:///tmp/runs/a").join("file:///tmp/runs/a", "c").as_posix() == "/tmp/runs/a/c"
+    assert [is_url(p) for p in ("s3://b/r", "memory://r", "runs/a", "C:/runs", None)] == [1, 1, 0, 0, 0]
+    assert type(storage_for("memory://r")).__name__ == "FsspecStorage"
+
+
+@pytest.mark.skipif(
+    any(importlib.util.find_spec(name) for name in ("gcsfs", "adlfs")), reason="the backends are installed"
+)
+def test_a_missing_backend_names_the_extra_and_an_unknown_scheme_is_refused():
+    with pytest.raises(ImportError, match=r"gs:// URLs.*Run: pip install 'lockstep\[gcs\]'"):
+        storage_for("gs://bucket/run")
+    with pytest.raises(ImportError, match=r"pip install 'lockstep\[azure\]'"):
+        Accelerator(project_dir="az://container/run")
+    with pytest.raises(ValueError, match=r"'nosuch://x/run' has the URL scheme nosuch://, which no fsspec"):
+        storage_for("nosuch://x/run")
+
+
+def test_save_rotate_and_resume_on_memory(memory_url):
+    accelerator, model, optimizer = _accelerator(memory_url, automatic_checkpoint_naming=True, total_limit=2)
+    saved = []
+    for _ in range(3):
+        _step(accelerator, model, optimizer)
+        saved.append(model.weight.detach().clone())
+        assert accelerator.save_state() == f"{memory_url}/checkpoints/checkpoint_{len(saved) - 1}"
+    filesystem = fsspec.filesystem("memory")
+    root = f"{memory_url}/checkpoints"
+    assert _names(filesystem, root) == ["checkpoint_1", "checkpoint_2", "latest"]
+    assert filesystem.cat_file(f"{root}/latest") == b"checkpoint_2\n"
+    assert not [p for p in filesystem.find(f"{root}/checkpoint_2") if ".rank_" in p]  # markers removed
+
+    again, model2, _ = _accelerator(memory_url, automatic_checkpoint_naming=True, total_limit=2)
+    with torch.no_grad():
+        model2.weight.zero_()
+    assert again.resume_from_latest_checkpoint() == f"{root}/checkpoint_2"
+    assert torch.equal(model2.weight, saved[2])
+    assert again.project_configuration.iteration == 3
+
+
+def test_an_incomplete_newest_checkpoint_is_skipped_with_a_warning(memory_url):
+    accelerator, model, optimizer = _accelerator(memory_url, automatic_checkpoint_naming=True)
+    _step(accelerator, model, optimizer)
+    accelerator.save_state()
+    accelerator.save_state()
+    filesystem = fsspec.filesystem("memory")
+    root = f"{memory_url}/checkpoints"
+    filesystem.rm_file(f"{root}/checkpoint_1/manifest.json")  # what a writer killed mid-upload leaves
+    filesystem.pipe_file(f"{root}/checkpoint_2/model.safetensors", b"torn")
+    with pytest.warns(UserWarning, match=r"Skipped 2 newer checkpoint\(s\).*using .*checkpoint_0") as caught:
+        accelerator.load_state()
+    message = str(caught[0].message)
+    assert f"{root}/checkpoint_2 has no manifest.json" in message
+    assert f"{root}/checkpoint_1 has no manifest.json" in message
+
+
+def test_a_wrong_size_is_skipped_and_a_corrupt_file_fails_its_checksum_on_load(memory_url):
+    accelerator, model, optimizer = _accelerator(memory_url, automatic_checkpoint_naming=True)
+    _step(accelerator, model, optimizer)
+    accelerator.save_state()
+    accelerator.save_state()
+    filesystem = fsspec.filesystem("memory")
+    root = f"{memory_url}/checkpoints"
+    good = filesystem.cat_file(f"{root}/checkpoint_1/optimizer.bin")
+    filesystem.pipe_file(f"{root}/checkpoint_1/optimizer.bin", good[:-3])
+    with pytest.warns(UserWarning, match=r"optimizer.bin has \d+ bytes but the manifest says \d+"):
+        accelerator.load_state()
+    flipped = bytes([good[-1] ^ 0xFF])
+    filesystem.pipe_file(f"{root}/checkpoint_1/optimizer.bin", good[:-1] + flipped)
+    with pytest.raises(CheckpointError, match=r"checkpoint_1: optimizer.bin is corrupt \(its xxh3_128"):
+        accelerator.load_state(f"{root}/checkpoint_1")
+
+
+def test_saving_over_a_checkpoint_replaces_every_file(memory_url):
+    accelerator, model, optimizer = _accelerator(memory_url)
+    folder = f"{memory_url}/manual"
+    filesystem = fsspec.filesystem("memory")
+    filesystem.pipe_file(f"{folder}/stale.bin", b"from an older save")
+    _step(accelerator, model, optimizer)
+    assert accelerator.save_state(folder) == folder
+    assert "stale.bin" not in _names(filesystem, folder)
+    with torch.no_grad():
+        model.weight.add_(1.0)
+    expected = model.weight.detach().clone()
+    accelerator.save_state(folder)
+    with torch.no_grad():
+        model.weight.zero_()
+    accelerator.load_state(folder)
+    assert torch.equal(model.weight, expected)
+
+
+def test_a_probe_that_never_answers_times_out(memory_url, monkeypatch):
+    storage = storage_for(memory_url)
+    monkeypatch.setattr(fsspec_store, "PROBE_SECONDS", 0.3)
+    monkeypatch.setattr(storage.fs, "pipe_file", lambda *args, **kwargs: time.sleep(5))
+    started = time.monotonic()
+    with pytest.raises(TimeoutError, match=r"did not answer within 0 s \(writing a small test object\)"):
+        storage.probe()
+    assert time.monotonic() - started < 2.0
+
+
+# -- S3 on loopback (moto) --------------------------------------------------------------------------
+AWS_ENV = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+    "AWS_EC2_METADATA_DISABLED": "true",
+}
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint():
+    """A moto S3 server on a free loopback port, with one bucket; the AWS_* variables point at it."""
+    pytest.importorskip("s3fs")
+    server_module = pytest.importorskip("moto.server")
+    port = free_port()
+    server = server_module.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    env = {**AWS_ENV, "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}"}
+    saved = {key: os.environ.get(key) for key in env}
+    os.environ.update(env)
+    import s3fs
+
+    s3fs.S3FileSystem.clear_instance_cache()
+    s3fs.S3FileSystem().mkdir("s3://lockstep-bucket")
+    yield env
+    server.stop()
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+@pytest.fixture
+def s3_url(s3_endpoint):
+    import s3fs
+
+    s3fs.S3FileSystem.clear_instance_cache()
+    return f"s3://lockstep-bucket/{uuid.uuid4().hex}"
+
+
+def _s3():
+    import s3fs
+
+    return s3fs.S3FileSystem()
+
+
+class Progress:
+    def __init__(self) -> None:
+        self.done = 0
+
+    def state_dict(self) -> dict:
+        return {"done": self.done}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.done = state["done"]
+
+
+TOTAL_STEPS = 8  # 2 epochs of 4 batches per rank; a checkpoint every 2 steps
+
+
+def _train_on_s3(url: str, stop_at: int | None, seed: int) -> tuple:
+    torch.manual_seed(seed)
+    project = ProjectConfiguration(project_dir=url, automatic_checkpoint_naming=True, total_limit=2)
+    accelerator = Accelerator(project_config=project)
+    generator = torch.Generator().manual_seed(1)
+    data = TensorDataset(torch.randn(32, 6, generator=generator), torch.randn(32, 1, generator=generator))
+    model = nn.Sequential(nn.Linear(6, 8), nn.Dropout(0.2), nn.Tanh(), nn.Linear(8, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    model, optimizer, loader = accelerator.prepare(
+        model, optimizer, DataLoader(data, batch_size=4, shuffle=True)
+    )
+    progress = Progress()
+    accelerator.register_for_checkpointing(progress)
+    resumed = accelerator.resume_from_latest_checkpoint()
+    losses = []
+    while progress.done < TOTAL_STEPS:
+        for x, y in loader:
+            loss = nn.functional.mse_loss(model(x), y)
+            accelerator.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+            losses.append(loss.item())
+            progress.done += 1
+            if progress.done % 2 == 0:  # uploaded in the background while the next steps run
+                accelerator.save_state(async_save=True)
+            if progress.done in (stop_at, TOTAL_STEPS):
+                break
+        if progress.done == stop_at:
+            accelerator.wait_for_checkpoint()
+            return resumed, losses, None, None
+    accelerator.wait_for_checkpoint()
+    params = torch.cat([p.detach().reshape(-1) for p in accelerator.unwrap_model(model).parameters()])
+    names = _names(_s3(), f"{url}/checkpoints") if accelerator.is_main_process else None
+    return resumed, losses, params, names
+
+
+@pytest.mark.distributed
+def test_two_processes_save_rotate_and_resume_bitwise_on_s3(s3_endpoint, s3_url):
+    straight = run_distributed(_train_on_s3, 2, f"{s3_url}-straight", None, 0, env=s3_endpoint)
+    stopped = run_distributed(_train_on_s3, 2, s3_url, 7, 0, env=s3_endpoint)
+    after = run_distributed(_train_on_s3, 2, s3_url, None, 123, env=s3_endpoint)  # other weights until loaded
+    assert straight[0][3] == ["checkpoint_2", "checkpoint_3", "latest"]  # 4 saves, total_limit=2
+    manifest = json.loads(_s3().cat_file(f"{s3_url}-straight/checkpoints/checkpoint_3/manifest.json"))
+    assert {"random_states_0.pkl", "random_states_1.pkl", "model.safetensors"} <= set(manifest["files"])
+    assert after[0][3] == ["checkpoint_2", "checkpoint_3", "latest"]  # resumed at 2, saved 3 at step 8
+    for rank in range(2):
+        assert stopped[rank][1] == straight[rank][1][:7]
+        resumed, losses, params, _ = after[rank]
+        assert resumed == f"{s3_url}/checkpoints/checkpoint_2"  # saved at step 6; step 7 was lost
+        assert losses == straight[rank][1][6:]
+        assert torch.equal(params, straight[rank][2])
+
+
+def test_a_writer_killed_mid_upload_leaves_the_previous_checkpoint(s3_endpoint, s3_url):
+    result = subprocess.run(
+        [sys.executable, str(SCRIPTS / "upload_and_die.py"), s3_url],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**cli_env(), **s3_endpoint},
+        cwd=REPO,
+    )
+    assert result.returncode == -9, result.stderr
+    root = f"{s3_url}/checkpoints"
+    torn = _names(_s3(), f"{root}/checkpoint_1")
+    assert len(torn) == 1 and "manifest.json" not in torn  # one file made it, the manifest never did
+    accelerator, model, optimizer = _accelerator(s3_url, automatic_checkpoint_naming=True)
+    with torch.no_grad():
+        model.weight.fill_(7.0)
+    with pytest.warns(
+        UserWarning, match=rf"Skipped 1 newer.*using {root}/checkpoint_0: .*checkpoint_1 has no"
+    ):
+        assert accelerator.resume_from_latest_checkpoint() == f"{root}/checkpoint_0"
+    assert model.weight.abs().max() < 7.0
+    _step(accelerator, model, optimizer)
+    assert accelerator.save_state() == f"{root}/checkpoint_1"  # the torn prefix is replaced whole
+    assert _names(_s3(), f"{root}/checkpoint_1") == [
+        "accelerator_state.json",
+        "manifest.json",
+        "model.safetensors",
+        "optimizer.bin",
+        "random_states_0.pkl",
+    ]
+
+
+def test_an_async_save_uploads_in_the_background(s3_url):
+    accelerator = Accelerator(project_dir=s3_url)
+    model = nn.Sequential(*[nn.Linear(1024, 1024) for _ in range(4)])  # 16 MB, and 16 MB of momentum
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    _step_wide = lambda: (accelerator.backward(model(torch.ones(2, 1024)).sum()), optimizer.step())  # noqa: E731
+    _step_wide()
+    accelerator.save_state(f"{s3_url}/sync")
+    synchronous = accelerator.last_save_report.stall_seconds
+    accelerator.save_state(f"{s3_url}/async", async_save=True)
+    asynchronous = accelerator.last_save_report.stall_seconds
+    _step_wide()  # training goes on while the upload runs
+    accelerator.wait_for_checkpoint()
+    print(f"stall: synchronous {synchronous:.3f} s, asynchronous {asynchronous:.3f} s")
+    assert asynchronous < synchronous / 2, (synchronous, asynchronous)
+    accelerator.load_state(f"{s3_url}/async")  # committed and verified
+
+
+def _probe_error(url: str, **env) -> tuple[BaseException, float]:
+    import s3fs
+
+    saved = {key: os.environ.get(key) for key in env}
+    for key, value in env.items():
+        os.environ.pop(key, None) if value is None else os.environ.__setitem__(key, value)
+    s3fs.S3FileSystem.clear_instance_cache()
+    started = time.monotonic()
+    try:
+        with pytest.raises(OSError) as caught:
+            Accelerator(project_dir=url)  # checked here, before any training
+        return caught.value, time.monotonic() - started
+    finally:
+        for key, value in saved.items():
+            os.environ.pop(key, None) if value is None else os.environ.__setitem__(key, value)
+        s3fs.S3FileSystem.clear_instance_cache()
+
+
+def test_a_missing_bucket_fails_before_training(s3_endpoint):
+    error, seconds = _probe_error("s3://no-such-bucket/run")
+    assert isinstance(error, FileNotFoundError)
+    assert "Checkpoint storage 's3://no-such-bucket/run': the bucket 'no-such-bucket' does not exist" in str(
+        error
+    )
+    assert seconds < 10
+
+
+def test_missing_credentials_fail_before_training(s3_endpoint, tmp_path):
+    error, seconds = _probe_error(
+        "s3://lockstep-bucket/run",
+        AWS_ACCESS_KEY_ID=None,
+        AWS_SECRET_ACCESS_KEY=None,
+        AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "none"),
+        AWS_CONFIG_FILE=str(tmp_path / "none"),
+    )
+    assert isinstance(error, PermissionError)
+    assert "found no credentials. Set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY" in str(error)
+    assert seconds < 10
+
+
+def test_an_unreachable_endpoint_fails_before_training(s3_endpoint):
+    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    error, seconds = _probe_error("s3://lockstep-bucket/run", AWS_ENDPOINT_URL=dead)
+    assert isinstance(error, ConnectionError)
+    assert "is unreachable. Check the endpoint (AWS_ENDPOINT_URL" in str(error)
+    assert dead in str(error)
+    assert seconds < 20
+
+
+@pytest.mark.distributed
+def test_a_sharded_fsdp_checkpoint_round_trips_through_s3_on_another_world_size(s3_endpoint, s3_url):
+    from tests.backends.test_fsdp_checkpoint import _assert_same, _load, _save
+
+    saved = run_distributed(_save, 2, 2, s3_url, "SHARDED_STATE_DICT", env=s3_endpoint)[0]
+    names = _names(_s3(), s3_url)
+    assert {"pytorch_model_fsdp_0", "optimizer_0", "manifest.json"} <= set(names)
+    shards = [p for p in _s3().find(f"{s3_url}/pytorch_model_fsdp_0") if p.endswith(".distcp")]
+    assert len(shards) == 2  # each process uploaded its own shard file from its own staging folder
+    loaded = run_distributed(_load, 1, 1, s3_url, "SHARDED_STATE_DICT", env=s3_endpoint)[0]
+    _assert_same(saved, loaded)
+
+
+def _trainer(output_dir: str, seed: int, **options):
+    from lockstep import Trainer, TrainingArguments
+    from tests.helpers.training import make_dataset, make_model
+
+    def mse(outputs, labels, num_items_in_batch=None):
+        return nn.functional.mse_loss(outputs, labels)
+
+    args = TrainingArguments(
+        output_dir=output_dir,
+        per_device_train_batch_size=4,
+        max_steps=6,
+        save_strategy="steps",
+        save_steps=2,
+        disable_tqdm=True,
+        report_to="none",
+        **options,
+    )
+    return Trainer(make_model(seed=seed), args, train_dataset=make_dataset(64), compute_loss_func=mse)
+
+
+def test_the_trainer_checkpoints_rotates_and_resumes_on_s3(s3_url, capsys):
+    from tests.helpers.training import flat_params
+
+    first = _trainer(s3_url, 0, save_total_limit=2)
+    first.train()
+    assert _names(_s3(), s3_url) == ["checkpoint-4", "checkpoint-6"]
+    _s3().rm_file(f"{s3_url}/checkpoint-6/manifest.json")  # a save killed mid-upload: skipped
+    resumed = _trainer(s3_url, 1, save_total_limit=2)  # other weights until loaded
+    resumed.train(resume_from_checkpoint=True)
+    assert f"[train] resumed from {s3_url}/checkpoint-4 at step 4/6" in capsys.readouterr().out
+    assert torch.equal(flat_params(resumed.model), flat_params(first.model))
+    assert _names(_s3(), s3_url) == ["checkpoint-4", "checkpoint-6"]
+
+
+def test_a_weights_only_trainer_checkpoint_on_memory_is_committed_and_refused_for_resuming(memory_url):
+    _trainer(memory_url, 0, save_only_model=True, save_total_limit=1).train()
+    filesystem = fsspec.filesystem("memory")
+    assert _names(filesystem, memory_url) == ["checkpoint-6"]
+    assert {"manifest.json", "model.safetensors", "trainer_state.json"} <= set(
+        _names(filesystem, f"{memory_url}/checkpoint-6")
+    )
+    with pytest.raises(ValueError, match=r"checkpoint-6' was saved with save_only_model=True"):
+        _trainer(memory_url, 0).train(resume_from_checkpoint=f"{memory_url}/checkpoint-6")
+
+
+def _load_from_a_dead_endpoint(url: str) -> tuple[str, str, float]:
+    accelerator = Accelerator()  # a local project: the URL is met only here
+    model = accelerator.prepare(nn.Linear(4, 2))
+    started = time.monotonic()
+    try:
+        accelerator.load_state(url)
+    except Exception as error:
+        return type(error).__name__, str(error), time.monotonic() - started
+    return "", repr(model), 0.0
+
+
+@pytest.mark.distributed
+def test_loading_from_a_dead_endpoint_fails_on_every_rank_instead_of_hanging(s3_endpoint):
+    env = {**s3_endpoint, "AWS_ENDPOINT_URL": f"http://127.0.0.1:{free_port()}"}
+    url = "s3://lockstep-bucket/run/checkpoints/checkpoint_0"
+    results = run_distributed(_load_from_a_dead_endpoint, 2, url, env=env, timeout=60)
+    assert results[0][:2] == results[1][:2]  # the main process's error, raised on both ranks
+    assert results[0][0] == "ConnectionError"
+    assert results[0][1].startswith(f"Checkpoint storage '{url}' is unreachable. Check the endpoint")
+    assert all(seconds < 30 for _, _, seconds in results)
