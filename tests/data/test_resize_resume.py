@@ -8,6 +8,7 @@ Processes are expensive, so one launch runs one attempt of every sampler kind: t
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections import Counter
 from pathlib import Path
@@ -21,6 +22,7 @@ from lockstep import Accelerator
 from lockstep.accelerator.elastic_resume import kept_accumulation
 from lockstep.data import prepare_data_loader
 from lockstep.data._resize import Resize
+from lockstep.data._sharding import IndexBatches, ShardSpec, plan_epoch, simulate_shard
 from lockstep.state import PartialState
 from lockstep.trainer._length_grouping import LengthGroupedSampler
 from tests.data._stateful_data import CountingStream, PlainStream
@@ -310,3 +312,32 @@ def test_keeping_the_global_batch_refuses_a_division_that_is_not_exact():
     ):
         kept_accumulation(resize, 2)
     assert kept_accumulation(Resize(3, 2, 0, 12, 6, 4), 2) == 3
+
+
+def test_the_plan_from_a_global_start_deals_the_rest_of_the_epoch_as_a_fresh_one():
+    batches = IndexBatches(range(N), 4, drop_last=False)  # 13 batches, the last of 2
+    for world, start, split in itertools.product((1, 2, 3), range(14), (False, True)):
+        size = 6 if split else 4
+        batches = IndexBatches(range(N), size, drop_last=False)
+        for rank in range(world):
+            spec = ShardSpec(
+                world_size=world, rank=rank, batch_size=size, split_batches=split, even_batches=False
+            )
+            plan = list(plan_epoch(batches, spec, start=start))
+            assert plan == simulate_shard(list(batches)[start:], spec), (world, start, split, rank)
+
+
+def test_a_state_from_before_global_positions_resumes_on_another_number_of_processes():
+    old = {"epoch": 0, "batches_yielded": 2, "total_batch_size": 12, "num_processes": 3, "sampler_seed": -1}
+    reads = []
+    for rank in range(2):
+        loader = prepare_data_loader(
+            DataLoader(list(range(N)), batch_size=4), num_processes=2, process_index=rank
+        )
+        loader.load_state_dict(old)  # 2 steps of 3 x 4 samples: 24 consumed, 6 global batches
+        assert len(loader) == 4 and loader.resized.samples_consumed == 24  # 7 batches left, 2 a step
+        reads.append([batch.tolist() for batch in loader])
+        assert len(loader) == 7  # the next epoch is whole
+    assert reads[0][0] == [24, 25, 26, 27] and reads[1][0] == [28, 29, 30, 31]
+    ids = sorted(i for read in reads for batch in read for i in batch)
+    assert ids == list(range(6)) + list(range(24, 50))  # the last round completed from the epoch's start

@@ -18,7 +18,13 @@ State dict format (plain ints, strings and tensors; loads with ``torch.load(weig
         "generator_state": Tensor,    # only with a shuffling generator: its state at the epoch start
         "base_seed": int,             # only mid-epoch: the base seed of the epoch's workers
         "lookahead_rng": Tensor,      # only mid-epoch: torch's generator before the look-ahead batch
+        ...                           # the position in global terms: see lockstep.data._resize
     }
+
+The global terms (global batches of the epoch's order consumed, samples consumed) let a checkpoint resume on
+another number of processes with every sample of the epoch read once (:mod:`lockstep.data._resize`); a
+state without them (an older lockstep's) still loads, on any number of processes when its samples consumed
+make whole batches of the original batch sampler.
 
 The loader reads one batch ahead, so the batch after the last one yielded was already collated when a
 checkpoint is taken, and a collate function that draws random numbers (``DataCollatorForLanguageModeling``
