@@ -20,7 +20,7 @@ from torch.utils.data import BatchSampler, DataLoader, RandomSampler, Sampler
 
 from lockstep import Accelerator
 from lockstep.accelerator.elastic_resume import kept_accumulation
-from lockstep.data import prepare_data_loader
+from lockstep.data import prepare_data_loader, skip_first_batches
 from lockstep.data._resize import Resize
 from lockstep.data._sharding import IndexBatches, ShardSpec, plan_epoch, simulate_shard
 from lockstep.state import PartialState
@@ -341,3 +341,24 @@ def test_a_state_from_before_global_positions_resumes_on_another_number_of_proce
     assert reads[0][0] == [24, 25, 26, 27] and reads[1][0] == [28, 29, 30, 31]
     ids = sorted(i for read in reads for batch in read for i in batch)
     assert ids == list(range(6)) + list(range(24, 50))  # the last round completed from the epoch's start
+
+
+def test_skip_first_batches_after_a_resized_load_continues_with_0_and_warns_otherwise():
+    old = {"epoch": 0, "batches_yielded": 2, "total_batch_size": 12, "num_processes": 3, "sampler_seed": -1}
+
+    def loader() -> DataLoader:
+        resumed = prepare_data_loader(
+            DataLoader(list(range(N)), batch_size=4), num_processes=2, process_index=0
+        )
+        resumed.load_state_dict(old)
+        return resumed
+
+    continued = skip_first_batches(loader(), 0)
+    assert [batch.tolist() for batch in continued][:2] == [[24, 25, 26, 27], [32, 33, 34, 35]]
+    with pytest.warns(
+        UserWarning,
+        match=r"skip_first_batches\(\.\.\., 1\) after load_state, which restored the "
+        r"loader where a run on another number of processes stopped.*pass 0",
+    ):
+        first = next(iter(skip_first_batches(loader(), 1)))
+    assert first.tolist() == [8, 9, 10, 11]  # batch 1 of rank 0 from the epoch's start, as asked

@@ -281,8 +281,18 @@ class DataLoaderStateMixin:
             lookahead = parent._resume_lookahead_rng
             self._resume_lookahead_rng = lookahead if restored == self.skip_batches else None
             parent._pending_skip, parent._resume_mid_epoch, parent._resume_base_seed = None, False, None
-            self._pending_global, parent._pending_global = parent._pending_global, 0
-            self._samples_before, parent._samples_before = parent._samples_before, 0
+            resized = parent._pending_global or parent._samples_before
+            if resized and self.skip_batches != restored:
+                warnings.warn(
+                    f"skip_first_batches(..., {self.skip_batches}) after load_state, which restored the loader "
+                    "where a run on another number of processes stopped: the epoch starts at batch "
+                    f"{self.skip_batches} of this process as asked, not there (pass 0 to continue exactly where "
+                    "the checkpoint stopped).",
+                    stacklevel=4,
+                )
+            elif resized:
+                self._pending_global, self._samples_before = parent._pending_global, parent._samples_before
+            parent._pending_global, parent._samples_before = 0, 0
             parent._resume_lookahead_rng = None
             if restored and restored != self.skip_batches:
                 warnings.warn(
