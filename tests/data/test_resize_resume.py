@@ -8,6 +8,7 @@ Processes are expensive, so one launch runs one attempt of every sampler kind: t
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import logging
 from collections import Counter
@@ -36,7 +37,7 @@ KINDS = {
     "shuffled": (4, {}, {"shuffle": True}),
     "sequential_drop_last": (4, {}, {"drop_last": True}),
     "shuffled_uneven": (4, {"even_batches": False}, {"shuffle": True}),
-    "seedable_drop_last_uneven": (
+    "seedable_uneven": (
         4,
         {"use_seedable_sampler": True, "even_batches": False},
         {"shuffle": True},
@@ -45,8 +46,9 @@ KINDS = {
     "batch_sampler": (4, {}, {}),
     "irregular_batches": (None, {"even_batches": False}, {}),
     "length_grouped": (4, {}, {}),
-    "stream": (4, {"use_stateful_dataloader": True}, {}),
 }
+if importlib.util.find_spec("torchdata") is not None:  # a stream resumes from its dataset's own state
+    KINDS["stream"] = (4, {"use_stateful_dataloader": True}, {})
 EVEN = {kind for kind, (_, prepared, loader) in KINDS.items() if prepared.get("even_batches", True)}
 
 
