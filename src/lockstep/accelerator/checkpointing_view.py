@@ -29,6 +29,7 @@ class CheckpointingView:
         project: the project folder and checkpoint naming.
         accumulation: where the loop stands in an accumulation cycle (saved with the state).
         step_timer: counts the time spent checkpointing.
+        keep_global_batch: ``Accelerator(elastic_keep_global_batch=...)``.
     """
 
     def __init__(
@@ -40,7 +41,9 @@ class CheckpointingView:
         project: ProjectConfiguration,
         accumulation: GradientAccumulation,
         step_timer: Any,
+        keep_global_batch: bool = False,
     ) -> None:
+        self._keep_global_batch = keep_global_batch
         self._prepared = prepared
         self._backend = backend
         self._state = state
@@ -65,6 +68,7 @@ class CheckpointingView:
                 state=self._state,
                 project=self._project,
                 accumulation=self._accumulation,
+                keep_global_batch=self._keep_global_batch,
             )
         return self._manager
 

@@ -22,6 +22,7 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from lockstep.accelerator.accumulation import GradientAccumulation
+from lockstep.accelerator.elastic_resume import ACCUMULATION_COUNTER, after_resized_load
 from lockstep.accelerator.prepared import PreparedObjects
 from lockstep.backends.base import Backend
 from lockstep.backends.capabilities import Indexed, ShardedCheckpointIO
@@ -59,6 +60,8 @@ class CheckpointManager:
         state: the process state.
         project: where automatically named checkpoints go, and how many to keep.
         accumulation: the accumulation position, saved and restored with the state.
+        keep_global_batch: on a resume on another number of processes, keep the global batch by changing the
+            accumulation steps (:mod:`lockstep.accelerator.elastic_resume`).
     """
 
     def __init__(
@@ -69,7 +72,9 @@ class CheckpointManager:
         state: PartialState,
         project: ProjectConfiguration,
         accumulation: GradientAccumulation,
+        keep_global_batch: bool = False,
     ) -> None:
+        self.keep_global_batch = keep_global_batch
         self.prepared = prepared
         self.backend = backend
         self.state = state
@@ -139,7 +144,11 @@ class CheckpointManager:
             dataloaders=list(self.prepared.dataloaders),
             scaler=self.backend.precision.scaler,
             custom=list(self.prepared.custom),
-            counters={"step": self.accumulation.step, "iteration": self.project.iteration},
+            counters={
+                "step": self.accumulation.step,
+                "iteration": self.project.iteration,
+                ACCUMULATION_COUNTER: self.accumulation.num_steps,
+            },
         )
 
     def _writes_shared_files(self) -> bool:
@@ -276,6 +285,14 @@ class CheckpointManager:
         if gradients is not None:
             self.backend.restore_gradients(models, gradients)
         self.accumulation.step = int(counters.get("step", 0))
+        after_resized_load(
+            self.prepared.dataloaders,
+            folder=folder,
+            counters=counters,
+            accumulation=self.accumulation,
+            keep_global_batch=self.keep_global_batch,
+            is_main_process=self.state.is_main_process,
+        )
 
     # -- export -----------------------------------------------------------------------------------
     def save_model(

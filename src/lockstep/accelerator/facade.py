@@ -115,6 +115,10 @@ class Accelerator:
         deepspeed_plugin, deepspeed_plugins: DeepSpeed ZeRO (``DeepSpeedPlugin``).
         parallelism_config: an N-D layout (``ParallelismConfig``: tensor parallel, FSDP, HSDP) on a device mesh.
         torch_tp_plugin, megatron_lm_plugin: not built; passing them raises NotImplementedError.
+        elastic_keep_global_batch: when ``load_state`` restores a checkpoint saved on another number of
+            processes, keep the global batch by changing ``gradient_accumulation_steps`` (a ValueError when
+            the division is not exact). Off: the per-process batch and accumulation steps stay, so the global
+            batch follows the number of processes. Either way rank 0 logs one restart line.
     """
 
     def __init__(
@@ -147,6 +151,7 @@ class Accelerator:
         dispatch_batches: bool | None = NOT_GIVEN,
         even_batches: bool = NOT_GIVEN,
         use_seedable_sampler: bool = NOT_GIVEN,
+        elastic_keep_global_batch: bool = False,
     ) -> None:
         reject_unbuilt_features(
             torch_tp_plugin=torch_tp_plugin,
@@ -202,6 +207,7 @@ class Accelerator:
             project=self.project_configuration,
             accumulation=self._accumulation,
             step_timer=self._step_timer,
+            keep_global_batch=elastic_keep_global_batch,
         )
         self._preemption = PreemptionWatcher(preemption_signals, preemption_grace_period)
         self._preparer = self._build_preparer(

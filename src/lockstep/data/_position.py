@@ -18,7 +18,13 @@ State dict format (plain ints, strings and tensors; loads with ``torch.load(weig
         "generator_state": Tensor,    # only with a shuffling generator: its state at the epoch start
         "base_seed": int,             # only mid-epoch: the base seed of the epoch's workers
         "lookahead_rng": Tensor,      # only mid-epoch: torch's generator before the look-ahead batch
+        ...                           # the position in global terms: see lockstep.data._resize
     }
+
+The global terms (global batches of the epoch's order consumed, samples consumed) let a checkpoint resume on
+another number of processes with every sample of the epoch read once (:mod:`lockstep.data._resize`); a
+state without them (an older lockstep's) still loads, on any number of processes when its samples consumed
+make whole batches of the original batch sampler.
 
 The loader reads one batch ahead, so the batch after the last one yielded was already collated when a
 checkpoint is taken, and a collate function that draws random numbers (``DataCollatorForLanguageModeling``
@@ -45,6 +51,7 @@ import torch
 
 from lockstep._nested import find_batch_size
 from lockstep.config.dataloader import require_torchdata
+from lockstep.data._resize import Resize, resume_point
 from lockstep.data.samplers import BatchSamplerShard, RecordingRandomSampler, SeedableRandomSampler
 from lockstep.state import GradientState
 
@@ -145,6 +152,14 @@ class DataLoaderStateMixin:
     _continues: Any = None
     _active_copy: Any = None
     _loader_kwargs: dict[str, Any]  # the DataLoader arguments the loader was built with
+    # Global position (lockstep.data._resize): the epoch's global batches consumed before this attempt dealt
+    # any (loaded, then of the running epoch), and for loaders without a batch sampler the samples.
+    _pending_global: int = 0
+    _global_start: int = 0
+    _samples_before: int = 0
+    _resume_stream: bool = False  # loaded: the data source resumes a resized epoch from its own state
+    resized: Resize | None = None
+    """Set by ``load_state_dict`` when the state was saved on another number of processes."""
 
     def __new__(cls, *args: Any, use_stateful_dataloader: bool = False, **kwargs: Any) -> Any:
         # Accelerate's loaders take the flag in their constructor: here it picks the stateful subclass.
@@ -186,6 +201,27 @@ class DataLoaderStateMixin:
 
     def _on_begin(self) -> None:
         """Reset per-epoch attributes."""
+
+    def _batches_per_step(self) -> int | None:
+        """Global batches of the original batch sampler that one step of every process consumes (None when
+        the loader does not deal an original batch sampler's batches)."""
+        return None
+
+    def _sampler_batch_size(self) -> int | None:
+        """The original batch sampler's batch size (None when unknown)."""
+        return None
+
+    def _epoch_samples(self) -> int | None:
+        """Samples in the epoch of the original sampler (None when unknown)."""
+        return None
+
+    def _restores_own_stream(self, state_dict: Mapping[str, Any]) -> bool:
+        """Whether the data source restores its own position from ``state_dict`` (a stateful dataset)."""
+        return False
+
+    def _global_offset(self) -> int:
+        """Global batches of the current (or next) epoch consumed before this attempt."""
+        return self._global_start if self._in_epoch else self._pending_global
 
     def _watch(self, iterator: Iterator[Any], every: int) -> Iterator[Any]:
         """torch's iterator of the epoch, as this loader reads it; ``every`` items make one step.
@@ -245,6 +281,18 @@ class DataLoaderStateMixin:
             lookahead = parent._resume_lookahead_rng
             self._resume_lookahead_rng = lookahead if restored == self.skip_batches else None
             parent._pending_skip, parent._resume_mid_epoch, parent._resume_base_seed = None, False, None
+            resized = parent._pending_global or parent._samples_before
+            if resized and self.skip_batches != restored:
+                warnings.warn(
+                    f"skip_first_batches(..., {self.skip_batches}) after load_state, which restored the loader "
+                    "where a run on another number of processes stopped: the epoch starts at batch "
+                    f"{self.skip_batches} of this process as asked, not there (pass 0 to continue exactly where "
+                    "the checkpoint stopped).",
+                    stacklevel=4,
+                )
+            elif resized:
+                self._pending_global, self._samples_before = parent._pending_global, parent._samples_before
+            parent._pending_global, parent._samples_before = 0, 0
             parent._resume_lookahead_rng = None
             if restored and restored != self.skip_batches:
                 warnings.warn(
@@ -262,6 +310,7 @@ class DataLoaderStateMixin:
         self.end_of_dataloader = False
         skip = self.skip_batches if self._pending_skip is None else self._pending_skip
         self._pending_skip = None
+        self._global_start, self._pending_global = self._pending_global, 0
         self._on_begin()
         self._forward_epoch(self.iteration)
         self._synchronize()
@@ -300,6 +349,7 @@ class DataLoaderStateMixin:
         self.iteration += 1
         self._batches_yielded = 0
         self._in_epoch = False
+        self._global_start = self._samples_before = 0
         if self._continues is not None:
             self._continues.iteration = self.iteration  # the loader continues with the next epoch
 
@@ -345,55 +395,88 @@ class DataLoaderStateMixin:
             "num_processes": int(getattr(self, "_world", 1)),
             "sampler_seed": int(seedable.initial_seed) if seedable is not None else -1,
         }
+        finished = self._in_epoch and self.end_of_dataloader
+        result.update(self._global_keys(0 if finished else position, finished))
+        mid = position > 0 or result.get("global_start", 0) > 0 or result.get("samples_before", 0) > 0
         if state is not None:
             result["generator_state"] = state.clone()
         base_seed = (
             self._epoch_base_seed if self._in_epoch else self._resume_base_seed
         )  # loaded, not yet read
-        if position > 0 and base_seed is not None:
+        if mid and base_seed is not None:
             result["base_seed"] = int(base_seed)
         lookahead = self._lookahead_rng if self._in_epoch else self._resume_lookahead_rng
-        if position > 0 and lookahead is not None and not (self._in_epoch and self.end_of_dataloader):
+        if mid and lookahead is not None and not finished:
             result["lookahead_rng"] = lookahead.clone()
         recording = self._order_sampler()
-        if position > 0 and isinstance(recording, RecordingRandomSampler):
+        if mid and isinstance(recording, RecordingRandomSampler):
             seed = recording.epoch_seed if self._in_epoch else recording.replay_seed
             if seed is not None:
                 result["epoch_seed"] = int(seed)
         return result
 
+    def _global_keys(self, position: int, finished: bool) -> dict[str, int]:
+        """The position in global terms (:mod:`lockstep.data._resize`); ``position``: this process's
+        batches of the epoch consumed."""
+        if finished:
+            return {"global_start": 0, "global_batches": 0, "samples_consumed": 0}
+        per_step, size = self._batches_per_step(), self._sampler_batch_size()
+        if per_step is None:
+            before = self._samples_before
+            samples = before + position * int(self.total_batch_size or 0)
+            return {"samples_before": int(before), "samples_consumed": int(samples)}
+        start = self._global_offset()
+        consumed = start + position * per_step
+        samples = consumed * (size or 0)
+        epoch_samples = self._epoch_samples()
+        return {
+            "global_start": int(start),
+            "global_batches": int(consumed),
+            "sampler_batch_size": int(size or -1),
+            "samples_consumed": int(samples if epoch_samples is None else min(samples, epoch_samples)),
+        }
+
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
-        """Resume where ``state_dict`` was taken: the next iteration starts at the next unseen batch."""
+        """Resume where ``state_dict`` was taken: the next iteration starts at the next unseen batch, also
+        on another number of processes (:mod:`lockstep.data._resize`; ``resized`` then tells how)."""
         missing = [key for key in ("epoch", "batches_yielded") if key not in state_dict]
         if missing:
             raise ValueError(
                 f"{type(self).__name__}.load_state_dict() got a dict without {missing} (keys: "
                 f"{sorted(state_dict)}); pass a dict returned by a prepared loader's state_dict()."
             )
-        position = int(state_dict["batches_yielded"])
-        saved_total, total = int(state_dict.get("total_batch_size", -1)), self.total_batch_size
-        if saved_total > 0 and total and saved_total != total:
-            seen = position * saved_total
-            position = seen // total
-            warnings.warn(
-                f"The dataloader state was saved with {saved_total} samples per step and this loader takes "
-                f"{total}: resuming at batch {position} of the epoch, which re-reads {seen - position * total} "
-                f"of the {seen} samples already seen.",
-                stacklevel=2,
-            )
+        point = resume_point(
+            state_dict,
+            world=int(getattr(self, "_world", 1)),
+            total=self.total_batch_size,
+            batch_size=self._sampler_batch_size(),
+            deals_global=self._batches_per_step() is not None,
+            own_stream=self._restores_own_stream(state_dict),
+        )
+        position, self.resized = point.skip, point.resize
+        self._pending_global, self._samples_before, self._resume_stream = (
+            point.global_start,
+            point.samples_before,
+            point.in_stream,
+        )
         self.iteration = int(state_dict["epoch"])
         self._pending_skip = position
-        self._resume_mid_epoch = position > 0
+        mid_epoch = position > 0 or point.global_start > 0 or point.samples_before > 0
+        self._resume_mid_epoch = mid_epoch
         self._resume_base_seed = (
-            int(state_dict["base_seed"]) if position > 0 and "base_seed" in state_dict else None
+            int(state_dict["base_seed"]) if mid_epoch and "base_seed" in state_dict else None
         )
         lookahead = state_dict.get("lookahead_rng")
-        same_batch = position == int(state_dict["batches_yielded"])  # not moved by another batch size
+        same_batch = point.resize is None and position == int(state_dict["batches_yielded"])
         self._resume_lookahead_rng = (
             lookahead.clone() if position > 0 and same_batch and isinstance(lookahead, torch.Tensor) else None
         )
         self._in_epoch = False
         self.end_of_dataloader = False
+        self._restore_order(state_dict)
+
+    def _restore_order(self, state_dict: Mapping[str, Any]) -> None:
+        """The sampler seed, the shuffling generator at the epoch start and a recorded epoch seed."""
         seedable, seed = self._seedable_sampler(), int(state_dict.get("sampler_seed", -1))
         if seedable is not None and seed >= 0:
             seedable.initial_seed = seed

@@ -180,13 +180,19 @@ class RankBatches(Sequence[list[int]]):
             self._on_end()
 
 
-def plan_epoch(global_batches: Sequence[Sequence[int]], spec: ShardSpec) -> RankBatches:
-    """This rank's batches for the epoch whose global batches are ``global_batches``."""
+def plan_epoch(global_batches: Sequence[Sequence[int]], spec: ShardSpec, *, start: int = 0) -> RankBatches:
+    """This rank's batches for the epoch whose global batches are ``global_batches``.
+
+    ``start`` global batches were consumed already (by an attempt on another number of processes): the
+    rules deal the epoch's batches from number ``start`` on, as if the epoch began there, except that a short
+    last round is still completed from the epoch's first batches.
+    """
     if not _is_regular(global_batches, spec.batch_size):
-        return RankBatches.from_list(simulate_shard(global_batches, spec), remainder=-1)
+        batches = list(global_batches)[start:]
+        return RankBatches.from_list(simulate_shard(batches, spec), remainder=-1)
     if spec.split_batches:
-        return _plan_split(global_batches, spec)
-    return _plan_no_split(global_batches, spec)
+        return _plan_split(global_batches, spec, start)
+    return _plan_no_split(global_batches, spec, start)
 
 
 def _is_regular(batches: Sequence[Sequence[int]], batch_size: int | None) -> bool:
@@ -220,36 +226,38 @@ def _cycle_fill(real: list[int], source: list[int], size: int) -> list[int]:
     return real + [source[j % len(source)] for j in range(size - len(real))]
 
 
-def _plan_no_split(batches: Sequence[Sequence[int]], spec: ShardSpec) -> RankBatches:
+def _plan_no_split(batches: Sequence[Sequence[int]], spec: ShardSpec, start: int = 0) -> RankBatches:
     world, rank, size = spec.world_size, spec.rank, spec.batch_size
     assert size is not None
-    count = len(batches)
-    partial = int(count > 0 and _length_of(batches, count - 1) < size)
+    total = len(batches)
+    start = min(max(start, 0), total)
+    count = total - start  # the batches still to deal
+    partial = int(count > 0 and _length_of(batches, total - 1) < size)
     full_rounds = (count - partial) // world
     leftover = count - full_rounds * world
 
     def head(k: int) -> list[int]:
-        _touch(batches, (k + 1) * world - 1)
-        return list(batches[k * world + rank])
+        _touch(batches, start + (k + 1) * world - 1)
+        return list(batches[start + k * world + rank])
 
     def run_out() -> None:
-        _touch(batches, count)
+        _touch(batches, total)
 
     if spec.drop_last or leftover == 0:
         return RankBatches(
             head, full_rounds, None, remainder=world * size if full_rounds else 0, on_end=run_out
         )
-    real_count = (leftover - 1) * size + _length_of(batches, count - 1)
+    real_count = (leftover - 1) * size + _length_of(batches, total - 1)
 
     def padded() -> list[int]:
         run_out()  # the last round is dealt once the original sampler has run out
-        real = [i for j in range(full_rounds * world, count) for i in batches[j]]
-        first = [i for j in range(min(world, count)) for i in batches[j]]
+        real = [i for j in range(start + full_rounds * world, total) for i in batches[j]]
+        first = [i for j in range(min(world, total)) for i in batches[j]]
         return _cycle_fill(real, first, world * size)[rank * size : (rank + 1) * size]
 
     def own() -> list[int]:
         run_out()
-        return list(batches[full_rounds * world + rank])
+        return list(batches[start + full_rounds * world + rank])
 
     if spec.even_batches:
         tail: Callable[[], list[int]] | None = padded
@@ -258,28 +266,30 @@ def _plan_no_split(batches: Sequence[Sequence[int]], spec: ShardSpec) -> RankBat
     return RankBatches(head, full_rounds, tail, remainder=real_count, on_end=run_out)
 
 
-def _plan_split(batches: Sequence[Sequence[int]], spec: ShardSpec) -> RankBatches:
+def _plan_split(batches: Sequence[Sequence[int]], spec: ShardSpec, offset: int = 0) -> RankBatches:
     size = spec.batch_size
     assert size is not None
     piece = size // spec.world_size
     start, stop = spec.rank * piece, (spec.rank + 1) * piece
-    count = len(batches)
-    last_length = _length_of(batches, count - 1) if count else 0
+    total = len(batches)
+    offset = min(max(offset, 0), total)
+    count = total - offset  # the batches still to deal
+    last_length = _length_of(batches, total - 1) if count else 0
     partial = int(count > 0 and last_length < size)
     full = count - partial
 
     def head(k: int) -> list[int]:
-        return list(batches[k][start:stop])
+        return list(batches[offset + k][start:stop])
 
     def run_out() -> None:
-        _touch(batches, count)
+        _touch(batches, total)
 
     if spec.drop_last or not partial:
         return RankBatches(head, full, None, remainder=size if full else 0, on_end=run_out)
 
     def last() -> list[int]:
         run_out()
-        batch = list(batches[count - 1])
+        batch = list(batches[total - 1])
         return (
             _cycle_fill(batch, list(batches[0]), size)[start:stop] if spec.even_batches else batch[start:stop]
         )

@@ -50,6 +50,7 @@ from lockstep.config.dataloader import require_torchdata
 from lockstep.data._position import DataLoaderStateMixin
 from lockstep.data.dispatcher import DataLoaderDispatcher
 from lockstep.data.loader import DataLoaderShard
+from lockstep.data.samplers import IterableDatasetShard
 
 StatefulDataLoader = require_torchdata("use_stateful_dataloader=True")
 
@@ -106,6 +107,16 @@ class _StatefulLoader(DataLoaderStateMixin):
     def _watch(self, iterator: Iterator[Any], every: int) -> Iterator[Any]:
         return _recording(self, iterator, every)
 
+    def _restores_own_stream(self, state_dict: Mapping[str, Any]) -> bool:
+        """A stream whose dataset saves its own position (also through an ``IterableDatasetShard``)."""
+        if self._shard() is not None or state_dict.get(STATE_KEY) is None:
+            return False
+        dataset = self.dataset  # type: ignore[attr-defined]
+        dataset = dataset.dataset if isinstance(dataset, IterableDatasetShard) else dataset
+        return callable(getattr(dataset, "state_dict", None)) and callable(
+            getattr(dataset, "load_state_dict", None)
+        )
+
     def _extra_state(self, pending: bool) -> dict[str, Any]:
         """What else a mid-epoch state needs (``pending``: the loaded state, not yet read)."""
         return {}
@@ -132,7 +143,8 @@ class _StatefulLoader(DataLoaderStateMixin):
         self.next_iter_state = None  # and a state loaded before
         self._loaded, self._resume_in_stream = None, False
         inner, position = state_dict.get(STATE_KEY), self._pending_skip or 0
-        if inner is None or position == 0 or position != int(state_dict["batches_yielded"]):
+        same = self.resized is None and 0 < position == int(state_dict["batches_yielded"])
+        if inner is None or not (same or self._resume_stream):
             return  # at an epoch boundary, or rescaled to another batch size: lockstep's position alone
         workers = self.num_workers  # type: ignore[attr-defined]
         if _saved_workers(inner) != workers:
@@ -144,7 +156,7 @@ class _StatefulLoader(DataLoaderStateMixin):
                 stacklevel=2,
             )
             return
-        if self._shard() is None:
+        if self._shard() is None or self._resume_stream:
             self._resume_in_stream = True
             StatefulDataLoader.load_state_dict(self, copy.deepcopy(dict(inner)))
         else:

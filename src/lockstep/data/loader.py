@@ -109,6 +109,20 @@ class DataLoaderShard(DataLoader, DataLoaderStateMixin):
     def _on_begin(self) -> None:
         self._last_batch_length = -1
 
+    def _batches_per_step(self) -> int | None:
+        shard = self._shard()
+        if shard is None:
+            return None
+        return 1 if shard.split_batches else shard.num_processes
+
+    def _sampler_batch_size(self) -> int | None:
+        shard = self._shard()
+        return None if shard is None else shard.batch_size
+
+    def _epoch_samples(self) -> int | None:
+        sampler = getattr(self._shard(), "sampler", None)
+        return len(sampler) if hasattr(sampler, "__len__") else None  # type: ignore[arg-type]
+
     # -- iteration --------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
         skip = self._begin_epoch()
@@ -121,7 +135,7 @@ class DataLoaderShard(DataLoader, DataLoaderStateMixin):
         shard = self._shard()
         in_stream, self._resume_in_stream = self._resume_in_stream, False
         if shard is not None:  # O(1): the sampler starts at the right batch
-            shard.start_batch, skip = skip, 0
+            shard.start_batch, shard.start_global, skip = skip, self._global_start, 0
         elif in_stream:  # the restored data source starts there by itself
             skip = 0
         replay = self._take_lookahead_replay()
@@ -155,6 +169,8 @@ class DataLoaderShard(DataLoader, DataLoaderStateMixin):
 
     def __len__(self) -> int:
         shard = self._shard()
+        if shard is not None:
+            shard.start_global = self._global_offset()
         length = shard.epoch_length() if shard is not None else super().__len__()
         return max(0, length - self.skip_batches)
 

@@ -172,6 +172,8 @@ class BatchSamplerShard(BatchSampler):
         even_batches: complete the last round with samples from the start of the epoch.
         start_batch: skip this many of this process's batches at the start of every iteration (O(1) for a
             plain ``BatchSampler``); a prepared dataloader sets it to resume.
+        start_global: the global batches of the epoch already consumed before this process's share is dealt;
+            a prepared dataloader sets it to resume an epoch begun on another number of processes.
 
     Attributes:
         remainder: real samples in the last global round of the latest epoch (-1 before the first one or
@@ -194,6 +196,7 @@ class BatchSamplerShard(BatchSampler):
         even_batches: bool = True,
         *,
         start_batch: int = 0,
+        start_global: int = 0,
     ) -> None:
         # BatchSampler.__init__ is not called: it wants a sampler and a batch size we may not have.
         self.batch_sampler = batch_sampler
@@ -204,6 +207,7 @@ class BatchSamplerShard(BatchSampler):
         self.batch_size = getattr(batch_sampler, "batch_size", None)
         self.drop_last = getattr(batch_sampler, "drop_last", False)
         self.start_batch = start_batch
+        self.start_global = start_global
         self.remainder = -1
         self.current_plan: RankBatches | None = None
         _ = self.spec  # validate now, not at the first iteration
@@ -235,14 +239,15 @@ class BatchSamplerShard(BatchSampler):
         return len(self.batch_sampler)  # type: ignore[arg-type]
 
     def epoch_length(self) -> int:
-        """This process's batches per epoch, ignoring ``start_batch``."""
+        """This process's batches per epoch, ignoring ``start_batch`` (counted from ``start_global``)."""
         inner = self.batch_sampler
         if type(inner) is BatchSampler and isinstance(inner.sampler, Sized):
             num_samples, size = len(inner.sampler), inner.batch_size
             count = num_samples // size if inner.drop_last else -(-num_samples // size)
             last = num_samples - (count - 1) * size if count else None
-            return shard_length(count, self.spec, last_batch_size=last)
-        return shard_length(len(inner), self.spec)  # type: ignore[arg-type]
+            remaining = max(0, count - self.start_global)
+            return shard_length(remaining, self.spec, last_batch_size=last if remaining else None)
+        return shard_length(max(0, len(inner) - self.start_global), self.spec)  # type: ignore[arg-type]
 
     def __len__(self) -> int:
         return max(0, self.epoch_length() - self.start_batch)
@@ -256,7 +261,7 @@ class BatchSamplerShard(BatchSampler):
 
     def plan_epoch(self) -> RankBatches:
         """Draw the next epoch of the wrapped sampler and compute this process's batches."""
-        plan = plan_epoch(global_batches(self.batch_sampler), self.spec)
+        plan = plan_epoch(global_batches(self.batch_sampler), self.spec, start=self.start_global)
         self.remainder, self.current_plan = plan.remainder, plan
         return plan
 

@@ -1,0 +1,128 @@
+"""A checkpoint loaded on another number of processes: the global batch, and the one restart line.
+
+The prepared loaders already continue the epoch exactly (:mod:`lockstep.data._resize`). What is left is the
+optimizer step's batch: by default the script's own settings stay (per-process batch and
+``gradient_accumulation_steps``), so the global batch follows the number of processes, as when a user
+relaunches by hand on fewer machines. With ``Accelerator(elastic_keep_global_batch=True)`` the global batch
+is kept by changing the accumulation steps, when the division is exact. Either way rank 0 logs one line::
+
+    resumed on 2 processes from a checkpoint saved on 3: ckpt/checkpoint_4 at step 8, epoch 0, 24 of 50
+    samples consumed; global batch kept at 12 samples per optimizer step (gradient_accumulation_steps 2 -> 3)
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from lockstep.accelerator.accumulation import GradientAccumulation
+from lockstep.data._resize import Resize
+
+logger = logging.getLogger("lockstep.checkpoint")
+
+KEEP_OPTION = "Accelerator(elastic_keep_global_batch=True)"
+ACCUMULATION_COUNTER = "gradient_accumulation_steps"
+
+
+def first_resize(loaders: Sequence[Any]) -> Resize | None:
+    """The resize the first loader restored on another number of processes saw (None when none did)."""
+    return next((dl.resized for dl in loaders if getattr(dl, "resized", None) is not None), None)
+
+
+def kept_accumulation(resize: Resize, saved_steps: int) -> int:
+    """The accumulation steps that keep the saved global batch on the new number of processes.
+
+    Raises:
+        ValueError: the saved global batch is not a whole number of the new per-step batches.
+    """
+    old_total, new_total = resize.old_total_batch_size, resize.new_total_batch_size
+    target = old_total * saved_steps
+    if old_total <= 0 or new_total <= 0 or target % new_total != 0:
+        raise ValueError(
+            f"{KEEP_OPTION} keeps the global batch of {target} samples per optimizer step ({old_total} per "
+            f"micro-step on {resize.old_world} processes x {saved_steps} accumulation steps), but one micro-step "
+            f"on {resize.new_world} processes reads {new_total} samples, which does not divide it. Choices: "
+            f"resume on a number of processes whose micro-step divides {target}; change the per-process batch "
+            "size so that it does; or leave elastic_keep_global_batch off, and the global batch follows the "
+            "number of processes."
+        )
+    return target // new_total
+
+
+def _convert_counter(accumulation: GradientAccumulation, saved_steps: int, new_steps: int) -> None:
+    """The micro-step counter for ``new_steps`` accumulation steps, after the same optimizer steps."""
+    if new_steps == saved_steps:
+        return
+    step = accumulation.step
+    if step % saved_steps != 0:
+        raise ValueError(
+            f"Resuming with gradient_accumulation_steps={new_steps}, but the checkpoint was taken at micro-step "
+            f"{step}, inside an accumulation cycle of {saved_steps} steps, which cannot continue with another "
+            "number of steps. Save checkpoints when accelerator.sync_gradients is True, or resume with "
+            f"gradient_accumulation_steps={saved_steps}."
+        )
+    accumulation.step = step // saved_steps * new_steps
+
+
+def apply_resize(
+    resize: Resize,
+    *,
+    accumulation: GradientAccumulation,
+    saved_steps: int,
+    keep_global_batch: bool,
+) -> str:
+    """Set the accumulation for the new number of processes; returns how the global batch is kept."""
+    steps = accumulation.num_steps
+    old_global = resize.old_total_batch_size * saved_steps
+    if keep_global_batch:
+        new_steps = kept_accumulation(resize, saved_steps)
+        _convert_counter(accumulation, saved_steps, new_steps)
+        accumulation.gradient_state.plugin_kwargs["num_steps"] = new_steps
+        return (
+            f"global batch kept at {old_global} samples per optimizer step "
+            f"(gradient_accumulation_steps {saved_steps} -> {new_steps}, {KEEP_OPTION})"
+        )
+    _convert_counter(accumulation, saved_steps, steps)
+    new_global = resize.new_total_batch_size * steps
+    return (
+        f"global batch follows the number of processes: {new_global} samples per optimizer step "
+        f"({resize.new_total_batch_size} per micro-step x {steps} accumulation steps; it was {old_global}); "
+        f"pass {KEEP_OPTION} to keep {old_global}"
+    )
+
+
+def restart_line(resize: Resize, *, folder: Any, step: int, epoch_samples: int | None, how: str) -> str:
+    """The one line a resumed run on another number of processes logs."""
+    of = f" of {epoch_samples}" if epoch_samples is not None else ""
+    return (
+        f"resumed on {resize.new_world} processes from a checkpoint saved on {resize.old_world}: {folder} at "
+        f"step {step}, epoch {resize.epoch}, {resize.samples_consumed}{of} samples of the epoch consumed; {how}"
+    )
+
+
+def after_resized_load(
+    loaders: Sequence[Any],
+    *,
+    folder: Any,
+    counters: dict[str, Any],
+    accumulation: GradientAccumulation,
+    keep_global_batch: bool,
+    is_main_process: bool,
+) -> Resize | None:
+    """When a loader was restored on another number of processes: set the accumulation and log the line."""
+    resize = first_resize(loaders)
+    saved_steps = int(counters.get(ACCUMULATION_COUNTER, accumulation.num_steps))
+    if resize is None:
+        if keep_global_batch:  # the same processes as the save: keep the steps an earlier resize chose
+            accumulation.gradient_state.plugin_kwargs["num_steps"] = saved_steps
+        return None
+    step = accumulation.step
+    how = apply_resize(
+        resize, accumulation=accumulation, saved_steps=saved_steps, keep_global_batch=keep_global_batch
+    )
+    loader = next(dl for dl in loaders if getattr(dl, "resized", None) is resize)
+    epoch_samples = loader._epoch_samples() if hasattr(loader, "_epoch_samples") else None
+    if is_main_process:
+        logger.warning(restart_line(resize, folder=folder, step=step, epoch_samples=epoch_samples, how=how))
+    return resize
