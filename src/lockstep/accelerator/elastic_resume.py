@@ -1,6 +1,6 @@
 """A checkpoint loaded on another number of processes: the global batch, and the one restart line.
 
-The prepared loaders already continue the epoch exactly (:mod:`lockstep.data._resize`). What is left is the
+The prepared loaders already continue the epoch exactly (:mod:`lockstep.data.resize`). What is left is the
 optimizer step's batch: by default the script's own settings stay (per-process batch and
 ``gradient_accumulation_steps``), so the global batch follows the number of processes, as when a user
 relaunches by hand on fewer machines. With ``Accelerator(elastic_keep_global_batch=True)`` the global batch
@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from lockstep.accelerator.accumulation import GradientAccumulation
-from lockstep.data._resize import Resize
+from lockstep.data.resize import Resize
 
 logger = logging.getLogger("lockstep.checkpoint")
 

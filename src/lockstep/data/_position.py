@@ -18,11 +18,11 @@ State dict format (plain ints, strings and tensors; loads with ``torch.load(weig
         "generator_state": Tensor,    # only with a shuffling generator: its state at the epoch start
         "base_seed": int,             # only mid-epoch: the base seed of the epoch's workers
         "lookahead_rng": Tensor,      # only mid-epoch: torch's generator before the look-ahead batch
-        ...                           # the position in global terms: see lockstep.data._resize
+        ...                           # the position in global terms: see lockstep.data.resize
     }
 
 The global terms (global batches of the epoch's order consumed, samples consumed) let a checkpoint resume on
-another number of processes with every sample of the epoch read once (:mod:`lockstep.data._resize`); a
+another number of processes with every sample of the epoch read once (:mod:`lockstep.data.resize`); a
 state without them (an older lockstep's) still loads, on any number of processes when its samples consumed
 make whole batches of the original batch sampler.
 
@@ -51,7 +51,7 @@ import torch
 
 from lockstep._nested import find_batch_size
 from lockstep.config.dataloader import require_torchdata
-from lockstep.data._resize import Resize, resume_point
+from lockstep.data.resize import Resize, resume_point
 from lockstep.data.samplers import BatchSamplerShard, RecordingRandomSampler, SeedableRandomSampler
 from lockstep.state import GradientState
 
@@ -152,7 +152,7 @@ class DataLoaderStateMixin:
     _continues: Any = None
     _active_copy: Any = None
     _loader_kwargs: dict[str, Any]  # the DataLoader arguments the loader was built with
-    # Global position (lockstep.data._resize): the epoch's global batches consumed before this attempt dealt
+    # Global position (lockstep.data.resize): the epoch's global batches consumed before this attempt dealt
     # any (loaded, then of the running epoch), and for loaders without a batch sampler the samples.
     _pending_global: int = 0
     _global_start: int = 0
@@ -416,7 +416,7 @@ class DataLoaderStateMixin:
         return result
 
     def _global_keys(self, position: int, finished: bool) -> dict[str, int]:
-        """The position in global terms (:mod:`lockstep.data._resize`); ``position``: this process's
+        """The position in global terms (:mod:`lockstep.data.resize`); ``position``: this process's
         batches of the epoch consumed."""
         if finished:
             return {"global_start": 0, "global_batches": 0, "samples_consumed": 0}
@@ -438,7 +438,7 @@ class DataLoaderStateMixin:
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Resume where ``state_dict`` was taken: the next iteration starts at the next unseen batch, also
-        on another number of processes (:mod:`lockstep.data._resize`; ``resized`` then tells how)."""
+        on another number of processes (:mod:`lockstep.data.resize`; ``resized`` then tells how)."""
         missing = [key for key in ("epoch", "batches_yielded") if key not in state_dict]
         if missing:
             raise ValueError(
