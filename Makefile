@@ -16,5 +16,8 @@ lint: setup
 reference:
 	bash dev/reference_env.sh
 
+# Two pytest workers (pytest-xdist), each file's tests on one worker (module fixtures stay shared): the
+# multi-process tests wait on each other a good part of the time, and two workers on the 2-core CI machine
+# took 122 s where one took 200 (tests/checkpoint). The slowest tests are listed at the end.
 test: lint reference
-	.venv/bin/python -m pytest -q
+	.venv/bin/python -m pytest -q -n 2 --dist loadfile --durations=30

@@ -42,6 +42,7 @@ IMPORT_NAMES: dict[str, str | None] = {
     "deepspeed": "deepspeed",
     "optuna": "optuna",
     "transformers": "transformers",
+    "pytest-xdist": "xdist",
     "moto": "moto",
     "s3fs": "s3fs",
 }
