@@ -22,8 +22,8 @@ from torch.utils.data import BatchSampler, DataLoader, RandomSampler, Sampler
 from lockstep import Accelerator
 from lockstep.accelerator.elastic_resume import kept_accumulation
 from lockstep.data import prepare_data_loader, skip_first_batches
-from lockstep.data.resize import Resize
 from lockstep.data._sharding import IndexBatches, ShardSpec, plan_epoch, simulate_shard
+from lockstep.data.resize import Resize
 from lockstep.state import PartialState
 from lockstep.trainer._length_grouping import LengthGroupedSampler
 from tests.data._stateful_data import CountingStream, PlainStream

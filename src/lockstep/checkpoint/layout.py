@@ -23,13 +23,16 @@ import re
 import shutil
 import time
 import warnings
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import xxhash
 
 from lockstep.errors import CheckpointError
+
+T = TypeVar("T")
 
 MANIFEST_NAME = "manifest.json"
 LATEST_POINTER = "latest"
@@ -273,11 +276,25 @@ def newest_valid_checkpoint(root: Path) -> Path:
     Raises:
         FileNotFoundError: when there is no valid checkpoint at all.
     """
+
+    def check(folder: Path) -> None:
+        if not written_by_accelerate(folder):
+            verify(folder)
+
+    return first_valid([folder for _, folder in reversed(automatic_checkpoints(root))], check, root)
+
+
+def first_valid(newest_first: Sequence[T], check: Callable[[T], None], root: object) -> T:
+    """The first of ``newest_first`` that ``check`` accepts (it raises :class:`CheckpointError` otherwise);
+    warns about the newer ones it skipped.
+
+    Raises:
+        FileNotFoundError: when ``check`` accepts none.
+    """
     broken: list[str] = []
-    for _, folder in reversed(automatic_checkpoints(root)):
+    for folder in newest_first:
         try:
-            if not written_by_accelerate(folder):
-                verify(folder)
+            check(folder)
         except CheckpointError as error:
             broken.append(str(error))
             continue
@@ -285,7 +302,7 @@ def newest_valid_checkpoint(root: Path) -> Path:
             warnings.warn(
                 f"Skipped {len(broken)} newer checkpoint(s) that cannot be loaded, using {folder}: "
                 + " | ".join(broken),
-                stacklevel=3,
+                stacklevel=4,
             )
         return folder
     detail = f" ({len(broken)} broken: {' | '.join(broken)})" if broken else ""

@@ -28,7 +28,6 @@ import shutil
 import tempfile
 import threading
 import time
-import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -308,24 +307,7 @@ class FsspecStorage(CheckpointStorage):
         return sorted((int(match.group(1)), folder) for match, folder in found if match)
 
     def newest_valid(self, root: Location) -> str:
-        broken: list[str] = []
-        for _, folder in reversed(self.automatic(root)):
-            try:
-                self.check(folder)
-            except layout.CheckpointError as error:
-                broken.append(str(error))
-                continue
-            if broken:
-                warnings.warn(
-                    f"Skipped {len(broken)} newer checkpoint(s) that cannot be loaded, using {folder}: "
-                    + " | ".join(broken),
-                    stacklevel=3,
-                )
-            return folder
-        detail = f" ({len(broken)} broken: {' | '.join(broken)})" if broken else ""
-        raise FileNotFoundError(
-            f"No valid checkpoint under {root}{detail}. Save one with accelerator.save_state()."
-        )
+        return layout.first_valid([folder for _, folder in reversed(self.automatic(root))], self.check, root)
 
     def rotate(self, root: Location, total_limit: int | None) -> list[Location]:
         if total_limit is None:
