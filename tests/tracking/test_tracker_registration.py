@@ -212,7 +212,7 @@ def test_the_enum_the_env_report_and_report_to_come_from_the_one_table(capsys, t
     register_tracker_class(MineTracker)
     run_env(type("Args", (), {"config_file": str(tmp_path / "absent.yaml")})())
     output = capsys.readouterr().out
-    trackers = output.split("Trackers (log_with / report_to names):\n")[1].splitlines()
+    trackers = output.split("Trackers (log_with / report_to names):\n")[1].split("\n\n")[0].splitlines()
     assert [line.split(":")[0].strip() for line in trackers] == [*BUILT_IN_TRACKERS, "mine"]
     assert trackers[0] == "  jsonl       : available (lockstep.tracking.files.JSONLTracker)"
     assert trackers[-1] == f"  mine        : available ({HERE}.MineTracker)"
