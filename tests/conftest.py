@@ -16,3 +16,7 @@ def _fresh_lockstep_state():
     reset_lockstep_state()
     yield
     reset_lockstep_state()
+    # FSDP's cpu_ram_efficient_loading announces itself to transformers through these (os.environ): a test
+    # that prepared such a model in this process must not leave them to the next test's subprocesses.
+    for name in ("ACCELERATE_USE_FSDP", "FSDP_CPU_RAM_EFFICIENT_LOADING"):
+        os.environ.pop(name, None)
