@@ -198,3 +198,50 @@ def host_layout(
         values["machine_rank"] = rank
         sources["machine_rank"] = f"position of this host ({name}) in {described}"
     return values, sources, missing
+
+
+@dataclass(frozen=True)
+class LauncherNumbering:
+    """The variables a process launcher (mpirun, jsrun) numbers its copies of ``lockstep launch`` with."""
+
+    tool: str
+    """How the refusal names the launcher: ``mpirun``, ``jsrun``."""
+    size: str
+    """Copies in the job: the machine count."""
+    rank: str
+    """This copy's number: the machine rank."""
+    local_size: str
+    """Copies on this host: more than one would form separate jobs."""
+    one_per_host: str
+    """The command line that starts one copy per host."""
+
+
+def numbered_launchers(
+    environ: Mapping[str, str], numbering: LauncherNumbering
+) -> tuple[dict[str, Any], dict[str, str], dict[str, str]]:
+    """Values, sources and missing-value hints of a job whose launchers a process launcher numbered: its
+    size is the machine count, its rank the machine rank, and the main address is ``MASTER_ADDR`` if
+    exported (the caller may find it elsewhere).
+
+    Raises:
+        UsageError: a malformed variable, or several copies on this host.
+    """
+    size, rank, local = (
+        text(environ, name) for name in (numbering.size, numbering.rank, numbering.local_size)
+    )
+    if local is not None and integer(numbering.local_size, local, minimum=1) > 1:
+        raise UsageError(
+            f"{numbering.tool} started {local} copies of lockstep launch on this host ({numbering.local_size}"
+            f"={local}): they would form separate jobs. Start one per host ({numbering.one_per_host}), or let "
+            f"{numbering.tool} start every process ({numbering.tool} ... python train.py)."
+        )
+    values: dict[str, Any] = {"num_machines": integer(numbering.size, size or "", minimum=1)}
+    sources = {"num_machines": f"{numbering.size}={size}"}
+    missing: dict[str, str] = {}
+    if rank is not None:
+        values["machine_rank"] = integer(numbering.rank, rank)
+        sources["machine_rank"] = f"{numbering.rank}={rank}"
+    address = text(environ, MASTER_ADDR)
+    if address is not None:
+        values["main_address"], sources["main_address"] = address, f"{MASTER_ADDR}={address}"
+    return values, sources, missing

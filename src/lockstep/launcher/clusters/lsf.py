@@ -17,9 +17,10 @@ from lockstep.errors import UsageError
 from lockstep.launcher.clusters._base import (
     MASTER_ADDR,
     DetectedCluster,
+    LauncherNumbering,
     host_layout,
-    integer,
     main_port,
+    numbered_launchers,
     read_host_file,
     text,
     unique_hosts,
@@ -28,7 +29,13 @@ from lockstep.launcher.clusters._base import (
 NAME, TITLE = "lsf", "LSF"
 JOB_ID, HOSTFILE, RANKFILE = "LSB_JOBID", "LSB_DJOB_HOSTFILE", "LSB_DJOB_RANKFILE"
 MCPU_HOSTS, HOSTS = "LSB_MCPU_HOSTS", "LSB_HOSTS"
-JSM_SIZE, JSM_RANK, JSM_LOCAL_SIZE = "JSM_NAMESPACE_SIZE", "JSM_NAMESPACE_RANK", "JSM_NAMESPACE_LOCAL_SIZE"
+JSRUN = LauncherNumbering(
+    "jsrun",
+    "JSM_NAMESPACE_SIZE",
+    "JSM_NAMESPACE_RANK",
+    "JSM_NAMESPACE_LOCAL_SIZE",
+    "jsrun -r 1 lockstep launch ...",
+)
 
 
 def detect(environ: Mapping[str, str]) -> bool:
@@ -42,7 +49,7 @@ def read(environ: Mapping[str, str], hostname: str | None = None) -> DetectedClu
         UsageError: a malformed variable, an unreadable host file, no host list at all, or several
             launchers on one host under ``jsrun``.
     """
-    if text(environ, JSM_SIZE) is not None:
+    if text(environ, JSRUN.size) is not None:
         values, sources, missing = _read_jsrun(environ)
     else:
         hosts, described = _hosts(environ)
@@ -70,24 +77,9 @@ def _hosts(environ: Mapping[str, str]) -> tuple[list[str], str]:
 
 
 def _read_jsrun(environ: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, str], dict[str, str]]:
-    size, rank = text(environ, JSM_SIZE) or "", text(environ, JSM_RANK)
-    local = text(environ, JSM_LOCAL_SIZE)
-    if local is not None and integer(JSM_LOCAL_SIZE, local, minimum=1) > 1:
-        raise UsageError(
-            f"jsrun started {local} copies of lockstep launch on this host ({JSM_LOCAL_SIZE}={local}): they "
-            "would form separate jobs. Start one per host (jsrun -r 1 lockstep launch ...), or let jsrun start "
-            "every process (jsrun python train.py)."
-        )
-    values: dict[str, Any] = {"num_machines": integer(JSM_SIZE, size, minimum=1)}
-    sources = {"num_machines": f"{JSM_SIZE}={size}"}
-    missing: dict[str, str] = {}
-    if rank is not None:
-        values["machine_rank"], sources["machine_rank"] = integer(JSM_RANK, rank), f"{JSM_RANK}={rank}"
-    address = text(environ, MASTER_ADDR)
+    values, sources, missing = numbered_launchers(environ, JSRUN)
     rankfile = text(environ, RANKFILE)
-    if address is not None:
-        values["main_address"], sources["main_address"] = address, f"{MASTER_ADDR}={address}"
-    elif rankfile is not None:
+    if "main_address" not in values and rankfile is not None:
         compute_hosts = unique_hosts(read_host_file(RANKFILE, rankfile)[1:])  # line 1: the launch node
         if compute_hosts:
             values["main_address"] = compute_hosts[0]
