@@ -1,6 +1,6 @@
 """How often the reliability tests repeat a run.
 
-The suite repeats each a few times, which catches a regression that fails most runs; set
+The suite repeats each twice, which catches a regression that fails most runs (CI time is shared); set
 ``LOCKSTEP_SOAK_RUNS=20`` for a soak that shows a rare failure (the figures in the closing notes of
 the launcher and shutdown work came from 10 and 20 runs).
 """
