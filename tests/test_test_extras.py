@@ -45,6 +45,7 @@ IMPORT_NAMES: dict[str, str | None] = {
     "pytest-xdist": "xdist",
     "moto": "moto",
     "s3fs": "s3fs",
+    "ray": "ray",
 }
 
 

@@ -39,6 +39,12 @@ MASTER_ADDR, MASTER_PORT = "MASTER_ADDR", "MASTER_PORT"
 GROUP_RANK = "GROUP_RANK"
 RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
 
+# Accelerate's device override; Ray Train sets it in each worker to the device it assigned that worker.
+ACCELERATE_TORCH_DEVICE = "ACCELERATE_TORCH_DEVICE"
+
+# Ray: set in every process Ray starts (tasks, actors, Ray Train's workers).
+RAY_RAYLET_PID = "RAY_RAYLET_PID"
+
 # SLURM.
 SLURM_PROCID, SLURM_LOCALID, SLURM_NTASKS = "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS"
 SLURM_NODEID, SLURM_NODELIST = "SLURM_NODEID", "SLURM_JOB_NODELIST"
@@ -59,7 +65,8 @@ class ClusterEnvironment:
     """Who this process is, as the launcher that started it described it.
 
     Attributes:
-        source: which launcher the values came from: ``torchrun``, ``slurm``, ``mpi`` or ``single``.
+        source: which launcher the values came from: ``torchrun``, ``ray`` (Ray Train's TorchTrainer, which
+            publishes torchrun's variables), ``slurm``, ``mpi`` or ``single``.
         rank: global rank of this process.
         local_rank: rank of this process on its machine.
         world_size: number of processes in the job.
@@ -80,8 +87,8 @@ class ClusterEnvironment:
 
     @property
     def uses_env_rendezvous(self) -> bool:
-        """True when torchrun already published ``MASTER_ADDR``/``RANK``... for ``env://``."""
-        return self.source == "torchrun"
+        """True when torchrun (or Ray Train) already published ``MASTER_ADDR``/``RANK``... for ``env://``."""
+        return self.source in ("torchrun", "ray")
 
 
 def _int(env: Mapping[str, str], name: str, default: int | None = None) -> int:
@@ -114,7 +121,7 @@ def first_slurm_host(nodelist: str) -> str:
 def _from_torchrun(env: Mapping[str, str]) -> ClusterEnvironment:
     world_size = _int(env, WORLD_SIZE)
     return ClusterEnvironment(
-        source="torchrun",
+        source="ray" if RAY_RAYLET_PID in env else "torchrun",
         rank=_int(env, RANK),
         local_rank=_int(env, LOCAL_RANK, 0),
         world_size=world_size,
@@ -162,7 +169,8 @@ def _from_mpi(env: Mapping[str, str]) -> ClusterEnvironment:
 def read_cluster_environment(env: Mapping[str, str] | None = None) -> ClusterEnvironment:
     """Detect the launcher from the environment and return the topology it describes.
 
-    torchrun wins over SLURM (``srun torchrun ...`` sets both), SLURM over MPI.
+    torchrun wins over SLURM (``srun torchrun ...`` sets both), SLURM over MPI. torchrun's variables in a
+    process that Ray started come from Ray Train's TorchTrainer (source ``ray``).
 
     Args:
         env: the environment to read; ``os.environ`` when omitted.
@@ -186,6 +194,19 @@ def read_cluster_environment(env: Mapping[str, str] | None = None) -> ClusterEnv
             "which is impossible. Check how the processes were launched."
         )
     return cluster
+
+
+def torch_device_override(env: Mapping[str, str] | None = None) -> str | None:
+    """The device named by ``ACCELERATE_TORCH_DEVICE`` (e.g. ``cuda:1``), if any: Accelerate's override,
+    which Ray Train sets to the device it gave each worker."""
+    env = os.environ if env is None else env
+    return env.get(ACCELERATE_TORCH_DEVICE, "").strip() or None
+
+
+def started_by_ray(env: Mapping[str, str] | None = None) -> bool:
+    """Whether Ray started this process (a task, an actor, a Ray Train worker)."""
+    env = os.environ if env is None else env
+    return RAY_RAYLET_PID in env
 
 
 def debug_requested(env: Mapping[str, str] | None = None) -> bool:

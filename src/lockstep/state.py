@@ -23,7 +23,7 @@ from typing import Any, ClassVar, TypeVar
 import torch
 import torch.distributed as dist
 
-from lockstep import _env, _process_group
+from lockstep import _env, _process_group, _ray_train
 from lockstep.config.enums import DistributedType
 from lockstep.config.kwargs import validate_backend_name
 
@@ -60,6 +60,7 @@ class _ProcessContext:
         device = _pick_device(cluster, cpu=cpu)
         if backend is not None:
             backend = validate_backend_name(backend, argument="PartialState(backend=...)")
+        _ray_train.check_process_group()  # inside Ray Train: join Ray's group, never train apart
         multi_process = cluster.world_size > 1 or dist.is_initialized()
         if multi_process:
             backend = backend or _default_backend(device)
@@ -81,6 +82,9 @@ class _ProcessContext:
 def _pick_device(cluster: _env.ClusterEnvironment, *, cpu: bool) -> torch.device:
     if cpu:
         return torch.device("cpu")
+    override = _env.torch_device_override()
+    if override is not None:  # Accelerate's variable; Ray Train names each worker's device with it
+        return _parse_device_override(override)
     if torch.cuda.is_available():
         return torch.device("cuda", cluster.local_rank % torch.cuda.device_count())
     if hasattr(torch, "xpu") and torch.xpu.is_available():
@@ -88,6 +92,16 @@ def _pick_device(cluster: _env.ClusterEnvironment, *, cpu: bool) -> torch.device
     if torch.backends.mps.is_available() and cluster.world_size == 1:
         return torch.device("mps")
     return torch.device("cpu")
+
+
+def _parse_device_override(value: str) -> torch.device:
+    try:
+        return torch.device(value)
+    except RuntimeError:
+        raise ValueError(
+            f"{_env.ACCELERATE_TORCH_DEVICE}={value!r} is not a torch device. Name one such as 'cpu', "
+            "'cuda:1' or 'xpu:0', or unset the variable to let lockstep pick the device from the local rank."
+        ) from None
 
 
 def _default_backend(device: torch.device) -> str:
