@@ -272,7 +272,7 @@ class Runs:
     resumed: Run  # lockstep, torchrun, from the whole run's checkpoint-5
 
 
-@pytest.fixture(scope="module", params=["run_clm.py", "run_qa.py"])
+@pytest.fixture(scope="module", params=["run_clm.py", "run_qa.py", "run_mlm.py", "run_swag.py"])
 def runs(request: pytest.FixtureRequest, offline: Path) -> Runs:
     script = request.param
     kind = script[4:-3]
