@@ -121,13 +121,14 @@ def _qa_examples(rng: random.Random, count: int, prefix: str) -> dict:
         context = f"{target} {other}" if first else f"{other} {target}"
         answers = {"text": [subject], "answer_start": [0 if first else len(other) + 1]}
         question = f"who {verb} {thing} ?"
-        rows.append({"id": f"{prefix}{index}", "title": "t", "context": context, "question": question})
-        rows[-1]["answers"] = answers
+        row = {"id": f"{prefix}{index}", "title": "t", "context": context, "question": question}
+        rows.append({**row, "answers": answers})
     return {"data": rows}
 
 
 def _swag_examples(rng: random.Random, count: int) -> str:
-    """SWAG-style JSON lines (read as json): a sentence, its subject, and four endings of which the sentence's is right."""
+    """SWAG-style JSON lines (a .json file for the script): a sentence, its subject, and four endings, of
+    which the sentence's is right."""
     lines = []
     for _ in range(count):
         subject, verb, thing = (rng.choice(words) for words in (hf_examples.SUBJECTS, VERBS, OBJECTS))
