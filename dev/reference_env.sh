@@ -21,7 +21,7 @@ PYTHON="${PYTHON:-python3}"
 VENV=.venv-reference
 REQUIREMENTS=dev/reference-requirements.txt
 STAMP="$VENV/.requirements.sha256"
-want="$(cat "$REQUIREMENTS" dev/reference-transformers-4.txt dev/reference_env.sh | sha256sum | cut -d' ' -f1)"
+want="$(cat "$REQUIREMENTS" dev/reference-transformers-4.txt dev/reference-examples.txt dev/reference_env.sh | sha256sum | cut -d' ' -f1)"
 
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && [ -x "$VENV/bin/python" ]; then
   echo "reference environment $VENV is up to date ($REQUIREMENTS and dev/reference_env.sh unchanged)"
@@ -69,4 +69,7 @@ overlay() {  # overlay VERSION: the lines of dev/reference-transformers-4.txt fo
 }
 overlay 4.40.2
 overlay 4.56.2
+rm -rf "$VENV/examples"
+run "${PIP[@]}" --no-deps --target "$VENV/examples" -r dev/reference-examples.txt
+echo "datasets and evaluate for the example scripts in $VENV/examples"
 echo "$want" >"$STAMP"

@@ -24,7 +24,6 @@ the TensorBoard values of the 2-process run match a 1-process run with the same 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import random
@@ -35,6 +34,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import hf_examples
 from tests.helpers.cli import REPO, cli_env
 
 pytest.importorskip("transformers")
@@ -45,7 +45,6 @@ pytest.importorskip("tensorboard")
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
 FIXTURES = REPO / "tests" / "e2e" / "no_trainer"
-UPSTREAM_REPO = "huggingface/transformers"
 UPSTREAM_VERSION = "4.56.0.dev0"  # check_min_version() in both scripts; provenance in no_trainer/README.md
 SHA256 = {
     "run_clm_no_trainer.py": "98c99ac8ffcf056a878855136a89749cfab2074c148b7f43c6f41af8fd837247",
@@ -76,102 +75,25 @@ CHANGES: list[tuple[str, str, str]] = [
 
 def adapted_script(name: str, folder: Path) -> Path:
     """The upstream script ``name`` with :data:`CHANGES` applied, written to ``folder``."""
-    source = FIXTURES / name
-    if not source.is_file():
-        pytest.skip(
-            f"{source} is absent: put {UPSTREAM_REPO}'s examples/pytorch/language-modeling/{name} of "
-            f"transformers {UPSTREAM_VERSION} there, unchanged (tests/e2e/no_trainer/README.md)"
-        )
-    text = source.read_text(encoding="utf-8")
-    digest = hashlib.sha256(text.encode()).hexdigest()
-    assert digest == SHA256[name], (
-        f"{source} is not the upstream file of {UPSTREAM_VERSION} (sha256 {digest})"
-    )
-    for old, new, _why in CHANGES:
-        old, new = old.replace("{script}", name[:-3]), new.replace("{script}", name[:-3])
-        assert text.count(old) == 1, f"{name}: expected exactly one {old!r}"
-        text = text.replace(old, new)
-    imports = [line for line in text.splitlines() if line.lstrip().startswith(("import ", "from "))]
+    script = name[:-3]
+    changes = [
+        (old.replace("{script}", script), new.replace("{script}", script), why) for old, new, why in CHANGES
+    ]
+    upstream = f"examples/pytorch/language-modeling/{name} of transformers {UPSTREAM_VERSION}"
+    target = hf_examples.adapted_script(FIXTURES / name, SHA256[name], changes, folder, upstream=upstream)
+    imports = [
+        line for line in target.read_text().splitlines() if line.lstrip().startswith(("import ", "from "))
+    ]
     hugging_face_accelerate = [line for line in imports if "accelerate" in line.split()[1]]
     assert not hugging_face_accelerate, hugging_face_accelerate
-    target = folder / name
-    target.write_text(text, encoding="utf-8")
     return target
 
 
 # -- offline data, tokenizer and model configurations -------------------------------------------------
-SUBJECTS = ["the cat", "a dog", "my friend", "the man", "a bird", "the teacher", "our neighbour", "the child"]
-VERBS = ["sees", "likes", "follows", "finds", "paints", "calls", "watches", "helps"]
-OBJECTS = ["the ball", "a house", "the river", "an apple", "the moon", "a tree", "the window", "a road"]
-TAILS = [
-    "this morning",
-    "at night",
-    "in spring",
-    "once again",
-    "very slowly",
-    "with joy",
-    "near home",
-    "every day",
-]
 # 8 words a line: 104 and 128 blocks of 32 tokens (clm) or 40 (mlm, with [CLS] and [SEP]), both multiples
 # of the global batch (8), so that no process pads its last batch. A large validation set keeps the masked
 # LM's evaluation (a random 15% of the tokens) steady.
 TRAIN_LINES, VALIDATION_LINES = 416, 512
-
-
-def _sentences(rng: random.Random, count: int) -> str:
-    parts = (SUBJECTS, VERBS, OBJECTS, TAILS)
-    return "".join(" ".join(rng.choice(words) for words in parts) + " .\n" for _ in range(count))
-
-
-def _save_model_folder(folder: Path, kind: str, words: list[str]) -> None:
-    from tokenizers import Tokenizer, models, pre_tokenizers, processors
-    from transformers import BertConfig, GPT2Config, PreTrainedTokenizerFast
-
-    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] if kind == "mlm" else ["<|endoftext|>"]
-    vocab = {token: index for index, token in enumerate(specials + words)}
-    tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token=specials[1 if kind == "mlm" else 0]))
-    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    if kind == "mlm":
-        tokenizer.post_processor = processors.TemplateProcessing(
-            single="[CLS] $A [SEP]",
-            pair="[CLS] $A [SEP] $B [SEP]",
-            special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])],
-        )
-        fast = PreTrainedTokenizerFast(
-            tokenizer_object=tokenizer,
-            unk_token="[UNK]",
-            pad_token="[PAD]",
-            cls_token="[CLS]",
-            sep_token="[SEP]",
-            mask_token="[MASK]",
-            model_max_length=64,
-        )
-        config = BertConfig(
-            vocab_size=len(vocab),
-            hidden_size=32,
-            num_hidden_layers=2,
-            num_attention_heads=2,
-            intermediate_size=64,
-            max_position_embeddings=64,
-            pad_token_id=0,
-        )
-    else:
-        end = "<|endoftext|>"
-        fast = PreTrainedTokenizerFast(
-            tokenizer_object=tokenizer, unk_token=end, bos_token=end, eos_token=end, model_max_length=64
-        )
-        config = GPT2Config(
-            vocab_size=len(vocab),
-            n_embd=32,
-            n_layer=2,
-            n_head=2,
-            n_positions=64,
-            bos_token_id=0,
-            eos_token_id=0,
-        )
-    fast.save_pretrained(folder)
-    config.save_pretrained(folder)
 
 
 @pytest.fixture(scope="module")
@@ -179,11 +101,11 @@ def offline(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Text files, a word-level tokenizer and a tiny GPT-2 and BERT configuration, made here."""
     root = tmp_path_factory.mktemp("no_trainer")
     rng = random.Random(0)
-    (root / "train.txt").write_text(_sentences(rng, TRAIN_LINES))
-    (root / "validation.txt").write_text(_sentences(rng, VALIDATION_LINES))
+    (root / "train.txt").write_text(hf_examples.sentences(rng, TRAIN_LINES))
+    (root / "validation.txt").write_text(hf_examples.sentences(rng, VALIDATION_LINES))
     words = sorted({w for name in ("train.txt", "validation.txt") for w in (root / name).read_text().split()})
     for kind in ("clm", "mlm"):
-        _save_model_folder(root / kind, kind, words)
+        hf_examples.save_model_folder(root / kind, kind, words)
         adapted_script(f"run_{kind}_no_trainer.py", root)
     return root
 

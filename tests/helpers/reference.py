@@ -69,6 +69,17 @@ def transformers_overlay(version: str) -> str:
     return str(folder)
 
 
+def examples_overlay() -> str:
+    """The folder holding ``datasets`` and ``evaluate`` in versions that import with the transformers 4.x
+    overlays' ``huggingface_hub`` (``dev/reference-examples.txt``), for transformers' example scripts; put
+    after the overlay on ``PYTHONPATH`` with lockstep's python (whose pyarrow, pandas and dill they use).
+    Skips the test (fails it under CI) when it is not built."""
+    folder = REFERENCE_VENV / "examples"
+    if not (folder / "evaluate" / "__init__.py").is_file():
+        _missing(f"{folder} holds no evaluate package")
+    return str(folder)
+
+
 def reference_env(**extra: str) -> dict[str, str]:
     """Environment variables for a reference process: CPU only, one thread, the repository importable (for
     ``tests.helpers``; lockstep's ``src`` is left off so that nothing there shadows the real libraries)."""

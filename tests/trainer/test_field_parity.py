@@ -203,6 +203,7 @@ CLI_SAMPLES = {
     "evaluation_strategy": ("epoch", None),  # transformers 4's name: sets eval_strategy, then reads None
     "use_legacy_prediction_loop": ("false", False),  # True is not built
     "save_safetensors": ("true", True),  # False is not built
+    "tpu_metrics_debug": ("false", False),  # True is not built
     "activation_checkpointing_kwargs": ('{"use_reentrant": false}', {"use_reentrant": False}),
     "gradient_checkpointing_kwargs": ('{"use_reentrant": false}', {"use_reentrant": False}),
 }

@@ -19,7 +19,9 @@ def metric_value(args: TrainingArguments, metrics: dict[str, Any]) -> float:
     """The value of ``metric_for_best_model`` in ``metrics``; a clear error naming those that exist."""
     key = metric_key(args)
     if key not in metrics:
-        available = ", ".join(sorted(k for k in metrics if not k.endswith(("_runtime", "_per_second"))))
+        # log() adds the epoch to the evaluation's metrics (as transformers' does): not a metric to name
+        shown = [k for k in metrics if k != "epoch" and not k.endswith(("_runtime", "_per_second"))]
+        available = ", ".join(sorted(shown))
         raise ValueError(
             f"TrainingArguments(metric_for_best_model={args.metric_for_best_model!r}): the evaluation returned no "
             f"{key!r}. Its metrics are: {available or 'none'}. Name one of them, or return {key[5:]!r} from "

@@ -52,6 +52,7 @@ _NOT_BUILT: dict[str, tuple[tuple[Any, ...], str]] = {
     "eval_use_gather_object": ((False,), "predictions are gathered as tensors (padded across processes)"),
     "use_legacy_prediction_loop": ((False,), "the only prediction loop is evaluation_loop"),
     "save_safetensors": ((True,), "weights are always written as safetensors"),
+    "tpu_metrics_debug": ((False,), "there is no TPU support"),
 }
 """Fields not built yet: the values accepted, and what to do instead."""
 
@@ -88,6 +89,7 @@ LOCKSTEP_ONLY = {
     "evaluation_strategy": "transformers 4's name of eval_strategy (removed in 4.46)",
     "use_legacy_prediction_loop": "a transformers 4 field (not built: True is refused)",
     "save_safetensors": "a transformers 4 field (not built: False is refused; weights are always safetensors)",
+    "tpu_metrics_debug": "a transformers 4 field that its trainer_qa.py reads (not built: True is refused)",
     "logging_dir": "folder of the tracker files (transformers 5 removed it)",
     "warmup_ratio": "warm-up as a fraction (transformers 5 folded it into warmup_steps < 1)",
 }

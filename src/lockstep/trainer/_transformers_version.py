@@ -10,8 +10,8 @@ Defaults that differ between the versions lockstep supports (4.40 to 5.x):
   (https://github.com/huggingface/transformers/pull/37358), else ``"adamw_torch"``.
 
 Fields of transformers 4 that transformers 5 removed are lockstep fields whatever the version
-(``overwrite_output_dir``, ``evaluation_strategy``, ``use_legacy_prediction_loop``, ``save_safetensors``):
-scripts written for 4.x read or pass them.
+(``overwrite_output_dir``, ``evaluation_strategy``, ``use_legacy_prediction_loop``, ``save_safetensors``,
+``tpu_metrics_debug``): scripts written for 4.x read or pass them.
 """
 
 from __future__ import annotations

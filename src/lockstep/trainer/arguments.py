@@ -206,6 +206,9 @@ class TrainingArguments:
     use_legacy_prediction_loop: bool = _help(
         False, "transformers 4's old prediction loop (not built: evaluation_loop is the only loop)."
     )
+    tpu_metrics_debug: bool = _help(
+        False, "transformers 4's TPU debug metrics switch, read by its trainer_qa.py (not built: no TPU)."
+    )
     eval_steps: float | None = _help(
         None, "Evaluate every N steps (default: logging_steps); < 1: a fraction."
     )

@@ -662,7 +662,7 @@ class Trainer:
         self._setup()
         loader = self._eval_loader(eval_dataset, "Trainer.evaluate(eval_dataset=...)")
         output = self._run_evaluation(loader, metric_key_prefix, ignore_keys=ignore_keys)
-        self.log(dict(output.metrics))
+        self.log(output.metrics)
         self.control = self._event("on_evaluate", metrics=output.metrics)
         return output.metrics
 
@@ -687,10 +687,15 @@ class Trainer:
     # -- logging and saving -----------------------------------------------------------------------
     def log(self, logs: dict[str, float]) -> None:
         """Record ``logs`` in ``state.log_history``, print one line (main process), send them to the trackers
-        (``report_to``) and call ``on_log``."""
+        (``report_to``) and call ``on_log``.
+
+        As transformers' ``log``, it adds ``epoch`` to ``logs`` itself: the metrics that ``train()`` and
+        ``evaluate()`` return (and an ``evaluate`` override passes here) carry it, so a script's
+        ``save_metrics`` writes it.
+        """
         state = self.state
         if state.max_steps > 0 and "epoch" not in logs:
-            logs = {**logs, "epoch": round(state.epoch, 4)}
+            logs["epoch"] = round(state.epoch, 4)
         state.log_history.append({**logs, "step": state.global_step})
         self.control = self._event("on_log", logs=logs)
         if self.accelerator.is_main_process:
