@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 
 from lockstep import Accelerator, FullyShardedDataParallelPlugin
 from lockstep.checkpoint import layout
-from tests.helpers.cli import lockstep
+from tests.helpers.cli import lockstep, lockstep_in_process
 from tests.helpers.fsdp_models import data_loader, full_params, loss_of, make_transformer
 from tests.helpers.multiprocess import run_distributed
 
@@ -119,10 +119,10 @@ def test_merge_weights_equals_the_gathered_state_dict(tmp_path):
 
 
 def test_merge_weights_bad_input_exits_2(tmp_path):
-    result = lockstep("merge-weights", str(tmp_path), str(tmp_path / "out"))
+    result = lockstep_in_process("merge-weights", str(tmp_path), str(tmp_path / "out"))
     assert result.returncode == 2
     assert "is not a sharded checkpoint" in result.stderr
-    result = lockstep("merge-weights", str(tmp_path / "missing"), str(tmp_path / "out"))
+    result = lockstep_in_process("merge-weights", str(tmp_path / "missing"), str(tmp_path / "out"))
     assert result.returncode == 2 and "is not a folder" in result.stderr
 
 

@@ -374,9 +374,9 @@ def test_a_tp2_checkpoint_loads_into_fsdp_and_one_process_and_trains_on(tmp_path
     # merge-weights assembles the tp-split shards into one full safetensors model, no process group needed
     from safetensors.torch import load_file
 
-    from tests.helpers.cli import lockstep
+    from tests.helpers.cli import lockstep_in_process
 
-    merged = lockstep("merge-weights", folder, str(tmp_path / "merged"))
+    merged = lockstep_in_process("merge-weights", folder, str(tmp_path / "merged"))
     assert merged.returncode == 0, merged.stderr
     weights = load_file(str(tmp_path / "merged" / "model.safetensors"))
     reference_model = make_transformer()

@@ -49,3 +49,35 @@ def lockstep_popen(*args: str, env: dict[str, str] | None = None) -> subprocess.
         env=env or cli_env(),
         cwd=REPO,
     )
+
+
+def lockstep_in_process(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Run ``lockstep ARGS`` in this process (``lockstep.cli.main.main``), with ``cli_env()``'s environment
+    for the duration, and capture its output and exit code like :func:`lockstep`.
+
+    For commands that start no process and leave no global state behind (``estimate-memory``, ``config``,
+    ``report``, a ``launch`` refused before it starts): a subprocess would spend seconds importing torch
+    (and transformers) again for each call. A test of the command as users run it keeps one real
+    subprocess call.
+    """
+    import contextlib
+    import io
+
+    from lockstep.cli.main import main
+
+    saved, cwd = dict(os.environ), os.getcwd()
+    stdout, stderr = io.StringIO(), io.StringIO()
+    os.environ.clear()
+    os.environ.update(env or cli_env())
+    os.chdir(REPO)
+    try:
+        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+            try:
+                code = main(list(args))
+            except SystemExit as stop:  # argparse's errors and --help
+                code = stop.code if isinstance(stop.code, int) else 1
+    finally:
+        os.chdir(cwd)
+        os.environ.clear()
+        os.environ.update(saved)
+    return subprocess.CompletedProcess(["lockstep", *args], code, stdout.getvalue(), stderr.getvalue())

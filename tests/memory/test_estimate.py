@@ -14,7 +14,7 @@ from lockstep.errors import UsageError
 from lockstep.memory.accounting import account_memory
 from lockstep.memory.estimate import TransformerShape, describe_model, estimate_memory
 from lockstep.memory.estimate.formulas import activation_bytes, model_state_bytes
-from tests.helpers.cli import lockstep
+from tests.helpers.cli import lockstep, lockstep_in_process
 from tests.helpers.multiprocess import run_distributed
 
 transformers = pytest.importorskip("transformers")
@@ -132,7 +132,7 @@ def test_cli_table_json_and_errors(tmp_path):
         ["zero2", "1"],
         ["zero2", "4"],
     ] * 2
-    as_json = lockstep(
+    as_json = lockstep_in_process(  # the command's own process is the table's above
         "estimate-memory", "--config-class", "BertConfig", "--set", "num_hidden_layers=2", "--set",
         "hidden_act=\"gelu\"", "--dtypes", "bf16", "--strategies", "ddp,zero3", "--num-processes", "8", "--json",
     )  # fmt: skip
@@ -150,7 +150,7 @@ def test_cli_table_json_and_errors(tmp_path):
         (["estimate-memory", "BertConfig", "--set", "hidden_size"], "--set 'hidden_size' is invalid"),
         (["estimate-memory", "tests.helpers.training:loader"], "failed on the meta device"),
     ]:
-        result = lockstep(*args)
+        result = lockstep_in_process(*args)
         assert result.returncode == 2 and message in result.stderr, (args, result.stderr)
         assert "Traceback" not in result.stderr
 

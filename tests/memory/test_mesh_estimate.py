@@ -15,7 +15,7 @@ from lockstep.memory.estimate.formulas import (
     mesh_activation_bytes,
     mesh_model_state_bytes,
 )
-from tests.helpers.cli import lockstep
+from tests.helpers.cli import lockstep_in_process
 from tests.helpers.multiprocess import run_distributed
 from tests.helpers.optional import requires
 
@@ -38,7 +38,7 @@ def test_tp_splits_what_the_plan_names_and_fsdp_shards_the_rest():
 
 @requires("transformers")
 def test_the_cli_adds_a_mesh_row():
-    result = lockstep(
+    result = lockstep_in_process(
         "estimate-memory",
         "LlamaConfig",
         "--set",
@@ -61,7 +61,7 @@ def test_the_cli_adds_a_mesh_row():
     rows = json.loads(result.stdout)["estimates"]
     mesh = next(row for row in rows if row["strategy"] == "mesh")
     assert mesh["layout"] == "dp_shard=2 x tp=2" and mesh["num_processes"] == 4
-    bad = lockstep("estimate-memory", "LlamaConfig", "--tp", "0")
+    bad = lockstep_in_process("estimate-memory", "LlamaConfig", "--tp", "0")
     assert bad.returncode == 2 and "--tp '0' is invalid" in bad.stderr
 
 

@@ -31,13 +31,14 @@ _ACCELERATE_WRITES = """
 import sys, torch
 from accelerate import Accelerator
 from tests.reference._training import build, snapshot, train
-folder, out, safe = sys.argv[1:4]
+folder, out, formats = sys.argv[1], sys.argv[2], sys.argv[3].split(",")
 accelerator = Accelerator(cpu=True)
 model, optimizer, scheduler, counter = build(seed=1)
 model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
 accelerator.register_for_checkpointing(counter)
 train(accelerator, model, optimizer, scheduler, counter, {written})
-accelerator.save_state(folder, safe_serialization=safe == "safetensors")
+for safe in formats:
+    accelerator.save_state(f"{{folder}}-{{safe}}", safe_serialization=safe == "safetensors")
 saved = snapshot(accelerator, model, optimizer, scheduler, counter)
 train(accelerator, model, optimizer, scheduler, counter, {later})
 after = accelerator.unwrap_model(model).state_dict()
@@ -49,16 +50,17 @@ _ACCELERATE_READS = """
 import sys, torch
 from accelerate import Accelerator
 from tests.reference._training import build, snapshot, train
-folder, out = sys.argv[1:3]
+folder, out, formats = sys.argv[1], sys.argv[2], sys.argv[3].split(",")
 accelerator = Accelerator(cpu=True)
 model, optimizer, scheduler, counter = build(seed=2)
 model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
 accelerator.register_for_checkpointing(counter)
-accelerator.load_state(folder)
-saved = snapshot(accelerator, model, optimizer, scheduler, counter)
-train(accelerator, model, optimizer, scheduler, counter, {later})
-after = accelerator.unwrap_model(model).state_dict()
-torch.save({{"saved": saved, "after": after}}, f"{{out}}.{{accelerator.process_index}}")
+for safe in formats:  # each load restores everything, whatever the training after the one before
+    accelerator.load_state(f"{{folder}}-{{safe}}")
+    saved = snapshot(accelerator, model, optimizer, scheduler, counter)
+    train(accelerator, model, optimizer, scheduler, counter, {later})
+    after = accelerator.unwrap_model(model).state_dict()
+    torch.save({{"saved": saved, "after": after}}, f"{{out}}-{{safe}}.{{accelerator.process_index}}")
 accelerator.wait_for_everyone()
 """
 
@@ -73,58 +75,68 @@ def _prepared(seed: int):
     return accelerator, model, optimizer, scheduler, counter
 
 
-def _lockstep_reads(folder: str, theirs: str) -> int:
+def _lockstep_reads(folder: str, theirs: str, formats: tuple[str, ...]) -> list[int]:
     accelerator, model, optimizer, scheduler, counter = _prepared(seed=2)
-    accelerator.load_state(folder)
-    expected = torch.load(f"{theirs}.{accelerator.process_index}", weights_only=True)
-    assert_same(snapshot(accelerator, model, optimizer, scheduler, counter), expected["saved"], "loaded")
-    train(accelerator, model, optimizer, scheduler, counter, LATER)
-    assert_same(accelerator.unwrap_model(model).state_dict(), expected["after"], "after")
-    return counter.count
+    counts = []
+    for safe in formats:  # each load restores everything, whatever the training after the one before
+        accelerator.load_state(f"{folder}-{safe}")
+        expected = torch.load(f"{theirs}.{accelerator.process_index}", weights_only=True)
+        assert_same(snapshot(accelerator, model, optimizer, scheduler, counter), expected["saved"], safe)
+        train(accelerator, model, optimizer, scheduler, counter, LATER)
+        assert_same(accelerator.unwrap_model(model).state_dict(), expected["after"], f"{safe} after")
+        counts.append(counter.count)
+    return counts
 
 
-def _lockstep_writes(folder: str, ours: str, safe: str) -> None:
+def _lockstep_writes(folder: str, ours: str, formats: tuple[str, ...]) -> None:
     accelerator, model, optimizer, scheduler, counter = _prepared(seed=1)
     train(accelerator, model, optimizer, scheduler, counter, WRITTEN)
-    accelerator.save_state(folder, safe_serialization=safe == "safetensors")
+    for safe in formats:
+        accelerator.save_state(f"{folder}-{safe}", safe_serialization=safe == "safetensors")
     saved = snapshot(accelerator, model, optimizer, scheduler, counter)
     train(accelerator, model, optimizer, scheduler, counter, LATER)
     after = accelerator.unwrap_model(model).state_dict()
     torch.save({"saved": saved, "after": after}, f"{ours}.{accelerator.process_index}")
 
 
-# (processes, model weights format): safetensors is the default; pickle is safe_serialization=False
-CASES = [(1, "safetensors"), (1, "pickle"), (2, "safetensors")]
+# (processes, model weights formats): safetensors is the default; pickle is safe_serialization=False. Each
+# side saves (or loads) every format of a case in one run: a run of the reference environment costs seconds.
+CASES = [(1, ("safetensors", "pickle")), (2, ("safetensors",))]
 WEIGHTS_FILE = {"safetensors": "model.safetensors", "pickle": "pytorch_model.bin"}
 
 
-@pytest.mark.parametrize(("processes", "safe"), CASES)
-def test_lockstep_loads_what_accelerate_saved(tmp_path: Path, processes: int, safe: str):
+@pytest.mark.parametrize(("processes", "formats"), CASES)
+def test_lockstep_loads_what_accelerate_saved(tmp_path: Path, processes: int, formats: tuple[str, ...]):
     folder, theirs = tmp_path / "accelerate_checkpoint", tmp_path / "accelerate.pt"
     snippet = _ACCELERATE_WRITES.format(written=WRITTEN, later=LATER)
-    run_reference(snippet, str(folder), str(theirs), safe, folder=tmp_path, processes=processes)
-    assert (folder / WEIGHTS_FILE[safe]).is_file() and not (folder / "manifest.json").exists()
-    counts = run_distributed(_lockstep_reads, processes, str(folder), str(theirs))
-    assert counts == [WRITTEN + LATER] * processes
+    run_reference(snippet, str(folder), str(theirs), ",".join(formats), folder=tmp_path, processes=processes)
+    for safe in formats:
+        written = Path(f"{folder}-{safe}")
+        assert (written / WEIGHTS_FILE[safe]).is_file() and not (written / "manifest.json").exists()
+    counts = run_distributed(_lockstep_reads, processes, str(folder), str(theirs), formats)
+    assert counts == [[WRITTEN + LATER] * len(formats)] * processes
 
 
-@pytest.mark.parametrize(("processes", "safe"), CASES)
-def test_accelerate_loads_what_lockstep_saved(tmp_path: Path, processes: int, safe: str):
+@pytest.mark.parametrize(("processes", "formats"), CASES)
+def test_accelerate_loads_what_lockstep_saved(tmp_path: Path, processes: int, formats: tuple[str, ...]):
     folder, ours, theirs = (
         tmp_path / "lockstep_checkpoint",
         tmp_path / "lockstep.pt",
         tmp_path / "accelerate.pt",
     )
-    run_distributed(_lockstep_writes, processes, str(folder), str(ours), safe)
-    assert (folder / "manifest.json").is_file() and (folder / WEIGHTS_FILE[safe]).is_file()
+    run_distributed(_lockstep_writes, processes, str(folder), str(ours), formats)
+    for safe in formats:
+        written = Path(f"{folder}-{safe}")
+        assert (written / "manifest.json").is_file() and (written / WEIGHTS_FILE[safe]).is_file()
     snippet = _ACCELERATE_READS.format(later=LATER)
-    run_reference(snippet, str(folder), str(theirs), folder=tmp_path, processes=processes)
+    run_reference(snippet, str(folder), str(theirs), ",".join(formats), folder=tmp_path, processes=processes)
     for rank in range(processes):
         expected = torch.load(f"{ours}.{rank}", weights_only=True)
-        loaded = torch.load(f"{theirs}.{rank}", weights_only=True)
-        assert loaded["saved"]["counter"] == WRITTEN
-        assert_same(loaded["saved"], expected["saved"], f"rank {rank} loaded")
-        assert_same(loaded["after"], expected["after"], f"rank {rank} after")
+        for safe in formats:
+            loaded = torch.load(f"{theirs}-{safe}.{rank}", weights_only=True)
+            assert loaded["saved"]["counter"] == WRITTEN
+            assert_same(loaded["saved"], expected["saved"], f"rank {rank} {safe} loaded")
+            assert_same(loaded["after"], expected["after"], f"rank {rank} {safe} after")
 
 
 _ACCELERATE_AUTOMATIC = """

@@ -61,6 +61,9 @@ accelerator.register_for_checkpointing(progress)
 resumed = accelerator.resume_from_latest_checkpoint()  # the one line that survives restarts
 accelerator.print(f"attempt {attempt} (seed {seed}) resumed from {resumed} at step {progress.done}")
 accelerator.print(f"attempt {attempt} world {accelerator.num_processes}")
+plugin = accelerator.state.deepspeed_plugin
+zero = f" zero {plugin.zero_stage}" if plugin is not None else ""
+accelerator.print(f"attempt {attempt} distributed {accelerator.distributed_type.value}{zero}")
 
 while progress.done < args.steps:
     for x, y in train_dl:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -34,6 +35,8 @@ DEFAULT_SOURCE = "default"
 FLAG_SOURCE = "flag"
 SECTIONS = (*(spec.config_section for spec in sectioned_specs()), "dynamo_config", "parallelism_config")
 """Settings that are sections of the config file: flags override their keys one by one."""
+GPU_DRIVER_PATHS = ("/proc/driver/nvidia", "/dev/nvidiactl", "/dev/kfd")
+"""Present where an NVIDIA (or AMD ROCm) driver is loaded: without any, torch can see no CUDA device."""
 _TEE = re.compile(r"^[0-3]$|^(\d+:[0-3],)*\d+:[0-3]$")
 """torchrun's ``--tee`` values: one stream code for every local rank, or ``rank:code`` pairs."""
 
@@ -226,6 +229,10 @@ def _from_file(config: Any) -> dict[str, Any]:
 
 
 def _device_count() -> int:
+    """CUDA (or ROCm) devices of this machine; 0 without importing torch where no GPU driver is loaded, so
+    that a launch on a CPU machine (or one that fails validation) does not spend seconds importing torch."""
+    if "torch" not in sys.modules and not any(os.path.exists(path) for path in GPU_DRIVER_PATHS):
+        return 0
     import torch
 
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
