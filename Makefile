@@ -1,5 +1,8 @@
 # The two commands of the README's quick start.
 .PHONY: demo test lint setup reference
+# Independent prerequisites build side by side (`make test`: .venv with the lint, and .venv-reference; their
+# few lines of output may interleave).
+MAKEFLAGS += --jobs=2
 
 setup:
 	bash dev/setup.sh
