@@ -1,3 +1,4 @@
+import contextlib
 import os
 
 # One thread per process: two ranks on two cores with default threading run 10-50x slower.
@@ -20,3 +21,37 @@ def _fresh_lockstep_state():
     # that prepared such a model in this process must not leave them to the next test's subprocesses.
     for name in ("ACCELERATE_USE_FSDP", "FSDP_CPU_RAM_EFFICIENT_LOADING"):
         os.environ.pop(name, None)
+
+
+@pytest.fixture(scope="module")
+def deepspeed_preloaded() -> None:
+    """DeepSpeed imported once in this test process, before the module's tests fork their workers.
+
+    ``import deepspeed`` takes about 11 s of CPU on the CI machine (some 3,000 modules: its autotuner imports
+    mlflow, its compiler torch._dynamo); every forked worker would pay it again. The accelerator DeepSpeed
+    picks at import is the CPU's, as the workers would pick (``DS_ACCELERATOR=cpu``, restored afterwards so
+    that later subprocesses see the environment unchanged). Without DeepSpeed it does nothing (the tests
+    skip themselves).
+    """
+    import importlib.util
+    import warnings
+
+    if importlib.util.find_spec("deepspeed") is None:
+        return
+    saved = os.environ.get("DS_ACCELERATOR")
+    os.environ["DS_ACCELERATOR"] = "cpu"
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            import deepspeed
+            import deepspeed.ops
+            import deepspeed.runtime.engine
+            import deepspeed.runtime.zero.utils
+
+            with contextlib.suppress(ImportError):
+                import deepspeed.runtime.zero.muon.muon_optimizer  # noqa: F401
+    finally:
+        if saved is None:
+            os.environ.pop("DS_ACCELERATOR", None)
+        else:
+            os.environ["DS_ACCELERATOR"] = saved

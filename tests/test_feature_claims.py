@@ -213,4 +213,4 @@ def test_training_arguments_help_says_not_built_exactly_where_the_trainer_refuse
 
     said = {f.name for f in fields(TrainingArguments) if "not built" in f.metadata.get("help", "")}
     refused = set(_NOT_BUILT)  # transformers 5's fields and the transformers 4 ones lockstep takes
-    assert said == refused and len(refused) == 23
+    assert said == refused and len(refused) == 24

@@ -19,7 +19,7 @@ from tests.helpers.fsdp_models import data_loader, loss_of, make_transformer, re
 from tests.helpers.multiprocess import run_distributed
 from tests.helpers.optional import requires
 
-pytestmark = [requires("deepspeed"), pytest.mark.distributed]
+pytestmark = [requires("deepspeed"), pytest.mark.distributed, pytest.mark.usefixtures("deepspeed_preloaded")]
 
 
 def _zero3_model_io(folder: str) -> dict:

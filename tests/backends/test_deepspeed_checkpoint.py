@@ -16,7 +16,7 @@ from tests.helpers.fsdp_models import data_loader, loss_of, make_transformer
 from tests.helpers.multiprocess import run_distributed
 from tests.helpers.optional import requires
 
-pytestmark = [requires("deepspeed"), pytest.mark.distributed]
+pytestmark = [requires("deepspeed"), pytest.mark.distributed, pytest.mark.usefixtures("deepspeed_preloaded")]
 
 LENGTH, PER_PROCESS, STOP_AT = 48, 4, 4
 STEPS = 2 * LENGTH // (2 * PER_PROCESS)  # two epochs on two processes

@@ -137,6 +137,7 @@ def test_a_failing_worker_raises_torchs_child_failed_error_with_lockstep_message
 
 @pytest.mark.distributed
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
+@pytest.mark.usefixtures("deepspeed_preloaded")
 def test_deepspeed_runs_on_the_notebook_launchers_process_group():
     pytest.importorskip("deepspeed")
     (output,) = _run_notebook(DEEPSPEED_CELL)

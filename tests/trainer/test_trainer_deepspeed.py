@@ -15,7 +15,11 @@ from tests.helpers.multiprocess import run_distributed
 from tests.helpers.optional import requires
 from tests.trainer.test_transformers_models import QUIET, _check_against_one_process, _train, check_resumed_at
 
-pytestmark = [requires("deepspeed", "transformers"), pytest.mark.distributed]
+pytestmark = [
+    requires("deepspeed", "transformers"),
+    pytest.mark.distributed,
+    pytest.mark.usefixtures("deepspeed_preloaded"),
+]
 
 AUTO = {
     "train_micro_batch_size_per_gpu": "auto",

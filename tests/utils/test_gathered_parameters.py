@@ -40,6 +40,7 @@ def _zero3_gathered() -> dict:
 
 @requires("deepspeed")
 @pytest.mark.distributed
+@pytest.mark.usefixtures("deepspeed_preloaded")
 def test_zero3_parameters_are_whole_inside_and_modifier_rank_changes_reach_every_process():
     expected = make_transformer().state_dict()
     for rank, result in enumerate(run_distributed(_zero3_gathered, 2, timeout=180)):
