@@ -1,6 +1,6 @@
-"""A ZeRO-2/ZeRO-3 checkpoint saved on 3 processes resumes on 2 through DeepSpeed's universal checkpoint:
-the fp32 master weights and Adam moments are bit-equal after the load, the scheduler and the RNG of the
-kept ranks carry over, and the next steps follow an unresized continuation within a measured tolerance;
+"""A ZeRO-2/ZeRO-3 checkpoint saved on 3 processes resumes on 2 (ZeRO-3 also on 4) through DeepSpeed's
+universal checkpoint: the fp32 master weights and Adam moments are bit-equal after the load, the scheduler
+and the RNG of the kept ranks carry over (a new rank's derives from a saved one), and the next steps follow an unresized continuation within a measured tolerance;
 the checkpoint itself is never modified, and one that cannot be converted is refused naming the sizes."""
 
 from __future__ import annotations
@@ -98,7 +98,7 @@ def _deepspeed_imported() -> None:
     imports torch._dynamo, about 9 s per worker on this machine."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
-        import deepspeed.runtime.zero.muon.muon_optimizer  # noqa: F401
+        import deepspeed.runtime.zero.muon.muon_optimizer
         import deepspeed.runtime.zero.utils  # noqa: F401
 
 
@@ -108,24 +108,46 @@ def saved_on_three(request, tmp_path_factory) -> tuple[int, Path, list[dict]]:
     return request.param, folder, run_distributed(_run, 3, request.param, str(folder), False, timeout=240)
 
 
+def _check_continuation(stage: int, folder: Path, on_three: list[dict], resumed: list[dict]) -> None:
+    assert (folder / "saved.universal" / "deepspeed_0" / "engine").is_dir()
+    saved, loaded = on_three[0]["at_save"], resumed[0]["at_save"]
+    assert saved.keys() == loaded.keys()
+    for name in saved:  # fp32 master weights and both Adam moments, bit-equal
+        assert torch.equal(saved[name], loaded[name]), name
+    assert resumed[0]["schedule"] == on_three[0]["schedule"] == 3 * SAVE_AT  # once per process per step
+    for rank in range(min(3, len(resumed))):  # the kept ranks continue their own random streams
+        assert torch.equal(resumed[rank]["rng"], on_three[rank]["rng"]), rank
+    unresized, resized = on_three[0]["after"], resumed[0]["after"]
+    difference = max((unresized[n] - resized[n]).abs().max().item() for n in unresized)
+    assert difference <= TOLERANCE, f"ZeRO-{stage}: {difference:.3g} from the unresized continuation"
+    moved = max((resized[n] - loaded[n]).abs().max().item() for n in loaded if n.endswith(".fp32"))
+    assert moved > 1e-4  # the resumed run did train
+
+
 def test_a_zero_checkpoint_saved_on_three_processes_continues_on_two(saved_on_three):
     stage, folder, on_three = saved_on_three
     before = _tree(folder / "saved")
     on_two = run_distributed(_run, 2, stage, str(folder), True, timeout=240)
     assert _tree(folder / "saved") == before  # the checkpoint is only read
-    assert (folder / "saved.universal" / "deepspeed_0" / "engine").is_dir()
-    saved, loaded = on_three[0]["at_save"], on_two[0]["at_save"]
-    assert saved.keys() == loaded.keys()
-    for name in saved:  # fp32 master weights and both Adam moments, bit-equal
-        assert torch.equal(saved[name], loaded[name]), name
-    assert on_two[0]["schedule"] == on_three[0]["schedule"] == 3 * SAVE_AT  # once per process per step
-    for rank in range(2):  # the kept ranks continue their own random streams
-        assert torch.equal(on_two[rank]["rng"], on_three[rank]["rng"]), rank
-    unresized, resized = on_three[0]["after"], on_two[0]["after"]
-    difference = max((unresized[n] - resized[n]).abs().max().item() for n in unresized)
-    assert difference <= TOLERANCE, f"ZeRO-{stage}: {difference:.3g} from the unresized continuation"
-    moved = max((resized[n] - loaded[n]).abs().max().item() for n in loaded if n.endswith(".fp32"))
-    assert moved > 1e-4  # the resumed run did train
+    _check_continuation(stage, folder, on_three, on_two)
+
+
+def test_a_zero3_checkpoint_saved_on_three_processes_continues_on_four(saved_on_three):
+    stage, folder, on_three = saved_on_three
+    if stage == 2:
+        pytest.skip("growing once, under ZeRO-3, is enough for CI's time")
+    on_four = run_distributed(_run, 4, stage, str(folder), True, timeout=240)
+    _check_continuation(stage, folder, on_three, on_four)
+    # The new rank's streams derive from saved rank 3 % 3 = 0: deterministic, and none of the saved ones.
+    from lockstep.checkpoint.rng import capture_rng_state, derive_rng_state, restore_rng_state
+    from lockstep.checkpoint.safe_load import safe_torch_load
+
+    here = capture_rng_state(0)
+    derive_rng_state(safe_torch_load(folder / "saved" / "random_states_0.pkl", numpy=True), 3)
+    expected = torch.rand(3)
+    restore_rng_state(here)
+    assert torch.equal(on_four[3]["rng"], expected)
+    assert not any(torch.equal(on_four[3]["rng"], on_three[rank]["rng"]) for rank in range(3))
 
 
 def test_a_checkpoint_that_cannot_be_converted_is_refused_and_left_as_it_was(saved_on_three, tmp_path):
