@@ -109,7 +109,7 @@ def saved_on_three(request, tmp_path_factory) -> tuple[int, Path, list[dict]]:
 
 
 def _check_continuation(stage: int, folder: Path, on_three: list[dict], resumed: list[dict]) -> None:
-    assert (folder / "saved.universal" / "deepspeed_0" / "engine").is_dir()
+    assert not (folder / "saved.universal").exists()  # the converted copy is deleted once loaded
     saved, loaded = on_three[0]["at_save"], resumed[0]["at_save"]
     assert saved.keys() == loaded.keys()
     for name in saved:  # fp32 master weights and both Adam moments, bit-equal

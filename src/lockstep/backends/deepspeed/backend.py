@@ -322,6 +322,9 @@ class DeepSpeedBackend(Backend, JointPreparation, ShardedCheckpointIO):
             f"Converting the ZeRO-{stage} checkpoint {folder} from {saved_world} to {world} processes",
         )
         universal.load_universal(engine, converted)
+        self.state.wait_for_everyone()  # every process has read the copy
+        if self.state.is_main_process:
+            universal.discard(folder, index)
 
     def release(self, model: Any) -> None:
         """Destroy an engine that ``free_memory`` drops (its hooks, buffers and process-group handles)."""

@@ -7,10 +7,11 @@ processes changed, the main process converts engine ``i``'s files with DeepSpeed
 optimizer moments, unpartitioned) into a folder beside the checkpoint::
 
     ckpt/checkpoint_4/                       the checkpoint, only read: the last good one stays as it was
-    ckpt/checkpoint_4.universal/deepspeed_0/engine/   the universal copy, rebuilt at each resized load
+    ckpt/checkpoint_4.universal/deepspeed_0/engine/   the universal copy, while it is loaded
 
 and every process then loads its new partition from it with the engine's universal loading (the config's
-``checkpoint.load_universal`` key, switched on for this one load). The master weights and the moments come
+``checkpoint.load_universal`` key, switched on for this one load). Once every process has loaded it, the
+copy is deleted: the next save writes an ordinary checkpoint on the new number of processes. The master weights and the moments come
 back bit-equal: the conversion concatenates and slices fp32 tensors, it computes nothing.
 """
 
@@ -61,9 +62,7 @@ def convert(folder: Path, index: int, *, stage: int, saved_world: int, world: in
         with contextlib.redirect_stdout(chatter), contextlib.redirect_stderr(chatter):
             ds_to_universal.main(arguments)
     except Exception as error:
-        shutil.rmtree(target, ignore_errors=True)
-        with contextlib.suppress(OSError):  # only when no other engine's conversion is in it
-            universal_root(folder).rmdir()
+        discard(folder, index)
         raise CheckpointError(
             f"Checkpoint {folder} was saved by {saved_world} processes under ZeRO-{stage}, and this run has "
             f"{world}: converting it with DeepSpeed's ds_to_universal into {target} failed "
@@ -71,6 +70,13 @@ def convert(folder: Path, index: int, *, stage: int, saved_world: int, world: in
             f"processes, or take the weights alone to any number with `lockstep merge-weights {folder} OUT`."
         ) from error
     return target
+
+
+def discard(folder: Path, index: int) -> None:
+    """Delete engine ``index``'s conversion beside checkpoint ``folder`` (and the folder beside it, once empty)."""
+    shutil.rmtree(engine_folder(universal_root(folder), index), ignore_errors=True)
+    with contextlib.suppress(OSError):  # only when no other engine's conversion is in it
+        universal_root(folder).rmdir()
 
 
 def load_universal(engine: Any, converted: Path) -> None:
