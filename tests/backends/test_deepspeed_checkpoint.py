@@ -1,7 +1,7 @@
 """DeepSpeed checkpoints: save_state/load_state in a fresh process group, started from other weights,
 resume mid-epoch bitwise at the saved step under ZeRO-3; lockstep merge-weights gives the same weights
-without DeepSpeed or a process group; a checkpoint is refused clearly on another number of processes;
-ZeRO-3's get_state_dict needs its flag."""
+without DeepSpeed or a process group; ZeRO-3's get_state_dict needs its flag. A ZeRO checkpoint resumed on
+another number of processes: tests/backends/test_deepspeed_resize.py."""
 
 from __future__ import annotations
 
@@ -89,7 +89,7 @@ def _at_stop(stage: int, folder: str) -> dict:
 
 
 @pytest.mark.parametrize("stage", [2, 3])
-def test_merge_weights_equals_the_gathered_weights_and_other_process_counts_are_refused(tmp_path, stage):
+def test_merge_weights_equals_the_gathered_weights(tmp_path, stage):
     folder = tmp_path / "ckpt"
     expected = run_distributed(_at_stop, 2, stage, str(folder), timeout=180)[0]
     # In a process where DeepSpeed cannot be imported, with no process group.
@@ -106,19 +106,6 @@ def test_merge_weights_equals_the_gathered_weights_and_other_process_counts_are_
     assert merged.keys() == expected.keys()
     for name in expected:
         assert torch.equal(merged[name], expected[name].float()), name
-    with pytest.raises(Exception, match=rf"saved by 2 processes under ZeRO-{stage}, and this run has 1"):
-        run_distributed(_load_on_one, 1, stage, str(folder), timeout=120)
-
-
-def _load_on_one(stage: int, folder: str) -> None:
-    from lockstep import Accelerator
-    from lockstep.utils import DeepSpeedPlugin
-
-    accelerator = Accelerator(deepspeed_plugin=DeepSpeedPlugin(zero_stage=stage))
-    model = make_transformer()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    model, optimizer, _ = accelerator.prepare(model, optimizer, data_loader(LENGTH, PER_PROCESS))
-    accelerator.load_state(folder)
 
 
 def test_a_zero0_checkpoint_loads_on_another_number_of_processes(tmp_path):

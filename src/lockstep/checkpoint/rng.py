@@ -11,6 +11,7 @@ state as tensors) are still read.
 
 from __future__ import annotations
 
+import hashlib
 import random
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,18 @@ def restore_rng_state(state: dict[str, Any]) -> int | None:
     if cuda is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(cuda)
     return int(state["step"]) if "step" in state else None
+
+
+def derive_rng_state(state: dict[str, Any], rank: int) -> None:
+    """Seed every generator of a rank the checkpoint has no file for (it was saved on fewer processes)
+    from a saved rank's ``state``: deterministic for the same checkpoint and rank, and distinct from the
+    saved streams (the seed is a hash of the saved torch state and ``rank``)."""
+    torch_state = state["torch"] if "python" in state else state["torch_manual_seed"]
+    digest = hashlib.sha256(torch_state.numpy().tobytes() + rank.to_bytes(8, "little")).digest()
+    seed = int.from_bytes(digest[:8], "little")
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)  # every device's generator too
 
 
 def _python_state(value: Any) -> tuple:

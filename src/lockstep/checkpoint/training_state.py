@@ -30,7 +30,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from lockstep.checkpoint.model_files import holds_model_files, save_model_files
-from lockstep.checkpoint.rng import RNG_FILE, capture_rng_state, restore_rng_state, rng_file
+from lockstep.checkpoint.rng import RNG_FILE, capture_rng_state, derive_rng_state, restore_rng_state, rng_file
 from lockstep.checkpoint.safe_load import check_loadable, safe_torch_load
 
 ACCELERATOR_STATE = "accelerator_state.json"
@@ -248,10 +248,27 @@ class RankFiles:
 
 
 def load_rank_files(folder: Path, *, rank: int) -> RankFiles:
-    """Restore this rank's RNG states; returns its saved pending gradients and step."""
+    """Restore this rank's RNG states; returns its saved pending gradients and step.
+
+    A rank the checkpoint has no files for (it was saved on fewer processes) gets random streams derived
+    from saved rank ``rank % saved`` (:func:`~lockstep.checkpoint.rng.derive_rng_state`).
+    """
     path = rng_file(folder, rank)
     if path is None:
-        return RankFiles(gradients=None)
+        saved = _saved_rng_files(folder)
+        if not saved:
+            return RankFiles(gradients=None)
+        state = safe_torch_load(saved[rank % len(saved)], numpy=True)
+        derive_rng_state(state, rank)
+        return RankFiles(gradients=None, step=int(state["step"]) if "step" in state else None)
     step = restore_rng_state(safe_torch_load(path, numpy=True))
     gradients_path = folder / f"grads_{rank}.safetensors"
     return RankFiles(gradients=load_file(str(gradients_path)) if gradients_path.is_file() else {}, step=step)
+
+
+def _saved_rng_files(folder: Path) -> list[Path]:
+    """The RNG files in ``folder``, by rank (ranks 0, 1, ... up to the first one without a file)."""
+    files: list[Path] = []
+    while (path := rng_file(folder, len(files))) is not None:
+        files.append(path)
+    return files

@@ -18,9 +18,10 @@ from torch import nn
 
 from lockstep.backends.base import Backend, Indexed
 from lockstep.backends.capabilities import JointlyPrepared, JointPreparation, ShardedCheckpointIO
-from lockstep.backends.deepspeed import auto, checkpoint
+from lockstep.backends.deepspeed import auto, checkpoint, universal
 from lockstep.backends.deepspeed.loading import check_fp16_supported, import_deepspeed
 from lockstep.backends.deepspeed.placeholders import DummyOptim, DummyScheduler
+from lockstep.checkpoint.collective_save import agree
 from lockstep.config.deepspeed_plugin import DeepSpeedPlugin
 from lockstep.config.enums import DistributedType, PrecisionType
 from lockstep.config.plugins import TorchDynamoPlugin
@@ -290,16 +291,40 @@ class DeepSpeedBackend(Backend, JointPreparation, ShardedCheckpointIO):
         own = [(i, o) for i, o in optimizers if not self._belongs_to_engine(o)]
         super().read_model_states(plain, own, folder)
         engines = [(i, m) for i, m in models if self.is_engine(m)]
-        for index, engine in engines:
-            checkpoint.check_engine_files(
-                folder, index, stage=engine.zero_optimization_stage(), world_size=self.state.num_processes
-            )
-        return engines, folder
+        for index, _ in engines:
+            checkpoint.check_engine_files(folder, index)
+        saved_world = checkpoint.saved_world_size(folder) if engines else self.state.num_processes
+        return engines, folder, saved_world
 
     def apply_model_states(self, models: Indexed, optimizers: Indexed, loaded: Any) -> None:
-        engines, folder = loaded
+        engines, folder, saved_world = loaded
         for index, engine in engines:
-            checkpoint.load_engine(engine, folder, index)
+            stage = engine.zero_optimization_stage()
+            if stage == 0 or saved_world == self.state.num_processes:
+                checkpoint.load_engine(engine, folder, index)
+            else:  # DeepSpeed partitions ZeRO 1-3 state by the number of processes: reshard it
+                self._load_resharded(engine, folder, index, stage=stage, saved_world=saved_world)
+
+    def _load_resharded(self, engine: Any, folder: Path, index: int, *, stage: int, saved_world: int) -> None:
+        """Convert engine ``index``'s files to a universal checkpoint on the main process, then load it on
+        every process (:mod:`.universal`)."""
+        world = self.state.num_processes
+        converted = checkpoint.engine_folder(universal.universal_root(folder), index)
+        error = None
+        if self.state.is_main_process:
+            try:
+                universal.convert(folder, index, stage=stage, saved_world=saved_world, world=world)
+            except Exception as failure:
+                error = failure
+        agree(
+            self.state,
+            error,
+            f"Converting the ZeRO-{stage} checkpoint {folder} from {saved_world} to {world} processes",
+        )
+        universal.load_universal(engine, converted)
+        self.state.wait_for_everyone()  # every process has read the copy
+        if self.state.is_main_process:
+            universal.discard(folder, index)
 
     def release(self, model: Any) -> None:
         """Destroy an engine that ``free_memory`` drops (its hooks, buffers and process-group handles)."""

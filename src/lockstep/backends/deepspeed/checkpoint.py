@@ -6,6 +6,8 @@ rename, rotation and ``latest`` pointer cover the files like any others; ``load_
 folder is there on every process before any engine reads it, then ``engine.load_checkpoint`` restores the
 weights, the optimizer (its fp32 master copy and moments) and a scheduler the engine steps. RNG, dataloader
 positions, schedulers the engine does not step and registered objects are lockstep's own files beside it.
+A ZeRO 1-3 checkpoint loaded on another number of processes goes through DeepSpeed's universal checkpoint
+(:mod:`.universal`).
 
 DeepSpeed's files are pickles that DeepSpeed unpickles itself: lockstep checks them against the manifest's
 checksums before they are read, so a file that was not written by the save is refused.
@@ -32,27 +34,19 @@ def save_engine(engine: Any, folder: Path, index: int) -> None:
     engine.save_checkpoint(str(engine_folder(folder, index)), tag=TAG, client_state={}, save_latest=False)
 
 
-def check_engine_files(folder: Path, index: int, *, stage: int, world_size: int) -> None:
-    """Raise when engine ``index``'s checkpoint is missing from ``folder``, or was saved by a number of
-    processes DeepSpeed cannot load it on.
-
-    DeepSpeed partitions ZeRO 1-3 optimizer state (and ZeRO-3 parameters) by the number of processes and
-    loads a partitioned checkpoint on that number only; a ZeRO-0 checkpoint loads on any number.
-    """
+def check_engine_files(folder: Path, index: int) -> None:
+    """Raise when engine ``index``'s checkpoint is missing from ``folder``."""
     tagged = engine_folder(folder, index) / TAG
     if not tagged.is_dir() or not any(tagged.iterdir()):
         raise CheckpointError(
             f"Checkpoint {folder} has no DeepSpeed engine files for model {index} ({tagged} is missing): it was "
             "not saved by the DeepSpeed backend. Load it with the backend that saved it."
         )
-    saved = read_manifest(folder).world_size
-    if stage > 0 and saved != world_size:
-        raise CheckpointError(
-            f"Checkpoint {folder} was saved by {saved} processes under ZeRO-{stage}, and this run has {world_size}: "
-            f"DeepSpeed loads a ZeRO-{stage} checkpoint on the number of processes that saved it. Resume on "
-            f"{saved} processes; or take the weights alone to any number with `lockstep merge-weights {folder} "
-            "OUT` and load them into the model before prepare()."
-        )
+
+
+def saved_world_size(folder: Path) -> int:
+    """The number of processes that saved checkpoint ``folder``."""
+    return read_manifest(folder).world_size
 
 
 def load_engine(engine: Any, folder: Path, index: int) -> None:
