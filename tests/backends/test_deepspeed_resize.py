@@ -8,7 +8,6 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-import warnings
 from pathlib import Path
 
 import pytest
@@ -18,7 +17,7 @@ from tests.helpers.fsdp_models import data_loader, loss_of, make_data, make_tran
 from tests.helpers.multiprocess import run_distributed
 from tests.helpers.optional import requires
 
-pytestmark = [requires("deepspeed"), pytest.mark.distributed]
+pytestmark = [requires("deepspeed"), pytest.mark.distributed, pytest.mark.usefixtures("deepspeed_preloaded")]
 
 GLOBAL_BATCH, SAVE_AT, AFTER = 12, 3, 2  # 12 samples per step split over 3 or 2 processes
 DATA = make_data(48)
@@ -90,16 +89,6 @@ def _tree(folder: Path) -> dict[str, str]:
         for p in sorted(folder.rglob("*"))
         if p.is_file()
     }
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _deepspeed_imported() -> None:
-    """DeepSpeed's modules imported once here rather than in each forked worker: its Muon optimizer module
-    imports torch._dynamo, about 9 s per worker on this machine."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        import deepspeed.runtime.zero.muon.muon_optimizer
-        import deepspeed.runtime.zero.utils  # noqa: F401
 
 
 @pytest.fixture(scope="module", params=[2, 3], ids=["zero2", "zero3"])
