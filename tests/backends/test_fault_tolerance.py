@@ -155,5 +155,8 @@ def test_unsupported_layouts_are_refused() -> None:
         select_backend(state, deepspeed_plugins={"default": object()}, plugins=(_config(),))
     with pytest.raises(ValueError, match=r"with a ParallelismConfig \(pipeline.* is not supported yet"):
         select_backend(state, parallelism_config=ParallelismConfig(), plugins=(_config(),))
-    with pytest.raises(TypeError, match=r"Accelerator\(fault_tolerance=\{\}\) takes a lockstep.backends.ft"):
+    with pytest.raises(
+        TypeError,
+        match=r"Accelerator\(fault_tolerance=\{\}\) takes a FaultToleranceConfig \(the fault_tolerant",
+    ):
         Accelerator(cpu=True, fault_tolerance={})

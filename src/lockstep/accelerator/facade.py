@@ -58,6 +58,7 @@ from lockstep.accelerator.tracking_view import TrackingView
 from lockstep.accelerator.unconfigured import UnconfiguredFeatures
 from lockstep.backends.capabilities import NO_PIPELINE, C, JointPreparation, PipelineSchedule
 from lockstep.backends.registry import select_backend
+from lockstep.config.backend_specs import argument_plugins
 from lockstep.config.dataloader import DataLoaderConfiguration
 from lockstep.config.enums import DistributedType, PrecisionType
 from lockstep.config.kwargs import AutocastKwargs, ProfileKwargs
@@ -230,7 +231,7 @@ class Accelerator:
 
     def _build_backend(self, fault_tolerance: Any = None) -> Backend:
         handlers = self.settings.handlers
-        backend_plugins = handlers.backend_plugins + _fault_tolerance_plugin(fault_tolerance)
+        backend_plugins = handlers.backend_plugins + argument_plugins(fault_tolerance=fault_tolerance)
         layout = self.settings.parallelism_config
         if layout is not None:
             build_layout(layout, self.state)
@@ -684,17 +685,3 @@ class Accelerator:
         except FileNotFoundError:
             return None
         return str(self._saving.manager.loaded_from)
-
-
-def _fault_tolerance_plugin(fault_tolerance: Any) -> tuple[Any, ...]:
-    """``Accelerator(fault_tolerance=...)`` as the fault-tolerant backend's plugin (checked for its type)."""
-    if fault_tolerance is None:
-        return ()
-    from lockstep.backends.ft.config import FaultToleranceConfig
-
-    if not isinstance(fault_tolerance, FaultToleranceConfig):
-        raise TypeError(
-            f"Accelerator(fault_tolerance={fault_tolerance!r}) takes a lockstep.backends.ft.FaultToleranceConfig, got a "
-            f"{type(fault_tolerance).__name__}."
-        )
-    return (fault_tolerance,)
