@@ -1,6 +1,6 @@
 """One replica group of a fault-tolerant job, run as its own process by tests/backends/test_fault_tolerance.py.
 
-    python -m tests.helpers.ft_worker GROUP GROUPS LIGHTHOUSE STEPS OUT
+    python -m tests.helpers.ft_worker GROUP GROUPS LIGHTHOUSE STEPS OUT [PAUSE]
 
 Trains a seeded ``nn.Linear(4, 2)`` with SGD through ``Accelerator(fault_tolerance=...)`` on batches
 that :func:`batch` derives from (group, step), and writes the final weights, its pid and each step's
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
 import torch
 from torch import nn
@@ -32,7 +33,7 @@ def loss_of(module: nn.Module, inputs: torch.Tensor) -> torch.Tensor:
     return module(inputs).pow(2).mean()
 
 
-def main(group: int, groups: int, lighthouse: str, steps: int, out: str) -> None:
+def main(group: int, groups: int, lighthouse: str, steps: int, out: str, pause: float = 0.0) -> None:
     from lockstep import Accelerator
     from lockstep.backends.ft import FaultToleranceConfig
 
@@ -54,6 +55,7 @@ def main(group: int, groups: int, lighthouse: str, steps: int, out: str) -> None
         log.append((optimizer.optimizer.committed, accelerator.backend.participants))
         with open(f"{out}.steps", "a") as progress:  # the test kills a group once it has stepped enough
             progress.write(f"{step}\n")
+        time.sleep(pause)  # leaves the test time to kill a group between two steps
     weights = {k: v.clone() for k, v in net.state_dict().items()}
     torch.save({"weights": weights, "pid": os.getpid(), "log": log}, out)
     accelerator.backend.close()
@@ -61,6 +63,7 @@ def main(group: int, groups: int, lighthouse: str, steps: int, out: str) -> None
 
 if __name__ == "__main__":
     torch.set_num_threads(1)
-    main(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), sys.argv[5])
+    pause = float(sys.argv[6]) if len(sys.argv) > 6 else 0.0
+    main(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), sys.argv[5], pause)
     sys.stdout.flush()
     os._exit(0)  # torchft's servers and gloo threads must not hold the process at exit
