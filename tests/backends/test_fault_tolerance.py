@@ -137,7 +137,9 @@ def test_a_killed_group_leaves_the_others_stepping(tmp_path: Path) -> None:
     """SIGKILL group 2 after a seeded step: groups 0 and 1 keep their processes and finish every step, the
     steps after the loss are averaged over the two of them, and their weights replay the logged quorums."""
     steps, kill_after = 8, random.Random(25).choice([1, 2])
-    timing = {"heartbeat_timeout_ms": 1000}
+    # Wait for every heartbeating group (no quorum of 2 while the third is still starting); a dead one stops
+    # heartbeating and is dropped after 1 s.
+    timing = {"heartbeat_timeout_ms": 1000, "join_timeout_ms": 10_000}
     with (
         _lighthouse(min_replicas=2, **timing) as address,
         _groups(3, address, steps, tmp_path, 0.2) as processes,
