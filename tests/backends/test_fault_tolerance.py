@@ -90,7 +90,8 @@ def _finish(processes: list[subprocess.Popen], folder: Path, timeout: float = 90
 def _replay(
     participants_per_step: list[tuple[int, ...]], steps: list[int] | None = None
 ) -> dict[str, torch.Tensor]:
-    """The weights after SGD on each step's gradients averaged over its participating groups (``steps``:
+    """The weights after SGD on each step's gradients averaged over its participating groups, then clipped
+    (``steps``:
     the loop index of each committed step, whose batches those groups read; default 0, 1, ...)."""
     model = ft_worker.model()
     for index, groups in enumerate(participants_per_step):
@@ -100,12 +101,15 @@ def _replay(
             model.zero_grad()
             ft_worker.loss_of(model, ft_worker.batch(group, step)).backward()
             grads.append([p.grad.clone() for p in model.parameters()])
+        for index, parameter in enumerate(model.parameters()):
+            total = grads[0][index]
+            for other in grads[1:]:
+                total = total + other[index]
+            parameter.grad = total / len(groups)
+        torch.nn.utils.clip_grad_norm_(list(model.parameters()), ft_worker.MAX_NORM)
         with torch.no_grad():
-            for index, parameter in enumerate(model.parameters()):
-                total = grads[0][index]
-                for other in grads[1:]:
-                    total = total + other[index]
-                parameter -= ft_worker.LR * (total / len(groups))
+            for parameter in model.parameters():
+                parameter -= ft_worker.LR * parameter.grad
     return model.state_dict()
 
 

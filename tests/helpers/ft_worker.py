@@ -2,7 +2,7 @@
 
     python -m tests.helpers.ft_worker GROUP GROUPS LIGHTHOUSE STEPS OUT [PAUSE]
 
-Trains a seeded ``nn.Linear(4, 2)`` with SGD through ``Accelerator(fault_tolerance=...)`` on batches
+Trains a seeded ``nn.Linear(4, 2)`` with SGD and gradient clipping through ``Accelerator(fault_tolerance=...)`` on batches
 that :func:`batch` derives from (group, step), and writes the final weights, its pid and each step's
 (committed, participants) to ``OUT`` (``torch.save``); ``OUT.steps`` gets a line per finished step.
 """
@@ -17,6 +17,8 @@ import torch
 from torch import nn
 
 LR = 0.5
+MAX_NORM = 0.05
+"""Small enough that every step clips: the norm must be that of the averaged gradient."""
 
 
 def batch(group: int, step: int) -> torch.Tensor:
@@ -50,6 +52,7 @@ def main(group: int, groups: int, lighthouse: str, steps: int, out: str, pause: 
     log = []
     for step in range(steps):
         accelerator.backward(loss_of(net, batch(group, step)))
+        accelerator.clip_grad_norm_(net.parameters(), MAX_NORM)
         optimizer.step()
         optimizer.zero_grad()
         log.append((optimizer.optimizer.committed, accelerator.backend.participants))

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import socket
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import timedelta
 from typing import Any, final
 
@@ -93,6 +93,7 @@ class FaultTolerantBackend(Backend):
         self.manager = _manager(config, config.lighthouse_address())
         self._finalizer = weakref.finalize(self, self.manager.shutdown, wait=False)
         self._quorum_started = False
+        self._averaged = False
         self._models = 0
         self._optimizer: _QuorumOptimizer | None = None
 
@@ -144,12 +145,28 @@ class FaultTolerantBackend(Backend):
             self.manager.start_quorum()
             self._quorum_started = True
 
-    def _synchronize(self, parameters: list[torch.Tensor]) -> bool:
-        """Average the gradients over this step's quorum; whether every group commits the step."""
+    def clip_grad_norm_(
+        self, parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float = 2.0
+    ) -> torch.Tensor:
+        """Clip the averaged gradients (as DDP does): the step's gradients are averaged across the groups
+        here, before the norm, instead of in ``optimizer.step()``."""
+        if self._optimizer is not None:
+            self._average(self._optimizer.trained_parameters())
+        return super().clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
+
+    def _average(self, parameters: list[torch.Tensor]) -> None:
+        if self._averaged:
+            return
         self._start_quorum()
-        self._quorum_started = False
         for dtype in dict.fromkeys(p.dtype for p in parameters):
             _average(self.manager, [p for p in parameters if p.dtype == dtype])
+        self._averaged = True
+
+    def _synchronize(self, parameters: list[torch.Tensor]) -> bool:
+        """Average the gradients over this step's quorum (unless clipping did); whether every group commits
+        the step."""
+        self._average(parameters)
+        self._quorum_started = self._averaged = False
         return self.manager.should_commit()
 
 
@@ -206,9 +223,12 @@ class _QuorumOptimizer(torch.optim.Optimizer):
             raise ValueError(
                 "Accelerator(fault_tolerance=...) cannot step with a closure (one quorum per step)."
             )
-        parameters = [p for group in self.optimizer.param_groups for p in group["params"] if p.requires_grad]
-        self.committed = self._synchronize(parameters)
+        self.committed = self._synchronize(self.trained_parameters())
         return self.optimizer.step() if self.committed else None
+
+    def trained_parameters(self) -> list[torch.Tensor]:
+        """The parameters this optimizer updates, in its (every group's identical) order."""
+        return [p for group in self.optimizer.param_groups for p in group["params"] if p.requires_grad]
 
     def __repr__(self) -> str:
         return f"FaultTolerant({self.optimizer!r})"

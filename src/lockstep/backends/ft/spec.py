@@ -64,7 +64,7 @@ def _build(request: BackendRequest) -> Any:
 SPEC = register_backend_spec(
     BackendSpec(
         name="fault_tolerant",
-        summary="live fault tolerance: replica groups averaged through torchft's per-step quorum",
+        summary="live fault tolerance: replica groups averaged through torchft's per-step quorum (pip install 'lockstep[ft]')",
         title="torchft",
         priority=5,
         applies=_applies,
