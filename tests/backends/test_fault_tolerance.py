@@ -193,6 +193,32 @@ def test_unreachable_lighthouse_fails_in_bounded_time() -> None:
     assert time.monotonic() - start < 10
 
 
+def test_a_step_commits_in_process_under_warnings_as_errors() -> None:
+    """torchft 0.2.0 logs through the deprecated ``Logger.warn`` inside each quorum; with warnings as errors
+    (this suite's setting) that must not become a torchft error that silently discards every step."""
+    from torchft.coordination import LighthouseServer
+
+    from lockstep import Accelerator
+
+    server = LighthouseServer(bind="127.0.0.1:0", min_replicas=1)
+    try:
+        config = _config(num_replica_groups=1, lighthouse=server.address(), timeout=5, hostname="127.0.0.1")
+        accelerator = Accelerator(cpu=True, fault_tolerance=config)
+        try:
+            net = torch.nn.Linear(4, 2)
+            net, optimizer = accelerator.prepare(net, torch.optim.SGD(net.parameters(), lr=0.1))
+            before = net.weight.detach().clone()
+            accelerator.backward(net(torch.ones(2, 4)).sum())
+            optimizer.step()
+            assert optimizer.optimizer.committed, accelerator.backend.manager.errored()
+            assert accelerator.backend.committed_steps == 1
+            assert not torch.equal(net.weight, before)
+        finally:
+            accelerator.backend.close()
+    finally:
+        server.shutdown()
+
+
 def test_min_replicas_above_the_groups() -> None:
     with pytest.raises(
         ValueError, match=r"min_replicas=3, num_replica_groups=2\) is invalid.*Pass min_replicas <= 2"

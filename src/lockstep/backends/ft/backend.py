@@ -16,6 +16,7 @@ Each replica group is one lockstep process holding a whole replica. Per optimize
 from __future__ import annotations
 
 import socket
+import warnings
 import weakref
 from collections.abc import Callable, Iterable
 from datetime import timedelta
@@ -33,6 +34,12 @@ from lockstep.state import PartialState
 
 def _manager(config: FaultToleranceConfig, address: str) -> Any:
     """torchft's Manager for this group of one process, on a store of its own."""
+    # torchft 0.2.0's _ManagerLogger.warn calls the deprecated Logger.warn (torchft/manager.py) on every
+    # CPU quorum; under -W error that DeprecationWarning is raised inside the quorum, which torchft records
+    # as an error, and no step would ever commit. Scoped to that module and message.
+    warnings.filterwarnings(
+        "ignore", message="The 'warn' method is deprecated", category=DeprecationWarning, module="torchft"
+    )
     from torch.distributed import TCPStore
     from torchft.manager import Manager
     from torchft.process_group import ProcessGroupGloo
