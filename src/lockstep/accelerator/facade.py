@@ -58,6 +58,7 @@ from lockstep.accelerator.tracking_view import TrackingView
 from lockstep.accelerator.unconfigured import UnconfiguredFeatures
 from lockstep.backends.capabilities import NO_PIPELINE, C, JointPreparation, PipelineSchedule
 from lockstep.backends.registry import select_backend
+from lockstep.config.backend_specs import argument_plugins
 from lockstep.config.dataloader import DataLoaderConfiguration
 from lockstep.config.enums import DistributedType, PrecisionType
 from lockstep.config.kwargs import AutocastKwargs, ProfileKwargs
@@ -119,6 +120,9 @@ class Accelerator:
             processes, keep the global batch by changing ``gradient_accumulation_steps`` (a ValueError when
             the division is not exact). Off: the per-process batch and accumulation steps stay, so the global
             batch follows the number of processes. Either way rank 0 logs one restart line.
+        fault_tolerance: train as one replica group of a fault-tolerant job (``FaultToleranceConfig``, on
+            torchft): gradients are averaged over the live groups of each step, and a lost group leaves the
+            others stepping.
     """
 
     def __init__(
@@ -152,6 +156,7 @@ class Accelerator:
         even_batches: bool = NOT_GIVEN,
         use_seedable_sampler: bool = NOT_GIVEN,
         elastic_keep_global_batch: bool = False,
+        fault_tolerance: Any = None,
     ) -> None:
         reject_unbuilt_features(
             torch_tp_plugin=torch_tp_plugin,
@@ -191,7 +196,7 @@ class Accelerator:
             gradient_accumulation_plugin=self.settings.gradient_accumulation_plugin
         )
         self._accumulation = GradientAccumulation(self.gradient_state)
-        self.backend = self._build_backend()
+        self.backend = self._build_backend(fault_tolerance)
         self._mesh = MeshView(self.state, self.backend)
         self._collectives = CollectivesView(self.state, self.gradient_state, self.backend)
         self._prepared = PreparedObjects()
@@ -224,8 +229,9 @@ class Accelerator:
             kwargs.update(backend=init.backend, timeout=init.timeout, init_method=init.init_method)
         return AcceleratorState(mixed_precision=self.settings.mixed_precision.value, cpu=cpu, **kwargs)
 
-    def _build_backend(self) -> Backend:
+    def _build_backend(self, fault_tolerance: Any = None) -> Backend:
         handlers = self.settings.handlers
+        backend_plugins = handlers.backend_plugins + argument_plugins(fault_tolerance=fault_tolerance)
         layout = self.settings.parallelism_config
         if layout is not None:
             build_layout(layout, self.state)
@@ -239,7 +245,7 @@ class Accelerator:
             fsdp_plugin=self.settings.fsdp_plugin,
             deepspeed_plugins=self.settings.deepspeed_plugins,
             parallelism_config=layout,
-            plugins=handlers.backend_plugins,
+            plugins=backend_plugins,
         )
         self.state._record(
             parallelism_config=layout,

@@ -20,7 +20,7 @@ so must every ``spec.py``.
 
 Example:
     >>> [spec.name for spec in backend_specs()][:3]
-    ['deepspeed', 'pipeline', 'nd']
+    ['fault_tolerant', 'deepspeed', 'pipeline']
     >>> spec_for_distributed_type("FSDP").config_section
     'fsdp_config'
 """
@@ -230,6 +230,35 @@ def spec_for_distributed_type(distributed_type: str | DistributedType | None) ->
     except ValueError:
         return None
     return next((spec for spec in backend_specs() if member in spec.distributed_types), None)
+
+
+def argument_plugins(**given: Any) -> tuple[Any, ...]:
+    """The plugins given as ``Accelerator`` keywords that registered backends claim (``fault_tolerance=``),
+    each checked against its backend's plugin type; None values are left out.
+
+    Example:
+        >>> argument_plugins(fault_tolerance=None)
+        ()
+        >>> argument_plugins(fault_tolerance={})
+        Traceback (most recent call last):
+        ...
+        TypeError: Accelerator(fault_tolerance={}) takes a FaultToleranceConfig (the fault_tolerant backend's plugin), got a dict.
+    """
+    found = []
+    for argument, value in given.items():
+        if value is None:
+            continue
+        spec = next((s for s in backend_specs() if s.accelerator_argument == argument), None)
+        kind = None if spec is None else spec.resolved_plugin_type()
+        if spec is None or kind is None:
+            raise TypeError(f"Accelerator({argument}=...) names no registered backend.")
+        if not isinstance(value, kind):
+            raise TypeError(
+                f"Accelerator({argument}={value!r}) takes a {kind.__name__} (the {spec.name} backend's plugin), "
+                f"got a {type(value).__name__}."
+            )
+        found.append(value)
+    return tuple(found)
 
 
 def launched_plugin(launch: Mapping[str, Any], argument: str) -> Any:

@@ -1,0 +1,241 @@
+"""Replica groups that average gradients through torchft's per-step quorum.
+
+Each replica group is one lockstep process holding a whole replica. Per optimizer step:
+
+1. the first training forward of the step (or its first backward) asks the lighthouse for this step's
+   quorum and waits for it (``Manager.start_quorum`` with ``use_async_quorum=False``): a group that joins
+   late or comes back receives the model and optimizer state from a live peer *before* its forward
+   (torchft's healing; the state functions are registered at ``prepare``), so every group in the quorum
+   computes a real gradient on the same weights and no group's batch is replaced by zeros;
+2. ``optimizer.step()`` all-reduces the gradients over the groups in the quorum (one flat buffer per dtype,
+   summed, divided by the participants), then asks every group whether the step commits
+   (``Manager.should_commit``): the optimizer steps only when it does, so all live groups apply the same
+   averaged gradient or none do.
+"""
+
+from __future__ import annotations
+
+import socket
+import warnings
+import weakref
+from collections.abc import Callable, Iterable
+from datetime import timedelta
+from typing import Any, final
+
+import torch
+from torch import nn
+
+from lockstep.backends.base import Backend, DataShard
+from lockstep.backends.ft.config import FaultToleranceConfig
+from lockstep.config.plugins import TorchDynamoPlugin
+from lockstep.precision import Precision
+from lockstep.state import PartialState
+
+
+def _manager(config: FaultToleranceConfig, address: str) -> Any:
+    """torchft's Manager for this group of one process, on a store of its own."""
+    # torchft 0.2.0's _ManagerLogger.warn calls the deprecated Logger.warn (torchft/manager.py) on every
+    # CPU quorum; under -W error that DeprecationWarning is raised inside the quorum, which torchft records
+    # as an error, and no step would ever commit. Scoped to that module and message.
+    warnings.filterwarnings(
+        "ignore", message="The 'warn' method is deprecated", category=DeprecationWarning, module="torchft"
+    )
+    from torch.distributed import TCPStore
+    from torchft.manager import Manager
+    from torchft.process_group import ProcessGroupGloo
+
+    timeout = timedelta(seconds=config.timeout)
+    hostname = config.hostname or socket.gethostname()
+    store = TCPStore(hostname, 0, is_master=True, wait_for_workers=False, timeout=timeout)
+    try:
+        manager = Manager(
+            pg=ProcessGroupGloo(timeout=timeout),
+            load_state_dict=None,
+            state_dict=None,
+            min_replica_size=config.min_replicas,
+            timeout=timeout,
+            quorum_timeout=timeout,
+            connect_timeout=timeout,
+            rank=0,
+            world_size=1,
+            store_addr=hostname,
+            store_port=store.port,
+            lighthouse_addr=address,
+            use_async_quorum=False,
+            replica_id=config.replica_id,
+            hostname=hostname,
+        )
+    except RuntimeError as error:
+        raise RuntimeError(
+            f"Replica group {config.replica_group} could not join the torchft lighthouse at {address} within "
+            f"{config.timeout:g} s: {error}. Check that the lighthouse runs and that this machine reaches it, "
+            "or raise FaultToleranceConfig(timeout=...)."
+        ) from error
+    manager._lockstep_store = store  # the store must outlive the manager, which connects to it by address
+    return manager
+
+
+@final
+class FaultTolerantBackend(Backend):
+    """One replica per group; gradients averaged across the live groups of each step (torchft).
+
+    Args:
+        state: the process state (one process per replica group).
+        precision: the mixed-precision setting.
+        config: which group this is and which lighthouse keeps the quorum.
+        dynamo_plugin: ``torch.compile`` settings.
+    """
+
+    def __init__(
+        self,
+        state: PartialState,
+        *,
+        precision: Precision,
+        config: FaultToleranceConfig,
+        dynamo_plugin: TorchDynamoPlugin | None = None,
+    ) -> None:
+        super().__init__(state, precision=precision, dynamo_plugin=dynamo_plugin)
+        self.distributed_type = state.distributed_type
+        self.config = config
+        self.manager = _manager(config, config.lighthouse_address())
+        self._finalizer = weakref.finalize(self, self.manager.shutdown, wait=False)
+        self._quorum_started = False
+        self._averaged = False
+        self._models = 0
+        self._optimizer: _QuorumOptimizer | None = None
+
+    def close(self) -> None:
+        """Leave the quorum and stop torchft's servers (also done when the backend is collected)."""
+        self._finalizer()
+
+    def data_shard(self) -> DataShard:
+        """Each replica group reads its own share of every dataloader."""
+        return DataShard(index=self.config.replica_group, count=self.config.num_replica_groups)
+
+    def wrap_model(self, model: nn.Module) -> nn.Module:
+        # The whole replica lives in this process; a healing group receives it from a live peer.
+        self.manager.register_state_dict_fn(f"model_{self._models}", model.load_state_dict, model.state_dict)
+        self._models += 1
+        model.register_forward_pre_hook(self._before_forward)
+        return model
+
+    def _before_forward(self, module: nn.Module, args: Any) -> None:
+        if module.training and torch.is_grad_enabled():
+            self._start_quorum()
+
+    def prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+        if self._optimizer is not None:
+            raise ValueError(
+                "Accelerator(fault_tolerance=...) steps one optimizer per replica group so far (each step is "
+                "one quorum and one commit); a second one was prepared. Put all parameters in one optimizer."
+            )
+        self.manager.register_state_dict_fn("optimizer", optimizer.load_state_dict, optimizer.state_dict)
+        self._optimizer = _QuorumOptimizer(optimizer, self._synchronize)
+        return self._optimizer
+
+    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        self._start_quorum()
+        super().backward(loss, **kwargs)
+
+    @property
+    def participants(self) -> int:
+        """Replica groups in the current step's quorum."""
+        return self.manager.num_participants()
+
+    @property
+    def committed_steps(self) -> int:
+        """Steps this group has committed (torchft's step count, which a healed group takes from its peer)."""
+        return self.manager.current_step()
+
+    def _start_quorum(self) -> None:
+        if not self._quorum_started:
+            self.manager.start_quorum()
+            self._quorum_started = True
+
+    def clip_grad_norm_(
+        self, parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float = 2.0
+    ) -> torch.Tensor:
+        """Clip the averaged gradients (as DDP does): the step's gradients are averaged across the groups
+        here, before the norm, instead of in ``optimizer.step()``."""
+        if self._optimizer is not None:
+            self._average(self._optimizer.trained_parameters())
+        return super().clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
+
+    def _average(self, parameters: list[torch.Tensor]) -> None:
+        if self._averaged:
+            return
+        self._start_quorum()
+        for dtype in dict.fromkeys(p.dtype for p in parameters):
+            _average(self.manager, [p for p in parameters if p.dtype == dtype])
+        self._averaged = True
+
+    def _synchronize(self, parameters: list[torch.Tensor]) -> bool:
+        """Average the gradients over this step's quorum (unless clipping did); whether every group commits
+        the step."""
+        self._average(parameters)
+        self._quorum_started = self._averaged = False
+        return self.manager.should_commit()
+
+
+def _average(manager: Any, parameters: list[torch.Tensor]) -> None:
+    """All-reduce one flat buffer of gradients (a missing gradient counts as zeros) and copy it back."""
+    for parameter in parameters:
+        if parameter.grad is None:
+            parameter.grad = torch.zeros_like(parameter)
+    flat = torch.cat([p.grad.detach().reshape(-1) for p in parameters])
+    manager.allreduce(flat).wait()
+    offset = 0
+    for parameter in parameters:
+        size = parameter.numel()
+        parameter.grad.copy_(flat[offset : offset + size].view_as(parameter.grad))
+        offset += size
+
+
+class _QuorumOptimizer(torch.optim.Optimizer):
+    """The user's optimizer, stepped only when the step's quorum commits (its state is the user's)."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, synchronize: Callable[[list[torch.Tensor]], bool]):
+        # No Optimizer.__init__: state and param_groups stay the wrapped optimizer's own objects.
+        self.optimizer = optimizer
+        self._synchronize = synchronize
+        self.committed: bool | None = None
+        """Whether the last step committed (None before the first)."""
+
+    @property
+    def state(self) -> Any:  # type: ignore[override]
+        return self.optimizer.state
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:  # type: ignore[override]
+        return self.optimizer.param_groups
+
+    @property
+    def defaults(self) -> dict[str, Any]:  # type: ignore[override]
+        return self.optimizer.defaults
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        self.optimizer.add_param_group(param_group)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state_dict)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    def step(self, closure: Callable[[], float] | None = None) -> Any:  # type: ignore[override]
+        if closure is not None:
+            raise ValueError(
+                "Accelerator(fault_tolerance=...) cannot step with a closure (one quorum per step)."
+            )
+        self.committed = self._synchronize(self.trained_parameters())
+        return self.optimizer.step() if self.committed else None
+
+    def trained_parameters(self) -> list[torch.Tensor]:
+        """The parameters this optimizer updates, in its (every group's identical) order."""
+        return [p for group in self.optimizer.param_groups for p in group["params"] if p.requires_grad]
+
+    def __repr__(self) -> str:
+        return f"FaultTolerant({self.optimizer!r})"

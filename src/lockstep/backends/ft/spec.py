@@ -1,0 +1,76 @@
+"""The fault-tolerant backend's vocabulary: ``Accelerator(fault_tolerance=FaultToleranceConfig(...))``.
+
+Asked first (priority 5), so that a request that combines fault tolerance with a layout it does not
+support yet is refused by name instead of being trained by another backend.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lockstep.config.backend_specs import BackendRequest, BackendSpec, register_backend_spec
+
+PIP_LINE = "pip install 'lockstep[ft]'  (or: pip install torchft==0.2.0 with your torch pinned)"
+
+
+def _applies(request: BackendRequest) -> bool:
+    from lockstep.backends.ft.config import FaultToleranceConfig
+
+    config = request.plugin_of(FaultToleranceConfig)
+    if config is None:
+        return False
+    unsupported = {
+        "DeepSpeed (deepspeed_plugin)": bool(request.deepspeed_plugins),
+        "a ParallelismConfig (pipeline, tensor, context or sharded layouts)": (
+            request.parallelism_config is not None
+        ),
+        "FSDP (fsdp_plugin)": request.fsdp_plugin is not None,
+    }
+    for name, given in unsupported.items():
+        if given:
+            raise ValueError(
+                f"Accelerator(fault_tolerance=...) with {name} is not supported yet: each replica group trains "
+                "one plain data-parallel replica. Drop one of the two settings."
+            )
+    if request.state.num_processes > 1:
+        raise ValueError(
+            f"Accelerator(fault_tolerance=...) found {request.state.num_processes} processes in replica group "
+            f"{config.replica_group}: replica groups of one process are supported so far. Start each group "
+            "as a single process (one per replica_group)."
+        )
+    return True
+
+
+def _build(request: BackendRequest) -> Any:
+    from lockstep.backends.ft.config import FaultToleranceConfig
+
+    try:
+        import torchft  # noqa: F401
+    except ImportError as error:
+        raise ImportError(
+            f"Accelerator(fault_tolerance=...) trains on torchft, which is not installed: {PIP_LINE}."
+        ) from error
+    from lockstep.backends.ft.backend import FaultTolerantBackend
+    from lockstep.precision import precision_for
+
+    return FaultTolerantBackend(
+        request.state,
+        precision=precision_for(request),
+        config=request.plugin_of(FaultToleranceConfig),
+        dynamo_plugin=request.dynamo_plugin,
+    )
+
+
+SPEC = register_backend_spec(
+    BackendSpec(
+        name="fault_tolerant",
+        summary="live fault tolerance: replica groups averaged through torchft's per-step quorum (pip install 'lockstep[ft]')",
+        title="torchft",
+        priority=5,
+        applies=_applies,
+        build=_build,
+        plugin_type="lockstep.backends.ft.config:FaultToleranceConfig",
+        accelerator_argument="fault_tolerance",
+        requirement="torchft",
+    )
+)
