@@ -46,6 +46,7 @@ IMPORT_NAMES: dict[str, str | None] = {
     "moto": "moto",
     "s3fs": "s3fs",
     "ray": "ray",
+    "torchft": "torchft",
 }
 
 
