@@ -55,3 +55,26 @@ def deepspeed_preloaded() -> None:
             os.environ.pop("DS_ACCELERATOR", None)
         else:
             os.environ["DS_ACCELERATOR"] = saved
+
+
+# Opt-in CPU accounting (`LOCKSTEP_TEST_CPU_LOG=path make test`): the suite is CPU-bound on 2 cores, so the
+# figure that decides its time is the CPU a test spends with all its processes (forked ranks, launched
+# subprocesses and their workers once reaped), not its wall time, which depends on what runs beside it.
+_CPU_LOG = os.environ.get("LOCKSTEP_TEST_CPU_LOG")
+if _CPU_LOG:
+    import resource
+    import time
+
+    def _cpu_seconds() -> float:
+        own = resource.getrusage(resource.RUSAGE_SELF)
+        children = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_protocol(item, nextitem):  # type: ignore[no-untyped-def]
+        cpu, wall = _cpu_seconds(), time.monotonic()
+        yield
+        with open(
+            _CPU_LOG, "a"
+        ) as log:  # one line per test: appends from the xdist workers do not interleave
+            log.write(f"{_cpu_seconds() - cpu:.2f}\t{time.monotonic() - wall:.2f}\t{item.nodeid}\n")
