@@ -428,6 +428,38 @@ def test_a_weights_only_trainer_checkpoint_on_memory_is_committed_and_refused_fo
         _trainer(memory_url, 0).train(resume_from_checkpoint=f"{memory_url}/checkpoint-6")
 
 
+def test_the_trainers_final_files_go_under_the_url(memory_url, tmp_path, monkeypatch):
+    from safetensors.torch import load
+
+    monkeypatch.chdir(tmp_path)  # Path(url) would write them to the local folder memory:/... here
+    trainer = _trainer(memory_url, 0, save_total_limit=1)
+    trainer.train()
+    trainer.save_model()
+    trainer.save_metrics("train", {"train_loss": 1.0})
+    trainer.save_metrics("eval", {"eval_loss": 2.0})  # merged into the uploaded all_results.json
+    trainer.save_state()
+    trainer.create_model_card(model_name="tiny")
+    filesystem = fsspec.filesystem("memory")
+    assert _names(filesystem, memory_url) == [
+        "README.md",
+        "all_results.json",
+        "checkpoint-6",
+        "eval_results.json",
+        "model.safetensors",
+        "train_results.json",
+        "trainer_state.json",
+        "training_args.json",
+    ]
+    assert json.loads(filesystem.cat(f"{memory_url}/all_results.json")) == {
+        "eval_loss": 2.0,
+        "train_loss": 1.0,
+    }
+    weights = load(filesystem.cat(f"{memory_url}/model.safetensors"))
+    assert all(torch.equal(weights[name], value) for name, value in trainer.model.state_dict().items())
+    assert json.loads(filesystem.cat(f"{memory_url}/trainer_state.json"))["global_step"] == 6
+    assert list(tmp_path.iterdir()) == []
+
+
 def _load_from_a_dead_endpoint(url: str) -> tuple[str, str, float]:
     accelerator = Accelerator()  # a local project: the URL is met only here
     model = accelerator.prepare(nn.Linear(4, 2))
