@@ -323,6 +323,12 @@ def test_mpi_needs_the_address_of_rank_0_and_one_launcher_per_host():
     assert resolve({"main_process_ip": "10.0.0.5"}, cluster=cluster).main_process_ip == "10.0.0.5"
     with pytest.raises(UsageError, match=r"mpirun started 2 copies .*OMPI_COMM_WORLD_LOCAL_SIZE=2"):
         detect_cluster({**OPEN_MPI_RANK_1, "OMPI_COMM_WORLD_LOCAL_SIZE": "2"})
+    # what MPICH's mpiexec -np 2 on one host sets (Hydra's option for one per host is -ppn 1)
+    hydra_two_here = {"PMI_SIZE": "2", "PMI_RANK": "1", "MPI_LOCALNRANKS": "2", "MPI_LOCALRANKID": "1"}
+    with pytest.raises(
+        UsageError, match=r"copies .*\(MPI_LOCALNRANKS=2\).*\(mpirun -np MACHINES -ppn 1 lockstep"
+    ):
+        detect_cluster(hydra_two_here)
 
 
 # -- choosing, and merging with flags and the config file ----------------------------------------------
