@@ -47,6 +47,7 @@ IMPORT_NAMES: dict[str, str | None] = {
     "s3fs": "s3fs",
     "ray": "ray",
     "torchft": "torchft",
+    "mpich": None,
 }
 
 

@@ -428,6 +428,62 @@ def test_a_weights_only_trainer_checkpoint_on_memory_is_committed_and_refused_fo
         _trainer(memory_url, 0).train(resume_from_checkpoint=f"{memory_url}/checkpoint-6")
 
 
+def test_the_trainers_final_files_go_under_the_url(memory_url, tmp_path, monkeypatch):
+    from safetensors.torch import load
+
+    monkeypatch.chdir(tmp_path)  # Path(url) would write them to the local folder memory:/... here
+    trainer = _trainer(memory_url, 0, save_total_limit=1)
+    trainer.train()
+    trainer.save_model()
+    trainer.save_metrics("train", {"train_loss": 1.0})
+    trainer.save_metrics("eval", {"eval_loss": 2.0})  # merged into the uploaded all_results.json
+    trainer.save_state()
+    trainer.create_model_card(model_name="tiny")
+    filesystem = fsspec.filesystem("memory")
+    assert _names(filesystem, memory_url) == [
+        "README.md",
+        "all_results.json",
+        "checkpoint-6",
+        "eval_results.json",
+        "model.safetensors",
+        "train_results.json",
+        "trainer_state.json",
+        "training_args.json",
+    ]
+    assert json.loads(filesystem.cat(f"{memory_url}/all_results.json")) == {
+        "eval_loss": 2.0,
+        "train_loss": 1.0,
+    }
+    weights = load(filesystem.cat(f"{memory_url}/model.safetensors"))
+    assert all(torch.equal(weights[name], value) for name, value in trainer.model.state_dict().items())
+    assert json.loads(filesystem.cat(f"{memory_url}/trainer_state.json"))["global_step"] == 6
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_hyperparameter_search_checkpoints_each_trial_under_the_url(memory_url, tmp_path, monkeypatch):
+    pytest.importorskip("optuna")
+    from lockstep import Trainer
+    from tests.helpers.training import make_dataset, make_model
+
+    monkeypatch.chdir(tmp_path)  # Path(url) / "run-0" would be the local folder memory:/.../run-0 here
+    base = _trainer(memory_url, 0, save_total_limit=1)
+    trainer = Trainer(
+        args=base.args,
+        model_init=lambda: make_model(seed=0),
+        train_dataset=make_dataset(64),
+        eval_dataset=make_dataset(8),
+        compute_loss_func=base.compute_loss_func,
+    )
+    best = trainer.hyperparameter_search(
+        hp_space=lambda trial: {"learning_rate": trial.suggest_float("learning_rate", 0.01, 0.1)},
+        n_trials=1,
+        backend="optuna",
+    )
+    assert best.run_id == "0"
+    assert _names(fsspec.filesystem("memory"), f"{memory_url}/run-0") == ["checkpoint-6"]
+    assert list(tmp_path.iterdir()) == []
+
+
 def _load_from_a_dead_endpoint(url: str) -> tuple[str, str, float]:
     accelerator = Accelerator()  # a local project: the URL is met only here
     model = accelerator.prepare(nn.Linear(4, 2))

@@ -1,7 +1,8 @@
 """What ``lockstep launch`` reads from a cluster: SLURM host lists, each environment's variables as its
 scheduler or launcher sets them, and how they merge with flags and the config file.
 
-MPI is tested here only: ``mpirun`` is not installed on the test machines.
+MPI's variables are pinned here as MPICH's Hydra and Open MPI 5 set them (checked with their mpiexec);
+tests/e2e/test_cluster_launch.py runs MPICH's real ``mpiexec``.
 """
 
 from __future__ import annotations
@@ -253,6 +254,22 @@ def test_pbs_node_file(tmp_path):
         detect_cluster({"PBS_JOBID": "1.s", "PBS_NODEFILE": "/nonexistent"})
 
 
+def test_pbs_node_number_of_pbsdsh_wins_over_the_host_name(tmp_path):
+    nodefile = tmp_path / "nodes"
+    nodefile.write_text("cn01\ncn01\ncn02\ncn02\n")
+    env = {"PBS_JOBID": "8842.pbs01", "PBS_NODEFILE": str(nodefile), "PBS_NODENUM": "1"}
+    cluster = detect_cluster(env, hostname="login2")  # a name not in the node file: no hint needed
+    assert (cluster.num_machines, cluster.machine_rank, cluster.missing) == (2, 1, {})
+    assert cluster.sources["machine_rank"] == "PBS_NODENUM=1"
+    assert detect_cluster({**env, "PBS_NODENUM": "0"}, hostname="cn02").machine_rank == 0
+    with pytest.raises(UsageError, match=r"PBS_NODENUM='x' is invalid: it must be an integer >= 0"):
+        detect_cluster({**env, "PBS_NODENUM": "x"})
+    with pytest.raises(
+        UsageError, match=r"PBS_NODENUM=2 is impossible with hosts in PBS_NODEFILE=.* \(2 machines"
+    ):
+        detect_cluster({**env, "PBS_NODENUM": "2"})
+
+
 def test_host_not_in_the_host_file_needs_machine_rank(tmp_path):
     nodefile = tmp_path / "nodes"
     nodefile.write_text("cn01\ncn02\n")
@@ -265,7 +282,7 @@ def test_host_not_in_the_host_file_needs_machine_rank(tmp_path):
     assert resolve({"machine_rank": 1}, cluster=cluster).machine_rank == 1
 
 
-# -- MPI (mpirun is not installed here: its variables are tested as mpirun sets them) ------------------
+# -- MPI: its variables as mpiexec sets them ------------------------------------------------------------
 OPEN_MPI_RANK_1 = {
     "OMPI_COMM_WORLD_SIZE": "2",
     "OMPI_COMM_WORLD_RANK": "1",
@@ -306,6 +323,12 @@ def test_mpi_needs_the_address_of_rank_0_and_one_launcher_per_host():
     assert resolve({"main_process_ip": "10.0.0.5"}, cluster=cluster).main_process_ip == "10.0.0.5"
     with pytest.raises(UsageError, match=r"mpirun started 2 copies .*OMPI_COMM_WORLD_LOCAL_SIZE=2"):
         detect_cluster({**OPEN_MPI_RANK_1, "OMPI_COMM_WORLD_LOCAL_SIZE": "2"})
+    # what MPICH's mpiexec -np 2 on one host sets (Hydra's option for one per host is -ppn 1)
+    hydra_two_here = {"PMI_SIZE": "2", "PMI_RANK": "1", "MPI_LOCALNRANKS": "2", "MPI_LOCALRANKID": "1"}
+    with pytest.raises(
+        UsageError, match=r"copies .*\(MPI_LOCALNRANKS=2\).*\(mpirun -np MACHINES -ppn 1 lockstep"
+    ):
+        detect_cluster(hydra_two_here)
 
 
 # -- choosing, and merging with flags and the config file ----------------------------------------------

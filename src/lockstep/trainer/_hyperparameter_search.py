@@ -16,9 +16,9 @@ import dataclasses
 import inspect
 import logging
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, NamedTuple
 
+from lockstep.checkpoint import Location, storage_for
 from lockstep.trainer.arguments import TrainingArguments
 from lockstep.trainer.callbacks import TrainerCallback, TrainerControl, TrainerState
 from lockstep.utils import broadcast_object_list
@@ -100,7 +100,7 @@ def call_model_init(model_init: Callable[..., Any], trial: Any) -> Any:
     return model
 
 
-def trial_arguments(args: TrainingArguments, params: dict[str, Any], run_dir: Path) -> TrainingArguments:
+def trial_arguments(args: TrainingArguments, params: dict[str, Any], run_dir: Location) -> TrainingArguments:
     """A copy of ``args`` with the trial's hyperparameters (cast to each field's type, as transformers does)."""
     trial_args = copy.deepcopy(args)
     fields = {f.name for f in dataclasses.fields(TrainingArguments)}
@@ -292,7 +292,7 @@ def _run_trial(
     number = int(getattr(trial, "number", 0))
     if is_main and world > 1 and not announced:
         broadcast_object_list([(number, dict(params))])
-    run_dir = Path(trainer.args.output_dir) / f"run-{number}"
+    run_dir = storage_for(trainer.args.output_dir).join(trainer.args.output_dir, f"run-{number}")  # URLs too
     reporter = TrialReporter(trial, compute_objective, is_main_process=is_main, num_processes=world)
     trial_run = trial_trainer(trainer, trial_arguments(trainer.args, params, run_dir), trial, reporter)
     trial_run.state.trial_name = hp_name(trial) if hp_name is not None else None

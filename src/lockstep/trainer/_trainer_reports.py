@@ -18,7 +18,7 @@ import platform
 from pathlib import Path
 from typing import Any, NoReturn
 
-from lockstep.trainer import _transformers_format
+from lockstep.trainer import _output_dir, _transformers_format
 
 # typed loosely: trainer.py binds these functions, so importing it here would be an import cycle
 Trainer = Any
@@ -89,25 +89,27 @@ def save_metrics(self: Trainer, split: str, metrics: dict[str, float], combined:
     """Write ``output_dir/{split}_results.json``; with ``combined`` also merge them into ``all_results.json``."""
     if not self.is_world_process_zero():
         return
-    folder = Path(self.args.output_dir)
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / f"{split}_results.json").write_text(
-        json.dumps(metrics, indent=4, sort_keys=True), encoding="utf-8"
-    )
-    if combined:
-        path = folder / "all_results.json"
-        merged = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
-        merged.update(metrics)
-        path.write_text(json.dumps(merged, indent=4, sort_keys=True), encoding="utf-8")
+    with _output_dir.writable(
+        self.args.output_dir, fetch=("all_results.json",) if combined else ()
+    ) as folder:
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"{split}_results.json").write_text(
+            json.dumps(metrics, indent=4, sort_keys=True), encoding="utf-8"
+        )
+        if combined:
+            path = folder / "all_results.json"
+            merged = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+            merged.update(metrics)
+            path.write_text(json.dumps(merged, indent=4, sort_keys=True), encoding="utf-8")
 
 
 def save_state(self: Trainer) -> None:
     """Write ``output_dir/trainer_state.json`` in transformers' format (``save_model`` writes only the model)."""
     if not self.is_world_process_zero():
         return
-    folder = Path(self.args.output_dir)
-    folder.mkdir(parents=True, exist_ok=True)
-    _transformers_format.write_trainer_state(folder, self.state)
+    with _output_dir.writable(self.args.output_dir) as folder:
+        folder.mkdir(parents=True, exist_ok=True)
+        _transformers_format.write_trainer_state(folder, self.state)
 
 
 def push_to_hub(
@@ -174,9 +176,9 @@ def create_model_card(
     data = f" on the {', '.join(_listed(dataset))} dataset" if dataset else ""
     lines += [f"This model is {about}{data}, with lockstep's Trainer.", ""]
     lines += _results(self.state.log_history) + _hyperparameters(self) + _versions()
-    folder = Path(self.args.output_dir)
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "README.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    with _output_dir.writable(self.args.output_dir) as folder:
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "README.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
 def _front_matter(header: dict[str, Any]) -> list[str]:

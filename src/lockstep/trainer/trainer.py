@@ -27,6 +27,7 @@ from lockstep.progress import ProgressBar
 from lockstep.trainer import (
     _best_model,
     _hyperparameter_search,
+    _output_dir,
     _process_setup,
     _setup_checks,
     _trainer_parts,
@@ -724,12 +725,15 @@ class Trainer:
         transformers models are written with ``save_pretrained`` (config included, so ``from_pretrained``
         reads the folder); other modules as safetensors. The arguments go to ``training_args.json``.
         """
-        folder = Path(output_dir or self.args.output_dir)
-        model = self.model_wrapped if self.model_wrapped is not None else self.model
-        self._step.save_weights(model, folder)
-        if self.accelerator.is_main_process:
-            (folder / "training_args.json").write_text(json.dumps(self.args.to_dict(), indent=1, default=str))
-            _trainer_reports.save_processing_class(self, folder)
+        main = self.accelerator.is_main_process
+        with _output_dir.writable(output_dir or self.args.output_dir, upload=main) as folder:  # URLs too
+            model = self.model_wrapped if self.model_wrapped is not None else self.model
+            self._step.save_weights(model, folder)
+            if main:
+                (folder / "training_args.json").write_text(
+                    json.dumps(self.args.to_dict(), indent=1, default=str)
+                )
+                _trainer_reports.save_processing_class(self, folder)
         self.accelerator.wait_for_everyone()
 
     # -- transformers' public methods beyond the loop (_trainer_parts, _trainer_reports) ----------------

@@ -1,4 +1,5 @@
-"""MPI launchers: ``mpirun -np MACHINES --map-by ppr:1:node lockstep launch train.py``, one launcher per host.
+"""MPI launchers: ``mpirun -np MACHINES --map-by ppr:1:node lockstep launch train.py`` (Open MPI; ``-ppn 1``
+with MPICH and Intel MPI), one launcher per host.
 
 Open MPI gives ``OMPI_COMM_WORLD_SIZE`` / ``_RANK`` / ``_LOCAL_SIZE``; MPICH and Intel MPI (the Hydra
 process manager) give ``PMI_SIZE`` / ``PMI_RANK`` and ``MPI_LOCALNRANKS``. The launchers' MPI ranks are the
@@ -32,7 +33,9 @@ ONE_PER_HOST = "mpirun -np MACHINES --map-by ppr:1:node lockstep launch ..."
 OPEN_MPI = LauncherNumbering(
     "mpirun", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", ONE_PER_HOST
 )
-HYDRA = LauncherNumbering("mpirun", "PMI_SIZE", "PMI_RANK", "MPI_LOCALNRANKS", ONE_PER_HOST)
+HYDRA = LauncherNumbering(
+    "mpirun", "PMI_SIZE", "PMI_RANK", "MPI_LOCALNRANKS", "mpirun -np MACHINES -ppn 1 lockstep launch ..."
+)
 TITLES = {OPEN_MPI.size: "Open MPI", HYDRA.size: "MPICH / Intel MPI (Hydra)"}
 
 
