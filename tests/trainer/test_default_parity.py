@@ -22,23 +22,24 @@ pytest.importorskip("transformers")
 MODULE = "tests.trainer.weights_parity_run"
 
 
-def _weights(which: str, version: str | None, folder, processes: int = 1) -> dict:
-    """The run's JSON under the installed transformers (``version`` None) or an overlay."""
+def _runs(version: str | None, folder, processes: int = 1) -> dict[str, dict]:
+    """Both Trainers' JSON (one process runs both) under the installed transformers (``version`` None) or an
+    overlay, by Trainer."""
     first = [accelerate_pythonpath()]  # transformers.Trainer needs accelerate; lockstep never imports it
-    output = str(folder / which)
     if processes > 1:  # torchrun runs the module: -m torch.distributed.run ... -m MODULE
         torchrun = ["--standalone", f"--nproc-per-node={processes}", "-m", MODULE]
-        done = run_module("torch.distributed.run", *torchrun, which, output, first=first)
+        done = run_module("torch.distributed.run", *torchrun, str(folder), first=first)
     elif version is None:
-        done = run_module(MODULE, which, output, first=first)
+        done = run_module(MODULE, str(folder), first=first)
     else:
-        done = run_with_transformers(MODULE, version, which, output, first=first)
-    return json.loads(done.stdout.strip().splitlines()[-1])
+        done = run_with_transformers(MODULE, version, str(folder), first=first)
+    runs = [json.loads(line) for line in done.stdout.splitlines() if line.startswith('{"which"')]
+    return {run["which"]: run for run in runs}
 
 
 def _compare(version: str | None, folder, processes: int = 1) -> tuple[dict, dict, float]:
-    ours = _weights("lockstep", version, folder, processes)
-    theirs = _weights("transformers", version, folder, processes)
+    runs = _runs(version, folder, processes)
+    ours, theirs = runs["lockstep"], runs["transformers"]
     difference = max(abs(a - b) for a, b in zip(ours["weights"], theirs["weights"], strict=True))
     return ours, theirs, difference
 
