@@ -82,31 +82,41 @@ def _train(model_dir: Path, out: Path, overlay: str | None, fsdp: bool) -> dict:
     return {"loaded": loaded, "type": kind, "weights": torch.load(out / "final.pt")}
 
 
+@pytest.fixture(scope="module")
+def ddp_run(model_dir, tmp_path_factory) -> dict:
+    """The same script under DDP with transformers 4.40.2: the reference of both FSDP2 runs (one launch)."""
+    run = _train(
+        model_dir, tmp_path_factory.mktemp("ddp") / "ddp", transformers_overlay("4.40.2"), fsdp=False
+    )
+    assert run["type"] == "MULTI_CPU"
+    return run
+
+
 def _assert_close(run: dict, reference: dict) -> None:
     assert run["weights"].keys() == reference["weights"].keys()
     worst = max((run["weights"][k] - reference["weights"][k]).abs().max().item() for k in run["weights"])
     assert worst < TOLERANCE, worst
 
 
-def test_transformers_4_without_accelerate_loads_on_every_process_and_matches_ddp(model_dir, tmp_path):
-    overlay = transformers_overlay("4.40.2")
-    fsdp = _train(model_dir, tmp_path / "fsdp", overlay, fsdp=True)
-    ddp = _train(model_dir, tmp_path / "ddp", overlay, fsdp=False)
-    assert fsdp["type"] == "FSDP" and ddp["type"] == "MULTI_CPU"
+def test_transformers_4_without_accelerate_loads_on_every_process_and_matches_ddp(
+    model_dir, ddp_run, tmp_path
+):
+    fsdp = _train(model_dir, tmp_path / "fsdp", transformers_overlay("4.40.2"), fsdp=True)
+    assert fsdp["type"] == "FSDP"
     for rank in fsdp["loaded"]:
         assert rank["transformers"] == "4.40.2"
         assert rank["rank0_loading_announced"] not in {"true", "True"}  # 4.40 would need accelerate for it
         assert rank["read_from_file"] == rank["parameters"]
-    _assert_close(fsdp, ddp)
+    _assert_close(fsdp, ddp_run)
 
 
-def test_transformers_5_is_told_and_matches_ddp(model_dir, tmp_path):
+def test_transformers_5_is_told_and_matches_ddp(model_dir, ddp_run, tmp_path):
     fsdp = _train(model_dir, tmp_path / "fsdp", None, fsdp=True)
-    ddp = _train(model_dir, tmp_path / "ddp", transformers_overlay("4.40.2"), fsdp=False)
     main, other = fsdp["loaded"]
     assert main["transformers"].startswith("5.") and main["rank0_loading_announced"] in {"true", "True"}
     assert main["read_from_file"] == main["parameters"]
     # transformers 5.24 reads the file on every process all the same: the announcement only spares the
     # others' initialisation of weights missing from the file (modeling_utils' _initialize_missing_keys).
     assert other["read_from_file"] == other["parameters"]
-    _assert_close(fsdp, ddp)
+    assert fsdp["type"] == "FSDP"
+    _assert_close(fsdp, ddp_run)
