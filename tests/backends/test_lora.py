@@ -67,7 +67,16 @@ def _train(paths: list[str], kind: str, out: str) -> dict[str, Any]:
     )
     if kind == "fsdp":
         result["fsdp"] = _fsdp_adapter_only(accelerator, model, Path(out))
+    result["late adapters"] = lora.message_of(lambda: _adapters_after_prepare(accelerator))
     return result
+
+
+def _adapters_after_prepare(accelerator: Any) -> None:
+    """The mistake: get_peft_model on the model prepare() returned, then prepare() again."""
+    from peft import LoraConfig, get_peft_model
+
+    prepared = accelerator.prepare(lora.base_llama(1))
+    accelerator.prepare(get_peft_model(prepared, LoraConfig(r=4, target_modules=lora.TARGETS)))
 
 
 def _save_adapters(accelerator: Any, model: torch.nn.Module, out: Path) -> None:
@@ -137,6 +146,27 @@ def test_one_process_trains_only_the_adapters_and_resumes_exactly(paths, one_pro
     losses, weights = result["after"]
     assert result["resumed"][0] == losses
     assert _max_difference(result["resumed"][1], weights) == 0.0
+    assert result["late adapters"].startswith(LATE_ADAPTERS.format(name="LlamaForCausalLM"))
+
+
+LATE_ADAPTERS = (
+    "RuntimeError: prepare() got a peft model whose base model ({name}) was prepared already: "
+    "get_peft_model(...) was applied after accelerator.prepare(...)"
+)
+
+
+def _no_target(paths: list[str]) -> str:
+    lora.use_peft(paths)
+    return lora.message_of(lambda: lora.lora_llama(0, targets=["query_key_value"]))
+
+
+def test_adapters_whose_target_modules_match_nothing_are_refused_by_peft(paths):
+    # peft checks this itself in get_peft_model, before lockstep sees the model: nothing is left to lockstep
+    message = run_distributed(_no_target, 1, paths)[0]
+    assert message == (
+        "NoMatchingPeftModuleError: Target modules {'query_key_value'} not found in the base model. "
+        "Please check the target modules and try again."
+    )
 
 
 @pytest.mark.parametrize("kind", ["ddp", "fsdp"])
@@ -157,4 +187,9 @@ def test_two_processes_match_one_and_save_the_whole_adapter(paths, one_process, 
     if kind == "fsdp":
         found = result["fsdp"]
         assert found["SHARDED_STATE_DICT"] and found["FULL_STATE_DICT"]
-        assert "merge_and_unload() on a peft model prepared with FSDP2 is refused" in found["merge"]
+        assert found["merge"].startswith(
+            "RuntimeError: merge_and_unload() on a peft model prepared with FSDP2 is refused: each process holds "
+            "only a shard of the base weights"
+        )
+    wrapper = "DistributedDataParallel" if kind == "ddp" else "FSDPLlamaForCausalLM"
+    assert result["late adapters"].startswith(LATE_ADAPTERS.format(name=wrapper))
