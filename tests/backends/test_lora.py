@@ -52,8 +52,9 @@ def _train(paths: list[str], kind: str, out: str) -> dict[str, Any]:
     result["base_placements"] = [repr(p) for p in getattr(base, "placements", ())]
     _save_adapters(accelerator, model, Path(out))
     accelerator.save_state(str(Path(out) / "state"))
+    state = Path(out) / "state"
     result["state_files"] = {
-        p.name: p.stat().st_size for p in (Path(out) / "state").rglob("*") if p.is_file()
+        str(p.relative_to(state)): p.stat().st_size for p in state.rglob("*") if p.is_file()
     }
     result["after"] = (
         lora.train_epoch(accelerator, model, optimizer, data)["losses"],
@@ -96,6 +97,7 @@ def _fsdp_adapter_only(accelerator: Any, model: torch.nn.Module, out: Path) -> d
         "merge": lora.message_of(lambda: accelerator.unwrap_model(model).merge_and_unload())
     }
     expected = lora.adapter_weights(model)
+    assert len(expected) == ADAPTER_TENSORS
     for layout in ("SHARDED_STATE_DICT", "FULL_STATE_DICT"):
         plugin = FullyShardedDataParallelPlugin(state_dict_type=layout)
         save_fsdp_model(plugin, accelerator, model, str(out / layout), adapter_only=True)
