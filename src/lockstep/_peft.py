@@ -74,14 +74,16 @@ def check_adapters_not_added_after_prepare(model: nn.Module, prepared: Sequence[
         )
 
 
-def refuse_merging_shards(model: nn.Module, how: str) -> None:
-    """Make ``merge_and_unload``/``merge_adapter`` on a peft model whose base weights are sharded (``how``:
-    e.g. "FSDP2") raise a clear error instead of merging into one process's shard."""
+def guard_sharded(model: nn.Module, how: str) -> None:
+    """On a peft model whose weights are sharded (``how``: e.g. "FSDP2"): make ``merge_and_unload`` and
+    ``merge_adapter`` raise a clear error instead of merging into one process's shard, and ``save_pretrained``
+    without a ``state_dict`` raise one instead of failing inside safetensors on the shards."""
     if not is_peft_model(model):
         return
+    # Instance attributes: they shadow peft's methods on this one prepared object only.
     for name in _MERGERS:
-        # An instance attribute: it shadows peft's method on this one prepared object only.
         object.__setattr__(model, name, _refusal(name, how))
+    object.__setattr__(model, "save_pretrained", _gathered_save(model.save_pretrained, how))
 
 
 def _refusal(name: str, how: str) -> Callable[..., Any]:
@@ -94,3 +96,17 @@ def _refusal(name: str, how: str) -> Callable[..., Any]:
         )
 
     return refuse
+
+
+def _gathered_save(save_pretrained: Callable[..., Any], how: str) -> Callable[..., Any]:
+    def save(save_directory: str, *args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("state_dict") is None:
+            raise RuntimeError(
+                f"save_pretrained({save_directory!r}) on a peft model prepared with {how}: its weights are "
+                "shards, one per process, and would be written as they are. Call accelerator.save_model(model, "
+                "dir) on every process, or pass state_dict=accelerator.get_state_dict(model) (called on every "
+                "process; it gathers the whole weights on the main process)."
+            )
+        return save_pretrained(save_directory, *args, **kwargs)
+
+    return save

@@ -93,8 +93,10 @@ def _fsdp_adapter_only(accelerator: Any, model: torch.nn.Module, out: Path) -> d
     from lockstep import FullyShardedDataParallelPlugin
     from lockstep.utils import load_fsdp_model, save_fsdp_model
 
+    unwrapped = accelerator.unwrap_model(model)
     found: dict[str, Any] = {
-        "merge": lora.message_of(lambda: accelerator.unwrap_model(model).merge_and_unload())
+        "merge": lora.message_of(lambda: unwrapped.merge_and_unload()),
+        "bare save": lora.message_of(lambda: unwrapped.save_pretrained(str(out / "bare"))),
     }
     expected = lora.adapter_weights(model)
     assert len(expected) == ADAPTER_TENSORS
@@ -192,6 +194,10 @@ def test_two_processes_match_one_and_save_the_whole_adapter(paths, one_process, 
         assert found["merge"].startswith(
             "RuntimeError: merge_and_unload() on a peft model prepared with FSDP2 is refused: each process holds "
             "only a shard of the base weights"
+        )
+        assert found["bare save"].startswith(
+            f"RuntimeError: save_pretrained({str(tmp_path / 'bare')!r}) on a peft model prepared with FSDP2: its "
+            "weights are shards, one per process"
         )
     wrapper = "DistributedDataParallel" if kind == "ddp" else "FSDPLlamaForCausalLM"
     assert result["late adapters"].startswith(LATE_ADAPTERS.format(name=wrapper))
