@@ -3,6 +3,10 @@ trainable, adapters save as peft saves them (gathered from every process) and re
 
 peft imports the accelerate package, which lockstep's environment does not hold: the workers take both from
 the reference environment (``tests/helpers/reference.py``: skipped without it, failed under CI).
+
+Two groups of workers run everything, once per module: one process, then two processes that train under DDP
+and then under FSDP2 in the same process group; the tests read what they found. Each saved adapter folder is
+read back by ``PeftModel.from_pretrained`` onto a freshly built base model.
 """
 
 from __future__ import annotations
@@ -14,12 +18,13 @@ import pytest
 import torch
 
 from tests.helpers import lora
-from tests.helpers.multiprocess import run_distributed
+from tests.helpers.multiprocess import reset_lockstep_state, run_distributed
 from tests.helpers.optional import requires
 from tests.helpers.reference import peft_pythonpath
 
 pytestmark = [requires("transformers"), pytest.mark.distributed]
 
+ADAPTER_FOLDERS = ("save_model", "pretrained")
 ADAPTER_TENSORS = 8  # 2 layers x (q_proj, v_proj) x (lora_A, lora_B)
 # 2 processes vs one on the same global batch, AdamW (measured: see the commit message)
 TOLERANCE = {"ddp": 1e-6, "fsdp": 1e-6}
@@ -39,8 +44,7 @@ def _perturb(model: torch.nn.Module) -> None:
                 p.add_(1.0)
 
 
-def _train(paths: list[str], kind: str, out: str) -> dict[str, Any]:
-    lora.use_peft(paths)
+def _train(kind: str, out: str) -> dict[str, Any]:
     accelerator = _accelerator(kind)
     model = lora.lora_llama(0)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
@@ -51,6 +55,8 @@ def _train(paths: list[str], kind: str, out: str) -> dict[str, Any]:
     base = accelerator.unwrap_model(model).get_base_model().model.layers[0].self_attn.q_proj.base_layer.weight
     result["base_placements"] = [repr(p) for p in getattr(base, "placements", ())]
     _save_adapters(accelerator, model, Path(out))
+    if accelerator.is_main_process:
+        result["loaded"] = {folder: lora.load_adapter(Path(out) / folder) for folder in ADAPTER_FOLDERS}
     accelerator.save_state(str(Path(out) / "state"))
     state = Path(out) / "state"
     result["state_files"] = {
@@ -111,14 +117,38 @@ def _fsdp_adapter_only(accelerator: Any, model: torch.nn.Module, out: Path) -> d
     return found
 
 
+def _one_process(paths: list[str], out: str) -> dict[str, Any]:
+    lora.use_peft(paths)
+    result = _train("single", out)
+    # peft checks this itself in get_peft_model, before lockstep sees the model: nothing is left to lockstep
+    result["no target"] = lora.message_of(lambda: lora.lora_llama(0, targets=["query_key_value"]))
+    return result
+
+
+def _two_processes(paths: list[str], out: str) -> dict[str, dict[str, Any]]:
+    lora.use_peft(paths)
+    results = {}
+    for kind in TOLERANCE:
+        results[kind] = _train(kind, str(Path(out) / kind))
+        reset_lockstep_state()  # the process group stays: the next kind's Accelerator takes it
+    return results
+
+
 @pytest.fixture(scope="module")
 def paths() -> list[str]:
     return peft_pythonpath()
 
 
 @pytest.fixture(scope="module")
-def one_process(paths, tmp_path_factory) -> dict[str, Any]:
-    return run_distributed(_train, 1, paths, "single", str(tmp_path_factory.mktemp("one")), timeout=120)[0]
+def out(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("lora")
+
+
+@pytest.fixture(scope="module")
+def runs(paths, out) -> dict[str, dict[str, Any]]:
+    lora.preload()
+    single = run_distributed(_one_process, 1, paths, str(out / "single"), timeout=120)[0]
+    return {"single": single, **run_distributed(_two_processes, 2, paths, str(out), timeout=300)[0]}
 
 
 def _max_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
@@ -126,18 +156,18 @@ def _max_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> f
     return max(float((a[name] - b[name]).abs().max()) for name in a)
 
 
-def _check_adapter_folders(paths: list[str], out: Path, adapter: dict[str, torch.Tensor]) -> None:
-    for folder in ("save_model", "pretrained"):
+def _check_adapter_folders(out: Path, result: dict[str, Any]) -> None:
+    assert sorted(result["loaded"]) == sorted(ADAPTER_FOLDERS)
+    for folder in ADAPTER_FOLDERS:
         assert sorted(p.name for p in (out / folder).iterdir() if p.suffix != ".md") == [
             "adapter_config.json",
             "adapter_model.safetensors",
         ]
-        loaded = run_distributed(lora.load_adapter, 1, paths, str(out / folder))[0]
-        assert _max_difference(loaded, adapter) == 0.0, folder
+        assert _max_difference(result["loaded"][folder], result["adapter"]) == 0.0, folder
 
 
-def test_one_process_trains_only_the_adapters_and_resumes_exactly(paths, one_process, tmp_path):
-    result = one_process
+def test_one_process_trains_only_the_adapters_and_resumes_exactly(runs, out):
+    result = runs["single"]
     assert len(result["losses"]) == 4 and len(result["norms"]) == 2
     assert all(
         len(names) == ADAPTER_TENSORS and all("lora_" in n for n in names) for names in result["with_grad"]
@@ -151,6 +181,7 @@ def test_one_process_trains_only_the_adapters_and_resumes_exactly(paths, one_pro
     assert result["resumed"][0] == losses
     assert _max_difference(result["resumed"][1], weights) == 0.0
     assert result["late adapters"].startswith(LATE_ADAPTERS.format(name="LlamaForCausalLM"))
+    _check_adapter_folders(out / "single", result)
 
 
 LATE_ADAPTERS = (
@@ -159,24 +190,16 @@ LATE_ADAPTERS = (
 )
 
 
-def _no_target(paths: list[str]) -> str:
-    lora.use_peft(paths)
-    return lora.message_of(lambda: lora.lora_llama(0, targets=["query_key_value"]))
-
-
-def test_adapters_whose_target_modules_match_nothing_are_refused_by_peft(paths):
-    # peft checks this itself in get_peft_model, before lockstep sees the model: nothing is left to lockstep
-    message = run_distributed(_no_target, 1, paths)[0]
-    assert message == (
+def test_adapters_whose_target_modules_match_nothing_are_refused_by_peft(runs):
+    assert runs["single"]["no target"] == (
         "NoMatchingPeftModuleError: Target modules {'query_key_value'} not found in the base model. "
         "Please check the target modules and try again."
     )
 
 
 @pytest.mark.parametrize("kind", ["ddp", "fsdp"])
-def test_two_processes_match_one_and_save_the_whole_adapter(paths, one_process, kind, tmp_path):
-    results = run_distributed(_train, 2, paths, kind, str(tmp_path), timeout=180)
-    result = results[0]
+def test_two_processes_match_one_and_save_the_whole_adapter(runs, out, kind):
+    result, one_process = runs[kind], runs["single"]
     difference = _max_difference(result["adapter"], one_process["adapter"])
     print(f"{kind}: max |adapter - one process| = {difference:.3g}")
     assert difference <= TOLERANCE[kind]
@@ -186,7 +209,7 @@ def test_two_processes_match_one_and_save_the_whole_adapter(paths, one_process, 
     assert result["base_placements"] == (["Shard(dim=0)"] if kind == "fsdp" else [])
     losses, weights = result["after"]
     assert result["resumed"][0] == losses and _max_difference(result["resumed"][1], weights) == 0.0
-    _check_adapter_folders(paths, tmp_path, result["adapter"])
+    _check_adapter_folders(out / kind, result)
     print(kind, result["state_files"], result.get("fsdp"))
     if kind == "fsdp":
         found = result["fsdp"]
@@ -196,7 +219,7 @@ def test_two_processes_match_one_and_save_the_whole_adapter(paths, one_process, 
             "only a shard of the base weights"
         )
         assert found["bare save"].startswith(
-            f"RuntimeError: save_pretrained({str(tmp_path / 'bare')!r}) on a peft model prepared with FSDP2: its "
+            f"RuntimeError: save_pretrained({str(out / kind / 'bare')!r}) on a peft model prepared with FSDP2: its "
             "weights are shards, one per process"
         )
     wrapper = "DistributedDataParallel" if kind == "ddp" else "FSDPLlamaForCausalLM"

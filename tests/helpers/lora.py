@@ -31,6 +31,25 @@ def use_peft(paths: list[str]) -> None:
     warnings.filterwarnings("ignore", "`is_gradient_checkpointing` is deprecated", FutureWarning)
 
 
+def preload() -> None:
+    """Import in the test process, before its workers fork, what every worker would otherwise import and build
+    again (each worker paid ~10 s of CPU for it): transformers' Llama, lockstep's Accelerator and FSDP2
+    backend, torch's distributed checkpoint, and transformers' table of checkpoint conversions (about 3 s of
+    regular expressions, built on the first ``get_peft_model``). peft itself is left to the workers: it
+    imports the accelerate package, which this process must not hold for the test files that follow. The
+    global random state is left as it was."""
+    import safetensors.torch  # noqa: F401
+    import torch.distributed.checkpoint
+    from transformers.conversion_mapping import get_checkpoint_conversion_mapping
+
+    import lockstep.backends.fsdp.checkpoint  # noqa: F401
+    from lockstep import Accelerator  # noqa: F401
+
+    with torch.random.fork_rng():
+        base_llama(0)
+    get_checkpoint_conversion_mapping("llama")
+
+
 def lora_llama(seed: int = 0, targets: list[str] | None = None) -> nn.Module:
     """The 2-layer tiny Llama of ``seed`` with LoRA (r=4) on its query and value projections."""
     from peft import LoraConfig, get_peft_model
@@ -86,13 +105,33 @@ def folder_bytes(folder: str | os.PathLike[str]) -> int:
     return sum(path.stat().st_size for path in Path(folder).rglob("*") if path.is_file())
 
 
-def load_adapter(paths: list[str], folder: str) -> dict[str, torch.Tensor]:
-    """In a fresh process: ``PeftModel.from_pretrained`` on the tiny Llama of seed 0; the adapter weights."""
-    use_peft(paths)
+def load_adapter(folder: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
+    """``PeftModel.from_pretrained`` on a freshly built tiny Llama of seed 0 (nothing shared with the model that
+    was saved: the adapter comes from the folder alone); the adapter weights."""
     from peft import PeftModel
 
-    model = PeftModel.from_pretrained(base_llama(0), folder)
+    with torch.random.fork_rng():  # building the base seeds the global generator
+        model = PeftModel.from_pretrained(base_llama(0), str(folder))
     return {name: whole(p) for name, p in model.named_parameters() if "lora_" in name}
+
+
+def reference_training() -> dict[str, Any]:
+    """The same training written in plain PyTorch in one process, no Accelerator: the whole global batch,
+    accumulation over ``ACCUMULATION`` micro-batches, gradients clipped to norm 1; the losses and the trained
+    adapter (under the peft model's parameter names)."""
+    model = lora_llama(0)
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=1e-2)
+    losses = []
+    for step, (ids, labels) in enumerate(loader(1)):
+        loss = model(input_ids=ids, labels=labels).loss
+        (loss / ACCUMULATION).backward()
+        losses.append(float(loss.detach()))
+        if (step + 1) % ACCUMULATION == 0:
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            optimizer.step()
+            optimizer.zero_grad()
+    return {"losses": losses, "adapter": adapter_weights(model)}
 
 
 def message_of(action: Any) -> str:
