@@ -8,7 +8,9 @@
 #
 # It also fills .venv-reference/accelerate-only/ with links to the accelerate package alone: the folder
 # LOCKSTEP_REFERENCE_PYTHONPATH names for tests that run lockstep's own environment with accelerate added
-# (transformers refuses tp_plan and writes Trainer checkpoints only where accelerate imports).
+# (transformers refuses tp_plan and writes Trainer checkpoints only where accelerate imports), and
+# .venv-reference/peft-only/ with links to the peft package alone, which the LoRA tests put on the path beside
+# accelerate-only (peft imports accelerate; every other dependency of peft is one of lockstep's own).
 #
 # And two older transformers, each in a folder of its own to put first on PYTHONPATH (with either
 # environment's python): .venv-reference/transformers-4.40 (the oldest lockstep supports) and
@@ -47,16 +49,17 @@ run "${PIP[@]}" -r "$REQUIREMENTS"
 run "$VENV/bin/python" -m pip check
 run "$VENV/bin/python" - <<'PY'
 import os, pathlib, sysconfig
-import accelerate, torch, transformers
+import accelerate, peft, torch, transformers
 site = pathlib.Path(sysconfig.get_paths()["purelib"])
-only = pathlib.Path(".venv-reference/accelerate-only")
-only.mkdir(exist_ok=True)
-for item in [site / "accelerate", *site.glob("accelerate-*.dist-info")]:
-    link = only / item.name
-    if link.is_symlink() or link.exists():
-        link.unlink()
-    link.symlink_to(os.path.relpath(item, only))  # relative: the clone may move
-print(f"accelerate {accelerate.__version__}, transformers {transformers.__version__}, torch {torch.__version__}")
+for package in ("accelerate", "peft"):
+    only = pathlib.Path(f".venv-reference/{package}-only")
+    only.mkdir(exist_ok=True)
+    for item in [site / package, *site.glob(f"{package}-*.dist-info")]:
+        link = only / item.name
+        if link.is_symlink() or link.exists():
+            link.unlink()
+        link.symlink_to(os.path.relpath(item, only))  # relative: the clone may move
+print(f"accelerate {accelerate.__version__}, peft {peft.__version__}, transformers {transformers.__version__}, torch {torch.__version__}")
 PY
 cat "$log"
 overlay() {  # overlay VERSION: the lines of dev/reference-transformers-4.txt for that transformers version

@@ -7,7 +7,9 @@
   one process, or several through ``torch.distributed.run``), so Accelerate itself writes and reads files;
 - :func:`accelerate_pythonpath` is a folder holding the accelerate package alone, for tests that run
   lockstep's own environment with accelerate importable (transformers needs it for ``tp_plan`` and to write
-  Trainer checkpoints). ``LOCKSTEP_REFERENCE_PYTHONPATH`` overrides it.
+  Trainer checkpoints). ``LOCKSTEP_REFERENCE_PYTHONPATH`` overrides it;
+- :func:`peft_pythonpath` adds the folder holding the peft package alone (peft imports accelerate; its other
+  dependencies are lockstep's own), for the LoRA tests. ``LOCKSTEP_PEFT_PYTHONPATH`` overrides it.
 
 Without the environment the tests skip, except under CI (``CI=true``), where they fail: a reference test that
 silently skips in CI checks nothing.
@@ -27,6 +29,7 @@ REPO = Path(__file__).resolve().parents[2]
 REFERENCE_VENV = REPO / ".venv-reference"
 REFERENCE_PYTHON = REFERENCE_VENV / "bin" / "python"
 ACCELERATE_ONLY = REFERENCE_VENV / "accelerate-only"
+PEFT_ONLY = REFERENCE_VENV / "peft-only"
 BUILD = "bash dev/reference_env.sh (make test runs it)"
 
 
@@ -57,6 +60,16 @@ def accelerate_pythonpath() -> str:
     if not (ACCELERATE_ONLY / "accelerate" / "__init__.py").is_file():
         _missing(f"{ACCELERATE_ONLY} holds no accelerate package")
     return str(ACCELERATE_ONLY)
+
+
+def peft_pythonpath() -> list[str]:
+    """The folders to put first on the path for ``import peft`` in lockstep's environment: the one holding peft
+    alone (``LOCKSTEP_PEFT_PYTHONPATH`` if set, else the reference environment's), then accelerate's (peft
+    imports it). Skips the test (fails it under CI) when either is missing."""
+    folder = os.environ.get("LOCKSTEP_PEFT_PYTHONPATH", "") or str(PEFT_ONLY)
+    if not (Path(folder) / "peft" / "__init__.py").is_file():
+        _missing(f"{folder} holds no peft package")
+    return [folder, accelerate_pythonpath()]
 
 
 def transformers_overlay(version: str) -> str:

@@ -160,7 +160,13 @@ class CheckpointingView:
         max_shard_size: int | str = "10GB",
         safe_serialization: bool = True,
     ) -> None:
-        """Write the unwrapped model as (sharded) safetensors plus an index, on the main process."""
+        """Write the unwrapped model as (sharded) safetensors plus an index, on the main process.
+
+        A peft model is written as peft's ``save_pretrained`` writes it (``adapter_config.json`` and
+        ``adapter_model.safetensors``, the adapter gathered from every process), for
+        ``PeftModel.from_pretrained(base, save_directory)``; Accelerate writes the base and adapter weights
+        into ``model.safetensors`` instead. Every process calls it.
+        """
         self.manager.save_model(model, save_directory, max_shard_size, safe_serialization)
 
 

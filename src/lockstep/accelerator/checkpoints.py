@@ -21,6 +21,7 @@ from typing import Any
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
+from lockstep._peft import is_peft_model, save_adapter_folder
 from lockstep.accelerator.accumulation import GradientAccumulation
 from lockstep.accelerator.elastic_resume import ACCUMULATION_COUNTER, after_resized_load
 from lockstep.accelerator.prepared import PreparedObjects
@@ -298,9 +299,14 @@ class CheckpointManager:
     def save_model(
         self, model: nn.Module, save_directory: Any, max_shard_size: int | str, safe_serialization: bool
     ) -> None:
-        """Write the unwrapped model's weights as (sharded) safetensors on the main process."""
-        state_dict = self.backend.full_state_dict(self.backend.unwrap_model(model, keep_torch_compile=False))
-        if self.state.is_main_process:
+        """Write the unwrapped model's weights as (sharded) safetensors on the main process; a peft model's
+        adapter as peft writes it (``adapter_config.json``, ``adapter_model.safetensors``), gathered from every
+        process."""
+        unwrapped = self.backend.unwrap_model(model, keep_torch_compile=False)
+        state_dict = self.backend.full_state_dict(unwrapped)
+        if self.state.is_main_process and is_peft_model(unwrapped):
+            save_adapter_folder(unwrapped, state_dict, save_directory, safe_serialization)
+        elif self.state.is_main_process:
             save_model_files(
                 state_dict,
                 save_directory,

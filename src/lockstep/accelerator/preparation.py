@@ -14,6 +14,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
+from lockstep._peft import check_adapters_not_added_after_prepare
 from lockstep.accelerator.optimizer import AcceleratedOptimizer
 from lockstep.accelerator.prepared import PreparedObjects
 from lockstep.accelerator.scheduler import AcceleratedScheduler
@@ -129,6 +130,7 @@ class Preparer:
             raise RuntimeError(
                 f"{type(model).__name__} was prepared already; use the object prepare() returned the first time."
             )
+        check_adapters_not_added_after_prepare(model, self.prepared.models)
         _check_trainable_here(model, self.state)
         # A dispatched model stays where its device map put it (as in Accelerate).
         placement = self._placement(device_placement) and not has_device_map(model)

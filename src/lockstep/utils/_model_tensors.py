@@ -20,7 +20,6 @@ from lockstep.checkpoint.model_files import parse_size
 from lockstep.config.kwargs import AutocastKwargs
 from lockstep.state import AcceleratorState, PartialState
 from lockstep.utils.dataclasses import CustomDtype
-from lockstep.utils.imports import is_peft_available
 
 __all__ = [
     "calculate_maximum_sizes",
@@ -432,14 +431,12 @@ def get_grad_scaler(distributed_type: Any = None, **kwargs: Any) -> torch.amp.Gr
 
 
 def is_peft_model(model: nn.Module) -> bool:
-    """Whether ``model``, unwrapped from DDP and ``torch.compile``, is a ``peft.PeftModel``."""
-    if not is_peft_available():
-        return False
-    from peft import PeftModel
-
+    """Whether ``model``, unwrapped from DDP and ``torch.compile``, is a ``peft.PeftModel`` (peft is not
+    imported: a peft model exists only where its user imported peft)."""
+    from lockstep._peft import is_peft_model as is_peft
     from lockstep.utils.other import extract_model_from_parallel
 
-    return isinstance(extract_model_from_parallel(model), PeftModel)
+    return is_peft(extract_model_from_parallel(model))
 
 
 def set_module_tensor_to_device(

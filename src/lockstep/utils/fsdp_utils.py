@@ -98,15 +98,11 @@ def _state_dict_type(fsdp_plugin: Any, caller: str) -> str:
     )
 
 
-def _refuse_adapter_only(model: nn.Module, adapter_only: bool, caller: str) -> None:
+def _adapter_only(model: nn.Module, adapter_only: bool) -> bool:
+    """Accelerate's ``adapter_only``: it applies to peft models only (others are saved whole)."""
     from lockstep.utils._model_tensors import is_peft_model
 
-    if adapter_only and is_peft_model(model):
-        raise NotImplementedError(
-            f"{caller}(adapter_only=True) with a PEFT model is not supported by lockstep: the adapter's "
-            "sharded state is not separated from the base model's. Pass adapter_only=False (the whole model), "
-            "or save the adapter with accelerator.unwrap_model(model).save_pretrained(...) on the main process."
-        )
+    return adapter_only and is_peft_model(model)
 
 
 def _file_name(name: str, index: int, suffix: str) -> str:
@@ -170,8 +166,9 @@ def save_fsdp_model(
         model: the prepared model.
         output_dir: the folder; created if missing.
         model_index: the model's position among the prepared models.
-        adapter_only: as in Accelerate; for a PEFT model it is not supported (NotImplementedError), for any
-            other model it is ignored.
+        adapter_only: as in Accelerate: for a peft model, save only its adapter (the trainable parameters):
+            ``SHARDED_STATE_DICT`` under peft's names (``get_peft_model_state_dict``), ``FULL_STATE_DICT``
+            under the model's own names; for any other model it is ignored.
 
     Example:
         >>> save_fsdp_model(accelerator.state.fsdp_plugin, accelerator, model, "ckpt")  # doctest: +SKIP
@@ -180,19 +177,23 @@ def save_fsdp_model(
     from lockstep.checkpoint.safe_load import safe_torch_save
 
     kind = _state_dict_type(fsdp_plugin, "save_fsdp_model")
-    _refuse_adapter_only(model, adapter_only, "save_fsdp_model")
+    adapters = _adapter_only(model, adapter_only)
     state = PartialState()
     output = Path(output_dir)
     output.mkdir(parents=True, exist_ok=True)
     if kind == "SHARDED_STATE_DICT":
-        shards.save_model_shards(model, output / f"{_FSDP_MODEL_NAME}_{model_index}")
+        save = shards.save_adapter_shards if adapters else shards.save_model_shards
+        save(model, output / f"{_FSDP_MODEL_NAME}_{model_index}")
         return
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    whole = get_model_state_dict(
-        getattr(model, "_orig_mod", model),
-        options=StateDictOptions(full_state_dict=True, cpu_offload=state.use_distributed),
-    )
+    if adapters:
+        whole = shards.full_trainable_state(model, distributed=state.use_distributed)
+    else:
+        whole = get_model_state_dict(
+            getattr(model, "_orig_mod", model),
+            options=StateDictOptions(full_state_dict=True, cpu_offload=state.use_distributed),
+        )
     path = output / _file_name(_FSDP_MODEL_NAME, model_index, ".bin")
     _on_main(state, "save_fsdp_model", lambda: safe_torch_save(whole, path, where=f"model {model_index}"))
 
@@ -217,10 +218,12 @@ def load_fsdp_model(
         input_dir: the folder holding ``pytorch_model_fsdp_{model_index}/`` or the ``.bin`` file; or, for
             ``SHARDED_STATE_DICT``, the DCP folder itself.
         model_index: the model's position among the prepared models.
-        adapter_only: see :func:`save_fsdp_model`.
+        adapter_only: for a peft model, load only its adapter (what ``save_fsdp_model(..., adapter_only=True)``
+            wrote); the frozen base is left as it is.
 
     Returns:
-        torch's ``(missing_keys, unexpected_keys)``, as Accelerate returns.
+        torch's ``(missing_keys, unexpected_keys)`` (peft's load result with ``adapter_only``), as Accelerate
+        returns.
 
     Raises:
         FileNotFoundError: the folder or file is missing.
@@ -233,15 +236,17 @@ def load_fsdp_model(
     from lockstep.checkpoint.safe_load import safe_torch_load
 
     kind = _state_dict_type(fsdp_plugin, "load_fsdp_model")
-    _refuse_adapter_only(model, adapter_only, "load_fsdp_model")
+    adapters = _adapter_only(model, adapter_only)
     state = PartialState()
     if kind == "SHARDED_STATE_DICT":
         folder = _dcp_folder(input_dir, _FSDP_MODEL_NAME, model_index)
         _check_shards(state, folder, "load_fsdp_model")
-        return shards.load_model_shards(model, folder)
+        load = shards.load_adapter_shards if adapters else shards.load_model_shards
+        return load(model, folder)
     path = Path(input_dir) / _file_name(_FSDP_MODEL_NAME, model_index, ".bin")
     whole = _on_main(state, "load_fsdp_model", lambda: safe_torch_load(path))
-    return shards.load_full_model(model, whole or {}, distributed=state.use_distributed)
+    load_full = shards.load_full_trainable if adapters else shards.load_full_model
+    return load_full(model, whole or {}, distributed=state.use_distributed)
 
 
 def save_fsdp_optimizer(
@@ -305,8 +310,8 @@ def load_fsdp_optimizer(
         input_dir: the folder holding ``optimizer_{optimizer_index}/`` or the ``.bin`` file; or, for
             ``SHARDED_STATE_DICT``, the DCP folder itself.
         optimizer_index: the optimizer's position among the prepared optimizers.
-        adapter_only: accepted for Accelerate's signature (a PEFT model is refused as in
-            :func:`load_fsdp_model`).
+        adapter_only: accepted for Accelerate's signature: the optimizer holds the adapter's state only when
+            only the adapter is trainable, so it loads the same way.
 
     Raises:
         FileNotFoundError: the folder or file is missing.
@@ -319,7 +324,6 @@ def load_fsdp_optimizer(
     from lockstep.checkpoint.safe_load import safe_torch_load
 
     kind = _state_dict_type(fsdp_plugin, "load_fsdp_optimizer")
-    _refuse_adapter_only(model, adapter_only, "load_fsdp_optimizer")
     state = PartialState()
     if kind == "SHARDED_STATE_DICT":
         folder = _dcp_folder(input_dir, _OPTIMIZER_NAME, optimizer_index)

@@ -162,6 +162,46 @@ def load_optimizer_shards(model: nn.Module, optimizer: Any, path: Path) -> None:
     set_optimizer_state_dict(_model(model), _inner(optimizer), holder[OPTIMIZER_KEY], options=options)
 
 
+# -- the adapters of a peft model (Accelerate's adapter_only=True) -----------------------------------
+def save_adapter_shards(model: nn.Module, path: Path) -> None:
+    """Every process writes its shards of the active adapter, under peft's names, into ``path`` (a collective)."""
+    import torch.distributed.checkpoint as dcp
+
+    from lockstep._peft import adapter_state_dict
+
+    dcp.save({MODEL_KEY: adapter_state_dict(_model(model))}, checkpoint_id=path)
+
+
+def load_adapter_shards(model: nn.Module, path: Path) -> Any:
+    """Read the adapter's shards back from ``path`` into the active adapter (a collective); returns peft's
+    load result (its missing keys are the frozen base's)."""
+    from lockstep._peft import adapter_state_dict, load_adapter_state_dict
+    from lockstep.checkpoint import safe_dcp
+
+    state = adapter_state_dict(_model(model))
+    safe_dcp.load(_model_holder(state, path), path)
+    return load_adapter_state_dict(_model(model), state)
+
+
+def full_trainable_state(model: nn.Module, *, distributed: bool) -> dict[str, torch.Tensor]:
+    """The trainable parameters (the adapters of a peft model), whole, under the model's own names, on the
+    main process ({} elsewhere when ``distributed``): the frozen base is left out."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=distributed, ignore_frozen_params=True)
+    return get_model_state_dict(_model(model), options=options)
+
+
+def load_full_trainable(model: nn.Module, state_dict: dict[str, torch.Tensor], *, distributed: bool) -> Any:
+    """Shard the main process's :func:`full_trainable_state` into ``model``; the frozen base is untouched."""
+    from dataclasses import replace
+
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict
+
+    options = replace(_options(full=True, broadcast=distributed), strict=False)
+    return set_model_state_dict(_model(model), state_dict, options=options)
+
+
 # -- what a folder holds ------------------------------------------------------------------------------
 SHARDS, FULL = "shards", "full"
 

@@ -25,6 +25,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, OffloadPolicy, fully_shard
 
+from lockstep._peft import guard_sharded
 from lockstep.backends.base import Backend, Indexed
 from lockstep.backends.capabilities import ShardedCheckpointIO
 from lockstep.backends.fsdp import checkpoint as shards
@@ -109,6 +110,7 @@ class ShardedBackend(Backend, ShardedCheckpointIO):
         for unit in units:
             shard(unit)
         shard(model)
+        guard_sharded(model, "FSDP2")
 
     def _check_wrappable(self, model: nn.Module) -> None:
         if isinstance(model, FSDPModule):
