@@ -13,6 +13,7 @@ rounding differences into the step).
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -143,10 +144,24 @@ def _assert_matches(result: dict, expected: dict) -> None:
     assert (result["params"] - expected["params"]).abs().max().item() <= TOLERANCE
 
 
+@pytest.fixture(scope="module")
+def one_process() -> Callable[[int], dict]:
+    """The one-process reference for an accumulation, run once per module (the strategy plays no part
+    without context parallelism: no handler is built)."""
+    runs: dict[int, dict] = {}
+
+    def reference(accumulation: int) -> dict:
+        if accumulation not in runs:
+            runs[accumulation] = run_distributed(_train, 1, {}, 4, "allgather", accumulation)[0]
+        return runs[accumulation]
+
+    return reference
+
+
 @pytest.mark.distributed
 @pytest.mark.parametrize(("strategy", "accumulation"), [("allgather", 1), ("alltoall", 2)])
-def test_context_parallel_on_two_cpu_processes_matches_one_process(strategy, accumulation):
-    expected = run_distributed(_train, 1, {}, 4, strategy, accumulation)[0]
+def test_context_parallel_on_two_cpu_processes_matches_one_process(strategy, accumulation, one_process):
+    expected = one_process(accumulation)
     results = run_distributed(_train, 2, {"cp_size": 2}, 4, strategy, accumulation)
     assert len(expected["losses"]) == SAMPLES // 4 and len(expected["norms"]) == SAMPLES // 4 // accumulation
     for rank, result in enumerate(results):
@@ -163,8 +178,8 @@ def test_context_parallel_on_two_cpu_processes_matches_one_process(strategy, acc
 @pytest.mark.distributed
 @pytest.mark.slow
 @pytest.mark.parametrize("sizes", [{"dp_shard_size": 2, "cp_size": 2}, {"cp_size": 2, "tp_size": 2}])
-def test_cp_by_dp_shard_or_tp_on_four_processes_matches_one_process(sizes):
-    expected = run_distributed(_train, 1, {}, 4)[0]
+def test_cp_by_dp_shard_or_tp_on_four_processes_matches_one_process(sizes, one_process):
+    expected = one_process(1)
     batch = 4 // sizes.get("dp_shard_size", 1)
     results = run_distributed(_train, 4, sizes, batch, timeout=180)
     for result in results:

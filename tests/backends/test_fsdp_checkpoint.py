@@ -70,11 +70,21 @@ def _assert_same(saved: dict, loaded: dict) -> None:
         assert torch.equal(value, loaded["optimizer"][key]), key
 
 
+@pytest.fixture(scope="module")
+def sharded_on_two(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict]:
+    """A sharded checkpoint saved on 2 processes, and what they saved; the tests using it only read it."""
+    folder = str(tmp_path_factory.mktemp("sharded_on_two") / "ckpt")
+    return folder, run_distributed(_save, 2, 2, folder, "SHARDED_STATE_DICT")[0]
+
+
 @pytest.mark.distributed
 @pytest.mark.parametrize(("save_world", "load_world"), [(2, 1), (1, 2), (2, 3)])
-def test_sharded_checkpoint_reloads_exactly_on_another_world_size(tmp_path, save_world, load_world):
-    folder = str(tmp_path / "ckpt")
-    saved = run_distributed(_save, save_world, save_world, folder, "SHARDED_STATE_DICT")[0]
+def test_sharded_checkpoint_reloads_exactly_on_another_world_size(tmp_path, request, save_world, load_world):
+    if save_world == 2:
+        folder, saved = request.getfixturevalue("sharded_on_two")
+    else:
+        folder = str(tmp_path / "ckpt")
+        saved = run_distributed(_save, save_world, save_world, folder, "SHARDED_STATE_DICT")[0]
     names = {p.name for p in Path(folder).iterdir()}
     assert {"pytorch_model_fsdp_0", "optimizer_0", "manifest.json"} <= names
     assert "model.safetensors" not in names and "optimizer.bin" not in names
@@ -104,10 +114,9 @@ def test_async_sharded_save_commits_and_reloads(tmp_path):
 
 
 @pytest.mark.distributed
-def test_merge_weights_equals_the_gathered_state_dict(tmp_path):
-    folder = tmp_path / "ckpt"
-    saved = run_distributed(_save, 2, 2, str(folder), "SHARDED_STATE_DICT")[0]
-    result = lockstep("merge-weights", str(folder), str(tmp_path / "merged"))
+def test_merge_weights_equals_the_gathered_state_dict(tmp_path, sharded_on_two):
+    folder, saved = sharded_on_two
+    result = lockstep("merge-weights", folder, str(tmp_path / "merged"))
     assert result.returncode == 0, result.stderr
     merged = load_file(str(tmp_path / "merged" / "model.safetensors"))
     assert merged.keys() == saved["full"].keys()
@@ -171,7 +180,6 @@ def _load_plain(folder: str) -> dict:
 
 
 @pytest.mark.distributed
-def test_sharded_checkpoint_loads_without_fsdp_in_one_process(tmp_path):
-    folder = str(tmp_path / "ckpt")
-    saved = run_distributed(_save, 2, 2, folder, "SHARDED_STATE_DICT")[0]
+def test_sharded_checkpoint_loads_without_fsdp_in_one_process(sharded_on_two):
+    folder, saved = sharded_on_two
     _assert_same(saved, _load_plain(folder))

@@ -61,10 +61,17 @@ def _largest(a: dict, b: dict) -> tuple[float, float]:
     return losses, params
 
 
+@pytest.fixture(scope="module")
+def one_process() -> tuple[dict, dict]:
+    """The one-process runs in bf16 and in fp32 that every schedule is compared with."""
+    one_bf16, one_fp32 = (run_distributed(_train, 1, 1, "gpipe", p)[0] for p in ("bf16", "no"))
+    return one_bf16, one_fp32
+
+
 @pytest.mark.distributed
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
-def test_bf16_pipeline_trains_like_bf16_on_one_process(schedule):
-    one_bf16, one_fp32 = (run_distributed(_train, 1, 1, "gpipe", p)[0] for p in ("bf16", "no"))
+def test_bf16_pipeline_trains_like_bf16_on_one_process(schedule, one_process):
+    one_bf16, one_fp32 = one_process
     assert one_bf16["dtypes"] == {"torch.float32"}  # outputs handed back in fp32, as the stages hand them on
     pp_bf16, pp_fp32 = (run_distributed(_train, 2, 2, schedule, p) for p in ("bf16", "no"))
     assert pp_bf16[0]["losses"] == [None] * len(pp_bf16[1]["losses"])  # the loss lives on the last stage

@@ -4,7 +4,9 @@ the loader itself and through Accelerator.save_state / load_state."""
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -67,11 +69,32 @@ def _load_and_finish(kind: str, path: str) -> list:
     return as_lists(loader)
 
 
-@pytest.mark.parametrize("kind", ["map", "stream", "dispatch"])
-def test_a_mid_epoch_state_resumes_in_a_fresh_process_group(tmp_path, kind):
-    path = str(tmp_path / "loader.pt")
-    before = run_distributed(_run_and_save, 2, kind, path)
-    after = run_distributed(_load_and_finish, 2, kind, path)
+KINDS = ("map", "stream", "dispatch")
+
+
+def _each_kind(fn: Callable[[str, str], Any], folder: str) -> dict[str, Any]:
+    """``fn(kind, path)`` for every kind in turn, in this one process group; a failure names its kind."""
+    results = {}
+    for kind in KINDS:
+        try:
+            results[kind] = fn(kind, f"{folder}/{kind}.pt")
+        except Exception as error:
+            raise AssertionError(f"the {kind!r} loader failed") from error
+    return results
+
+
+@pytest.fixture(scope="module")
+def mid_epoch(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[dict], list[dict]]:
+    """Each kind's states saved in one process group, then loaded and finished in another, fresh one."""
+    folder = str(tmp_path_factory.mktemp("loaders"))
+    before = run_distributed(_each_kind, 2, _run_and_save, folder)
+    return before, run_distributed(_each_kind, 2, _load_and_finish, folder)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_mid_epoch_state_resumes_in_a_fresh_process_group(mid_epoch, kind):
+    before = [result[kind] for result in mid_epoch[0]]
+    after = [result[kind] for result in mid_epoch[1]]
     for rank in range(2):
         straight, head, tail = before[rank]["straight"], before[rank]["head"], after[rank]
         assert head == straight[:SAVE_AFTER]

@@ -67,6 +67,17 @@ def reset_lockstep_state() -> None:
     GradientState._reset_state()
 
 
+def _import_before_fork() -> None:
+    """Import in this process, once, what every worker would otherwise import for itself after the fork.
+
+    The first ``optimizer.step()`` or ``zero_grad()`` of a process imports ``torch._dynamo`` (torch wraps
+    them in ``torch._disable_dynamo``, which imports it lazily): some 800 modules with sympy, about 3 s of CPU
+    per rank on the CI machine, paid again by every rank of every forked group. Imported here, the forked
+    workers inherit it. The import starts no thread, so forking afterwards stays safe.
+    """
+    import torch._dynamo  # noqa: F401
+
+
 def run_distributed(
     fn: Callable[..., Any],
     world_size: int = 2,
@@ -75,6 +86,7 @@ def run_distributed(
     env: dict[str, str] | None = None,
 ) -> list[Any]:
     """Run ``fn(*args)`` on ``world_size`` processes; return their results ordered by rank."""
+    _import_before_fork()
     port = free_port()
     queue = _CTX.Queue()
     procs = [
