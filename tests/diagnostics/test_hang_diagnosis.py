@@ -440,7 +440,11 @@ def test_debug_mode_reports_a_mismatch_at_once_and_a_clean_run_leaves_no_dump(tm
     # the clean run's launch is not what is tested: its workers fork from this process (a worker that fails
     # fails the test)
     clean = launched_in_process(
-        ["--num-processes", "2"], str(WORKER), ["clean", str(tmp_path / "clean")], LOCKSTEP_HANG_TIMEOUT="10"
+        ["--num-processes", "2"],
+        str(WORKER),
+        ["clean", str(tmp_path / "clean")],
+        timeout=60,
+        LOCKSTEP_HANG_TIMEOUT="10",
     )
     assert len(re.findall(r"STEP \d+ \d+ ", "".join(clean))) == 16
     assert not (tmp_path / "clean" / "lockstep_hang").exists()

@@ -22,7 +22,9 @@ def _run_script(script: str, args: list[str]) -> str:
     return out.getvalue()
 
 
-def launched_in_process(launch_flags: list[str], script: str, args: list[str], **extra_env: str) -> list[str]:
+def launched_in_process(
+    launch_flags: list[str], script: str, args: list[str], timeout: float = 180, **extra_env: str
+) -> list[str]:
     """Each rank's output of ``lockstep launch LAUNCH_FLAGS SCRIPT ARGS`` run in workers forked from this
     process instead of a launch: the launch flags resolve to the worker environment the launcher would
     set, and the workers run the script as ``__main__``. It costs no ``import torch`` (or DeepSpeed, with
@@ -47,5 +49,5 @@ def launched_in_process(launch_flags: list[str], script: str, args: list[str], *
     prepare_worker_environment(settings, env)
     env.pop("OMP_NUM_THREADS", None)  # run_distributed gives each worker one thread
     return run_distributed(
-        _run_script, settings.num_processes, script, args, env={**env, **extra_env}, timeout=180
+        _run_script, settings.num_processes, script, args, env={**env, **extra_env}, timeout=timeout
     )

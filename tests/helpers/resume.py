@@ -99,7 +99,10 @@ def preempt_then_kill(
     stop_after, drawn = draw_step(f"{name} preemption", 2, 4)
     stopped_at, latest, first_stdout = preempt(first, script, project, stop_after)
     saved = torch.load(Path(latest) / "custom_checkpoint_0.pkl", weights_only=True)
-    assert saved["done"] == stopped_at, drawn  # the checkpoint is at the step where the run stopped
+    # the checkpoint is at the step where the run stopped
+    assert saved["done"] == stopped_at, (
+        f"{drawn}: stopped at {stopped_at}, {latest} holds step {saved['done']}"
+    )
     first_save = (stopped_at // SAVE_EVERY + 1) * SAVE_EVERY  # the resumed attempt's first checkpoint
     assert first_save < STEPS - 1, f"{drawn}: stopped at {stopped_at}, too late to kill a rank after a save"
     die_at, drawn_kill = draw_step(f"{name} killed rank", first_save + 1, STEPS - 1)
