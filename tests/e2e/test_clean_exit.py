@@ -13,7 +13,7 @@ from tests.helpers.soak import soak_runs
 pytestmark = pytest.mark.distributed
 
 SCRIPT = SCRIPTS / "ddp_exit.py"
-RUNS = soak_runs(2)
+RUNS = soak_runs(1)
 
 
 def _run_pair(script=SCRIPT, *args: str, **extra_env: str) -> list[tuple[int, str]]:

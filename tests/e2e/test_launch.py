@@ -148,7 +148,7 @@ def test_two_machines_over_loopback_match_one_process(rdzv_backend):
 @pytest.mark.slow
 def test_restart_after_a_crash_works_every_time():
     outcomes = []
-    for _ in range(soak_runs(2)):
+    for _ in range(soak_runs(1)):
         result = lockstep(
             "launch", "--num-processes", "2", "--max-restarts", "1", str(SCRIPTS / "crash_once.py")
         )

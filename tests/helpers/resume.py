@@ -7,7 +7,10 @@ import json
 import os
 import random
 import re
+import signal
+import time
 from dataclasses import dataclass
+from pathlib import Path
 
 SEED_VARIABLE = "LOCKSTEP_RESUME_TEST_SEED"
 """Set it to draw other steps; a failing test prints the seed it drew with."""
@@ -52,3 +55,66 @@ def resumed_lines(stdout: str) -> list[Resumed]:
 def final_params(stdout: str) -> list[float]:
     """The `PARAMS [...]` line the script prints at the end."""
     return json.loads(next(line for line in stdout.splitlines() if line.startswith("PARAMS "))[7:])
+
+
+def preempt(launch: list[str], script: str, project: Path, stop_after: int) -> tuple[int, str, str]:
+    """Start ``lockstep LAUNCH SCRIPT PROJECT --step-delay 0.2``, send the launcher SIGTERM once the
+    script's progress file reaches ``stop_after`` and check it exits 143. Returns the step the run stopped
+    at, the newest checkpoint folder and the launcher's stdout."""
+    from tests.helpers.cli import lockstep_popen
+
+    launcher = lockstep_popen(*launch, script, str(project), "--step-delay", "0.2")
+    progress = project / "progress"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not (
+        progress.exists() and int(progress.read_text() or 0) >= stop_after
+    ):
+        time.sleep(0.02)
+    launcher.send_signal(signal.SIGTERM)
+    stdout, stderr = launcher.communicate(timeout=120)
+    assert launcher.returncode == 143, stderr[-3000:]
+    latest = (project / "checkpoints" / "latest").read_text().strip()
+    return int(progress.read_text()), str(project / "checkpoints" / latest), stdout
+
+
+def checkpoint_folder(project: Path, index: int) -> str:
+    return str(project / "checkpoints" / f"checkpoint_{index}")
+
+
+STEPS, SAVE_EVERY = 12, 3  # tests/scripts/resumable_train.py's defaults
+
+
+def preempt_then_kill(
+    name: str, first: list[str], again: list[str], script: str, project: Path
+) -> tuple[str, str]:
+    """One job through both interruptions: ``lockstep FIRST`` is preempted at a drawn step (exit 143, a
+    checkpoint at the step it stopped), then ``lockstep AGAIN --max-restarts 1`` resumes it with seed 1 and
+    rank 1 is SIGKILLed at a later drawn step, after the resumed attempt has saved a checkpoint of its own;
+    the restarted attempt (seed 2) resumes from that one. Checks the exit codes, the checkpoint and every
+    attempt's resume line; returns both launches' stdout (the second's ``PARAMS`` line is the job's weights)."""
+    import torch
+
+    from tests.helpers.cli import lockstep
+
+    stop_after, drawn = draw_step(f"{name} preemption", 2, 4)
+    stopped_at, latest, first_stdout = preempt(first, script, project, stop_after)
+    saved = torch.load(Path(latest) / "custom_checkpoint_0.pkl", weights_only=True)
+    # the checkpoint is at the step where the run stopped
+    assert saved["done"] == stopped_at, (
+        f"{drawn}: stopped at {stopped_at}, {latest} holds step {saved['done']}"
+    )
+    first_save = (stopped_at // SAVE_EVERY + 1) * SAVE_EVERY  # the resumed attempt's first checkpoint
+    assert first_save < STEPS - 1, f"{drawn}: stopped at {stopped_at}, too late to kill a rank after a save"
+    die_at, drawn_kill = draw_step(f"{name} killed rank", first_save + 1, STEPS - 1)
+    drawn = f"{drawn}; stopped at {stopped_at}; {drawn_kill}"
+    again = [*again, "--max-restarts", "1", script, str(project), "--seed", "1", "--die-at", str(die_at)]
+    result = lockstep(*again)
+    assert result.returncode == 0, f"{drawn}: {result.stderr[-3000:]}"
+    resumed_at = last_checkpoint_before(die_at, SAVE_EVERY)
+    # the folders are numbered on: the regular saves before the stop, the stop's, then the resumed attempt's
+    index = (stopped_at - 1) // SAVE_EVERY + (resumed_at - first_save) // SAVE_EVERY + 1
+    assert resumed_lines(result.stdout) == [
+        Resumed(attempt=0, seed=1, folder=latest, step=stopped_at),
+        Resumed(attempt=1, seed=2, folder=checkpoint_folder(project, index), step=resumed_at),
+    ], f"{drawn}:\n{result.stdout[-3000:]}"
+    return first_stdout, result.stdout
