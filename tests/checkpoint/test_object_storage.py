@@ -7,6 +7,7 @@ the newest valid one; a dead endpoint, a missing bucket or missing credentials f
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -145,6 +146,47 @@ def test_saving_over_a_checkpoint_replaces_every_file(memory_url):
         model.weight.zero_()
     accelerator.load_state(folder)
     assert torch.equal(model.weight, expected)
+
+
+def test_without_torchs_fsspec_reader_every_shard_is_downloaded_with_a_warning(memory_url, monkeypatch):
+    storage = storage_for(memory_url)
+    sizes = {"pytorch_model_fsdp_0/.metadata": 9, "pytorch_model_fsdp_0/__0_0.distcp": 9, "stray.distcp": 9}
+    assert storage._shards_read_in_place(memory_url, sizes) == []  # no manifest to check them against
+    sizes["manifest.json"] = 9
+    assert storage._shards_read_in_place(memory_url, sizes) == ["pytorch_model_fsdp_0/__0_0.distcp"]
+    monkeypatch.setitem(sys.modules, "lockstep.checkpoint.storage.dcp_reader", None)  # as if torch lacked it
+    message = (
+        rf"torch {re.escape(torch.__version__)} has no fsspec reader .* downloads every shard of {memory_url}"
+    )
+    with pytest.warns(UserWarning, match=message):
+        assert storage._shards_read_in_place(memory_url, sizes) == []
+
+
+def test_a_shard_read_in_place_is_checked_against_the_manifest_by_its_share_of_processes(
+    memory_url, tmp_path
+):
+    from torch.distributed.checkpoint.planner import LoadPlan
+
+    from lockstep.checkpoint import layout
+    from lockstep.checkpoint.safe_dcp import RemoteFolder
+    from lockstep.checkpoint.storage.dcp_reader import SafeFsspecReader
+
+    (tmp_path / "saved").write_bytes(b"weights")
+    filesystem = fsspec.filesystem("memory")
+    filesystem.pipe_file(f"{memory_url}/m/__0_0.distcp", b"weightz")  # same size, corrupt
+    remote = RemoteFolder(
+        f"{memory_url}/m", filesystem, tmp_path, {"__0_0.distcp": layout.file_facts(tmp_path / "saved")}
+    )
+    with pytest.raises(
+        CheckpointError, match=r"m/__0_0.distcp is corrupt \(its size or xxh3_128 checksum does"
+    ):
+        SafeFsspecReader(remote, (0, 2)).read_data(LoadPlan([]), None)
+    SafeFsspecReader(remote, (1, 2)).read_data(
+        LoadPlan([]), None
+    ).wait()  # rank 1 of 2 checks file 1, none here
+    SafeFsspecReader(remote, None).read_data(LoadPlan([]), None).wait()  # sizes only (checked on listing)
+    filesystem.pipe_file(f"{memory_url}/m/__0_0.distcp", b"weights")
+    SafeFsspecReader(remote, (0, 1)).read_data(LoadPlan([]), None).wait()
 
 
 def test_a_probe_that_never_answers_times_out(memory_url, monkeypatch):
@@ -370,8 +412,59 @@ def test_an_unreachable_endpoint_fails_before_training(s3_endpoint):
     assert seconds < 20
 
 
+class _CountingFilesystem:
+    """An fsspec file system that records the objects this process opens or downloads."""
+
+    def __init__(self, filesystem, touched: list) -> None:
+        self._filesystem, self._touched = filesystem, touched
+
+    def __getattr__(self, name: str):
+        return getattr(self._filesystem, name)
+
+    def open(self, path, *args, **kwargs):
+        stream = self._filesystem.open(path, *args, **kwargs)
+        entry = ["open", self._filesystem._strip_protocol(path), 0]
+        self._touched.append(entry)
+        close = stream.close
+
+        def counting_close() -> None:  # the bytes its cache fetched from the store
+            if getattr(stream, "cache", None) is not None:
+                entry[2] = stream.cache.total_requested_bytes
+            close()
+
+        stream.close = counting_close
+        return stream
+
+    def get(self, rpaths, lpaths, *args, **kwargs):
+        self._touched += [["get", self._filesystem._strip_protocol(p), None] for p in rpaths]
+        return self._filesystem.get(rpaths, lpaths, *args, **kwargs)
+
+
+def _load_counting(world: int, url: str) -> tuple[dict, dict[tuple[str, str], int]]:
+    """Load the sharded checkpoint at ``url``; returns what was loaded, and the bytes this process fetched
+    from the store per (``"get"`` or ``"open"``, file name under the checkpoint)."""
+    from tests.backends.test_fsdp_checkpoint import _load
+
+    touched: list = []
+    load_filesystem = fsspec_store.load_filesystem
+    fsspec_store.load_filesystem = lambda *a: _CountingFilesystem(load_filesystem(*a), touched)
+    try:
+        loaded = _load(world, url, "SHARDED_STATE_DICT")
+    finally:
+        fsspec_store.load_filesystem = load_filesystem
+    prefix = _s3()._strip_protocol(url) + "/"
+    sizes = {path.removeprefix(prefix): info["size"] for path, info in _s3().find(url, detail=True).items()}
+    fetched: dict[tuple[str, str], int] = {}
+    for how, path, counted in touched:  # an opened file's cache counts whole blocks: at most the file
+        name = path.removeprefix(prefix)
+        fetched[how, name] = fetched.get((how, name), 0) + min(sizes[name], counted or sizes[name])
+    return loaded, fetched
+
+
 @pytest.mark.distributed
-def test_a_sharded_fsdp_checkpoint_round_trips_through_s3_on_another_world_size(s3_endpoint, s3_url):
+def test_a_sharded_fsdp_checkpoint_round_trips_through_s3_each_process_reading_only_its_shards(
+    s3_endpoint, s3_url
+):
     from tests.backends.test_fsdp_checkpoint import _assert_same, _load, _save
 
     saved = run_distributed(_save, 2, 2, s3_url, "SHARDED_STATE_DICT", env=s3_endpoint)[0]
@@ -380,7 +473,22 @@ def test_a_sharded_fsdp_checkpoint_round_trips_through_s3_on_another_world_size(
     shards = [p for p in _s3().find(f"{s3_url}/pytorch_model_fsdp_0") if p.endswith(".distcp")]
     assert len(shards) == 2  # each process uploaded its own shard file from its own staging folder
     loaded = run_distributed(_load, 1, 1, s3_url, "SHARDED_STATE_DICT", env=s3_endpoint)[0]
-    _assert_same(saved, loaded)
+    _assert_same(saved, loaded)  # on another world size
+    prefix = _s3()._strip_protocol(s3_url) + "/"
+    sizes = {
+        path.removeprefix(prefix): info["size"] for path, info in _s3().find(s3_url, detail=True).items()
+    }
+    for rank, (loaded, fetched) in enumerate(run_distributed(_load_counting, 2, 2, s3_url, env=s3_endpoint)):
+        _assert_same(saved, loaded)
+        own = f"pytorch_model_fsdp_0/__{rank}_0.distcp"
+        model = {key: n for key, n in fetched.items() if key[1].startswith("pytorch_model_fsdp_0/__")}
+        assert model == {("get", own): sizes[own]}  # downloaded once, checksummed; the other's never opened
+        optimizer = sorted(key for key in fetched if key[1].startswith("optimizer_0/__"))
+        # the other rank's optimizer file is read in place for the values DCP stored once (each `step`)
+        assert optimizer == [
+            ("get", f"optimizer_0/__{rank}_0.distcp"),
+            ("open", f"optimizer_0/__{1 - rank}_0.distcp"),
+        ]
 
 
 def _trainer(output_dir: str, seed: int, **options):

@@ -23,7 +23,7 @@ import re
 import shutil
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -207,14 +207,22 @@ def parse_manifest(text: str | bytes, folder: object) -> Manifest:
     )
 
 
-def verify(folder: Path, *, checksums: bool = True) -> Manifest:
+def verify(folder: Path, *, checksums: bool = True, elsewhere: Collection[str] = ()) -> Manifest:
     """Check that every file of the manifest is present with its size (and checksum).
+
+    Args:
+        folder: the checkpoint.
+        checksums: verify checksums too (not only sizes).
+        elsewhere: files of the manifest not in ``folder``, checked by the caller (shards read straight
+            from object storage).
 
     Raises:
         CheckpointError: naming the first missing, truncated or corrupt file.
     """
     manifest = read_manifest(folder)
     for name, facts in manifest.files.items():
+        if name in elsewhere:
+            continue
         path = folder / name
         if not path.is_file():
             raise CheckpointError(f"Checkpoint {folder} is missing {name}, which its manifest lists.")

@@ -20,6 +20,7 @@ import os
 import pickle
 import warnings
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -29,7 +30,7 @@ from torch.distributed.checkpoint import metadata as dcp_metadata
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.planner import ReadItem
 
-from lockstep.errors import UnsafeCheckpointError
+from lockstep.errors import CheckpointError, UnsafeCheckpointError
 
 METADATA_FILE = ".metadata"
 
@@ -59,7 +60,7 @@ def _is_allowed(module: str, name: str) -> bool:
 
 
 class _MetadataUnpickler(pickle.Unpickler):
-    def __init__(self, stream: BinaryIO, path: Path) -> None:
+    def __init__(self, stream: BinaryIO, path: str | os.PathLike[str]) -> None:
         super().__init__(stream)
         self.path = path
 
@@ -71,6 +72,16 @@ class _MetadataUnpickler(pickle.Unpickler):
                 "one with torch.distributed.checkpoint.save."
             )
         return super().find_class(module, name)
+
+
+def _unpickle_metadata(stream: BinaryIO, path: str | os.PathLike[str]) -> dcp_metadata.Metadata:
+    metadata = _MetadataUnpickler(stream, path).load()
+    if not isinstance(metadata, dcp_metadata.Metadata):
+        raise UnsafeCheckpointError(
+            f"{path} holds a {type(metadata).__name__}, not DCP metadata; it was not written by "
+            "torch.distributed.checkpoint."
+        )
+    return metadata
 
 
 def read_metadata(folder: str | os.PathLike[str], rank: int | None = None) -> dcp_metadata.Metadata:
@@ -86,24 +97,68 @@ def read_metadata(folder: str | os.PathLike[str], rank: int | None = None) -> dc
     """
     path = Path(folder) / (METADATA_FILE if rank is None else f"__{rank}{METADATA_FILE}")
     with open(path, "rb") as stream:
-        metadata = _MetadataUnpickler(stream, path).load()
-    if not isinstance(metadata, dcp_metadata.Metadata):
-        raise UnsafeCheckpointError(
-            f"{path} holds a {type(metadata).__name__}, not DCP metadata; it was not written by "
-            "torch.distributed.checkpoint."
-        )
-    return metadata
+        return _unpickle_metadata(stream, path)
 
 
-class SafeFileSystemReader(dcp.FileSystemReader):
-    """torch's ``FileSystemReader`` with :func:`read_metadata` in place of its plain unpickling."""
+class SafeMetadataReading:
+    """Mixin for torch's ``FileSystemReader`` and its subclasses (``FsspecReader``): the metadata is read
+    through the reader's own file system, unpickled with the allow-list instead of plain :mod:`pickle`."""
+
+    fs: Any
+    load_id: Any
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> dcp_metadata.Metadata:
-        metadata = read_metadata(self.path, kwargs.get("rank"))
+        # _get_metadata_path: torch's FileSystemReader's, which comes after this mixin in the class
+        path = self._get_metadata_path(kwargs.get("rank"))  # type: ignore[attr-defined]
+        with self.fs.create_stream(path, "rb") as stream:
+            metadata = _unpickle_metadata(stream, path)
         if getattr(metadata, "storage_meta", None) is None:
             metadata.storage_meta = dcp_metadata.StorageMeta()
         metadata.storage_meta.load_id = self.load_id
         return metadata
+
+
+class SafeFileSystemReader(SafeMetadataReading, dcp.FileSystemReader):
+    """torch's ``FileSystemReader`` with the allow-listed unpickling of :func:`read_metadata`."""
+
+
+@dataclass(frozen=True)
+class RemoteFolder:
+    """Where a DCP folder's shard files are, when only its metadata was downloaded (object storage)."""
+
+    url: str
+    filesystem: Any
+    """The fsspec file system serving ``url``."""
+    local: Path
+    """The local folder holding its (downloaded, verified) metadata."""
+    files: dict[str, dict[str, Any]]
+    """Shard file name in the folder -> its manifest entry (size and checksum)."""
+
+
+_REMOTE: dict[Path, RemoteFolder] = {}
+"""Local DCP folders (in this process) whose shard files are read from object storage instead."""
+
+
+@contextlib.contextmanager
+def remote_shards(folders: dict[Path, RemoteFolder]) -> Iterator[None]:
+    """While inside, loading the local DCP folders of ``folders`` reads their shards from the URLs given."""
+    _REMOTE.update(folders)
+    try:
+        yield
+    finally:
+        for folder in folders:
+            _REMOTE.pop(folder, None)
+
+
+def _reader(folder: str | os.PathLike[str], part: tuple[int, int] | None) -> dcp.StorageReader:
+    """The reader of ``folder``: local, or on object storage (see :func:`remote_shards`), where this process
+    verifies the checksums of its ``part`` (rank, world size) of the shard files; None: none of them."""
+    remote = _REMOTE.get(Path(folder))
+    if remote is None:
+        return SafeFileSystemReader(str(folder))
+    from lockstep.checkpoint.storage.dcp_reader import SafeFsspecReader
+
+    return SafeFsspecReader(remote, part)
 
 
 def _reason(error: pickle.UnpicklingError) -> str:
@@ -128,15 +183,15 @@ def _checked_load(value: io.BytesIO, where: str) -> Any:
 
 @contextlib.contextmanager
 def _refusals_raised() -> Iterator[None]:
-    """Raise a refusal inside ``torch.distributed.checkpoint`` as itself, not wrapped in its
-    ``CheckpointException`` (a ``BaseException`` that lists every rank's traceback)."""
+    """Raise a refusal (or a shard failing its checksum) inside ``torch.distributed.checkpoint`` as itself,
+    not wrapped in its ``CheckpointException`` (a ``BaseException`` that lists every rank's traceback)."""
     from torch.distributed.checkpoint.api import CheckpointException
 
     try:
         yield
     except CheckpointException as error:
         for failure in error.failures.values():
-            if isinstance(failure[0], UnsafeCheckpointError):
+            if isinstance(failure[0], (UnsafeCheckpointError, CheckpointError)):
                 raise failure[0] from None
         raise
 
@@ -178,10 +233,12 @@ def load(state: dict[str, Any], folder: str | os.PathLike[str], *, no_dist: bool
     Raises:
         UnsafeCheckpointError: the folder carries arbitrary Python objects (they are not run).
     """
+    together = not no_dist and torch.distributed.is_available() and torch.distributed.is_initialized()
+    part = (torch.distributed.get_rank(), torch.distributed.get_world_size()) if together else (0, 1)
     with _refusals_raised(), _in_one_process() if no_dist else contextlib.nullcontext():
         dcp.load(
             state,
-            storage_reader=SafeFileSystemReader(str(folder)),
+            storage_reader=_reader(folder, part),
             planner=SafeLoadPlanner(folder),
             no_dist=no_dist,
         )
@@ -211,7 +268,8 @@ def check_folder(folder: str | os.PathLike[str]) -> dcp_metadata.Metadata:
         with _refusals_raised(), _in_one_process():
             dcp.load(
                 values,
-                storage_reader=SafeFileSystemReader(str(folder)),
+                # Only non-tensor values are read here; the shard files' checksums are verified by the load
+                storage_reader=_reader(folder, None),
                 planner=SafeLoadPlanner(folder, flatten_state_dict=False),
                 no_dist=True,
             )

@@ -12,8 +12,10 @@ Object stores have no atomic rename, but every object appears whole or not at al
 
 A checkpoint counts only when its manifest is present and every file it lists has the listed size, so a
 writer killed mid-upload leaves a prefix without a manifest: it is skipped, with a warning naming it, and
-the previous checkpoint stays the newest valid one. Loading downloads the files into a temporary folder
-and verifies every checksum before anything is read.
+the previous checkpoint stays the newest valid one. Loading reads the manifest first, downloads the files
+into a temporary folder and verifies every checksum before anything is read, except the shard files of
+sharded (DCP) folders: they are checked by size here, and each process reads from the store only what it
+needs, verifying its share of the files' checksums (:mod:`lockstep.checkpoint.storage.dcp_reader`).
 
 ``fsspec`` comes with torch; the backends are extras: ``pip install 'lockstep[s3]'`` (``[gcs]``,
 ``[azure]``), imported only when such a URL is given.
@@ -23,11 +25,13 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import importlib
 import json
 import shutil
 import tempfile
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -320,24 +324,84 @@ class FsspecStorage(CheckpointStorage):
 
     @contextlib.contextmanager
     def readable(self, folder: Location) -> Iterator[Path]:
-        """Download ``folder`` into a temporary folder of the same name; verify every checksum there."""
+        """Download ``folder`` into a temporary folder of the same name and verify every checksum there;
+        sharded (DCP) folders' shard files stay in the store, read by each process as it needs them."""
         folder = str(folder)
         temporary = Path(tempfile.mkdtemp(prefix="lockstep-download-"))
         try:
             local = temporary / self.name(folder)
             self._fresh(folder)
-            names = sorted(self._sizes(folder))
+            sizes = self._sizes(folder)
+            shards = self._shards_read_in_place(folder, sizes)
+            names = sorted(set(sizes) - set(shards))
             targets = [local / name for name in names]
             for target in targets:
                 target.parent.mkdir(parents=True, exist_ok=True)
             if names:
                 self.fs.get([self.join(folder, name) for name in names], [str(t) for t in targets])
             local.mkdir(parents=True, exist_ok=True)
-            if not layout.written_by_accelerate(local):
-                layout.verify(local)
-            yield local
+            if layout.written_by_accelerate(local):
+                yield local
+                return
+            manifest = layout.verify(local, elsewhere=shards)
+            with _remote_shards(self, folder, local, manifest, sizes, shards):
+                yield local
         finally:
             shutil.rmtree(temporary, ignore_errors=True)
+
+    def _shards_read_in_place(self, folder: str, sizes: dict[str, int]) -> list[str]:
+        """The DCP shard files (``*.distcp`` beside a ``.metadata``) that are not downloaded: each process
+        reads what it needs from the store. None when torch has no ``FsspecReader``, or when there is no
+        manifest to check them against (a checkpoint Accelerate wrote): then all are downloaded."""
+        dcp_folders = {name.rsplit("/", 1)[0] for name in sizes if name.endswith("/.metadata")}
+        shards = [n for n in sizes if n.endswith(".distcp") and n.rsplit("/", 1)[0] in dcp_folders]
+        if not shards or layout.MANIFEST_NAME not in sizes:
+            return []
+        try:
+            importlib.import_module("lockstep.checkpoint.storage.dcp_reader")
+        except ImportError as error:
+            import torch
+
+            warnings.warn(
+                f"torch {torch.__version__} has no fsspec reader for sharded checkpoints ({error}), so every "
+                f"process downloads every shard of {folder}. With torch 2.13 (its FsspecReader) each process "
+                "reads only what it needs.",
+                stacklevel=3,
+            )
+            return []
+        return sorted(shards)
+
+
+@contextlib.contextmanager
+def _remote_shards(
+    storage: FsspecStorage,
+    folder: str,
+    local: Path,
+    manifest: layout.Manifest,
+    sizes: dict[str, int],
+    shards: list[str],
+) -> Iterator[None]:
+    """While inside, DCP loads of ``local``'s sharded folders read the shard files from ``folder`` in the
+    store, each checked against the manifest by size now and by checksum by one of the loading processes
+    (:class:`~lockstep.checkpoint.storage.dcp_reader.SafeFsspecReader`)."""
+    from lockstep.checkpoint import safe_dcp
+
+    remote: dict[Path, safe_dcp.RemoteFolder] = {}
+    for name in shards:
+        facts = manifest.files.get(name)
+        if facts is None or sizes[name] != facts["size"]:
+            said = "is not listed" if facts is None else f"says {facts['size']} bytes"
+            raise layout.CheckpointError(
+                f"Checkpoint {folder}: {name} has {sizes[name]} bytes but the manifest {said}."
+            )
+        subfolder, file_name = name.rsplit("/", 1)
+        entry = remote.setdefault(
+            local / subfolder,
+            safe_dcp.RemoteFolder(storage.join(folder, subfolder), storage.fs, local / subfolder, {}),
+        )
+        entry.files[file_name] = facts
+    with safe_dcp.remote_shards(remote):
+        yield
 
 
 _FAILURES = (
