@@ -42,3 +42,22 @@ def test_a_failure_without_an_error_file_is_kept_as_reported(tmp_path):
     reported = {0: ProcessFailure(local_rank=0, pid=7, exitcode=-9, error_file=os.devnull)}
     assert with_every_recorded_failure(reported) == reported
     assert "killed by SIGKILL" in str(WorkerFailedError("f", reported))
+
+
+def test_a_rank_the_agent_stopped_comes_after_the_cause_even_when_its_record_is_older(tmp_path):
+    """A forked worker inherits the agent's SIGTERM handler; torch records that stop with whole seconds."""
+    now = time.time()
+    attempt = tmp_path / "run" / "attempt_0"
+    stopped = attempt / "0"
+    stopped.mkdir(parents=True)
+    info = {"py_callstack": "", "timestamp": str(int(now))}  # torch's record: no lockstep fields
+    message = {"message": "SignalException: Process 7087 got signal: 15", "extraInfo": info}
+    (stopped / "error.json").write_text(json.dumps({"message": message}))
+    cause = _record(attempt / "1", "KeyError: 'label'", now + 0.5, 102)
+    reported = {
+        0: ProcessFailure(local_rank=0, pid=101, exitcode=1, error_file=str(stopped / "error.json")),
+        1: ProcessFailure(local_rank=1, pid=102, exitcode=1, error_file=cause),
+    }
+    error = WorkerFailedError("training_function", reported)
+    assert error.get_first_failure()[0] == 1
+    assert str(error).splitlines()[1].startswith("rank 1 (local rank 1, pid 102)")

@@ -165,6 +165,12 @@ def _recorded_exception(failure: Any) -> dict[str, Any] | None:
     return message if isinstance(message, dict) and message.get("message") else None
 
 
+def _stopped_by_agent(message: str) -> bool:
+    """A record of the agent's own SIGTERM: a forked worker inherits the agent's handler, which raises
+    torch's ``SignalException`` in the worker, so the stop is recorded like an exception of the script."""
+    return message.startswith("SignalException") and message.endswith(f"signal: {int(signal.SIGTERM)}")
+
+
 def blame_order(item: tuple[int, Any]) -> tuple[int, float, int]:
     """Root cause first, earliest first within each kind.
 
@@ -174,7 +180,9 @@ def blame_order(item: tuple[int, Any]) -> tuple[int, float, int]:
     """
     rank, failure = item
     recorded = _recorded_exception(failure)
-    if failure.exitcode < 0 and failure.exitcode != -signal.SIGTERM:
+    if recorded and _stopped_by_agent(str(recorded.get("message", ""))):
+        kind = 3
+    elif failure.exitcode < 0 and failure.exitcode != -signal.SIGTERM:
         kind = 0
     elif recorded and not str(recorded.get("message", "")).startswith("SystemExit"):
         kind = 1
