@@ -293,6 +293,7 @@ class CheckpointManager:
             accumulation=self.accumulation,
             keep_global_batch=self.keep_global_batch,
             is_main_process=self.state.is_main_process,
+            num_processes=self.state.num_processes,
         )
 
     # -- export -----------------------------------------------------------------------------------

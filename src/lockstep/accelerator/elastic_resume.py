@@ -92,11 +92,26 @@ def apply_resize(
     )
 
 
-def restart_line(resize: Resize, *, folder: Any, step: int, epoch_samples: int | None, how: str) -> str:
-    """The one line a resumed run on another number of processes logs."""
+def restart_line(
+    resize: Resize,
+    *,
+    folder: Any,
+    step: int,
+    epoch_samples: int | None,
+    how: str,
+    num_processes: int | None = None,
+) -> str:
+    """The one line a resumed run on another number of processes logs (``num_processes``: the run's
+    processes, when the loaders' data-parallel ranks are fewer, as under tensor parallelism)."""
     of = f" of {epoch_samples}" if epoch_samples is not None else ""
+    where = f"{resize.new_world} processes from a checkpoint saved on {resize.old_world}"
+    if num_processes is not None and num_processes != resize.new_world:
+        where = (
+            f"{resize.new_world} data-parallel ranks ({num_processes} processes) from a checkpoint saved on "
+            f"{resize.old_world} data-parallel ranks"
+        )
     return (
-        f"resumed on {resize.new_world} processes from a checkpoint saved on {resize.old_world}: {folder} at "
+        f"resumed on {where}: {folder} at "
         f"step {step}, epoch {resize.epoch}, {resize.samples_consumed}{of} samples of the epoch consumed; {how}"
     )
 
@@ -109,6 +124,7 @@ def after_resized_load(
     accumulation: GradientAccumulation,
     keep_global_batch: bool,
     is_main_process: bool,
+    num_processes: int | None = None,
 ) -> Resize | None:
     """When a loader was restored on another number of processes: set the accumulation and log the line."""
     resize = first_resize(loaders)
@@ -124,5 +140,13 @@ def after_resized_load(
     loader = next(dl for dl in loaders if getattr(dl, "resized", None) is resize)
     epoch_samples = loader._epoch_samples() if hasattr(loader, "_epoch_samples") else None
     if is_main_process:
-        logger.warning(restart_line(resize, folder=folder, step=step, epoch_samples=epoch_samples, how=how))
+        line = restart_line(
+            resize,
+            folder=folder,
+            step=step,
+            epoch_samples=epoch_samples,
+            how=how,
+            num_processes=num_processes,
+        )
+        logger.warning(line)
     return resize
