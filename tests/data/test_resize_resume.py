@@ -24,6 +24,7 @@ from lockstep.accelerator.elastic_resume import kept_accumulation
 from lockstep.data import prepare_data_loader, skip_first_batches
 from lockstep.data._sharding import IndexBatches, ShardSpec, plan_epoch, simulate_shard
 from lockstep.data.resize import Resize
+from lockstep.report import read_run
 from lockstep.state import PartialState
 from lockstep.trainer._length_grouping import LengthGroupedSampler
 from tests.data._stateful_data import CountingStream, PlainStream
@@ -235,9 +236,15 @@ def _model_and_optimizer() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     return model, torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
 
 
-def _accelerator(backend: str, keep: bool) -> Accelerator:
+def _accelerator(backend: str, keep: bool, logs: str) -> Accelerator:
     plugin = FullyShardedDataParallelPlugin(fsdp_version=2) if backend == "fsdp2" else None
-    return Accelerator(gradient_accumulation_steps=2, elastic_keep_global_batch=keep, fsdp_plugin=plugin)
+    return Accelerator(
+        gradient_accumulation_steps=2,
+        elastic_keep_global_batch=keep,
+        fsdp_plugin=plugin,
+        log_with="jsonl",
+        project_dir=logs,
+    )
 
 
 def _full_weights(accelerator: Accelerator, model: torch.nn.Module) -> list[torch.Tensor]:
@@ -247,19 +254,20 @@ def _full_weights(accelerator: Accelerator, model: torch.nn.Module) -> list[torc
 
 
 def _train(
-    backend: str, load: str | None, save: str | None, micro_steps: int | None, keep: bool
+    backend: str, logs: str, load: str | None, save: str | None, micro_steps: int | None, keep: bool
 ) -> dict[str, Any]:
     """One attempt: ``micro_steps`` micro-batches (all when None) with 2 accumulation steps in the script."""
     records: list[str] = []
     handler = logging.Handler()
     handler.emit = lambda record: records.append(record.getMessage())  # type: ignore[method-assign]
     logging.getLogger("lockstep.checkpoint").addHandler(handler)
-    accelerator = _accelerator(backend, keep)
+    accelerator = _accelerator(backend, keep, logs)
     model, optimizer = _model_and_optimizer()
     loader = DataLoader(Points(), batch_size=2, shuffle=True)
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
     if load is not None:
         accelerator.load_state(load)
+    accelerator.init_trackers("run")  # after the load: its restart line waits for the trackers
     log: list[dict[str, Any]] = []
     for batch in loader:
         with accelerator.accumulate(model):
@@ -279,6 +287,7 @@ def _train(
             break
     if save is not None:
         accelerator.save_state(save)
+    accelerator.end_training()
     weights = _full_weights(accelerator, model)
     logging.getLogger("lockstep.checkpoint").removeHandler(handler)
     return {"log": log, "weights": weights, "lines": [r for r in records if r.startswith("resumed on")]}
@@ -304,14 +313,13 @@ TOLERANCE = 1e-6  # measured 3.1e-7 (float32, 10 micro-steps): DDP averages rank
 
 @pytest.mark.parametrize("backend", ["ddp", "fsdp2"])
 def test_resized_weights_equal_a_single_process_replay_and_the_restart_lines(tmp_path, backend):
-    first, second = str(tmp_path / "a1"), str(tmp_path / "a2")
-    one = run_distributed(_train, 3, backend, None, first, 4, False)[0]  # 2 optimizer steps of 12 samples
+    first, second, logs = str(tmp_path / "a1"), str(tmp_path / "a2"), str(tmp_path / "logs")
+    # 2 optimizer steps of 12 samples; kept at 12: 3 accumulation steps of 4; the script's 2 steps of 6
+    one = run_distributed(_train, 3, backend, logs, None, first, 4, False)[0]
     if backend == "fsdp2":  # saved as 3 shards, read on 2, then on 3 again
         assert len(list(Path(first, "pytorch_model_fsdp_0").glob("*.distcp"))) == 3
-    two = run_distributed(_train, 2, backend, first, second, 3, True)[
-        0
-    ]  # kept at 12: 3 accumulation steps of 4
-    three = run_distributed(_train, 3, backend, second, None, None, False)[0]  # the script's 2 steps of 6
+    two = run_distributed(_train, 2, backend, logs, first, second, 3, True)[0]
+    three = run_distributed(_train, 3, backend, logs, second, None, None, False)[0]
     log = one["log"] + two["log"] + three["log"]
     real = [i for micro in log for i in micro["real"]]
     assert sorted(real) == list(range(N))
@@ -328,6 +336,8 @@ def test_resized_weights_equal_a_single_process_replay_and_the_restart_lines(tmp
         "micro-step x 2 accumulation steps; it was 12); pass Accelerator(elastic_keep_global_batch=True) to "
         "keep 12"
     ]
+    events = read_run(Path(logs, "run", "metrics.jsonl")).events  # what `lockstep report` lists
+    assert events == [(4.0, two["lines"][0]), (9.0, three["lines"][0])]
     replayed = _replay(log)
     difference = max((a - b).abs().max().item() for a, b in zip(three["weights"], replayed, strict=True))
     print(f"largest difference from the single-process replay: {difference:.3g}")

@@ -30,6 +30,7 @@ class CheckpointingView:
         accumulation: where the loop stands in an accumulation cycle (saved with the state).
         step_timer: counts the time spent checkpointing.
         keep_global_batch: ``Accelerator(elastic_keep_global_batch=...)``.
+        record_event: writes a text event to the run's trackers (the restart line of a resized load).
     """
 
     def __init__(
@@ -42,8 +43,10 @@ class CheckpointingView:
         accumulation: GradientAccumulation,
         step_timer: Any,
         keep_global_batch: bool = False,
+        record_event: Callable[[str, int | None], None] | None = None,
     ) -> None:
         self._keep_global_batch = keep_global_batch
+        self._record_event = record_event
         self._prepared = prepared
         self._backend = backend
         self._state = state
@@ -69,6 +72,7 @@ class CheckpointingView:
                 project=self._project,
                 accumulation=self._accumulation,
                 keep_global_batch=self._keep_global_batch,
+                record_event=self._record_event,
             )
         return self._manager
 

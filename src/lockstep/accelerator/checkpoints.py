@@ -63,6 +63,7 @@ class CheckpointManager:
         accumulation: the accumulation position, saved and restored with the state.
         keep_global_batch: on a resume on another number of processes, keep the global batch by changing the
             accumulation steps (:mod:`lockstep.accelerator.elastic_resume`).
+        record_event: writes a text event to the run's trackers: the restart line of such a resume.
     """
 
     def __init__(
@@ -74,8 +75,10 @@ class CheckpointManager:
         project: ProjectConfiguration,
         accumulation: GradientAccumulation,
         keep_global_batch: bool = False,
+        record_event: Callable[[str, int | None], None] | None = None,
     ) -> None:
         self.keep_global_batch = keep_global_batch
+        self.record_event = record_event
         self.prepared = prepared
         self.backend = backend
         self.state = state
@@ -286,7 +289,7 @@ class CheckpointManager:
         if gradients is not None:
             self.backend.restore_gradients(models, gradients)
         self.accumulation.step = int(counters.get("step", 0))
-        after_resized_load(
+        line = after_resized_load(
             self.prepared.dataloaders,
             folder=folder,
             counters=counters,
@@ -295,6 +298,8 @@ class CheckpointManager:
             is_main_process=self.state.is_main_process,
             num_processes=self.state.num_processes,
         )
+        if line is not None and self.record_event is not None:
+            self.record_event(line, int(counters.get("step", 0)))  # the saved step, as the line says
 
     # -- export -----------------------------------------------------------------------------------
     def save_model(

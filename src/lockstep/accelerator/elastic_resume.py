@@ -125,8 +125,9 @@ def after_resized_load(
     keep_global_batch: bool,
     is_main_process: bool,
     num_processes: int | None = None,
-) -> Resize | None:
-    """When a loader was restored on another number of processes: set the accumulation and log the line."""
+) -> str | None:
+    """When a loader was restored on another number of processes: set the accumulation and log the line
+    (returned, for the trackers; None when nothing was resized)."""
     resize = first_resize(loaders)
     saved_steps = int(counters.get(ACCUMULATION_COUNTER, accumulation.num_steps))
     if resize is None:
@@ -139,14 +140,9 @@ def after_resized_load(
     )
     loader = next(dl for dl in loaders if getattr(dl, "resized", None) is resize)
     epoch_samples = loader._epoch_samples() if hasattr(loader, "_epoch_samples") else None
+    line = restart_line(
+        resize, folder=folder, step=step, epoch_samples=epoch_samples, how=how, num_processes=num_processes
+    )
     if is_main_process:
-        line = restart_line(
-            resize,
-            folder=folder,
-            step=step,
-            epoch_samples=epoch_samples,
-            how=how,
-            num_processes=num_processes,
-        )
         logger.warning(line)
-    return resize
+    return line
