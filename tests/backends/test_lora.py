@@ -77,6 +77,7 @@ def _train(kind: str, out: str) -> dict[str, Any]:
     )
     if kind == "fsdp":
         result["fsdp"] = _fsdp_adapter_only(accelerator, model, Path(out))
+        result["full state dict"] = _full_state_dict_resume(accelerator, model, Path(out) / "state_full")
     if kind == "single":
         result["with base"] = _saved_with_base(accelerator, model, Path(out) / "with_base")
     result["late adapters"] = lora.message_of(lambda: _adapters_after_prepare(accelerator))
@@ -101,6 +102,22 @@ def _refused_loads(accelerator: Any, model: torch.nn.Module, state: Path) -> dic
 
 BASE_WEIGHT = "base_model.model.model.layers.1.mlp.up_proj.weight"
 LORA_WEIGHT = "base_model.model.model.layers.0.self_attn.v_proj.lora_A.default.weight"
+
+
+def _full_state_dict_resume(accelerator: Any, model: torch.nn.Module, out: Path) -> dict[str, Any]:
+    """save_state/load_state with FSDP's FULL_STATE_DICT: the adapter gathered into model.safetensors alone."""
+    from safetensors import safe_open
+
+    accelerator.fsdp_plugin.state_dict_type = "FULL_STATE_DICT"
+    accelerator.save_state(str(out))
+    accelerator.fsdp_plugin.state_dict_type = "SHARDED_STATE_DICT"
+    expected = lora.adapter_weights(model)
+    _perturb(model)
+    accelerator.load_state(str(out))
+    restored = lora.adapter_weights(model)
+    with safe_open(str(out / "model.safetensors"), "pt") as weights:
+        keys = sorted(weights.keys())
+    return {"keys": keys, "restored": all(torch.equal(restored[n], expected[n]) for n in expected)}
 
 
 def _saved_with_base(accelerator: Any, model: torch.nn.Module, out: Path) -> dict[str, Any]:
@@ -300,6 +317,8 @@ def test_two_processes_match_one_and_save_the_whole_adapter(runs, out, kind):
     if kind == "fsdp":
         found = result["fsdp"]
         assert found["SHARDED_STATE_DICT"] and found["FULL_STATE_DICT"]
+        full = result["full state dict"]
+        assert full["keys"] == sorted(result["adapter"]) and full["restored"]
         assert found["merge"].startswith(
             "RuntimeError: merge_and_unload() on a peft model prepared with FSDP2 is refused: each process holds "
             "only a shard of the base weights"
