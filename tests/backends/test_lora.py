@@ -1,12 +1,15 @@
 """LoRA adapters (peft) through the Accelerator: one process, DDP and FSDP2 train alike with only the adapters
-trainable, adapters save as peft saves them (gathered from every process) and resume exactly, bad uses fail.
+trainable, adapters save as peft saves them (gathered from every process) and resume exactly from checkpoints
+that leave the frozen base out, bad uses fail; lockstep.Trainer with a peft model matches transformers.Trainer.
 
 peft imports the accelerate package, which lockstep's environment does not hold: the workers take both from
 the reference environment (``tests/helpers/reference.py``: skipped without it, failed under CI).
 
 Two groups of workers run everything, once per module: one process, then two processes that train under DDP
 and then under FSDP2 in the same process group; the tests read what they found. Each saved adapter folder is
-read back by ``PeftModel.from_pretrained`` onto a freshly built base model.
+read back by ``PeftModel.from_pretrained`` onto a freshly built base model. The one-process worker also runs
+lockstep.Trainer on ``tests/reference/_peft_trainer_run.py``, which transformers.Trainer runs in the reference
+environment.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import torch
 from tests.helpers import lora
 from tests.helpers.multiprocess import reset_lockstep_state, run_distributed
 from tests.helpers.optional import requires
-from tests.helpers.reference import peft_pythonpath
+from tests.helpers.reference import peft_pythonpath, run_reference
 
 pytestmark = [requires("transformers"), pytest.mark.distributed]
 
@@ -185,7 +188,28 @@ def _one_process(paths: list[str], out: str) -> dict[str, Any]:
     result = _train("single", out)
     # peft checks this itself in get_peft_model, before lockstep sees the model: nothing is left to lockstep
     result["no target"] = lora.message_of(lambda: lora.lora_llama(0, targets=["query_key_value"]))
+    reset_lockstep_state()
+    result["trainer"] = _trainer_runs(Path(out) / "trainer")
     return result
+
+
+def _trainer_runs(out: Path) -> dict[str, Any]:
+    """lockstep.Trainer on the shared LoRA run, then resumed from its checkpoint-4 with the adapter perturbed."""
+    from lockstep import Trainer, TrainingArguments
+    from tests.reference import _peft_trainer_run
+
+    found = {"trained": _peft_trainer_run.run(Trainer, TrainingArguments, str(out / "trained"))}
+    reset_lockstep_state()
+    model = _peft_trainer_run.lora_model()
+    _perturb(model)
+    checkpoint = str(out / "trained" / "checkpoint-4")
+    found["resumed"] = _peft_trainer_run.run(
+        Trainer, TrainingArguments, str(out / "resumed"), model, resume_from_checkpoint=checkpoint
+    )
+    found["loaded"] = {
+        folder: lora.load_adapter(out / "trained" / folder) for folder in ("checkpoint-4", "final")
+    }
+    return found
 
 
 def _two_processes(paths: list[str], out: str) -> dict[str, dict[str, Any]]:
@@ -329,3 +353,45 @@ def test_two_processes_match_one_and_save_the_whole_adapter(runs, out, kind):
         )
     wrapper = "DistributedDataParallel" if kind == "ddp" else "FSDPLlamaForCausalLM"
     assert result["late adapters"].startswith(LATE_ADAPTERS.format(name=wrapper))
+
+
+_TRANSFORMERS_RUN = """
+import json, sys
+import transformers
+from tests.reference._peft_trainer_run import run
+print(json.dumps(run(transformers.Trainer, transformers.TrainingArguments, sys.argv[1])))
+"""
+
+
+def test_trainer_with_a_peft_model_matches_transformers_trainer_and_resumes_exactly(runs, out):
+    """The Trainer trains only the adapter (reentrant activation checkpointing: the gradients reach it through
+    the input-require-grads hook), writes peft's adapter folder into checkpoint-4 and at the end, as
+    transformers.Trainer does, and resumes from checkpoint-4 to the same adapter bit for bit."""
+    done = run_reference(_TRANSFORMERS_RUN, str(out / "transformers"), folder=out, timeout=300)
+    theirs = json.loads(done.stdout.strip().splitlines()[-1])
+    ours, resumed = runs["single"]["trainer"]["trained"], runs["single"]["trainer"]["resumed"]
+    difference = max(abs(a - b) for a, b in zip(ours["losses"], theirs["losses"], strict=True))
+    adapter_difference = max(
+        abs(a - b)
+        for name in theirs["adapter"]
+        for a, b in zip(ours["adapter"][name], theirs["adapter"][name])
+    )
+    print(
+        f"Trainer vs transformers.Trainer: losses within {difference:.3g}, adapter within {adapter_difference:.3g}"
+    )
+    assert ours["rates"] == theirs["rates"] and len(ours["rates"]) == 8
+    assert difference <= 1e-5 and adapter_difference <= 1e-5
+    assert ours["optimized"] == theirs["optimized"] == 896 and ours["base unchanged"]
+    adapter_files = {"adapter_config.json", "adapter_model.safetensors"}
+    assert adapter_files <= set(ours["checkpoint"]) and adapter_files <= set(theirs["checkpoint"])
+    assert adapter_files <= set(ours["final"]) and adapter_files <= set(theirs["final"])
+    assert "model.safetensors" not in ours["final"]
+    # the resumed history holds the 4 logged steps of checkpoint-4, then its own 4
+    assert resumed["losses"] == ours["losses"] and resumed["adapter"] == ours["adapter"]
+    final = {name: torch.tensor(values) for name, values in ours["adapter"].items()}
+    loaded = {
+        folder: {name: t.flatten() for name, t in weights.items()}
+        for folder, weights in runs["single"]["trainer"]["loaded"].items()
+    }
+    assert _max_difference(loaded["final"], final) == 0.0
+    assert _max_difference(loaded["checkpoint-4"], final) > 1e-4  # the adapter of step 4, not the final one
