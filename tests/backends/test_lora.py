@@ -183,29 +183,37 @@ def _fsdp_adapter_only(accelerator: Any, model: torch.nn.Module, out: Path) -> d
     return found
 
 
-def _one_process(paths: list[str], out: str) -> dict[str, Any]:
+def _one_process(paths: list[str], out: str, transformers_checkpoint: str) -> dict[str, Any]:
     lora.use_peft(paths)
     result = _train("single", out)
     # peft checks this itself in get_peft_model, before lockstep sees the model: nothing is left to lockstep
     result["no target"] = lora.message_of(lambda: lora.lora_llama(0, targets=["query_key_value"]))
     reset_lockstep_state()
-    result["trainer"] = _trainer_runs(Path(out) / "trainer")
+    result["trainer"] = _trainer_runs(Path(out) / "trainer", transformers_checkpoint)
     return result
 
 
-def _trainer_runs(out: Path) -> dict[str, Any]:
-    """lockstep.Trainer on the shared LoRA run, then resumed from its checkpoint-4 with the adapter perturbed."""
+def _trainer_runs(out: Path, transformers_checkpoint: str) -> dict[str, Any]:
+    """lockstep.Trainer on the shared LoRA run, then resumed from its own checkpoint-4 and from the one
+    transformers.Trainer wrote, each time with the adapter perturbed first."""
     from lockstep import Trainer, TrainingArguments
     from tests.reference import _peft_trainer_run
 
     found = {"trained": _peft_trainer_run.run(Trainer, TrainingArguments, str(out / "trained"))}
-    reset_lockstep_state()
-    model = _peft_trainer_run.lora_model()
-    _perturb(model)
-    checkpoint = str(out / "trained" / "checkpoint-4")
-    found["resumed"] = _peft_trainer_run.run(
-        Trainer, TrainingArguments, str(out / "resumed"), model, resume_from_checkpoint=checkpoint
-    )
+    for name, checkpoint in (
+        ("resumed", str(out / "trained" / "checkpoint-4")),
+        ("from transformers", transformers_checkpoint),
+    ):
+        reset_lockstep_state()
+        model = _peft_trainer_run.lora_model()
+        _perturb(model)
+        found[name] = _peft_trainer_run.run(
+            Trainer,
+            TrainingArguments,
+            str(out / name.replace(" ", "_")),
+            model,
+            resume_from_checkpoint=checkpoint,
+        )
     found["loaded"] = {
         folder: lora.load_adapter(out / "trained" / folder) for folder in ("checkpoint-4", "final")
     }
@@ -233,9 +241,17 @@ def out(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def runs(paths, out) -> dict[str, dict[str, Any]]:
+    # transformers.Trainer first (reference environment): lockstep.Trainer resumes from its checkpoint-4 too
+    done = run_reference(_TRANSFORMERS_RUN, str(out / "transformers"), folder=out, timeout=300)
+    theirs = json.loads(done.stdout.strip().splitlines()[-1])
     lora.preload()
-    single = run_distributed(_one_process, 1, paths, str(out / "single"), timeout=120)[0]
-    return {"single": single, **run_distributed(_two_processes, 2, paths, str(out), timeout=300)[0]}
+    checkpoint = str(out / "transformers" / "checkpoint-4")
+    single = run_distributed(_one_process, 1, paths, str(out / "single"), checkpoint, timeout=180)[0]
+    return {
+        "single": single,
+        "transformers": theirs,
+        **run_distributed(_two_processes, 2, paths, str(out), timeout=300)[0],
+    }
 
 
 def _max_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
@@ -367,8 +383,7 @@ def test_trainer_with_a_peft_model_matches_transformers_trainer_and_resumes_exac
     """The Trainer trains only the adapter (reentrant activation checkpointing: the gradients reach it through
     the input-require-grads hook), writes peft's adapter folder into checkpoint-4 and at the end, as
     transformers.Trainer does, and resumes from checkpoint-4 to the same adapter bit for bit."""
-    done = run_reference(_TRANSFORMERS_RUN, str(out / "transformers"), folder=out, timeout=300)
-    theirs = json.loads(done.stdout.strip().splitlines()[-1])
+    theirs = runs["transformers"]
     ours, resumed = runs["single"]["trainer"]["trained"], runs["single"]["trainer"]["resumed"]
     difference = max(abs(a - b) for a, b in zip(ours["losses"], theirs["losses"], strict=True))
     adapter_difference = max(
@@ -395,3 +410,18 @@ def test_trainer_with_a_peft_model_matches_transformers_trainer_and_resumes_exac
     }
     assert _max_difference(loaded["final"], final) == 0.0
     assert _max_difference(loaded["checkpoint-4"], final) > 1e-4  # the adapter of step 4, not the final one
+
+
+def test_trainer_resumes_a_peft_checkpoint_of_transformers_trainer(runs):
+    """checkpoint-4 of transformers.Trainer (peft's adapter folder, optimizer.pt, scheduler.pt, rng_state.pth):
+    lockstep.Trainer resumes it from a perturbed adapter and ends on transformers' final adapter."""
+    theirs, resumed = runs["transformers"], runs["single"]["trainer"]["from transformers"]
+    difference = max(
+        abs(a - b)
+        for name in theirs["adapter"]
+        for a, b in zip(resumed["adapter"][name], theirs["adapter"][name])
+    )
+    print(
+        f"resumed from transformers.Trainer's checkpoint-4: adapter within {difference:.3g} of its final one"
+    )
+    assert resumed["losses"][4:] == pytest.approx(theirs["losses"][4:], abs=1e-6) and difference <= 1e-6
