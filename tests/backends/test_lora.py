@@ -14,6 +14,8 @@ environment.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 from pathlib import Path
 from typing import Any
@@ -214,10 +216,42 @@ def _trainer_runs(out: Path, transformers_checkpoint: str) -> dict[str, Any]:
             model,
             resume_from_checkpoint=checkpoint,
         )
+    reset_lockstep_state()
+    found["best"] = _best_model_run(out / "best")
     found["loaded"] = {
         folder: lora.load_adapter(out / "trained" / folder) for folder in ("checkpoint-4", "final")
     }
     return found
+
+
+BEST_MODEL = {
+    "eval_strategy": "steps",
+    "eval_steps": 4,
+    "per_device_eval_batch_size": 8,
+    "load_best_model_at_end": True,
+    "metric_for_best_model": "loss",
+    "greater_is_better": True,  # the higher evaluation loss, step 4's, is the "best": not the last step's
+    "save_only_model": True,
+}
+
+
+def _best_model_run(out: Path) -> dict[str, Any]:
+    """load_best_model_at_end with save_only_model=True: the best checkpoint is peft's adapter folder, read back
+    into the peft model at the end."""
+    from lockstep import Trainer, TrainingArguments
+    from tests.reference import _peft_trainer_run as shared
+
+    model = shared.lora_model()
+    args = TrainingArguments(output_dir=str(out), **{**shared.SETTINGS, **BEST_MODEL})
+    trainer = Trainer(model=model, args=args, train_dataset=shared.Tokens(), eval_dataset=shared.Tokens())
+    with contextlib.redirect_stdout(io.StringIO()):
+        trainer.train()
+    return {
+        "best": trainer.state.best_model_checkpoint,
+        "adapter": lora.adapter_weights(model),
+        "saved": {step: lora.load_adapter(out / f"checkpoint-{step}") for step in (4, 8)},
+        "files": shared.listing(out / "checkpoint-4"),
+    }
 
 
 def _two_processes(paths: list[str], out: str) -> dict[str, dict[str, Any]]:
@@ -425,3 +459,11 @@ def test_trainer_resumes_a_peft_checkpoint_of_transformers_trainer(runs):
         f"resumed from transformers.Trainer's checkpoint-4: adapter within {difference:.3g} of its final one"
     )
     assert resumed["losses"][4:] == pytest.approx(theirs["losses"][4:], abs=1e-6) and difference <= 1e-6
+
+
+def test_trainer_loads_the_best_adapter_at_the_end(runs, out):
+    found = runs["single"]["trainer"]["best"]
+    assert found["best"] == str(out / "single" / "trainer" / "best" / "checkpoint-4")
+    assert {"adapter_config.json", "adapter_model.safetensors", "trainer_state.json"} <= set(found["files"])
+    assert _max_difference(found["adapter"], found["saved"][4]) == 0.0
+    assert _max_difference(found["adapter"], found["saved"][8]) > 1e-4
