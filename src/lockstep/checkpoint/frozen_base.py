@@ -75,8 +75,17 @@ def _sums(tensor: torch.Tensor) -> tuple[float, float]:
         torch.linalg.vector_norm(values, 1, dtype=torch.float64),
         torch.linalg.vector_norm(values, 2, dtype=torch.float64),
     ]
-    whole = [s.full_tensor() if isinstance(s, DTensor) else s for s in sums]
+    whole = [_summed_over_mesh(s) if isinstance(s, DTensor) else s for s in sums]
     return float(whole[0]), float(whole[1]) ** 2
+
+
+def _summed_over_mesh(partial: Any) -> torch.Tensor:
+    """The whole value of a norm of a sharded DTensor (a collective over its mesh). A shard offloaded to the
+    CPU is moved to the mesh's device first: an NCCL group reduces no CPU tensor."""
+    home = partial.device_mesh.device_type
+    if partial.to_local().device.type != home:
+        partial = partial.to(home)
+    return partial.full_tensor()
 
 
 def _partition_sums(parameter: Any) -> tuple[float, float]:
@@ -93,6 +102,8 @@ def _partition_sums(parameter: Any) -> tuple[float, float]:
             torch.linalg.vector_norm(local, 2, dtype=torch.float64) ** 2,
         ]
     )
+    if dist.get_backend(parameter.ds_process_group) == "nccl" and sums.device.type == "cpu":
+        sums = sums.cuda()  # a partition offloaded to the CPU (offload_param): NCCL reduces CUDA tensors only
     dist.all_reduce(sums, group=parameter.ds_process_group)
     return float(sums[0]), float(sums[1])
 
