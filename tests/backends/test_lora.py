@@ -353,6 +353,10 @@ def test_save_state_leaves_the_frozen_base_out_and_refuses_another_base(runs, ou
     model = result["record"]["models"]["0"]
     assert model["saved"] == sorted(result["adapter"]) and len(model["frozen"]) == FROZEN
     assert model["frozen"]["base_model.model.lm_head.weight"][:2] == [[64, 32], "float32"]
+    # the same base, whole in one process or sharded over two: the same fingerprint (float64 sums)
+    for name, (shape, dtype, *sums) in runs["single"]["record"]["models"]["0"]["frozen"].items():
+        assert model["frozen"][name][:2] == [shape, dtype]
+        assert model["frozen"][name][2:] == pytest.approx(sums, rel=1e-12), name
     files = result["state_files"]
     model_bytes = sum(size for name, size in files.items() if name.startswith(("model.", "pytorch_model")))
     print(f"{kind}: checkpoint {sum(files.values())} B, model files {model_bytes} B: {files}")
