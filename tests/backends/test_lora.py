@@ -260,7 +260,28 @@ def _two_processes(paths: list[str], out: str) -> dict[str, dict[str, Any]]:
     for kind in TOLERANCE:
         results[kind] = _train(kind, str(Path(out) / kind))
         reset_lockstep_state()  # the process group stays: the next kind's Accelerator takes it
+    results["fsdp trainer"] = _fsdp_trainer(Path(out) / "fsdp_trainer")
     return results
+
+
+def _fsdp_trainer(out: Path) -> dict[str, Any]:
+    """lockstep.Trainer with FSDP2 (sharded checkpoints): checkpoint-4 holds peft's adapter folder, gathered
+    from both processes, as transformers.Trainer writes it."""
+    from lockstep import Trainer, TrainingArguments
+    from tests.reference import _peft_trainer_run as shared
+
+    model = shared.lora_model()
+    settings = {**shared.SETTINGS, "activation_checkpointing": False, "fsdp": "full_shard"}
+    trainer = Trainer(
+        model=model, args=TrainingArguments(output_dir=str(out), **settings), train_dataset=shared.Tokens()
+    )
+    with contextlib.redirect_stdout(io.StringIO()):
+        trainer.train()
+    found: dict[str, Any] = {"adapter": lora.adapter_weights(trainer.model_wrapped)}  # a collective
+    if trainer.accelerator.is_main_process:
+        found["files"] = shared.listing(out / "checkpoint-8")
+        found["loaded"] = lora.load_adapter(out / "checkpoint-8")
+    return found
 
 
 @pytest.fixture(scope="module")
@@ -471,3 +492,10 @@ def test_trainer_loads_the_best_adapter_at_the_end(runs, out):
     assert {"adapter_config.json", "adapter_model.safetensors", "trainer_state.json"} <= set(found["files"])
     assert _max_difference(found["adapter"], found["saved"][4]) == 0.0
     assert _max_difference(found["adapter"], found["saved"][8]) > 1e-4
+
+
+def test_trainer_under_fsdp_writes_the_gathered_adapter_folder_into_its_checkpoints(runs):
+    found = runs["fsdp trainer"]
+    assert {"adapter_config.json", "adapter_model.safetensors", "frozen_base.json"} <= set(found["files"])
+    assert not any(name.startswith("model") for name in found["files"])  # the adapter is in DCP shards
+    assert _max_difference(found["loaded"], found["adapter"]) == 0.0  # whole tensors, not one rank's shard

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
+from lockstep._peft import gathered_adapter
 from lockstep.progress import ProgressBar
 from lockstep.trainer import (
     _best_model,
@@ -593,17 +594,19 @@ class Trainer:
         writes = self.accelerator.is_main_process or (
             self.args.save_on_each_node and self.accelerator.is_local_main_process
         )
+        unwrapped = self.accelerator.unwrap_model(self.model_wrapped, keep_torch_compile=False)
+        adapter = None
+        if weights and is_peft_model(unwrapped):  # weights[0]: the adapter, or None when saved as shards
+            adapter = weights[0] if weights[0] is not None else gathered_adapter(unwrapped)  # a collective
         if not writes:
             return
         folder = Path(output_dir)
         _transformers_format.write_trainer_state(folder, self.state)
         _trainer_reports.save_processing_class(self, folder)
-        if weights and weights[0] is not None:  # model.safetensors goes to the folder: add its config
-            unwrapped = self.accelerator.unwrap_model(self.model_wrapped, keep_torch_compile=False)
-            if is_peft_model(unwrapped):  # weights[0]: the adapter, gathered on this process
-                unwrapped.save_pretrained(str(folder), state_dict=weights[0], safe_serialization=True)
-            else:
-                _transformers_format.write_model_config(folder, unwrapped)
+        if adapter is not None:
+            unwrapped.save_pretrained(str(folder), state_dict=adapter, safe_serialization=True)
+        elif weights and weights[0] is not None:  # model.safetensors goes to the folder: add its config
+            _transformers_format.write_model_config(folder, unwrapped)
 
     # -- best model -------------------------------------------------------------------------------
     def _steps_on_metric(self) -> bool:
