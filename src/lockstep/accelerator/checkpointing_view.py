@@ -108,6 +108,11 @@ class CheckpointingView:
         background and the next save (or :meth:`wait_for_checkpoint`) waits for them.
         ``last_save_report`` says how long training stalled.
 
+        A peft model (adapters on a frozen base) is saved without its frozen base: its trainable parameters
+        and buffers, and a fingerprint of the base that :meth:`load_state` checks before it loads the
+        adapter (:mod:`lockstep.checkpoint.frozen_base`). ``ProjectConfiguration(save_frozen_base=True)``
+        saves the whole model, as Accelerate does.
+
         Example:
             >>> accelerator = Accelerator(project_config=ProjectConfiguration(  # doctest: +SKIP
             ...     project_dir="runs/a", automatic_checkpoint_naming=True, total_limit=3))
