@@ -264,7 +264,8 @@ def _train(
     accelerator = _accelerator(backend, keep, logs)
     model, optimizer = _model_and_optimizer()
     loader = DataLoader(Points(), batch_size=2, shuffle=True)
-    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)  # counts its steps only
+    model, optimizer, loader, schedule = accelerator.prepare(model, optimizer, loader, schedule)
     if load is not None:
         accelerator.load_state(load)
     accelerator.init_trackers("run")  # after the load: its restart line waits for the trackers
@@ -274,6 +275,7 @@ def _train(
             loss = torch.nn.functional.mse_loss(model(batch["x"]), batch["y"])
             accelerator.backward(loss)
             optimizer.step()
+            schedule.step()
             optimizer.zero_grad()
         log.append(
             {
@@ -290,7 +292,8 @@ def _train(
     accelerator.end_training()
     weights = _full_weights(accelerator, model)
     logging.getLogger("lockstep.checkpoint").removeHandler(handler)
-    return {"log": log, "weights": weights, "lines": [r for r in records if r.startswith("resumed on")]}
+    lines = [r for r in records if r.startswith("resumed on")]
+    return {"log": log, "weights": weights, "lines": lines, "schedule": schedule.scheduler.last_epoch}
 
 
 def _replay(log: list[dict[str, Any]]) -> list[torch.Tensor]:
@@ -336,6 +339,9 @@ def test_resized_weights_equal_a_single_process_replay_and_the_restart_lines(tmp
         "micro-step x 2 accumulation steps; it was 12); pass Accelerator(elastic_keep_global_batch=True) to "
         "keep 12"
     ]
+    # The schedule follows the samples: 3 single-process steps of the script's (2 samples x 2 accumulation
+    # steps) per optimizer step of 12 samples, while attempt two keeps 12 on 2 processes (2 would lag).
+    assert [one["schedule"], two["schedule"], three["schedule"]] == [6, 9, 15]
     events = read_run(Path(logs, "run", "metrics.jsonl")).events  # what `lockstep report` lists
     assert events == [(4.0, two["lines"][0]), (9.0, three["lines"][0])]
     replayed = _replay(log)

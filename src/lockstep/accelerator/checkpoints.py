@@ -23,7 +23,11 @@ from torch.utils.hooks import RemovableHandle
 
 from lockstep._peft import is_peft_model, save_adapter_folder
 from lockstep.accelerator.accumulation import GradientAccumulation
-from lockstep.accelerator.elastic_resume import ACCUMULATION_COUNTER, after_resized_load
+from lockstep.accelerator.elastic_resume import (
+    ACCUMULATION_COUNTER,
+    after_resized_load,
+    kept_scheduler_repeats,
+)
 from lockstep.accelerator.prepared import PreparedObjects
 from lockstep.backends.base import Backend
 from lockstep.backends.capabilities import Indexed, ShardedCheckpointIO
@@ -316,6 +320,7 @@ class CheckpointManager:
         if gradients is not None:
             self.backend.restore_gradients(models, gradients)
         self.accumulation.step = int(counters.get("step", 0))
+        script_steps = self.accumulation.num_steps  # before a resize changes it to keep the global batch
         line = after_resized_load(
             self.prepared.dataloaders,
             folder=folder,
@@ -327,6 +332,13 @@ class CheckpointManager:
         )
         if line is not None and self.record_event is not None:
             self.record_event(line, int(counters.get("step", 0)))  # the saved step, as the line says
+        if self.keep_global_batch:
+            repeats = kept_scheduler_repeats(
+                self.state.num_processes, self.accumulation.num_steps, script_steps
+            )
+            for scheduler in self.prepared.schedulers:
+                if not getattr(scheduler, "split_batches", True):
+                    scheduler.num_processes = repeats
 
     # -- export -----------------------------------------------------------------------------------
     def save_model(

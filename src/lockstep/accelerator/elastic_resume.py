@@ -8,6 +8,11 @@ is kept by changing the accumulation steps, when the division is exact. Either w
 
     resumed on 2 processes from a checkpoint saved on 3: ckpt/checkpoint_4 at step 8, epoch 0, 24 of 50
     samples consumed; global batch kept at 12 samples per optimizer step (gradient_accumulation_steps 2 -> 3)
+
+The learning-rate schedule follows the samples consumed: where the global batch follows the number of
+processes, Accelerate's rule (a prepared scheduler advances ``num_processes`` times per optimizer step)
+already does; where it is kept, the scheduler advances as it did before the resize
+(:func:`kept_scheduler_repeats`).
 """
 
 from __future__ import annotations
@@ -48,6 +53,21 @@ def kept_accumulation(resize: Resize, saved_steps: int) -> int:
             "number of processes."
         )
     return target // new_total
+
+
+def kept_scheduler_repeats(num_processes: int, steps_now: int, script_steps: int) -> int:
+    """How often a prepared scheduler advances per optimizer step while the global batch is kept.
+
+    Accelerate's rule advances it ``num_processes`` times: one optimizer step on N processes consumes N
+    single-process steps of the schedule the script wrote (for its own accumulation steps). When a resize
+    keeps the global batch by changing the accumulation steps instead, the same samples per optimizer step
+    make the same advance as before the resize: ``num_processes x steps_now / script_steps``.
+
+    Example:
+        >>> kept_scheduler_repeats(2, steps_now=3, script_steps=2)  # saved on 3 processes x 2 steps
+        3
+    """
+    return max(1, num_processes * steps_now // max(script_steps, 1))
 
 
 def _convert_counter(accumulation: GradientAccumulation, saved_steps: int, new_steps: int) -> None:
