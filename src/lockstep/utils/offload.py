@@ -80,7 +80,8 @@ def offload_weight(
 
 
 def load_offloaded_weight(weight_file: PathLike, weight_info: Mapping[str, Any]) -> torch.Tensor:
-    """Read one tensor written by :func:`offload_weight` (a CPU tensor of the recorded dtype and shape).
+    """Read one tensor written by :func:`offload_weight`: a CPU tensor of the recorded dtype and shape,
+    memory-mapped from the file (its pages are read when used, and released when the tensor is freed).
 
     Args:
         weight_file: its ``.dat`` file.
@@ -93,8 +94,10 @@ def load_offloaded_weight(weight_file: PathLike, weight_info: Mapping[str, Any])
     """
     shape = tuple(weight_info["shape"])
     stored_dtype = "int16" if weight_info["dtype"] == _BF16 else weight_info["dtype"]
-    array = np.memmap(weight_file, dtype=stored_dtype, shape=shape or (1,), mode="r")
-    weight = torch.tensor(array[0] if not shape else np.asarray(array))
+    # copy-on-write map: the tensor reads the file's pages (nothing is copied, and they are unmapped when
+    # the tensor is freed), and writing to it never changes the file
+    array = np.memmap(weight_file, dtype=stored_dtype, shape=shape or (1,), mode="c")
+    weight = torch.tensor(array[0]) if not shape else torch.from_numpy(array)
     return weight.view(torch.bfloat16) if weight_info["dtype"] == _BF16 else weight
 
 
