@@ -32,11 +32,7 @@ from lockstep.hooks import (
     attach_align_device_hook,
     attach_align_device_hook_on_blocks,
 )
-from lockstep.utils._model_tensors import (
-    check_device_map,
-    find_tied_parameters,
-    retie_parameters,
-)
+from lockstep.utils.modeling import check_device_map, find_tied_parameters, retie_parameters
 from lockstep.utils.offload import (
     INDEX_FILE,
     OffloadedWeightsLoader,

@@ -12,9 +12,12 @@ import torch
 from torch import nn
 
 from lockstep._big_model_dispatch import PathLike, check_device_map_devices, dispatch_model
-from lockstep.utils._device_map import get_balanced_memory, infer_auto_device_map
-from lockstep.utils._loading import load_checkpoint_in_model
-from lockstep.utils._model_tensors import check_device_map
+from lockstep.utils.modeling import (
+    check_device_map,
+    get_balanced_memory,
+    infer_auto_device_map,
+    load_checkpoint_in_model,
+)
 
 __all__ = ["load_checkpoint_and_dispatch"]
 

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from lockstep.hooks._base import ModelHook, remove_hook_from_module
-from lockstep.utils._model_tensors import named_module_tensors, set_module_tensor_to_device, torch_device
+from lockstep.utils.modeling import named_module_tensors, set_module_tensor_to_device
 from lockstep.utils.operations import find_device, send_to_device
 
 __all__ = ["AlignDevicesHook", "CpuOffload", "UserCpuOffloadHook"]
@@ -90,7 +90,7 @@ class AlignDevicesHook(ModelHook):
 
     def init_hook(self, module: nn.Module) -> nn.Module:
         if not self.offload and self.execution_device is not None:
-            target = torch_device(self.execution_device)
+            target = _torch_device(self.execution_device)
             for name, tensor in named_module_tensors(module, recurse=self.place_submodules):
                 if tensor.device == target:
                     continue  # already there: keeping the object keeps weights tied in the model tied
@@ -192,6 +192,12 @@ class AlignDevicesHook(ModelHook):
                 if device.type != "meta":
                     set_module_tensor_to_device(module, name, device, value=self.weights_map.get(name))
         return module
+
+
+def _torch_device(device: Device) -> torch.device:
+    if isinstance(device, int) and not isinstance(device, bool):
+        return torch.device("cuda", device)
+    return torch.device(device)
 
 
 def _non_persistent(module: nn.Module, recurse: bool) -> list[str]:

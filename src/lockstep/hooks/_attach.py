@@ -10,7 +10,7 @@ from torch import nn
 
 from lockstep.hooks._align import AlignDevicesHook, Device, TiedParamsMap
 from lockstep.hooks._base import add_hook_to_module
-from lockstep.utils._model_tensors import named_module_tensors
+from lockstep.utils.modeling import named_module_tensors
 from lockstep.utils.offload import PrefixedDataset
 
 __all__ = ["attach_align_device_hook", "attach_align_device_hook_on_blocks", "attach_execution_device_hook"]

@@ -327,15 +327,6 @@ def load_checkpoint_in_model(
             broadcast_from_rank0=broadcast_from_rank0,
         )
         return
-    files, promised = _checkpoint_files(checkpoint)
-    tied = find_tied_parameters(model)
-    if device_map is not None:
-        check_tied_parameters_on_same_device(tied, device_map)
-    keys = _Keys(
-        list(model.state_dict()), _tie_groups(tied), f"load_checkpoint_in_model({os.fspath(checkpoint)!r})"
-    )
-    if strict and promised is not None:
-        keys.check(promised)  # an index lists every key: a mismatch is known before any tensor is read
     placement = _Placement(
         device_map,
         as_dtype(dtype) if dtype is not None else None,
@@ -344,6 +335,22 @@ def load_checkpoint_in_model(
         offload_buffers=offload_buffers,
         buffers={name for name, _ in model.named_buffers()},
     )
+    _load_tensor_by_tensor(model, checkpoint, placement, strict=strict)
+
+
+def _load_tensor_by_tensor(
+    model: nn.Module, checkpoint: str | os.PathLike[str], placement: _Placement, *, strict: bool
+) -> None:
+    """The plain path: every tensor of every file placed as ``placement`` says, then ties restored."""
+    files, promised = _checkpoint_files(checkpoint)
+    tied = find_tied_parameters(model)
+    if placement.device_map is not None:
+        check_tied_parameters_on_same_device(tied, placement.device_map)
+    keys = _Keys(
+        list(model.state_dict()), _tie_groups(tied), f"load_checkpoint_in_model({os.fspath(checkpoint)!r})"
+    )
+    if strict and promised is not None:
+        keys.check(promised)  # an index lists every key: a mismatch is known before any tensor is read
     if strict and promised is None and all(file.name.endswith(".safetensors") for file in files):
         keys.check(set().union(*(_file_keys(file) for file in files)))  # the headers, before any tensor
     loaded: set[str] = set()
@@ -356,22 +363,22 @@ def load_checkpoint_in_model(
     placement.finish(tied)
     missing, unexpected = keys.differences(loaded)
     if missing or unexpected:
-        warnings.warn(keys.report(missing, unexpected), UserWarning, stacklevel=2)
+        warnings.warn(keys.report(missing, unexpected), UserWarning, stacklevel=3)
 
 
 def _tensor_batches(file: Path) -> Iterator[dict[str, torch.Tensor]]:
-    """The tensors of ``file``: one at a time from a safetensors file (opened again for each tensor, so that
-    the pages already read are unmapped and the resident memory holds one tensor), at once from a ``.bin``."""
+    """The tensors of ``file``: one at a time from a safetensors file, at once from a ``.bin`` file.
+
+    safetensors maps the file: a tensor's pages are read from disk when it is used (and are copied only
+    when written to), so a tensor sent to the offload folder costs its pages once, while it is copied.
+    """
     if not file.name.endswith(".safetensors"):
         yield load_state_dict(file)
         return
     with safe_open(str(file), framework="pt") as handle:
         _check_safetensors_format(str(file), handle.metadata())
-        names = list(handle.keys())
-    for name in names:
-        with safe_open(str(file), framework="pt") as handle:
-            tensor = handle.get_tensor(name)
-        yield {name: tensor}
+        for name in handle.keys():
+            yield {name: handle.get_tensor(name)}
 
 
 @dataclass

@@ -2,9 +2,10 @@
 
 A folder of offloaded weights holds one ``<name>.dat`` file per tensor (its raw bytes; bf16 is stored as
 int16, which NumPy lacks) and ``index.json`` mapping each name to ``{"dtype", "shape"}``: Accelerate's disk
-offload layout, so folders written by either library read in the other. lockstep does not attach offload
-hooks to models (see ``lockstep.big_modeling``); these helpers write and read such folders, and
-:class:`OffloadedWeightsLoader` reads them as a mapping, e.g. to fill a model with
+offload layout, so folders written by either library read in the other. ``lockstep.disk_offload``,
+``lockstep.dispatch_model`` and ``lockstep.load_checkpoint_and_dispatch`` write such folders and read each
+block's weights back memory-mapped as it runs; :class:`OffloadedWeightsLoader` reads them as a mapping, e.g.
+to fill a model with
 ``lockstep.utils.load_offloaded_weights`` or ``load_state_dict``.
 
 Example:
