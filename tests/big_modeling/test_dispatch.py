@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from lockstep import cpu_offload, disk_offload, dispatch_model
+from lockstep import cpu_offload, cpu_offload_with_hook, disk_offload, dispatch_model
 from lockstep.hooks import remove_hook_from_module
 from lockstep.utils import has_offloaded_params
 from tests.helpers.big_models import IDS, Net, make_net
@@ -123,3 +123,42 @@ def test_dispatch_model_refuses_bad_maps_before_moving_anything(
     with pytest.raises(ValueError, match=message):
         dispatch_model(net, device_map, **kwargs)
     assert not hasattr(net, "_hf_hook") and net.blocks[0][0].weight.device.type == "cpu"
+
+
+needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@needs_gpu
+def test_dispatch_model_gpu_cpu_and_disk(net_and_expected, tmp_path):
+    net, expected = net_and_expected
+    device_map = {
+        "embed": 0,
+        "blocks.0": 0,
+        "blocks.1": "cpu",
+        "blocks.2": "disk",
+        "blocks.3": "cpu",
+        "norm": "disk",
+        "head": 0,
+    }
+    dispatch_model(net, device_map, offload_dir=tmp_path)
+    assert net.blocks[0][0].weight.device.type == "cuda" and net.blocks[1][0].weight.device.type == "meta"
+    seen = []
+    net.blocks[1][0].register_forward_pre_hook(lambda module, args: seen.append(module.weight.device.type))
+    output = run(net)
+    assert output.device.type == "cpu" and seen == ["cuda"]  # a CPU block runs on the main device
+    assert (output - expected).abs().max().item() <= 1e-5  # TF32/cuBLAS against the CPU
+
+
+@needs_gpu
+def test_cpu_offload_with_hook_chain_on_a_gpu():
+    models = [nn.Linear(4, 4) for _ in range(3)]
+    hooks = []
+    for index, model in enumerate(models):
+        _, hook = cpu_offload_with_hook(model, 0, prev_module_hook=hooks[index - 1] if index else None)
+        hooks.append(hook)
+    x = torch.ones(1, 4)
+    for index, model in enumerate(models):
+        x = model(x)
+        assert [m.weight.device.type for m in models] == ["cuda" if i == index else "cpu" for i in range(3)]
+    hooks[-1].offload()
+    assert {m.weight.device.type for m in models} == {"cpu"}
