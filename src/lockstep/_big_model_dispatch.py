@@ -16,6 +16,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -328,3 +329,25 @@ def _attach_hooks(
         tied_params_map=tied_params_map,
     )
     retie_parameters(model, tied)
+    if any(offload.values()):
+        _refuse_moves(model)
+
+
+def _refuse_moves(model: nn.Module) -> None:
+    """``model.to()``/``.cuda()`` raise while blocks are offloaded (their weights are on the meta device and
+    their hooks decide where they load); once the hooks are removed they work again."""
+    for method in ("to", "cuda"):
+        original = getattr(model, method)
+
+        def guarded(*args: Any, _original: Any = original, _method: str = method, **kwargs: Any) -> Any:
+            if any(parameter.device.type == "meta" for parameter in model.parameters()):
+                raise RuntimeError(
+                    f"{type(model).__name__}.{_method}() was called on a model dispatched with offloaded blocks "
+                    "(hf_device_map names 'cpu' or 'disk'): their hooks load each block's weights where it runs, "
+                    "so the model cannot be moved. Remove the hooks first "
+                    "(lockstep.hooks.remove_hook_from_module(model, recurse=True)), or dispatch it with another "
+                    "device_map."
+                )
+            return _original(*args, **kwargs)
+
+        setattr(model, method, functools.wraps(original)(guarded))

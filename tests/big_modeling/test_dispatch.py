@@ -74,9 +74,14 @@ def test_dispatch_model_cpu_and_disk_keeps_ties_and_sets_hf_device_map(net_and_e
         "blocks.1.2.weight.dat",
     ]
     assert (run(net) - expected).abs().max().item() <= 1e-6
+    with pytest.raises(
+        RuntimeError, match=r"Net\.to\(\) was called on a model dispatched with offloaded blocks"
+    ):
+        net.to(torch.float64)
     remove_hook_from_module(net, recurse=True)  # the weights come back from disk
     assert net.blocks[1][0].weight.device.type == "cpu"
     assert (run(net) - expected).abs().max().item() <= 1e-6
+    assert net.to(torch.float64).blocks[1][0].weight.dtype == torch.float64  # no hooks: it moves again
 
 
 def test_dispatch_model_offloads_tied_weights_together(net_and_expected, tmp_path):

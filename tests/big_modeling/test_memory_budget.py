@@ -16,7 +16,7 @@ import lockstep
 from lockstep.checkpoint.model_files import save_model_files
 from tests.helpers.big_models import Tower
 
-DEPTH, WIDTH = 24, 704  # 24 blocks of 3.97 MB: 95.3 MB in fp32
+DEPTH, WIDTH = 24, 576  # 24 blocks of 2.66 MB: 63.8 MB in fp32
 ROOT = Path(__file__).resolve().parents[2]
 
 
