@@ -369,16 +369,21 @@ def _load_tensor_by_tensor(
 def _tensor_batches(file: Path) -> Iterator[dict[str, torch.Tensor]]:
     """The tensors of ``file``: one at a time from a safetensors file, at once from a ``.bin`` file.
 
-    safetensors maps the file: a tensor's pages are read from disk when it is used (and are copied only
-    when written to), so a tensor sent to the offload folder costs its pages once, while it is copied.
+    safetensors (>= 0.6) returns tensors backed by a map of the whole file, and every page read stays
+    resident while any of them lives: a 5 GB shard whose CPU tensors are kept would keep the pages of its
+    disk-offloaded tensors too. So each tensor comes from a map opened for it alone, gone once the tensor
+    is written to the offload folder or copied into the model (:meth:`_Placement.place`).
     """
     if not file.name.endswith(".safetensors"):
         yield load_state_dict(file)
         return
     with safe_open(str(file), framework="pt") as handle:
         _check_safetensors_format(str(file), handle.metadata())
-        for name in handle.keys():
-            yield {name: handle.get_tensor(name)}
+        names = list(handle.keys())
+    for name in names:
+        with safe_open(str(file), framework="pt") as handle:
+            tensor = handle.get_tensor(name)
+        yield {name: tensor}
 
 
 @dataclass
@@ -444,6 +449,8 @@ class _Placement:
                 offload_weight(value, name, self.offload_folder, index=self.offload_index)  # type: ignore[arg-type]
                 continue
             device = "cpu" if str(device) == _DISK else device  # a disk block's buffers stay in memory
+            if str(device) == "cpu" and value.device.type == "cpu":
+                value = value.clone()  # kept: its own memory, not a page of a file map (see _tensor_batches)
             set_module_tensor_to_device(
                 model, name, device, value=value, dtype=value_dtype, clear_cache=False
             )
