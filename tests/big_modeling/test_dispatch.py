@@ -167,3 +167,15 @@ def test_cpu_offload_with_hook_chain_on_a_gpu():
         assert [m.weight.device.type for m in models] == ["cuda" if i == index else "cpu" for i in range(3)]
     hooks[-1].offload()
     assert {m.weight.device.type for m in models} == {"cpu"}
+
+
+def test_align_module_device_onloads_an_offloaded_module_through_its_hook(net_and_expected, tmp_path):
+    from lockstep.utils import align_module_device
+
+    net, _ = net_and_expected
+    disk_offload(net, tmp_path, execution_device="cpu")
+    layer = net.blocks[2][0]
+    with align_module_device(layer):
+        assert layer.weight.device.type == "cpu"
+        assert torch.equal(layer.weight, make_net().blocks[2][0].weight)
+    assert layer.weight.device.type == "meta"
