@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 from lockstep import disk_offload, infer_auto_device_map
@@ -29,9 +30,16 @@ with torch.no_grad():
 disk_offload(make_net(seed=4), theirs, execution_device="cpu", offload_buffers=True)
 with init_empty_weights():
     tower = Tower(6, 16)
-plan = infer_auto_device_map(tower, max_memory={"cpu": budget}, no_split_module_classes=["Block"])
-print(json.dumps(plan))
+plans = [infer_auto_device_map(tower, max_memory={"cpu": budget}, no_split_module_classes=["Block"])]
+import transformers
+from tests.helpers.llama import tiny_llama_config
+with init_empty_weights():
+    llama = transformers.AutoModelForCausalLM.from_config(tiny_llama_config(num_hidden_layers=6))
+plans += [infer_auto_device_map(llama, {"cpu": size}, llama._no_split_modules) for size in LLAMA_BUDGETS]
+print(json.dumps(plans))
 """
+LLAMA_BUDGETS = (77024, 119632, 160000, 10**6)
+_ACCELERATE = f"LLAMA_BUDGETS = {LLAMA_BUDGETS}\n" + _ACCELERATE
 
 
 def test_offload_folders_and_plans_match_accelerate(tmp_path):
@@ -53,7 +61,8 @@ def test_offload_folders_and_plans_match_accelerate(tmp_path):
     with init_empty_weights():
         tower = Tower(6, 16)
     ours = infer_auto_device_map(tower, max_memory={"cpu": budget}, no_split_module_classes=["Block"])
-    assert ours == json.loads(done.stdout.strip().splitlines()[-1])
+    theirs = json.loads(done.stdout.strip().splitlines()[-1])
+    assert ours == theirs[0]
     assert ours == {
         "blocks.0": "cpu",
         "blocks.1": "cpu",
@@ -62,3 +71,11 @@ def test_offload_folders_and_plans_match_accelerate(tmp_path):
         "blocks.4": "disk",
         "blocks.5": "disk",
     }
+    from tests.helpers.llama import tiny_llama_config
+
+    transformers = pytest.importorskip("transformers")
+    with init_empty_weights():
+        llama = transformers.AutoModelForCausalLM.from_config(tiny_llama_config(num_hidden_layers=6))
+    plans = [infer_auto_device_map(llama, {"cpu": size}, llama._no_split_modules) for size in LLAMA_BUDGETS]
+    assert plans == theirs[1:]
+    assert [list(plan.values()).count("cpu") for plan in plans] == [1, 3, 4, 1]  # {"": "cpu"} at 1 MB
