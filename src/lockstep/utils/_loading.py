@@ -1,7 +1,9 @@
 """Loading weight files into a model tensor by tensor (:mod:`lockstep.utils.modeling`'s loaders).
 
-A checkpoint is read one file (one shard) at a time, so a sharded model never needs two full copies in
-memory. ``.bin`` files are read with ``torch.load(weights_only=True)`` only.
+A safetensors checkpoint is read one tensor at a time (a sharded one through its index), each tensor going
+to its device or, for a block mapped to ``"disk"``, to a memory-mapped file in the offload folder; so a
+model never needs two copies in memory, nor its offloaded part at all. ``.bin`` files are read whole, one
+file at a time, with ``torch.load(weights_only=True)`` only.
 """
 
 from __future__ import annotations
