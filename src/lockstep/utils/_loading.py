@@ -360,7 +360,7 @@ def _load_tensor_by_tensor(
         for state in _tensor_batches(file):
             if strict and promised is None and not file.name.endswith(".safetensors"):
                 keys.check(state)
-            loaded.update(placement.place(model, state))
+            loaded.update(placement.place(model, state, mapped=file.name.endswith(".safetensors")))
     retie_parameters(model, tied)
     placement.finish(tied)
     missing, unexpected = keys.differences(loaded)
@@ -431,8 +431,13 @@ class _Placement:
     offload_index: dict[str, Any] = field(default_factory=dict)
     _model_keys: dict[str, torch.Tensor] | None = None
 
-    def place(self, model: nn.Module, state: Mapping[str, torch.Tensor]) -> list[str]:
-        """Put the tensors of ``state`` the model has into it; returns every key of ``state``."""
+    def place(
+        self, model: nn.Module, state: Mapping[str, torch.Tensor], *, mapped: bool = False
+    ) -> list[str]:
+        """Put the tensors of ``state`` the model has into it; returns every key of ``state``.
+
+        ``mapped``: the tensors are pages of a safetensors file map, copied when they stay on the CPU.
+        """
         if self._model_keys is None:  # read once: only the names and the meta-or-not device are used
             self._model_keys = model.state_dict(keep_vars=True)
             if self.offload_folder is not None:
@@ -451,7 +456,7 @@ class _Placement:
                 offload_weight(value, name, self.offload_folder, index=self.offload_index)  # type: ignore[arg-type]
                 continue
             device = "cpu" if str(device) == _DISK else device  # a disk block's buffers stay in memory
-            if str(device) == "cpu" and value.device.type == "cpu":
+            if mapped and str(device) == "cpu" and value.device.type == "cpu":
                 value = value.clone()  # kept: its own memory, not a page of a file map (see _tensor_batches)
             set_module_tensor_to_device(
                 model, name, device, value=value, dtype=value_dtype, clear_cache=False
