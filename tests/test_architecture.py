@@ -87,6 +87,7 @@ BELOW_FACADE = (
     "lockstep.progress",
     "lockstep.utils",
     "lockstep.big_modeling",
+    "lockstep.hooks",
 )
 FORBIDDEN_IMPORTS += [
     (

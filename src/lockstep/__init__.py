@@ -50,12 +50,12 @@ _EXPORTS = {
     "synchronize_rng_states": "lockstep.rng",
     "init_empty_weights": "lockstep.big_modeling",
     "init_on_device": "lockstep.big_modeling",
-    "cpu_offload": "lockstep._big_model_dispatch",
-    "cpu_offload_with_hook": "lockstep._big_model_dispatch",
-    "disk_offload": "lockstep._big_model_dispatch",
-    "dispatch_model": "lockstep._big_model_dispatch",
-    "infer_auto_device_map": "lockstep._big_model_dispatch",
-    "load_checkpoint_and_dispatch": "lockstep._big_model_dispatch",
+    "cpu_offload": "lockstep.big_modeling",
+    "cpu_offload_with_hook": "lockstep.big_modeling",
+    "disk_offload": "lockstep.big_modeling",
+    "dispatch_model": "lockstep.big_modeling",
+    "infer_auto_device_map": "lockstep.utils.modeling",
+    "load_checkpoint_and_dispatch": "lockstep.big_modeling",
     "prepare_pippy": "lockstep.inference",
     "is_rich_available": "lockstep.utils",
     "load_checkpoint_in_model": "lockstep.utils",
@@ -121,16 +121,16 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from lockstep._big_model_dispatch import (
+    from lockstep.accelerator import Accelerator
+    from lockstep.big_modeling import (
         cpu_offload,
         cpu_offload_with_hook,
         disk_offload,
         dispatch_model,
-        infer_auto_device_map,
+        init_empty_weights,
+        init_on_device,
         load_checkpoint_and_dispatch,
     )
-    from lockstep.accelerator import Accelerator
-    from lockstep.big_modeling import init_empty_weights, init_on_device
     from lockstep.config import (
         AutocastKwargs,
         DataLoaderConfiguration,
@@ -168,6 +168,7 @@ if TYPE_CHECKING:
         TrainingArguments,
     )
     from lockstep.utils import DeepSpeedPlugin, is_rich_available, load_checkpoint_in_model
+    from lockstep.utils.modeling import infer_auto_device_map
 
 
 def __getattr__(name: str) -> Any:

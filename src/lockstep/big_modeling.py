@@ -1,10 +1,12 @@
-"""``accelerate.big_modeling``: building a model without allocating its weights.
+"""``accelerate.big_modeling``: building a model without allocating its weights, and running it across
+GPUs, CPU memory and disk.
 
 :func:`init_empty_weights` creates parameters on the meta device (shapes and dtypes, no memory), so a model
-too large for the CPU can be built, sized (``lockstep.utils.compute_module_sizes``) and then filled with
-``lockstep.utils.load_checkpoint_in_model`` or sharded by ``prepare`` with FSDP. Accelerate's hook-based
-dispatch (``dispatch_model``, ``cpu_offload``, ``load_checkpoint_and_dispatch``, ...) is not provided: those
-names import from here as from ``accelerate.big_modeling``, and calling them raises ``NotImplementedError``.
+too large for the CPU can be built, sized (``lockstep.utils.compute_module_sizes``), planned
+(``lockstep.utils.infer_auto_device_map``) and then filled: :func:`load_checkpoint_and_dispatch` loads a
+checkpoint tensor by tensor into the plan and attaches the hooks (:mod:`lockstep.hooks`) that load each
+offloaded block where it runs; :func:`dispatch_model`, :func:`cpu_offload`, :func:`cpu_offload_with_hook`
+and :func:`disk_offload` do the dispatching part alone. A model can also be sharded by ``prepare`` with FSDP.
 
 Example:
     >>> import torch
@@ -22,13 +24,8 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from lockstep._big_model_dispatch import (
-    cpu_offload,
-    cpu_offload_with_hook,
-    disk_offload,
-    dispatch_model,
-    load_checkpoint_and_dispatch,
-)
+from lockstep._big_model_dispatch import cpu_offload, cpu_offload_with_hook, disk_offload, dispatch_model
+from lockstep._checkpoint_dispatch import load_checkpoint_and_dispatch
 
 __all__ = [
     "cpu_offload",

@@ -14,7 +14,7 @@ PROBE = """
 import sys
 from lockstep.cli.main import build_parser
 build_parser()
-for name in ("launch", "config", "env", "merge-weights", "estimate-memory", "report", "test"):
+for name in ("launch", "config", "env", "merge-weights", "estimate-memory", "device-map", "report", "test"):
     try:
         build_parser().parse_args([name, "--help"])
     except SystemExit:

@@ -288,11 +288,13 @@ def test_load_checkpoint_key_mismatches(tmp_path):
 
 def test_load_checkpoint_rejects_what_lockstep_does_not_do(tmp_path):
     save_model_files(Tied().state_dict(), tmp_path)
-    with pytest.raises(NotImplementedError, match="does not offload weights to disk"):
+    with pytest.raises(ValueError, match=r"sends \['embed'\] to 'disk', and no offload_folder was given"):
         modeling.load_checkpoint_in_model(Tied(), tmp_path, device_map={"embed": "disk", "": "cpu"})
     with pytest.raises(NotImplementedError, match="does not integrate bitsandbytes"):
         modeling.load_checkpoint_in_model(Tied(), tmp_path, offload_8bit_bnb=True)
-    with pytest.warns(UserWarning, match=r"offload_state_dict=True\) is ignored"):
+    with pytest.warns(
+        UserWarning, match=r"offload_state_dict=True\) is ignored: lockstep reads the checkpoint one"
+    ):
         modeling.load_checkpoint_in_model(Tied(), tmp_path, offload_state_dict=True)
     with pytest.raises(ValueError, match="no such file or folder"):
         modeling.load_checkpoint_in_model(Tied(), tmp_path / "missing")

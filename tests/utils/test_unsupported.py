@@ -33,8 +33,6 @@ UNSUPPORTED = {
     "convert_model_to_fp8_ao": ("ao", "no FP8 backend"),
     "filter_first_and_last_linear_layers": ("ao", "no FP8 backend"),
     "has_ao_layers": ("ao", "no FP8 backend"),
-    "get_balanced_memory": ("modeling", "does not dispatch a model over devices"),
-    "infer_auto_device_map": ("modeling", "does not dispatch a model over devices"),
     "megatron_lm_initialize": ("megatron_lm", "does not drive Megatron-LM"),
     "megatron_lm_prepare_data_loader": ("megatron_lm", "does not drive Megatron-LM"),
     "megatron_lm_prepare_model_optimizer_scheduler": ("megatron_lm", "does not drive Megatron-LM"),

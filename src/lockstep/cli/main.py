@@ -15,9 +15,24 @@ from collections.abc import Sequence
 from lockstep.cli._errors import EXIT_USAGE, UsageError
 
 # Subcommand modules, imported lazily so that `lockstep --help` stays fast.
-SUBCOMMANDS = ("config", "launch", "test", "env", "merge-weights", "estimate-memory", "report", "to-fsdp2")
+SUBCOMMANDS = (
+    "config",
+    "launch",
+    "test",
+    "env",
+    "merge-weights",
+    "estimate-memory",
+    "device-map",
+    "report",
+    "to-fsdp2",
+)
 
-_MODULES = {"merge-weights": "merge", "estimate-memory": "estimate", "to-fsdp2": "to_fsdp2"}
+_MODULES = {
+    "merge-weights": "merge",
+    "estimate-memory": "estimate",
+    "device-map": "device_map",
+    "to-fsdp2": "to_fsdp2",
+}
 
 
 class _Parser(argparse.ArgumentParser):

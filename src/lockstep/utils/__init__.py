@@ -8,7 +8,7 @@ lockstep's own, on torch; the DeepSpeed names are those of lockstep's DeepSpeed 
 
 Names for hardware and integrations lockstep does not drive (Megatron-LM, TPUs through torch_xla,
 bitsandbytes, FP8 through Transformer Engine / MS-AMP / torchao, SageMaker, Accelerate's deprecated
-``TorchTensorParallelPlugin``, big-model dispatch with hooks) import fine, and constructing or calling them
+``TorchTensorParallelPlugin``) import fine, and constructing or calling them
 raises ``NotImplementedError`` saying so; their submodules (``megatron_lm``, ``torch_xla``, ``bnb``,
 ``transformer_engine``, ``ao``, ``launch``) exist for the same reason.
 

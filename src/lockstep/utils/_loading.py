@@ -1,16 +1,20 @@
 """Loading weight files into a model tensor by tensor (:mod:`lockstep.utils.modeling`'s loaders).
 
-A checkpoint is read one file (one shard) at a time, so a sharded model never needs two full copies in
-memory. ``.bin`` files are read with ``torch.load(weights_only=True)`` only.
+A safetensors checkpoint is read one tensor at a time (a sharded one through its index), each tensor going
+to its device or, for a block mapped to ``"disk"``, to a memory-mapped file in the offload folder; so a
+model never needs two copies in memory, nor its offloaded part at all. ``.bin`` files are read whole, one
+file at a time, with ``torch.load(weights_only=True)`` only.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
+import sys
 import warnings
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +34,7 @@ from lockstep.utils._model_tensors import (
     set_module_tensor_to_device,
     torch_device,
 )
+from lockstep.utils.offload import offload_weight, save_offload_index
 
 __all__ = ["load_checkpoint_in_model", "load_state_dict"]
 
@@ -120,16 +125,21 @@ def _tie_groups(tied: Iterable[list[str]]) -> dict[str, list[str]]:
     return {name: group for group in tied for name in group}
 
 
-def _check_unsupported(device_map: Mapping[str, Any] | None, offload_8bit_bnb: bool) -> None:
+def _check_unsupported(
+    device_map: Mapping[str, Any] | None,
+    offload_8bit_bnb: bool,
+    offload_folder: str | os.PathLike[str] | None,
+) -> None:
     if offload_8bit_bnb:
         raise NotImplementedError(
             "load_checkpoint_in_model(offload_8bit_bnb=True) offloads bitsandbytes 8-bit layers, which lockstep "
             "does not support: lockstep does not integrate bitsandbytes. Pass offload_8bit_bnb=False."
         )
-    if device_map is not None and _DISK in [str(device) for device in device_map.values()]:
-        raise NotImplementedError(
-            "load_checkpoint_in_model(device_map=...) maps modules to 'disk', which lockstep does not support: "
-            "lockstep does not offload weights to disk. Map every module to a GPU or 'cpu'."
+    disk = [name for name, device in (device_map or {}).items() if str(device) == _DISK]
+    if disk and offload_folder is None:
+        raise ValueError(
+            f"load_checkpoint_in_model(): the device_map sends {disk[:5]} to 'disk', and no offload_folder was "
+            "given. Pass offload_folder= (a folder for the offloaded weights)."
         )
 
 
@@ -145,6 +155,8 @@ def _value_dtype(
 
 
 def _has_dtensor(model: nn.Module) -> bool:
+    if "torch.distributed.tensor" not in sys.modules:
+        return False  # nothing made a DTensor, and importing the module costs ~40 MB and a second
     from torch.distributed.tensor import DTensor
 
     return any(isinstance(parameter, DTensor) for parameter in model.parameters())
@@ -254,7 +266,8 @@ def load_checkpoint_in_model(
     full_state_dict: bool = True,
     broadcast_from_rank0: bool = False,
 ) -> None:
-    """Load a (possibly sharded) checkpoint into ``model``, one file at a time, tensor by tensor.
+    """Load a (possibly sharded) checkpoint into ``model`` tensor by tensor (safetensors files are read one
+    tensor at a time; a ``.bin`` file whole).
 
     Each tensor goes to its ``device_map`` device; without a map it stays on the device it is on, and a
     tensor on the meta device (from ``init_empty_weights``) is created on the CPU. Tied parameters are
@@ -264,11 +277,13 @@ def load_checkpoint_in_model(
         model: the model to fill.
         checkpoint: a weight file, an index (``*.index.json``), or a folder holding ``model.safetensors``,
             ``pytorch_model.bin`` (safetensors is preferred when both exist) or one index with its shards.
-        device_map: module name -> device (``""`` for the whole model). ``"disk"`` is not supported.
-        offload_folder: accepted for Accelerate's signature; disk offload is not supported.
+        device_map: module name -> device (``""`` for the whole model). Weights mapped to ``"disk"`` are
+            written to ``offload_folder`` (one memory-mapped file each, with an ``index.json``) and left on
+            the meta device in the model; :func:`lockstep.dispatch_model` reads them from there.
+        offload_folder: the folder for the weights mapped to ``"disk"`` (needed when some are).
         dtype: load floating-point tensors in this dtype.
         offload_state_dict: accepted and ignored (a memory saving for disk offload), with a warning.
-        offload_buffers: accepted; it only matters for disk offload.
+        offload_buffers: write the buffers of disk blocks to the folder too (otherwise they load on the CPU).
         keep_in_fp32_modules: module names whose floating-point tensors stay fp32 whatever ``dtype``.
         offload_8bit_bnb: bitsandbytes offload; not supported.
         strict: raise when the checkpoint and the model do not have the same keys (otherwise warn).
@@ -282,19 +297,21 @@ def load_checkpoint_in_model(
     ``broadcast_from_rank0`` do not apply.
 
     Raises:
-        ValueError: the checkpoint cannot be found, or with ``strict`` the keys differ.
-        NotImplementedError: ``"disk"`` in ``device_map``, or ``offload_8bit_bnb``.
+        ValueError: the checkpoint cannot be found, ``"disk"`` is mapped without ``offload_folder``, or with
+            ``strict`` the keys differ (known before any tensor is read for safetensors and indexed
+            checkpoints).
+        NotImplementedError: ``offload_8bit_bnb``.
 
     Example:
         >>> with init_empty_weights():  # doctest: +SKIP
         ...     model = MyModel(config)
         >>> load_checkpoint_in_model(model, "out/model", device_map={"": 0})  # doctest: +SKIP
     """
-    _check_unsupported(device_map, offload_8bit_bnb)
+    _check_unsupported(device_map, offload_8bit_bnb, offload_folder)
     if offload_state_dict:
         warnings.warn(
-            "load_checkpoint_in_model(offload_state_dict=True) is ignored: lockstep reads one checkpoint file "
-            "at a time and does not offload to disk.",
+            "load_checkpoint_in_model(offload_state_dict=True) is ignored: lockstep reads the checkpoint one "
+            "tensor at a time, so there is no whole state dict to offload.",
             UserWarning,
             stacklevel=2,
         )
@@ -312,28 +329,63 @@ def load_checkpoint_in_model(
             broadcast_from_rank0=broadcast_from_rank0,
         )
         return
+    placement = _Placement(
+        device_map,
+        as_dtype(dtype) if dtype is not None else None,
+        keep_in_fp32_modules or [],
+        offload_folder=offload_folder,
+        offload_buffers=offload_buffers,
+        buffers={name for name, _ in model.named_buffers()},
+    )
+    _load_tensor_by_tensor(model, checkpoint, placement, strict=strict)
+
+
+def _load_tensor_by_tensor(
+    model: nn.Module, checkpoint: str | os.PathLike[str], placement: _Placement, *, strict: bool
+) -> None:
+    """The plain path: every tensor of every file placed as ``placement`` says, then ties restored."""
     files, promised = _checkpoint_files(checkpoint)
     tied = find_tied_parameters(model)
-    if device_map is not None:
-        check_tied_parameters_on_same_device(tied, device_map)
+    if placement.device_map is not None:
+        check_tied_parameters_on_same_device(tied, placement.device_map)
     keys = _Keys(
         list(model.state_dict()), _tie_groups(tied), f"load_checkpoint_in_model({os.fspath(checkpoint)!r})"
     )
     if strict and promised is not None:
         keys.check(promised)  # an index lists every key: a mismatch is known before any tensor is read
-    placement = _Placement(
-        device_map, as_dtype(dtype) if dtype is not None else None, keep_in_fp32_modules or []
-    )
+    if strict and promised is None and all(file.name.endswith(".safetensors") for file in files):
+        keys.check(set().union(*(_file_keys(file) for file in files)))  # the headers, before any tensor
     loaded: set[str] = set()
     for file in files:
-        state = load_state_dict(file, device_map=device_map)
-        if strict and promised is None:
-            keys.check(state)
-        loaded.update(placement.place(model, state))
+        for state in _tensor_batches(file):
+            if strict and promised is None and not file.name.endswith(".safetensors"):
+                keys.check(state)
+            loaded.update(placement.place(model, state, mapped=file.name.endswith(".safetensors")))
     retie_parameters(model, tied)
+    placement.finish(tied)
     missing, unexpected = keys.differences(loaded)
     if missing or unexpected:
-        warnings.warn(keys.report(missing, unexpected), UserWarning, stacklevel=2)
+        warnings.warn(keys.report(missing, unexpected), UserWarning, stacklevel=3)
+
+
+def _tensor_batches(file: Path) -> Iterator[dict[str, torch.Tensor]]:
+    """The tensors of ``file``: one at a time from a safetensors file, at once from a ``.bin`` file.
+
+    safetensors (>= 0.6) returns tensors backed by a map of the whole file, and every page read stays
+    resident while any of them lives: a 5 GB shard whose CPU tensors are kept would keep the pages of its
+    disk-offloaded tensors too. So each tensor comes from a map opened for it alone, gone once the tensor
+    is written to the offload folder or copied into the model (:meth:`_Placement.place`).
+    """
+    if not file.name.endswith(".safetensors"):
+        yield load_state_dict(file)
+        return
+    with safe_open(str(file), framework="pt") as handle:
+        _check_safetensors_format(str(file), handle.metadata())
+        names = list(handle.keys())
+    for name in names:
+        with safe_open(str(file), framework="pt") as handle:
+            tensor = handle.get_tensor(name)
+        yield {name: tensor}
 
 
 @dataclass
@@ -368,17 +420,30 @@ class _Keys:
 
 @dataclass
 class _Placement:
-    """Where and in which dtype each loaded tensor goes."""
+    """Where and in which dtype each loaded tensor goes; ``"disk"`` tensors are written to the offload folder."""
 
     device_map: Mapping[str, Any] | None
     dtype: torch.dtype | None
     keep_in_fp32: list[str]
+    offload_folder: str | os.PathLike[str] | None = None
+    offload_buffers: bool = False
+    buffers: set[str] = field(default_factory=set)
+    offload_index: dict[str, Any] = field(default_factory=dict)
+    _model_keys: dict[str, torch.Tensor] | None = None
 
-    def place(self, model: nn.Module, state: Mapping[str, torch.Tensor]) -> list[str]:
-        """Put the tensors of ``state`` the model has into it; returns every key of ``state``."""
-        model_keys = model.state_dict(keep_vars=True)
+    def place(
+        self, model: nn.Module, state: Mapping[str, torch.Tensor], *, mapped: bool = False
+    ) -> list[str]:
+        """Put the tensors of ``state`` the model has into it; returns every key of ``state``.
+
+        ``mapped``: the tensors are pages of a safetensors file map, copied when they stay on the CPU.
+        """
+        if self._model_keys is None:  # read once: only the names and the meta-or-not device are used
+            self._model_keys = model.state_dict(keep_vars=True)
+            if self.offload_folder is not None:
+                os.makedirs(self.offload_folder, exist_ok=True)
         for name, value in state.items():
-            current = model_keys.get(name)
+            current = self._model_keys.get(name)
             if current is None:
                 continue
             if self.device_map is not None:
@@ -386,7 +451,41 @@ class _Placement:
             else:
                 device = "cpu" if current.device.type == "meta" else current.device
             value_dtype = _value_dtype(name, value, self.dtype, self.keep_in_fp32)
+            if str(device) == _DISK and (self.offload_buffers or name not in self.buffers):
+                value = value if value_dtype is None else value.to(value_dtype)
+                offload_weight(value, name, self.offload_folder, index=self.offload_index)  # type: ignore[arg-type]
+                continue
+            device = "cpu" if str(device) == _DISK else device  # a disk block's buffers stay in memory
+            if mapped and str(device) == "cpu" and value.device.type == "cpu":
+                value = value.clone()  # kept: its own memory, not a page of a file map (see _tensor_batches)
             set_module_tensor_to_device(
                 model, name, device, value=value, dtype=value_dtype, clear_cache=False
             )
         return list(state)
+
+    def finish(self, tied: Iterable[list[str]]) -> None:
+        """Give every name of a tied group the offloaded file of the one the checkpoint held (a checkpoint
+        saves a tied weight once), and write the offload index."""
+        if self.offload_folder is None:
+            return
+        folder = Path(self.offload_folder)
+        for group in tied:
+            stored = next((name for name in group if name in self.offload_index), None)
+            if stored is None:
+                continue
+            for name in group:
+                on_disk = (
+                    self.device_map is not None and str(device_for(name, self.device_map, "cpu")) == _DISK
+                )
+                if name not in self.offload_index and on_disk:
+                    _link_or_copy(folder / f"{stored}.dat", folder / f"{name}.dat")
+                    self.offload_index[name] = self.offload_index[stored]
+        save_offload_index(self.offload_index, folder)
+
+
+def _link_or_copy(source: Path, target: Path) -> None:
+    target.unlink(missing_ok=True)
+    try:
+        os.link(source, target)  # no second copy on disk
+    except OSError:
+        shutil.copyfile(source, target)

@@ -3,10 +3,11 @@
 Sizes are in bytes and read only shapes and dtypes (models on the meta device work too). The loaders read
 safetensors and ``.bin`` files, ``.bin`` only with ``torch.load(weights_only=True)``. Weights offloaded to
 disk (:mod:`lockstep.utils.offload`'s folders) load back with :func:`load_offloaded_weights`;
-:func:`align_module_device` moves a module's own tensors for the length of a ``with`` block. lockstep does
-not dispatch models across devices with hooks, so Accelerate's planners for that (``infer_auto_device_map``,
-``get_balanced_memory``) import and raise ``NotImplementedError``, and bitsandbytes' 8-bit statistics are
-not supported.
+:func:`align_module_device` moves a module's own tensors for the length of a ``with`` block.
+:func:`infer_auto_device_map` plans where each block of a model goes under a memory budget (GPUs, then
+the CPU, then the disk) and :func:`get_balanced_memory` spreads a model evenly over several GPUs; the plan
+is what :func:`lockstep.dispatch_model` and :func:`lockstep.load_checkpoint_and_dispatch` follow.
+bitsandbytes' 8-bit statistics are not supported.
 
 Example:
     >>> import torch
@@ -29,6 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from lockstep.utils._device_map import get_balanced_memory, infer_auto_device_map
 from lockstep.utils._loading import load_checkpoint_in_model, load_state_dict
 from lockstep.utils._model_tensors import (
     calculate_maximum_sizes,
@@ -52,7 +54,6 @@ from lockstep.utils._model_tensors import (
     set_module_tensor_to_device,
 )
 from lockstep.utils.offload import load_offloaded_weight
-from lockstep.utils.unsupported import get_balanced_memory, infer_auto_device_map
 
 __all__ = [
     "align_module_device",
@@ -122,11 +123,11 @@ def load_offloaded_weights(
 
 
 def has_offloaded_params(module: nn.Module) -> bool:
-    """Whether ``module`` carries an offloading device hook (Accelerate's ``AlignDevicesHook`` with
-    ``offload=True``, attached by ``dispatch_model`` or transformers' ``device_map``).
+    """Whether ``module`` carries an offloading device hook (an ``AlignDevicesHook`` with ``offload=True``,
+    attached by ``dispatch_model``, ``cpu_offload``, ``disk_offload`` or transformers' ``device_map``).
 
-    lockstep attaches no such hooks, so this is False for every model lockstep prepared; a hook is
-    recognised by its ``offload`` flag and its ``pre_forward``/``post_forward`` methods.
+    A hook is recognised by its ``offload`` flag and its ``pre_forward``/``post_forward`` methods, so
+    Accelerate's hooks count too.
 
     Example:
         >>> has_offloaded_params(torch.nn.Linear(1, 1))

@@ -2,9 +2,10 @@
 
 A folder of offloaded weights holds one ``<name>.dat`` file per tensor (its raw bytes; bf16 is stored as
 int16, which NumPy lacks) and ``index.json`` mapping each name to ``{"dtype", "shape"}``: Accelerate's disk
-offload layout, so folders written by either library read in the other. lockstep does not attach offload
-hooks to models (see ``lockstep.big_modeling``); these helpers write and read such folders, and
-:class:`OffloadedWeightsLoader` reads them as a mapping, e.g. to fill a model with
+offload layout, so folders written by either library read in the other. ``lockstep.disk_offload``,
+``lockstep.dispatch_model`` and ``lockstep.load_checkpoint_and_dispatch`` write such folders and read each
+block's weights back memory-mapped as it runs; :class:`OffloadedWeightsLoader` reads them as a mapping, e.g.
+to fill a model with
 ``lockstep.utils.load_offloaded_weights`` or ``load_state_dict``.
 
 Example:
@@ -80,7 +81,8 @@ def offload_weight(
 
 
 def load_offloaded_weight(weight_file: PathLike, weight_info: Mapping[str, Any]) -> torch.Tensor:
-    """Read one tensor written by :func:`offload_weight` (a CPU tensor of the recorded dtype and shape).
+    """Read one tensor written by :func:`offload_weight`: a CPU tensor of the recorded dtype and shape,
+    memory-mapped from the file (its pages are read when used, and released when the tensor is freed).
 
     Args:
         weight_file: its ``.dat`` file.
@@ -93,8 +95,10 @@ def load_offloaded_weight(weight_file: PathLike, weight_info: Mapping[str, Any])
     """
     shape = tuple(weight_info["shape"])
     stored_dtype = "int16" if weight_info["dtype"] == _BF16 else weight_info["dtype"]
-    array = np.memmap(weight_file, dtype=stored_dtype, shape=shape or (1,), mode="r")
-    weight = torch.tensor(array[0] if not shape else np.asarray(array))
+    # copy-on-write map: the tensor reads the file's pages (nothing is copied, and they are unmapped when
+    # the tensor is freed), and writing to it never changes the file
+    array = np.memmap(weight_file, dtype=stored_dtype, shape=shape or (1,), mode="c")
+    weight = torch.tensor(array[0]) if not shape else torch.from_numpy(array)
     return weight.view(torch.bfloat16) if weight_info["dtype"] == _BF16 else weight
 
 

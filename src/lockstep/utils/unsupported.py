@@ -58,12 +58,6 @@ TENSOR_PARALLEL = Feature(
     "Accelerate's deprecated tensor-parallel plugin is not built",
     "Pass Accelerator(parallelism_config=ParallelismConfig(tp_size=...)) instead.",
 )
-DISPATCH = Feature(
-    "lockstep does not dispatch a model over devices or offload its weights with hooks (big-model inference)",
-    "Load the model on one device (lockstep.big_modeling.init_empty_weights and "
-    "lockstep.utils.load_checkpoint_in_model build and fill it without a copy), or shard it across processes "
-    "with FullyShardedDataParallelPlugin (cpu_offload=True keeps the shards in CPU memory).",
-)
 
 
 def unsupported_function(name: str, feature: Feature) -> Callable[..., NoReturn]:
@@ -150,12 +144,3 @@ TorchTensorParallelPlugin = unsupported_class("TorchTensorParallelPlugin", TENSO
 
 # -- sequence parallelism (accelerate.utils.dataclasses) ------------------------------------------------
 DeepSpeedSequenceParallelConfig = unsupported_class("DeepSpeedSequenceParallelConfig", DEEPSPEED)
-
-# -- big-model dispatch and offload hooks (accelerate.big_modeling, accelerate.utils.modeling) --------------
-cpu_offload = unsupported_function("cpu_offload", DISPATCH)
-cpu_offload_with_hook = unsupported_function("cpu_offload_with_hook", DISPATCH)
-disk_offload = unsupported_function("disk_offload", DISPATCH)
-dispatch_model = unsupported_function("dispatch_model", DISPATCH)
-infer_auto_device_map = unsupported_function("infer_auto_device_map", DISPATCH)
-load_checkpoint_and_dispatch = unsupported_function("load_checkpoint_and_dispatch", DISPATCH)
-get_balanced_memory = unsupported_function("get_balanced_memory", DISPATCH)

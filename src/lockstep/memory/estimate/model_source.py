@@ -154,6 +154,26 @@ def _apply_settings(config: Any, settings: dict[str, Any]) -> Any:
 
 
 def _describe_transformers(source: str, config: Any, model_class: str | None) -> ModelDescription:
+    return _describe_module(source, _build_transformers(config, model_class))
+
+
+def build_model_from_folder(folder: str | Path, model_class: str | None = None) -> nn.Module:
+    """The transformers model of ``folder``'s ``config.json``, built on the meta device (no weights read).
+
+    Args:
+        folder: a local folder holding ``config.json``.
+        model_class: the transformers class to build (default: the config's ``architectures[0]``, else
+            ``AutoModel``).
+
+    Raises:
+        UsageError: no such folder or config, or transformers cannot build it.
+    """
+    if not Path(folder).is_dir():
+        raise UsageError(f"{str(folder)!r} is not a folder: give a folder with a transformers config.json.")
+    return _build_transformers(_config_from_folder(Path(folder), {}), model_class)
+
+
+def _build_transformers(config: Any, model_class: str | None) -> nn.Module:
     transformers = _transformers()
     class_name = model_class or ((getattr(config, "architectures", None) or [None])[0]) or "AutoModel"
     model_type = getattr(transformers, class_name, None)
@@ -171,7 +191,7 @@ def _describe_transformers(source: str, config: Any, model_class: str | None) ->
         raise UsageError(
             f"cannot build {class_name} from this config: {type(error).__name__}: {error}"
         ) from None
-    return _describe_module(source, model)
+    return model
 
 
 def _import_factory(path: str) -> Any:
