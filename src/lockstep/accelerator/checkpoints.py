@@ -177,7 +177,8 @@ class CheckpointManager:
             move_latest_pointer=automatic,
             step=self.accumulation.step,
             safe_serialization=safe_serialization,
-            writer=self.writer if async_save else None,
+            writer=self.writer,
+            background=async_save,
             after_commit=(lambda: storage.rotate(storage.parent(folder), limit))
             if automatic and writes_shared
             else None,
