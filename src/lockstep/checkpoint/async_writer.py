@@ -75,6 +75,11 @@ class AsyncCheckpointWriter:
     def busy(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
+    @property
+    def failed(self) -> bool:
+        """Whether the background save has ended with an error that :meth:`wait` has not raised yet."""
+        return self._error is not None and not self.busy
+
     def start(self, work: Callable[[], None]) -> None:
         """Run ``work`` in the background (after waiting for the previous save)."""
         self.wait()

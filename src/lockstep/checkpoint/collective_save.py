@@ -68,6 +68,12 @@ def _attempt(function: Callable[[], Any]) -> BaseException | None:
     return None
 
 
+def raise_background_failure(state: PartialState, writer: AsyncCheckpointWriter) -> None:
+    """Every rank together: wait for ``writer``'s background save and raise its error, if it failed on any
+    rank, on every rank (a thread's error alone would stop one rank and leave the others in a collective)."""
+    agree(state, _attempt(writer.wait), "The previous asynchronous checkpoint save")
+
+
 @dataclass
 class _SaveGuard:
     """How one save fails: an error on any rank is raised on every rank, a full disk as one
@@ -120,16 +126,19 @@ class _SaveGuard:
             self.discard()
             raise
 
-    def in_background(self, work: Callable[[], None], commit: Callable[[], None]) -> Callable[[], None]:
+    def in_background(
+        self, work: Callable[[], None], commit: Callable[[], None], *, markers: bool = True
+    ) -> Callable[[], None]:
         """The writer thread's job: this rank's files, then (committing process) the commit; on a failure the
-        committing process waits for every rank's marker, then removes the staging folder."""
+        committing process waits for every rank's marker (``markers``: the ranks write in the background
+        too), then removes the staging folder."""
 
         def run() -> None:
             try:
                 work()
                 commit()
             except BaseException:
-                if self.commits and self.storage.node_local:
+                if markers and self.commits and self.storage.node_local:
                     settle(self.staging, self.state.num_processes, timeout=ASYNC_TIMEOUT_SECONDS)
                 self.discard()
                 raise
@@ -152,6 +161,7 @@ def save_checkpoint(
     safe_serialization: bool = True,
     writer: AsyncCheckpointWriter | None = None,
     background: bool = False,
+    commit_in_background: bool = False,
     after_commit: Callable[[], None] | None = None,
     save_shards: Callable[[Path], None] | None = None,
 ) -> int:
@@ -161,7 +171,9 @@ def save_checkpoint(
     save hooks run there and may write files of their own into ``staging``, which are committed (and
     covered by the manifest) with the rest. ``writer`` runs this process's background saves: the previous
     one is waited for first, and its error raised on every rank; with ``background``, only the snapshot
-    happens now and the files are written and committed by ``writer``. ``save_shards(staging)`` is the backend's collective write of its own
+    happens now and the files are written and committed by ``writer``. With ``commit_in_background`` (and no
+    ``background``), the files are written now (handed to the OS) and ``writer`` makes them durable: fsync
+    of every file, manifest, rename, ``latest`` and rotation; the checkpoint counts only once committed. ``save_shards(staging)`` is the backend's collective write of its own
     shards, done now in any case. ``storage`` commits the staged files (default: a local folder).
 
     A failure on any rank (a full disk included) is raised on every rank, the staging folder is removed and
@@ -170,7 +182,7 @@ def save_checkpoint(
     """
     storage = storage or LocalStorage()
     if writer is not None:
-        agree(state, _attempt(writer.wait), "The previous asynchronous checkpoint save")
+        raise_background_failure(state, writer)
     background = background and writer is not None
     # On an object store only the main process commits; on a (shared) folder every writer of shared files.
     commits = writes_shared_files and (storage.node_local or state.is_main_process)
@@ -219,7 +231,13 @@ def save_checkpoint(
     )
     if writer is None or not background:
         guard.run(f"Saving the checkpoint {final_dir}", work)
-        guard.run(f"Committing the checkpoint {final_dir}", lambda: commit(None))
+        if writer is not None and commit_in_background:
+            if commits:  # every rank's files are written (agreed above): only the commit is left
+                writer.start(
+                    guard.in_background(lambda: None, guard.converting(lambda: commit(None)), markers=False)
+                )
+        else:
+            guard.run(f"Committing the checkpoint {final_dir}", lambda: commit(None))
     else:
         writer.start(guard.in_background(work, guard.converting(lambda: commit(ASYNC_TIMEOUT_SECONDS))))
     return sum(snap.nbytes() for snap in snapshots)
