@@ -5,7 +5,10 @@ a failed commit reaches the training loop at the next ``should_stop`` (or ``save
 from __future__ import annotations
 
 import errno
+import json
 import os
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -14,6 +17,7 @@ import torch
 
 from lockstep import Accelerator, ProjectConfiguration
 from lockstep.checkpoint import CheckpointError, layout
+from tests.helpers.cli import REPO, SCRIPTS, cli_env
 from tests.helpers.multiprocess import run_distributed
 
 
@@ -124,3 +128,23 @@ def test_two_processes_both_raise_a_failed_commit_at_the_same_should_stop(tmp_pa
         "ran out of disk space"
     )
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == []
+
+
+def test_kill_9_at_20_random_moments_of_the_background_commit_leaves_the_new_or_the_previous(tmp_path):
+    """tests/scripts/kill_background_commit.py: 20 forked children killed at seeded moments over 1.5 times
+    the commit's length; after each, the newest valid checkpoint loads and holds its own weights."""
+    script = SCRIPTS / "kill_background_commit.py"
+    done = subprocess.run(
+        [sys.executable, str(script), str(tmp_path), "20", "0"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=cli_env(OMP_NUM_THREADS="1"),
+        cwd=REPO,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    outcomes = [kill["outcome"] for kill in result["kills"]]
+    assert len(outcomes) == 20 and set(outcomes) <= {"new", "previous"}, outcomes
+    delays = [kill["delay"] for kill in result["kills"]]
+    assert min(delays) < result["commit_seconds"] < max(delays)  # moments inside and after the commit
