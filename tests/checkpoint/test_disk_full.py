@@ -174,9 +174,14 @@ def test_only_a_full_disk_is_called_one(tmp_path):
     assert human_bytes(1023) == "1,023 bytes" and human_bytes(137152) == "137,152 bytes (133.9 KiB)"
 
 
-def test_the_trainer_on_a_full_disk_stops_with_the_error_and_keeps_its_last_checkpoint(tmp_path):
-    """The Trainer saves through save_state and rotates (save_total_limit=1) only after it returns: its
-    checkpoints take about 30 KB (nine files of one 4 KiB page or more), a 96 KiB disk holds one."""
+@pytest.mark.parametrize("save_only_model", [False, True])
+def test_the_trainer_on_a_full_disk_stops_with_the_error_and_keeps_its_last_checkpoint(
+    tmp_path, save_only_model
+):
+    """The Trainer saves through save_state (or, with save_only_model, its own staging and commit) and
+    rotates (save_total_limit=1) only after the save returns: its checkpoints take about 30 KB (nine files
+    of one 4 KiB page or more), a 96 KiB disk holds one; with save_only_model three files (weights, trainer
+    state, manifest) of one page each, a 16 KiB disk holds one."""
     from lockstep import Trainer, TrainingArguments
     from lockstep.checkpoint import verify
     from lockstep.trainer._checkpoint_folders import newest_valid_checkpoint
@@ -185,8 +190,9 @@ def test_the_trainer_on_a_full_disk_stops_with_the_error_and_keeps_its_last_chec
     def mse(outputs, labels, num_items_in_batch=None):
         return torch.nn.functional.mse_loss(outputs, labels)
 
-    with small_disk(tmp_path / "disk", 96 * 1024) as disk:
+    with small_disk(tmp_path / "disk", (16 if save_only_model else 96) * 1024) as disk:
         settings = {"max_steps": 4, "save_steps": 2, "save_total_limit": 1, "per_device_train_batch_size": 4}
+        settings |= {"save_only_model": save_only_model}
         arguments = TrainingArguments(
             output_dir=str(disk),
             optim="sgd",

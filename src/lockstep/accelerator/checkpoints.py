@@ -262,8 +262,8 @@ class CheckpointManager:
     # -- load -------------------------------------------------------------------------------------
     def load_state(self, input_dir: Any) -> None:
         """Restore the chosen checkpoint on every rank together."""
-        self.wait()
-        self.state.wait_for_everyone()  # every rank's background save is committed before choosing
+        # every rank's background save is committed before choosing (its failure raised on every rank)
+        raise_background_failure(self.state, self.writer)
         root = self.automatic_root()
         if input_dir is not None:
             input_dir = os.fspath(input_dir) if is_url(input_dir) else Path(input_dir)

@@ -173,8 +173,9 @@ def save_checkpoint(
     one is waited for first, and its error raised on every rank; with ``background``, only the snapshot
     happens now and the files are written and committed by ``writer``. With ``commit_in_background`` (and no
     ``background``), the files are written now (handed to the OS) and ``writer`` makes them durable: fsync
-    of every file, manifest, rename, ``latest`` and rotation; the checkpoint counts only once committed. ``save_shards(staging)`` is the backend's collective write of its own
-    shards, done now in any case. ``storage`` commits the staged files (default: a local folder).
+    of every file, manifest, rename, ``latest`` and rotation; the checkpoint counts only once committed.
+    ``save_shards(staging)`` is the backend's collective write of its own shards, done now in any case.
+    ``storage`` commits the staged files (default: a local folder).
 
     A failure on any rank (a full disk included) is raised on every rank, the staging folder is removed and
     nothing is rotated: the previous checkpoint stays the newest valid one. A background save's failure is
@@ -229,17 +230,14 @@ def save_checkpoint(
     work = storage.rank_writer(
         guard.converting(write), guard.staging, final_dir, state.process_index, background=background
     )
-    if writer is None or not background:
-        guard.run(f"Saving the checkpoint {final_dir}", work)
-        if writer is not None and commit_in_background:
-            if commits:  # every rank's files are written (agreed above): only the commit is left
-                writer.start(
-                    guard.in_background(lambda: None, guard.converting(lambda: commit(None)), markers=False)
-                )
-        else:
-            guard.run(f"Committing the checkpoint {final_dir}", lambda: commit(None))
-    else:
+    if writer is not None and background:
         writer.start(guard.in_background(work, guard.converting(lambda: commit(ASYNC_TIMEOUT_SECONDS))))
+        return sum(snap.nbytes() for snap in snapshots)
+    guard.run(f"Saving the checkpoint {final_dir}", work)
+    if writer is None or not commit_in_background:
+        guard.run(f"Committing the checkpoint {final_dir}", lambda: commit(None))
+    elif commits:  # every rank's files are written (agreed above): only the commit is left to the thread
+        writer.start(guard.in_background(lambda: None, guard.converting(lambda: commit(None)), markers=False))
     return sum(snap.nbytes() for snap in snapshots)
 
 
