@@ -8,8 +8,7 @@ from pathlib import Path
 
 from lockstep import checkpoint
 from lockstep.accelerator import Accelerator
-from lockstep.checkpoint import CheckpointStorage, Location, is_url, storage_for
-from lockstep.checkpoint.disk_space import out_of_space_error
+from lockstep.checkpoint import CheckpointStorage, Location, is_url, out_of_space_error, storage_for
 from lockstep.trainer import _checkpoint_folders
 from lockstep.trainer._loss_sums import LossSums
 from lockstep.trainer.arguments import TrainingArguments
