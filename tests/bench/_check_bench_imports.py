@@ -66,11 +66,16 @@ def check_import(module: str, name: str | None, *, script: Path, bench: Path) ->
         imported = importlib.import_module(module)
     except ImportError as error:
         return f"import {module} failed: {error}"
-    if name is None or hasattr(imported, name):
-        return None
-    if importlib.util.find_spec(f"{module}.{name}") is not None:
+    if name is None or hasattr(imported, name) or _submodule_exists(f"{module}.{name}"):
         return None
     return f"{module} defines no {name!r}"
+
+
+def _submodule_exists(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:  # the parent is a module, not a package
+        return False
 
 
 def run_help(module: object) -> str | None:
