@@ -114,8 +114,8 @@ class CheckpointingView:
         rotated. ``durable="background"`` returns once the files are written (handed to the operating
         system) and does the rest on a background thread; the checkpoint counts (and ``load_state`` sees it)
         only once committed, so a crash before leaves the previous one the newest valid checkpoint. A failure
-        of that commit is raised on every rank by the next ``save_state``, ``should_stop`` or
-        :meth:`wait_for_checkpoint`.
+        of that commit is raised on every rank by the next ``save_state``, ``should_stop`` or ``load_state``
+        (:meth:`wait_for_checkpoint` raises it on the rank where it happened).
 
         Example:
             >>> accelerator = Accelerator(project_config=ProjectConfiguration(  # doctest: +SKIP
