@@ -112,7 +112,13 @@ def _commit_fails_on_the_main_process(folder: str) -> list[str]:
     if accelerator.is_main_process:
         layout.write_manifest = _full_disk_at_the_manifest  # this forked process only
     accelerator.save_state(durable="background")
-    return _checks_until_raised(accelerator)
+    errors = _checks_until_raised(accelerator)
+    accelerator.save_state(durable="background")  # fails again: load_state raises it on every rank
+    try:
+        accelerator.load_state()
+    except CheckpointError as error:
+        errors.append(str(error))
+    return errors
 
 
 def test_two_processes_both_raise_a_failed_commit_at_the_same_should_stop(tmp_path):
@@ -128,6 +134,12 @@ def test_two_processes_both_raise_a_failed_commit_at_the_same_should_stop(tmp_pa
         "ran out of disk space"
     )
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == []
+    assert len(results[0]) == len(results[1]) == 2
+    assert (
+        "Saving the checkpoint" in results[0][1]
+        and "checkpoint_1 (process 0 of 2) ran out of" in results[0][1]
+    )
+    assert results[1][1].startswith("The previous asynchronous checkpoint save failed on 1 of 2 processes: ")
 
 
 def test_kill_9_at_20_random_moments_of_the_background_commit_leaves_the_new_or_the_previous(tmp_path):
