@@ -33,6 +33,23 @@ def adapter_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     return get_peft_model_state_dict(model, adapter_name=model.active_adapter)
 
 
+def gathered_adapter(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The trainable parameters (the adapter) under the model's names, whole, as CPU copies (every process
+    calls it together: a sharded DTensor or a DeepSpeed ZeRO-3 partition is gathered)."""
+    from torch.distributed.tensor import DTensor
+
+    named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+    if any(hasattr(p, "ds_tensor") for _, p in named):  # ZeRO-3: deepspeed is imported already
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters([p for _, p in named]):
+            return {name: p.detach().to("cpu", copy=True) for name, p in named}
+    return {
+        name: (p.full_tensor() if isinstance(p, DTensor) else p).detach().to("cpu", copy=True)
+        for name, p in named
+    }
+
+
 def load_adapter_state_dict(model: nn.Module, state_dict: dict[str, torch.Tensor]) -> Any:
     """Copy ``state_dict`` (peft's names, as :func:`adapter_state_dict`) into the active adapter."""
     from peft import set_peft_model_state_dict

@@ -41,7 +41,7 @@ class OwnFilesBackend(Backend, ShardedCheckpointIO):
     def model_state_dicts(self, models):
         return [None for _ in models]  # nothing for checkpoint/ to write
 
-    def save_shards(self, models, optimizers, folder: Path) -> None:
+    def save_shards(self, models, optimizers, folder: Path, *, frozen_left_out=()) -> None:
         (folder / OWN_FOLDER).mkdir()
         for index, model in models:
             torch.save(model.state_dict(), folder / OWN_FOLDER / f"model_{index}.pt")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from torch import nn
 
@@ -103,6 +105,40 @@ def test_sizes_must_multiply_to_the_number_of_processes():
     ones = ParallelismConfig()
     ones.validate_world_size(3)  # all ones on N processes: plain data parallelism, as in Accelerate
     assert ones.dp_replicate_size == 3 and ones.active_mesh_dims == ["dp_replicate"]
+
+
+@pytest.mark.parametrize(
+    ("sizes", "world", "after", "change"),
+    [
+        ({"dp_shard_size": 2, "tp_size": 2}, 2, (1, 1, 2), "dp_shard_size 2 -> 1 (tp_size=2 kept)"),
+        ({"dp_shard_size": 2, "tp_size": 2}, 8, (1, 4, 2), "dp_shard_size 2 -> 4 (tp_size=2 kept)"),
+        ({"tp_size": 2}, 6, (3, 1, 2), "dp_replicate_size 1 -> 3 (tp_size=2 kept)"),
+        ({"dp_replicate_size": 2, "dp_shard_size": 2}, 6, (3, 2, 1), "dp_replicate_size 2 -> 3"),
+        ({"dp_shard_size": 3, "cp_size": 2}, 6, (1, 3, 1), ""),
+    ],
+)  # fmt: skip
+def test_an_elastic_job_fits_the_data_parallel_sizes_to_the_world(sizes, world, after, change):
+    config = ParallelismConfig(**sizes)
+    assert config.fit_data_parallel(world) == change
+    assert (config.dp_replicate_size, config.dp_shard_size, config.tp_size) == after
+    config.validate_world_size(world)
+
+
+@pytest.mark.parametrize(
+    ("sizes", "world", "message"),
+    [
+        ({"tp_size": 2}, 3, "the model-parallel sizes (tp_size=2 = 2 processes per model replica) do not divide 3"),
+        ({"tp_size": 2, "cp_size": 2}, 6, "(tp_size=2 x cp_size=2 = 4 processes per model replica) do not divide 6"),
+        ({"dp_replicate_size": 2, "dp_shard_size": 2}, 3, "3 data-parallel ranks, "
+         "which HSDP's dp_shard_size=2 does not divide"),
+    ],
+)  # fmt: skip
+def test_an_elastic_job_refuses_a_world_its_layout_cannot_divide(sizes, world, message):
+    config = ParallelismConfig(**sizes)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        config.validate_world_size(world, elastic=True)
+    with pytest.raises(ValueError, match=f"needs .* processes, but this run has {world}"):
+        ParallelismConfig(**sizes).validate_world_size(world)  # not elastic: Accelerate's check
 
 
 def test_the_accelerator_refuses_a_layout_for_another_world_size():

@@ -1,6 +1,6 @@
 """Resuming an epoch on another number of processes (real gloo groups): every sample of the epoch is read
-exactly once across all attempts, for every way of sampling; the weights of a resized DDP run equal a
-single-process replay of the logged global batches.
+exactly once across all attempts, for every way of sampling; the weights of a resized DDP or FSDP2 run
+(sharded checkpoints, resharded by torch.distributed.checkpoint) equal a single-process replay of the logged global batches.
 
 Processes are expensive, so one launch runs one attempt of every sampler kind: the attempts go 3 -> 2 -> 3
 (chain "a") and 2 -> 3 (chain "b", which starts in the second launch).
@@ -19,11 +19,12 @@ import pytest
 import torch
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler, Sampler
 
-from lockstep import Accelerator
+from lockstep import Accelerator, FullyShardedDataParallelPlugin
 from lockstep.accelerator.elastic_resume import kept_accumulation
 from lockstep.data import prepare_data_loader, skip_first_batches
 from lockstep.data._sharding import IndexBatches, ShardSpec, plan_epoch, simulate_shard
 from lockstep.data.resize import Resize
+from lockstep.report import read_run
 from lockstep.state import PartialState
 from lockstep.trainer._length_grouping import LengthGroupedSampler
 from tests.data._stateful_data import CountingStream, PlainStream
@@ -139,24 +140,42 @@ def _real_ids(ranks: list[dict[str, Any]], even: bool, finished: bool) -> list[i
 
 
 def _launches(tmp_path: Path) -> list[list[tuple[str, str, str | None, str | None, int | None]]]:
+    """Chains of attempts over five launches on 1, 3, 2, 3 and 1 processes: "a" 3 -> 2 -> 3, "b" 2 -> 3,
+    "c" 2 -> 1, "d" 1 -> 2 (one process shuffles as the plain DataLoader does, several with a generator of
+    their own: each must continue the other's order)."""
+
     def path(chain: str, kind: str, attempt: int) -> str:
         return str(tmp_path / f"{chain}_{kind}_{attempt}.pt")
 
+    zeroth = [("d", kind, None, path("d", kind, 1), 3) for kind in KINDS]
     first = [("a", kind, None, path("a", kind, 1), 2) for kind in KINDS]
     second = [("a", kind, path("a", kind, 1), path("a", kind, 2), 1) for kind in KINDS]
     second += [("b", kind, None, path("b", kind, 1), 3) for kind in KINDS]
+    second += [("c", kind, None, path("c", kind, 1), 2) for kind in KINDS]
+    second += [("d", kind, path("d", kind, 1), None, None) for kind in KINDS]
     third = [("a", kind, path("a", kind, 2), None, None) for kind in KINDS]
     third += [("b", kind, path("b", kind, 1), None, None) for kind in KINDS]
-    return [first, second, third]
+    fourth = [("c", kind, path("c", kind, 1), None, None) for kind in KINDS]
+    return [zeroth, first, second, third, fourth]
 
 
-def test_every_sample_once_across_resizes_3_2_3_and_2_3(tmp_path):
-    first, second, third = _launches(tmp_path)
-    attempts = [run_distributed(_attempt, 3, first)]
-    attempts.append(run_distributed(_attempt, 2, second))
-    attempts.append(run_distributed(_attempt, 3, third))
-    chains = {"a": [0, 1, 2], "b": [1, 2]}
-    for chain, launches in chains.items():
+WORLDS = [1, 3, 2, 3, 1]  # processes of each launch
+CHAINS = {"a": [1, 2, 3], "b": [2, 3], "c": [2, 4], "d": [0, 2]}  # the launches each chain goes through
+
+
+# drop_last: the batch sampler drops 48 and 49 (12 batches of 4), and the last attempt drops its incomplete
+# round of batches, as an uninterrupted run on that many processes would: chain a has 4 batches left for 3
+# processes (44-47 dropped), b 6 for 3, c 8 for 1, d 9 for 2 (44-47 dropped).
+DROP_LAST_IDS = {"a": 44, "b": 48, "c": 48, "d": 44}
+
+
+def _expected_ids(kind: str, chain: str) -> set[int]:
+    return set(range(DROP_LAST_IDS[chain] if kind == "sequential_drop_last" else N))
+
+
+def test_every_sample_once_across_resizes_3_2_3_and_2_3_and_to_and_from_one_process(tmp_path):
+    attempts = [run_distributed(_attempt, world, plans) for world, plans in zip(WORLDS, _launches(tmp_path))]
+    for chain, launches in CHAINS.items():
         for kind in KINDS:
             key = f"{chain}:{kind}"
             ids: list[int] = []
@@ -164,13 +183,11 @@ def test_every_sample_once_across_resizes_3_2_3_and_2_3(tmp_path):
                 finished = number == len(launches) - 1
                 ids += _real_ids([rank[key] for rank in attempts[launch]], kind in EVEN, finished)
             counts = Counter(ids)
-            expected = set(range(N))
-            if kind == "sequential_drop_last":
-                # drop_last: the batch sampler drops 48, 49, and the last attempt's incomplete round of 3
-                # batches is dropped, as an uninterrupted run on 3 processes drops it (chain a: 44-47).
-                expected = set(range(44 if chain == "a" else 48))
-            assert set(counts) == expected and set(counts.values()) == {1}, (key, sorted(counts.items()))
-            worlds = [(3, 2), (2, 3)] if chain == "a" else [(2, 3)]
+            assert set(counts) == _expected_ids(kind, chain) and set(counts.values()) == {1}, (
+                key,
+                sorted(counts.items()),
+            )
+            worlds = [(WORLDS[a], WORLDS[b]) for a, b in itertools.pairwise(launches)]
             resized = [attempts[launch][0][key]["resized"] for launch in launches[1:]]
             assert resized == worlds, key
 
@@ -219,24 +236,46 @@ def _model_and_optimizer() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     return model, torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
 
 
-def _train(load: str | None, save: str | None, micro_steps: int | None, keep: bool) -> dict[str, Any]:
+def _accelerator(backend: str, keep: bool, logs: str) -> Accelerator:
+    plugin = FullyShardedDataParallelPlugin(fsdp_version=2) if backend == "fsdp2" else None
+    return Accelerator(
+        gradient_accumulation_steps=2,
+        elastic_keep_global_batch=keep,
+        fsdp_plugin=plugin,
+        log_with="jsonl",
+        project_dir=logs,
+    )
+
+
+def _full_weights(accelerator: Accelerator, model: torch.nn.Module) -> list[torch.Tensor]:
+    """The whole weights on every rank (an FSDP2 parameter is a shard: its full tensor is gathered)."""
+    parameters = accelerator.unwrap_model(model).parameters()
+    return [(p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone() for p in parameters]
+
+
+def _train(
+    backend: str, logs: str, load: str | None, save: str | None, micro_steps: int | None, keep: bool
+) -> dict[str, Any]:
     """One attempt: ``micro_steps`` micro-batches (all when None) with 2 accumulation steps in the script."""
     records: list[str] = []
     handler = logging.Handler()
     handler.emit = lambda record: records.append(record.getMessage())  # type: ignore[method-assign]
     logging.getLogger("lockstep.checkpoint").addHandler(handler)
-    accelerator = Accelerator(gradient_accumulation_steps=2, elastic_keep_global_batch=keep)
+    accelerator = _accelerator(backend, keep, logs)
     model, optimizer = _model_and_optimizer()
     loader = DataLoader(Points(), batch_size=2, shuffle=True)
-    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)  # counts its steps only
+    model, optimizer, loader, schedule = accelerator.prepare(model, optimizer, loader, schedule)
     if load is not None:
         accelerator.load_state(load)
+    accelerator.init_trackers("run")  # after the load: its restart line waits for the trackers
     log: list[dict[str, Any]] = []
     for batch in loader:
         with accelerator.accumulate(model):
             loss = torch.nn.functional.mse_loss(model(batch["x"]), batch["y"])
             accelerator.backward(loss)
             optimizer.step()
+            schedule.step()
             optimizer.zero_grad()
         log.append(
             {
@@ -250,9 +289,11 @@ def _train(load: str | None, save: str | None, micro_steps: int | None, keep: bo
             break
     if save is not None:
         accelerator.save_state(save)
-    weights = [p.detach().clone() for p in accelerator.unwrap_model(model).parameters()]
+    accelerator.end_training()
+    weights = _full_weights(accelerator, model)
     logging.getLogger("lockstep.checkpoint").removeHandler(handler)
-    return {"log": log, "weights": weights, "lines": [r for r in records if r.startswith("resumed on")]}
+    lines = [r for r in records if r.startswith("resumed on")]
+    return {"log": log, "weights": weights, "lines": lines, "schedule": schedule.scheduler.last_epoch}
 
 
 def _replay(log: list[dict[str, Any]]) -> list[torch.Tensor]:
@@ -273,11 +314,15 @@ def _replay(log: list[dict[str, Any]]) -> list[torch.Tensor]:
 TOLERANCE = 1e-6  # measured 3.1e-7 (float32, 10 micro-steps): DDP averages rank means, the replay one mean
 
 
-def test_resized_ddp_weights_equal_a_single_process_replay_and_the_restart_lines(tmp_path):
-    first, second = str(tmp_path / "a1"), str(tmp_path / "a2")
-    one = run_distributed(_train, 3, None, first, 4, False)[0]  # 2 optimizer steps of 12 samples
-    two = run_distributed(_train, 2, first, second, 3, True)[0]  # kept at 12: 3 accumulation steps of 4
-    three = run_distributed(_train, 3, second, None, None, False)[0]  # the script's 2 steps of 6
+@pytest.mark.parametrize("backend", ["ddp", "fsdp2"])
+def test_resized_weights_equal_a_single_process_replay_and_the_restart_lines(tmp_path, backend):
+    first, second, logs = str(tmp_path / "a1"), str(tmp_path / "a2"), str(tmp_path / "logs")
+    # 2 optimizer steps of 12 samples; kept at 12: 3 accumulation steps of 4; the script's 2 steps of 6
+    one = run_distributed(_train, 3, backend, logs, None, first, 4, False)[0]
+    if backend == "fsdp2":  # saved as 3 shards, read on 2, then on 3 again
+        assert len(list(Path(first, "pytorch_model_fsdp_0").glob("*.distcp"))) == 3
+    two = run_distributed(_train, 2, backend, logs, first, second, 3, True)[0]
+    three = run_distributed(_train, 3, backend, logs, second, None, None, False)[0]
     log = one["log"] + two["log"] + three["log"]
     real = [i for micro in log for i in micro["real"]]
     assert sorted(real) == list(range(N))
@@ -294,6 +339,11 @@ def test_resized_ddp_weights_equal_a_single_process_replay_and_the_restart_lines
         "micro-step x 2 accumulation steps; it was 12); pass Accelerator(elastic_keep_global_batch=True) to "
         "keep 12"
     ]
+    # The schedule follows the samples: 3 single-process steps of the script's (2 samples x 2 accumulation
+    # steps) per optimizer step of 12 samples, while attempt two keeps 12 on 2 processes (2 would lag).
+    assert [one["schedule"], two["schedule"], three["schedule"]] == [6, 9, 15]
+    events = read_run(Path(logs, "run", "metrics.jsonl")).events  # what `lockstep report` lists
+    assert events == [(4.0, two["lines"][0]), (9.0, three["lines"][0])]
     replayed = _replay(log)
     difference = max((a - b).abs().max().item() for a, b in zip(three["weights"], replayed, strict=True))
     print(f"largest difference from the single-process replay: {difference:.3g}")

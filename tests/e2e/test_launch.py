@@ -110,6 +110,33 @@ def test_sigterm_to_the_launcher_reaches_every_worker(tmp_path):
     assert sorted(p.name for p in tmp_path.glob("term_*")) == ["term_0", "term_1"]
 
 
+def test_workers_of_a_launcher_killed_with_sigkill_get_sigterm_and_end(tmp_path):
+    """Nothing can forward a signal from a SIGKILLed launcher: the kernel sends its workers SIGTERM."""
+    launcher = lockstep_popen(
+        "launch", "--num-processes", "2", str(SCRIPTS / "wait_for_signal.py"), str(tmp_path)
+    )
+    deadline = time.monotonic() + 60
+    while not all((tmp_path / f"ready_{r}").exists() for r in range(2)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    workers = [int((tmp_path / f"ready_{r}").read_text()) for r in range(2)]
+    launcher.kill()
+    launcher.communicate(timeout=60)
+    deadline = time.monotonic() + 15
+    while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(pid) for pid in workers), "a worker outlived its killed launcher"
+    assert sorted(p.name for p in tmp_path.glob("term_*")) == ["term_0", "term_1"]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as stat:  # a zombie (exited, not yet reaped by init) is not running
+        return stat.read().split(") ", 1)[1][0] != "Z"
+
+
 def _train_on_two_machines(rdzv_backend: str) -> list[float]:
     port = str(free_port())
     launchers = [

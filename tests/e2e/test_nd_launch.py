@@ -87,6 +87,11 @@ def test_an_accelerate_parallelism_config_section_launches_unchanged(tmp_path, o
             "cp_size=1, sp_size=1, pp_size=1) needs 1 x 1 x 4 x 1 x 1 x 1 = 4 processes, but this run has 2.",
         ),
         (["--num-processes", "2", "--parallelism-config-tp-size", "0"], "--parallelism-config-tp-size must be >= 1"),
+        (
+            ["--num-machines", "1:2", "--num-processes", "6", "--parallelism-config-tp-size", "2"],
+            "ParallelismConfig settings: An elastic job on 3 processes cannot keep this layout: the model-parallel "
+            "sizes (tp_size=2 = 2 processes per model replica) do not divide 3.",
+        ),
         (["--parallelism_config_sp_size", "2"], "--parallelism_config_sp_size is not supported: DeepSpeed-Ulysses"),
     ],
 )  # fmt: skip

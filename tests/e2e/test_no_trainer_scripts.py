@@ -6,8 +6,8 @@ copy in a temporary folder): the imports, and ``send_example_telemetry``, which 
 (The scripts call ``wait_for_everyone()`` and save after ``accelerator.end_training()``: under Accelerate,
 which destroys the process group there, that fails with ``--with_tracking`` on several processes,
 transformers issue #37434; lockstep keeps the group until exit.) They are read from
-``tests/e2e/no_trainer/`` (see the README there); without them, or without transformers, datasets,
-tokenizers or tensorboard, the tests skip.
+``tests/e2e/no_trainer/``, where they are kept verbatim (see the README there); without transformers,
+datasets, tokenizers or tensorboard, the tests skip.
 
 What runs (each script: one uninterrupted 2-process run, one 2-process resume, one 1-process run):
 

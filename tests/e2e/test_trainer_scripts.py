@@ -159,7 +159,7 @@ def offline(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The scripts; text, SQuAD-style and SWAG-style files; word-level tokenizers, a tiny GPT-2 and BERT
     configuration and a tiny BERT question-answering and multiple-choice model, made here."""
     root = tmp_path_factory.mktemp("trainer_scripts")
-    _copy_scripts(root / "transformers", "transformers")  # first: it skips when the scripts are absent
+    _copy_scripts(root / "transformers", "transformers")
     _copy_scripts(root / "lockstep", "lockstep")
     rng = random.Random(0)
     (root / "train.txt").write_text(hf_examples.sentences(rng, CLM_TRAIN_LINES))

@@ -13,8 +13,6 @@ import json
 import random
 from pathlib import Path
 
-import pytest
-
 UPSTREAM_REPO = "huggingface/transformers"
 
 Change = tuple[str, str, str]
@@ -23,13 +21,11 @@ Change = tuple[str, str, str]
 
 def adapted_script(source: Path, sha256: str, changes: list[Change], folder: Path, *, upstream: str) -> Path:
     """The upstream file ``source`` (checked against ``sha256``) with ``changes`` applied, written to
-    ``folder`` under its own name; skips the test when the file is absent (it is not committed: see the
-    README next to it), naming where to take it from (``upstream``, a path in transformers' tree)."""
-    if not source.is_file():
-        pytest.skip(
-            f"{source} is absent: put {UPSTREAM_REPO}'s {upstream} there, unchanged "
-            f"(see {source.parent.name}/README.md for the version)"
-        )
+    ``folder`` under its own name. The upstream files are kept in the repository verbatim, with their
+    Apache-2.0 notice (see the README next to each); ``upstream`` is the file's path in transformers' tree."""
+    assert source.is_file(), (
+        f"{source} is missing: it is {UPSTREAM_REPO}'s {upstream}, kept in the repository"
+    )
     text = source.read_text(encoding="utf-8")
     digest = hashlib.sha256(text.encode()).hexdigest()
     assert digest == sha256, f"{source} is not the pinned upstream file (sha256 {digest}, expected {sha256})"

@@ -125,3 +125,26 @@ def test_missing_matplotlib_is_a_clear_error(tmp_path, monkeypatch):
         write_plots(read_run(tmp_path / "metrics.jsonl"), tmp_path / "out")
     assert main(["report", str(tmp_path)]) == 2
     assert main(["report", str(tmp_path), "--no-plots"]) == 0
+
+
+def test_restart_events_are_listed_on_the_timeline(tmp_path):
+    """A resized load writes its restart line as an event record (``lockstep/event``): read and listed."""
+    log = tmp_path / "metrics.jsonl"
+    lines = [
+        {"step": 1, "time": 1.0, "loss": 2.0},
+        {
+            "step": 4,
+            "time": 2.0,
+            "lockstep/event": "resumed on 2 processes from a checkpoint saved on 3: c at step 4",
+        },
+        {"step": 5, "time": 3.0, "loss": 1.5},
+    ]
+    log.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    run = read_run(log)
+    assert run.events == [(4.0, "resumed on 2 processes from a checkpoint saved on 3: c at step 4")]
+    summary = summarize(run)
+    assert summary[-2:] == [
+        "  events:",
+        "  at step 4: resumed on 2 processes from a checkpoint saved on 3: c at step 4",
+    ]
+    assert "loss" in run.series and "lockstep/event" not in run.series

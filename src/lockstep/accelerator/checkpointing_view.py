@@ -30,6 +30,7 @@ class CheckpointingView:
         accumulation: where the loop stands in an accumulation cycle (saved with the state).
         step_timer: counts the time spent checkpointing.
         keep_global_batch: ``Accelerator(elastic_keep_global_batch=...)``.
+        record_event: writes a text event to the run's trackers (the restart line of a resized load).
     """
 
     def __init__(
@@ -42,8 +43,10 @@ class CheckpointingView:
         accumulation: GradientAccumulation,
         step_timer: Any,
         keep_global_batch: bool = False,
+        record_event: Callable[[str, int | None], None] | None = None,
     ) -> None:
         self._keep_global_batch = keep_global_batch
+        self._record_event = record_event
         self._prepared = prepared
         self._backend = backend
         self._state = state
@@ -69,6 +72,7 @@ class CheckpointingView:
                 project=self._project,
                 accumulation=self._accumulation,
                 keep_global_batch=self._keep_global_batch,
+                record_event=self._record_event,
             )
         return self._manager
 
@@ -116,6 +120,11 @@ class CheckpointingView:
         only once committed, so a crash before leaves the previous one the newest valid checkpoint. A failure
         of that commit is raised on every rank by the next ``save_state``, ``should_stop`` or ``load_state``
         (:meth:`wait_for_checkpoint` raises it on the rank where it happened).
+
+        A peft model (adapters on a frozen base) is saved without its frozen base: its trainable parameters
+        and buffers, and a fingerprint of the base that :meth:`load_state` checks before it loads the
+        adapter (:mod:`lockstep.checkpoint.frozen_base`). ``ProjectConfiguration(save_frozen_base=True)``
+        saves the whole model, as Accelerate does.
 
         Example:
             >>> accelerator = Accelerator(project_config=ProjectConfiguration(  # doctest: +SKIP

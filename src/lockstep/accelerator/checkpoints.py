@@ -23,11 +23,15 @@ from torch.utils.hooks import RemovableHandle
 
 from lockstep._peft import is_peft_model, save_adapter_folder
 from lockstep.accelerator.accumulation import GradientAccumulation
-from lockstep.accelerator.elastic_resume import ACCUMULATION_COUNTER, after_resized_load
+from lockstep.accelerator.elastic_resume import (
+    ACCUMULATION_COUNTER,
+    after_resized_load,
+    kept_scheduler_repeats,
+)
 from lockstep.accelerator.prepared import PreparedObjects
 from lockstep.backends.base import Backend
 from lockstep.backends.capabilities import Indexed, ShardedCheckpointIO
-from lockstep.checkpoint import layout
+from lockstep.checkpoint import frozen_base, layout
 from lockstep.checkpoint.async_writer import AsyncCheckpointWriter
 from lockstep.checkpoint.collective_save import (
     agree,
@@ -70,6 +74,7 @@ class CheckpointManager:
         accumulation: the accumulation position, saved and restored with the state.
         keep_global_batch: on a resume on another number of processes, keep the global batch by changing the
             accumulation steps (:mod:`lockstep.accelerator.elastic_resume`).
+        record_event: writes a text event to the run's trackers: the restart line of such a resume.
     """
 
     def __init__(
@@ -81,8 +86,10 @@ class CheckpointManager:
         project: ProjectConfiguration,
         accumulation: GradientAccumulation,
         keep_global_batch: bool = False,
+        record_event: Callable[[str, int | None], None] | None = None,
     ) -> None:
         self.keep_global_batch = keep_global_batch
+        self.record_event = record_event
         self.prepared = prepared
         self.backend = backend
         self.state = state
@@ -179,13 +186,17 @@ class CheckpointManager:
         started = time.monotonic()
         folder, automatic = self.save_target(output_dir)
         models, optimizers = list(self.prepared.models), list(self.prepared.optimizers)
+        left_out = self._frozen_bases(models)  # a collective under sharding: every rank, now
         weights: list[Any] = self.backend.model_state_dicts(models)  # may be a collective: every rank, now
+        for index, entry in left_out.items():
+            if weights[index] is not None:
+                weights[index] = frozen_base.without_frozen(weights[index], entry)
         limit = self.project.total_limit
         storage = self.storage(folder)
         # save_on_each_node is for node-local disks; an object store gets the shared files once.
         writes_shared = self._writes_shared_files() if storage.node_local else self.state.is_main_process
         nbytes = save_checkpoint(
-            lambda staging: self._collect(models, weights, staging),
+            lambda staging: self._collect(models, weights, staging, left_out),
             folder,
             storage=storage,
             state=self.state,
@@ -199,19 +210,30 @@ class CheckpointManager:
             after_commit=(lambda: storage.rotate(storage.parent(folder), limit))
             if automatic and writes_shared
             else None,
-            save_shards=self._shard_writer(models, optimizers),
+            save_shards=self._shard_writer(models, optimizers, set(left_out)),
         )
         if automatic:
             self.project.iteration += 1
         self._report(folder, time.monotonic() - started, nbytes, async_save)
         return str(folder)
 
-    def _shard_writer(self, models: list[nn.Module], optimizers: list[Any]) -> Callable[[Path], None] | None:
+    def _frozen_bases(self, models: list[nn.Module]) -> dict[int, frozen_base.Entry]:
+        """The models saved without their frozen base (peft models, unless ``save_frozen_base``), by index,
+        with the keys saved and the base's fingerprint (:mod:`lockstep.checkpoint.frozen_base`)."""
+        if self.project.save_frozen_base:
+            return {}
+        return frozen_base.describe([self.backend.unwrap_model(m, keep_torch_compile=False) for m in models])
+
+    def _shard_writer(
+        self, models: list[nn.Module], optimizers: list[Any], frozen_left_out: set[int]
+    ) -> Callable[[Path], None] | None:
         """Writes every process's own shards (a collective) when the backend shards its state; else None."""
         io = self.backend.capability(ShardedCheckpointIO)
         if io is None:
             return None
-        return lambda staging: io.save_shards(list(enumerate(models)), list(enumerate(optimizers)), staging)
+        return lambda staging: io.save_shards(
+            list(enumerate(models)), list(enumerate(optimizers)), staging, frozen_left_out=frozen_left_out
+        )
 
     def _shard_reader(self, models: Indexed, optimizers: Indexed) -> Callable[[Any], None]:
         """Restores what every process reads together when the backend shards its state; else nothing."""
@@ -220,9 +242,15 @@ class CheckpointManager:
             return lambda loaded: None
         return lambda loaded: io.apply_model_states(models, optimizers, loaded)
 
-    def _collect(self, models: list[nn.Module], weights: list[Any], staging: Path) -> TrainingObjects:
+    def _collect(
+        self,
+        models: list[nn.Module],
+        weights: list[Any],
+        staging: Path,
+        left_out: dict[int, frozen_base.Entry],
+    ) -> TrainingObjects:
         """What this save holds: the backend's model and optimizer state (after the save hooks), the
-        shared objects and this rank's pending gradients.
+        shared objects, this rank's pending gradients, and the record of the frozen bases left out.
 
         The save hooks get the staging folder as ``output_dir``: files they write there (a model saved in
         its own format, say) are committed, checksummed and rotated with the checkpoint.
@@ -236,6 +264,8 @@ class CheckpointManager:
         objects.optimizer_states = self.backend.optimizer_states(list(self.prepared.optimizers))
         mid_accumulation = not self.accumulation.gradient_state.sync_gradients
         objects.gradients = lambda: self.backend.pending_gradients(models, mid_accumulation=mid_accumulation)
+        if left_out:
+            objects.records[frozen_base.RECORD_FILE] = frozen_base.record_json(left_out)
         return objects
 
     def _report(self, folder: Location, stall: float, nbytes: int, asynchronous: bool) -> None:
@@ -291,6 +321,10 @@ class CheckpointManager:
         for hook in self.load_hooks.values():
             hook(hooked_models, str(folder))
         to_load = [(i, model) for i, model in enumerate(models) if any(model is m for m in hooked_models)]
+        # Every rank together (a base's fingerprint is a collective under sharding), before any file is read.
+        frozen_base.check(
+            folder, [(i, self.backend.unwrap_model(m, keep_torch_compile=False)) for i, m in to_load]
+        )
         optimizers = list(enumerate(self.prepared.optimizers))
         if layout.written_by_accelerate(folder) and self.state.is_main_process:
             logger.warning(
@@ -309,14 +343,25 @@ class CheckpointManager:
         if gradients is not None:
             self.backend.restore_gradients(models, gradients)
         self.accumulation.step = int(counters.get("step", 0))
-        after_resized_load(
+        script_steps = self.accumulation.num_steps  # before a resize changes it to keep the global batch
+        line = after_resized_load(
             self.prepared.dataloaders,
             folder=folder,
             counters=counters,
             accumulation=self.accumulation,
             keep_global_batch=self.keep_global_batch,
             is_main_process=self.state.is_main_process,
+            num_processes=self.state.num_processes,
         )
+        if line is not None and self.record_event is not None:
+            self.record_event(line, int(counters.get("step", 0)))  # the saved step, as the line says
+        if self.keep_global_batch:
+            repeats = kept_scheduler_repeats(
+                self.state.num_processes, self.accumulation.num_steps, script_steps
+            )
+            for scheduler in self.prepared.schedulers:
+                if not getattr(scheduler, "split_batches", True):
+                    scheduler.num_processes = repeats
 
     # -- export -----------------------------------------------------------------------------------
     def save_model(

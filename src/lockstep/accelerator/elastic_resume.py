@@ -8,6 +8,11 @@ is kept by changing the accumulation steps, when the division is exact. Either w
 
     resumed on 2 processes from a checkpoint saved on 3: ckpt/checkpoint_4 at step 8, epoch 0, 24 of 50
     samples consumed; global batch kept at 12 samples per optimizer step (gradient_accumulation_steps 2 -> 3)
+
+The learning-rate schedule follows the samples consumed: where the global batch follows the number of
+processes, Accelerate's rule (a prepared scheduler advances ``num_processes`` times per optimizer step)
+already does; where it is kept, the scheduler advances as it did before the resize
+(:func:`kept_scheduler_repeats`).
 """
 
 from __future__ import annotations
@@ -48,6 +53,21 @@ def kept_accumulation(resize: Resize, saved_steps: int) -> int:
             "number of processes."
         )
     return target // new_total
+
+
+def kept_scheduler_repeats(num_processes: int, steps_now: int, script_steps: int) -> int:
+    """How often a prepared scheduler advances per optimizer step while the global batch is kept.
+
+    Accelerate's rule advances it ``num_processes`` times: one optimizer step on N processes consumes N
+    single-process steps of the schedule the script wrote (for its own accumulation steps). When a resize
+    keeps the global batch by changing the accumulation steps instead, the same samples per optimizer step
+    make the same advance as before the resize: ``num_processes x steps_now / script_steps``.
+
+    Example:
+        >>> kept_scheduler_repeats(2, steps_now=3, script_steps=2)  # saved on 3 processes x 2 steps
+        3
+    """
+    return max(1, num_processes * steps_now // max(script_steps, 1))
 
 
 def _convert_counter(accumulation: GradientAccumulation, saved_steps: int, new_steps: int) -> None:
@@ -92,11 +112,26 @@ def apply_resize(
     )
 
 
-def restart_line(resize: Resize, *, folder: Any, step: int, epoch_samples: int | None, how: str) -> str:
-    """The one line a resumed run on another number of processes logs."""
+def restart_line(
+    resize: Resize,
+    *,
+    folder: Any,
+    step: int,
+    epoch_samples: int | None,
+    how: str,
+    num_processes: int | None = None,
+) -> str:
+    """The one line a resumed run on another number of processes logs (``num_processes``: the run's
+    processes, when the loaders' data-parallel ranks are fewer, as under tensor parallelism)."""
     of = f" of {epoch_samples}" if epoch_samples is not None else ""
+    where = f"{resize.new_world} processes from a checkpoint saved on {resize.old_world}"
+    if num_processes is not None and num_processes != resize.new_world:
+        where = (
+            f"{resize.new_world} data-parallel ranks ({num_processes} processes) from a checkpoint saved on "
+            f"{resize.old_world} data-parallel ranks"
+        )
     return (
-        f"resumed on {resize.new_world} processes from a checkpoint saved on {resize.old_world}: {folder} at "
+        f"resumed on {where}: {folder} at "
         f"step {step}, epoch {resize.epoch}, {resize.samples_consumed}{of} samples of the epoch consumed; {how}"
     )
 
@@ -109,8 +144,10 @@ def after_resized_load(
     accumulation: GradientAccumulation,
     keep_global_batch: bool,
     is_main_process: bool,
-) -> Resize | None:
-    """When a loader was restored on another number of processes: set the accumulation and log the line."""
+    num_processes: int | None = None,
+) -> str | None:
+    """When a loader was restored on another number of processes: set the accumulation and log the line
+    (returned, for the trackers; None when nothing was resized)."""
     resize = first_resize(loaders)
     saved_steps = int(counters.get(ACCUMULATION_COUNTER, accumulation.num_steps))
     if resize is None:
@@ -123,6 +160,9 @@ def after_resized_load(
     )
     loader = next(dl for dl in loaders if getattr(dl, "resized", None) is resize)
     epoch_samples = loader._epoch_samples() if hasattr(loader, "_epoch_samples") else None
+    line = restart_line(
+        resize, folder=folder, step=step, epoch_samples=epoch_samples, how=how, num_processes=num_processes
+    )
     if is_main_process:
-        logger.warning(restart_line(resize, folder=folder, step=step, epoch_samples=epoch_samples, how=how))
-    return resize
+        logger.warning(line)
+    return line

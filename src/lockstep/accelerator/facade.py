@@ -213,6 +213,7 @@ class Accelerator:
             accumulation=self._accumulation,
             step_timer=self._step_timer,
             keep_global_batch=elastic_keep_global_batch,
+            record_event=self._trackers.record_event,
         )
         self._preemption = PreemptionWatcher(preemption_signals, preemption_grace_period)
         self._preparer = self._build_preparer(

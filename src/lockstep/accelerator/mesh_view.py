@@ -20,9 +20,11 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, NoReturn
 
+from lockstep import _env
 from lockstep.backends.capabilities import ContextParallel, no_context_parallel
 from lockstep.config.parallelism import ParallelismConfig
 from lockstep.state import AcceleratorState
@@ -33,9 +35,16 @@ if TYPE_CHECKING:
 
     from lockstep.backends.base import Backend
 
+logger = logging.getLogger(__name__)
+
 
 def build_layout(config: ParallelismConfig, state: AcceleratorState) -> None:
-    """Check ``config`` against the run's processes and build its device mesh (a collective)."""
+    """Check ``config`` against the run's processes and build its device mesh (a collective). In an elastic
+    job that came back on another number of processes, the data-parallel sizes follow it (logged once)."""
+    if _env.launch_settings().get("elastic") and config.total_size not in (1, state.num_processes):
+        change = config.fit_data_parallel(state.num_processes)
+        if change and state.is_main_process:
+            logger.warning("elastic job on %d processes: ParallelismConfig %s", state.num_processes, change)
     config.validate_world_size(state.num_processes)
     config.get_device_mesh(state.device.type)
 

@@ -10,6 +10,7 @@ from typing import Any
 
 from lockstep.config.project import ProjectConfiguration
 from lockstep.tracking.base import GeneralTracker
+from lockstep.tracking.files import EVENT_KEY
 from lockstep.tracking.registry import DisabledTracker, build_trackers, filter_trackers, spec_name
 
 
@@ -29,6 +30,7 @@ class Trackers:
         self.project = project
         self.is_main_process = is_main_process
         self.started: list[GeneralTracker] = []
+        self.pending_events: list[tuple[str, int | None]] = []
 
     @property
     def names(self) -> list[str]:
@@ -60,6 +62,20 @@ class Trackers:
         if config is not None:
             for tracker in self.started:
                 tracker.store_init_configuration(config)
+        pending, self.pending_events = self.pending_events, []
+        for text, step in pending:
+            self.record_event(text, step)
+
+    def record_event(self, text: str, step: int | None = None) -> None:
+        """Write a text event (a restart on another number of processes) into the trackers that keep
+        text lines (``jsonl``, which ``lockstep report`` reads); held until ``start`` when none started yet
+        (a script may load its checkpoint before ``init_trackers``)."""
+        if not self.started:
+            self.pending_events.append((text, step))
+            return
+        for tracker in self.started:
+            if tracker.name == "jsonl":
+                tracker.log({EVENT_KEY: text}, step=step)
 
     def log(self, values: dict, step: int | None = None, log_kwargs: dict | None = None) -> None:
         """Send ``values`` to every started tracker (nothing happens where none was started)."""

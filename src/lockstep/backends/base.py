@@ -244,16 +244,18 @@ class Backend(ABC):
         :meth:`apply_model_states`. Runs inside the checkpoint's error agreement, so a missing or bad file
         on one rank is raised on every rank."""
         from lockstep.backends import from_shards  # checkpoints load on first use
+        from lockstep.checkpoint.frozen_base import saved_without_frozen
         from lockstep.checkpoint.model_files import load_model_weights
         from lockstep.checkpoint.training_state import find_model_weights, load_each, model_location
 
         plain = {index: self.unwrap_model(model, keep_torch_compile=False) for index, model in models}
         for index, model in plain.items():
             shards = from_shards.model_shards(folder, index)
+            adapter_only = saved_without_frozen(folder, index)  # keys checked before (load_state)
             if find_model_weights(folder, index) is None and shards is not None:  # saved by FSDP or pp
-                from_shards.load_model(model, shards)
+                from_shards.load_model(model, shards, frozen_left_out=adapter_only)
             else:
-                load_model_weights(model, model_location(folder, index))
+                load_model_weights(model, model_location(folder, index), strict=not adapter_only)
         whole = [(index, o) for index, o in optimizers if not _sharded_only(folder, index)]
         load_each(whole, folder, "optimizer", ".bin")
         for index, optimizer in optimizers:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -127,8 +127,11 @@ class ShardedCheckpointIO(Capability):
     back together with the others (both are collectives)."""
 
     @abstractmethod
-    def save_shards(self, models: Indexed, optimizers: Indexed, folder: Path) -> None:
-        """Write this process's shards into ``folder`` (every process together)."""
+    def save_shards(
+        self, models: Indexed, optimizers: Indexed, folder: Path, *, frozen_left_out: Collection[int] = ()
+    ) -> None:
+        """Write this process's shards into ``folder`` (every process together); the models whose index is
+        in ``frozen_left_out`` without their frozen parameters (:mod:`lockstep.checkpoint.frozen_base`)."""
 
     @abstractmethod
     def apply_model_states(self, models: Indexed, optimizers: Indexed, loaded: Any) -> None:

@@ -60,11 +60,14 @@ def read_whole(folder: Path) -> dict[str, Any]:
     return unflatten_state_dict(flat, paths)
 
 
-def load_model(model: nn.Module, folder: Path) -> None:
-    """Load the DCP model folder ``folder`` into the unsharded ``model`` (every key must match)."""
+def load_model(model: nn.Module, folder: Path, *, frozen_left_out: bool = False) -> None:
+    """Load the DCP model folder ``folder`` into the unsharded ``model`` (every key must match: every key
+    but the frozen parameters' with ``frozen_left_out``, a peft model's adapter)."""
+    from lockstep.checkpoint.frozen_base import kept_keys
+
     saved = read_whole(folder)
     weights = saved.get("model", saved)
-    expected = model.state_dict().keys()
+    expected = kept_keys(model) if frozen_left_out else model.state_dict().keys()
     missing = [key for key in expected if key not in weights]
     unexpected = [key for key in weights if key not in expected]
     if missing or unexpected:
@@ -73,7 +76,7 @@ def load_model(model: nn.Module, folder: Path) -> None:
             f"{missing[:10]}. Unknown to the model ({len(unexpected)}): {unexpected[:10]}. Load it into the "
             "model it was saved from, with the models prepared in the same order."
         )
-    model.load_state_dict(weights, strict=True)
+    model.load_state_dict(weights, strict=not frozen_left_out)
 
 
 def load_optimizer(model: nn.Module, optimizer: Any, folder: Path) -> None:

@@ -12,6 +12,7 @@ custom_checkpoint_0.pkl, ... objects registered with register_for_checkpointing
 random_states_{rank}.pkl     every RNG of every rank and the accumulation step (Accelerate's dict)
 grads_{rank}.safetensors     gradients accumulated so far, when saved in the middle of an accumulation cycle
 accelerator_state.json       the accumulation position and other counters
+frozen_base.json             the keys saved and a fingerprint of the frozen base left out (peft models only)
 manifest.json                written last (see lockstep.checkpoint.layout)
 ```
 
@@ -91,6 +92,8 @@ class TrainingObjects:
     optimizer itself, or a :class:`GivenState`), or None when the backend writes it. ``state_dict()`` is
     called by the processes that write shared files only, inside the save's error agreement."""
     gradients: Callable[[], dict[str, torch.Tensor]] = dict
+    records: dict[str, Any] = field(default_factory=dict)
+    """Further JSON files by name (what a save left out and why, e.g. ``frozen_base.json``)."""
     """This rank's pending gradients (``"<model index>.<parameter>"``), taken inside the save's error
     agreement and written to its own file."""
 
@@ -170,6 +173,7 @@ def snapshot_shared(
         check_loadable(state, where)
         snap.torch_files.append((name, _detached(state, copy)))
     snap.json_files.append((ACCELERATOR_STATE, dict(objects.counters)))
+    snap.json_files += list(objects.records.items())
     return snap
 
 

@@ -385,11 +385,15 @@ class ParallelismConfig:
     def _set_size(self, parallelism: str, size: int) -> None:
         setattr(self, f"{parallelism}_size", size)
 
-    def validate_world_size(self, num_processes: int) -> None:
+    def validate_world_size(self, num_processes: int, *, elastic: bool = False) -> None:
         """Check the layout against the run: all sizes 1 on N processes becomes ``dp_replicate_size=N``
-        (plain data parallelism, as in Accelerate); otherwise the sizes must multiply to N."""
+        (plain data parallelism, as in Accelerate); otherwise the sizes must multiply to N. In an elastic
+        job (``elastic``: ``lockstep launch --num-machines MIN:MAX``) the data-parallel sizes follow N
+        instead (:meth:`fit_data_parallel`)."""
         if self.total_size == 1 and num_processes > 1:
             self._set_size("dp_replicate", num_processes)
+        if elastic and self.total_size != num_processes:
+            self.fit_data_parallel(num_processes)
         if self.total_size != num_processes:
             sizes = ", ".join(f"{name}={getattr(self, name)}" for name in _SIZES)
             raise ValueError(
@@ -404,6 +408,47 @@ class ParallelismConfig:
                     UserWarning,
                     stacklevel=3,
                 )
+
+    def fit_data_parallel(self, num_processes: int) -> str:
+        """Resize the data-parallel dimensions so that the sizes multiply to ``num_processes``, keeping the
+        model-parallel ones (tp, cp, sp, pp): what an elastic restart on another number of processes needs.
+        HSDP keeps ``dp_shard_size`` and changes the replicas. Returns the change, in words (empty when
+        nothing changed); raises ``ValueError`` naming the sizes when the model-parallel sizes do not divide
+        ``num_processes``.
+
+        Example:
+            >>> config = ParallelismConfig(dp_shard_size=2, tp_size=2)
+            >>> config.fit_data_parallel(2), config.dp_shard_size
+            ('dp_shard_size 2 -> 1 (tp_size=2 kept)', 1)
+        """
+        kept = {name: getattr(self, name) for name in ("tp_size", "cp_size", "sp_size", "pp_size")}
+        fixed = kept["tp_size"] * kept["cp_size"] * kept["sp_size"] * kept["pp_size"]
+        described = " x ".join(f"{name}={size}" for name, size in kept.items() if size > 1) or "1"
+        if num_processes % fixed:
+            raise ValueError(
+                f"An elastic job on {num_processes} processes cannot keep this layout: the model-parallel "
+                f"sizes ({described} = {fixed} processes per model replica) do not divide {num_processes}. "
+                f"Give the job numbers of processes that {fixed} divides (machines x processes per machine, "
+                f"for every number of machines it may run on), or choose model-parallel sizes that divide them."
+            )
+        data = num_processes // fixed
+        shard, replicate = self.dp_shard_size, self.dp_replicate_size
+        if shard > 1 and replicate > 1:
+            if data % shard:
+                raise ValueError(
+                    f"An elastic job on {num_processes} processes cannot keep this layout: {data} data-parallel "
+                    f"ranks, which HSDP's dp_shard_size={shard} does not divide (the replicas change, the shard "
+                    f"size is kept). Choose a dp_shard_size that divides every number of data-parallel ranks "
+                    f"the job may run on, or give the job numbers of processes that keep {shard} a divisor."
+                )
+            name, old, new = "dp_replicate_size", replicate, data // shard
+        elif shard > 1:
+            name, old, new = "dp_shard_size", shard, data
+        else:
+            name, old, new = "dp_replicate_size", replicate, data
+        self._set_size(name.removesuffix("_size"), new)
+        kept_words = f" ({described} kept)" if fixed > 1 else ""
+        return "" if old == new else f"{name} {old} -> {new}{kept_words}"
 
     def to_json(self) -> dict[str, Any]:
         """The sizes, backends and handler fields as plain data (without the mesh)."""

@@ -29,6 +29,10 @@ class ProjectConfiguration:
     """Number of the next automatically named checkpoint."""
     save_on_each_node: bool = False
     """Write the rank-0-only files on the local main process of every machine."""
+    save_frozen_base: bool = False
+    """``save_state`` of a peft model (adapters on a frozen base) writes its whole weights, base included, as
+    Accelerate does. By default it writes only the trainable parameters (the adapter) and buffers, with a
+    fingerprint of the frozen base that ``load_state`` checks (the base is rebuilt from its own files)."""
 
     def __post_init__(self) -> None:
         if self.project_dir is not None:

@@ -410,9 +410,7 @@ class DataLoaderStateMixin:
             result["lookahead_rng"] = lookahead.clone()
         recording = self._order_sampler()
         if mid and isinstance(recording, RecordingRandomSampler):
-            seed = recording.epoch_seed if self._in_epoch else recording.replay_seed
-            if seed is not None:
-                result["epoch_seed"] = int(seed)
+            result.update(_recorded_order(recording, self._in_epoch))
         return result
 
     def _global_keys(self, position: int, finished: bool) -> dict[str, int]:
@@ -482,8 +480,23 @@ class DataLoaderStateMixin:
             seedable.initial_seed = seed
             self._seed_synced = True
         generator, state = self._replay_generator(), state_dict.get("generator_state")
+        epoch_seed = state_dict.get("epoch_seed")
         if generator is not None and state is not None:
             generator.set_state(state)
+        elif generator is not None and epoch_seed is not None:  # an epoch one process began: its seed
+            generator.manual_seed(int(epoch_seed))
         recording = self._order_sampler()
-        if isinstance(recording, RecordingRandomSampler):
-            recording.replay_seed = int(state_dict["epoch_seed"]) if "epoch_seed" in state_dict else None
+        if isinstance(recording, RecordingRandomSampler):  # one process: the epoch's seed, or (saved on
+            # several processes, which shuffle with a generator of their own) that generator's state
+            recording.replay_seed = None if epoch_seed is None else int(epoch_seed)
+            replays_state = epoch_seed is None and state is not None and self._resume_mid_epoch
+            recording.replay_state = state.clone() if replays_state else None
+
+
+def _recorded_order(recording: RecordingRandomSampler, in_epoch: bool) -> dict[str, Any]:
+    """What replays the order of a one-process epoch: its seed, or the generator state it replayed."""
+    seed = recording.epoch_seed if in_epoch else recording.replay_seed
+    if seed is not None:
+        return {"epoch_seed": int(seed)}
+    state = recording.epoch_state if in_epoch else recording.replay_state
+    return {} if state is None else {"generator_state": state.clone()}

@@ -158,11 +158,36 @@ class _StatefulLoader(DataLoaderStateMixin):
             return
         if self._shard() is None or self._resume_stream:
             self._resume_in_stream = True
-            StatefulDataLoader.load_state_dict(self, copy.deepcopy(dict(inner)))
+            dataset = self.dataset  # type: ignore[attr-defined]
+            StatefulDataLoader.load_state_dict(self, _fit_dataset_states(copy.deepcopy(dict(inner)), dataset))
         else:
             StatefulDataLoader.load_state_dict(self, _without_sampler_progress(inner))
         self._loaded = copy.deepcopy(dict(inner))
         self._load_extra_state(state_dict)
+
+
+_SHARD_STATE_KEYS = frozenset({"rounds", "dataset", "first_round"})
+
+
+def _fit_dataset_states(inner: dict[str, Any], dataset: Any) -> dict[str, Any]:
+    """torchdata's state ``inner`` with each dataset state in the form ``dataset`` loads: a stream saved on
+    one process (the user's dataset itself) resumed on several (wrapped in an ``IterableDatasetShard``, which
+    then deals from the stream's own position), or the other way round."""
+
+    def fit(state: Any) -> Any:
+        wrapped = isinstance(state, Mapping) and _SHARD_STATE_KEYS <= set(state)
+        if isinstance(dataset, IterableDatasetShard) and state is not None and not wrapped:
+            return {"rounds": 0, "dataset": state, "first_round": None}
+        if not isinstance(dataset, IterableDatasetShard) and wrapped:
+            return state["dataset"]
+        return state
+
+    def walk(node: Any) -> Any:
+        if not isinstance(node, dict):
+            return node
+        return {key: fit(value) if key == "dataset_state" else walk(value) for key, value in node.items()}
+
+    return walk(inner)
 
 
 class _StatefulDispatcher(_StatefulLoader):

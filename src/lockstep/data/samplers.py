@@ -99,15 +99,26 @@ class RecordingRandomSampler(RandomSampler):
     """The seed the current (or last) epoch drew."""
     replay_seed: int | None = None
     """A recorded seed the next epoch uses instead of drawing one (set when resuming mid-epoch)."""
+    epoch_state: torch.Tensor | None = None
+    """The generator state the current (or last) epoch drew from, when it replayed ``replay_state``."""
+    replay_state: torch.Tensor | None = None
+    """A generator state at an epoch start the next epoch draws from instead (an epoch resumed on one process
+    that several processes began: they shuffle with a generator of their own, whose state was saved)."""
 
     def draw_generator(self) -> torch.Generator:
-        """The epoch's generator, seeded as torch's ``RandomSampler`` seeds it (or from ``replay_seed``)."""
+        """The epoch's generator, seeded as torch's ``RandomSampler`` seeds it (or from ``replay_seed`` or
+        ``replay_state``)."""
+        generator = torch.Generator()
+        if self.replay_state is not None:
+            state, self.replay_state = self.replay_state, None
+            generator.set_state(state)
+            self.epoch_seed, self.epoch_state = None, state
+            return generator
         if self.replay_seed is not None:
             seed, self.replay_seed = self.replay_seed, None
         else:
             seed = int(torch.empty((), dtype=torch.int64).random_().item())
-        self.epoch_seed = seed
-        generator = torch.Generator()
+        self.epoch_seed, self.epoch_state = seed, None
         generator.manual_seed(seed)
         return generator
 

@@ -12,11 +12,13 @@ torchrun.
 
 from __future__ import annotations
 
+import ctypes
 import importlib
 import importlib.util
 import json
 import os
 import runpy
+import signal
 import sys
 import time
 import traceback
@@ -125,6 +127,29 @@ def pin_to_cpu_share() -> None:
     os.sched_setaffinity(0, cpu_share(cpus, cluster.local_rank, cluster.local_world_size))
 
 
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def stop_with_the_launcher() -> None:
+    """Have the kernel send this worker SIGTERM if its ``lockstep launch`` dies (Linux).
+
+    Without it, a launcher killed with SIGKILL (the OOM killer, ``kill -9``) leaves its workers running,
+    unwatched: torch's agent starts each one in a session of its own, so they survive their launcher's
+    process group too. SIGTERM is the preemption signal: a loop that checks ``should_stop`` saves and exits,
+    any other script ends. The launcher's pid, which it passes in ``LOCKSTEP_LAUNCHER_PID``, closes the race
+    of a launcher that died before the request was made.
+    """
+    launcher = os.environ.get(_env.LAUNCHER_PID)
+    if not launcher or not sys.platform.startswith("linux"):
+        return
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+    except (OSError, AttributeError):
+        return  # no prctl: the worker outlives a killed launcher, as under torchrun
+    if str(os.getppid()) != launcher:
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
 def _import_target(target: str, module: bool) -> ModuleType:
     """Import a module by name, or a script file as a module named after its file (not ``__main__``)."""
     if module:
@@ -177,6 +202,7 @@ def run(argv: list[str]) -> None:
         raise SystemExit("lockstep worker: nothing to run")
     target, args = argv[0], argv[1:]
     sys.argv = [target, *args]
+    stop_with_the_launcher()
     try:
         pin_to_cpu_share()
         _run_target(target, module, function)

@@ -36,6 +36,7 @@ def prepare_worker_environment(settings: LaunchSettings, environ: dict[str, str]
     """Set what every worker inherits: the serialized settings, thread count and visible GPUs."""
     environ = os.environ if environ is None else environ  # type: ignore[assignment]
     environ[_env.LOCKSTEP_LAUNCH_CONFIG] = json.dumps(settings.worker_settings())
+    environ[_env.LAUNCHER_PID] = str(os.getpid())  # torch's agent runs in this process: the workers' parent
     if settings.num_cpu_threads_per_process is not None:  # the flag beats the environment, as in Accelerate
         environ["OMP_NUM_THREADS"] = str(settings.num_cpu_threads_per_process)
     elif "OMP_NUM_THREADS" not in environ:

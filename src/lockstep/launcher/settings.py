@@ -149,6 +149,7 @@ class LaunchSettings:
             "distributed_type": self.distributed_type,
             **self.backend_sections(),
             "parallelism_config": dict(self.parallelism_config) if self.use_parallelism_config else None,
+            "elastic": self.elastic,
         }
 
     def backend_sections(self) -> dict[str, dict[str, Any]]:
@@ -469,12 +470,15 @@ def _validate_backend_section(s: LaunchSettings) -> None:
 
 def _validate_parallelism(s: LaunchSettings) -> None:
     """Build the ``ParallelismConfig`` once here, so that sizes that do not multiply to ``--num-processes``
-    (or a layout lockstep does not build) fail before any process starts."""
+    (or a layout lockstep does not build) fail before any process starts; in an elastic job, also on every
+    smaller number of machines the job may continue on (the data-parallel sizes follow it)."""
     from lockstep.config.parallelism_keys import config_from_section
 
     try:
-        config = config_from_section(s.parallelism_config)
-        config.validate_world_size(s.num_processes)
+        config_from_section(s.parallelism_config).validate_world_size(s.num_processes, elastic=s.elastic)
+        for machines in range(s.min_num_machines or s.num_machines, s.num_machines) if s.elastic else ():
+            world = machines * s.processes_per_machine
+            config_from_section(s.parallelism_config).validate_world_size(world, elastic=True)
     except (TypeError, ValueError) as error:
         raise UsageError(f"ParallelismConfig settings: {error}") from None
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lockstep.errors import UsageError
+from lockstep.tracking.files import EVENT_KEY
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -38,6 +39,7 @@ class RunLog:
         times: the ``time`` field of every record (seconds since the epoch).
         records: number of records read.
         skipped_lines: lines that were not JSON objects (a run killed mid-write leaves one).
+        events: ``(step, text)`` of each record with an event (:data:`EVENT_KEY`), in the order logged.
     """
 
     path: Path
@@ -46,6 +48,7 @@ class RunLog:
     times: list[float] = field(default_factory=list)
     records: int = 0
     skipped_lines: int = 0
+    events: list[tuple[float, str]] = field(default_factory=list)
 
     def keys(self) -> list[str]:
         return list(self.series)
@@ -107,6 +110,8 @@ def _add_record(run: RunLog, record: dict) -> None:
     if when is not None:
         run.times.append(when)
     run.records += 1
+    if isinstance(record.get(EVENT_KEY), str):
+        run.events.append((step, record[EVENT_KEY]))
     for key, value in record.items():
         number = _number(value)
         if key in ("step", "time") or number is None:

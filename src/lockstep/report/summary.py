@@ -51,9 +51,10 @@ def summarize(run: RunLog) -> list[str]:
             f"  skipped {run.skipped_lines} line(s) that were not JSON objects (cut short by a crash?)"
         )
     lines += _loss_lines(run) + _lr_lines(run) + _throughput_lines(run) + _time_lines(run)
-    if len(lines) == 1 + bool(run.skipped_lines):
+    events = [f"  at step {_fmt(step)}: {text}" for step, text in run.events]
+    if len(lines) == 1 + bool(run.skipped_lines) and not events:
         lines.append("  no loss, learning rate, throughput or time/* metrics in this log")
-    return lines
+    return lines + (["  events:", *events] if events else [])
 
 
 def _loss_lines(run: RunLog) -> list[str]:

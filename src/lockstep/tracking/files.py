@@ -11,6 +11,9 @@ from typing import IO, Any
 
 from lockstep.tracking.base import GeneralTracker, not_started, plain_value
 
+EVENT_KEY = "lockstep/event"
+"""A record's text event (a restart on another number of processes): ``lockstep report`` lists them."""
+
 
 class JSONLTracker(GeneralTracker):
     """One JSON object per ``log`` call in ``logging_dir/run_name/metrics.jsonl``; config in ``config.json``.

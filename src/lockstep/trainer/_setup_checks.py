@@ -12,6 +12,7 @@ from lockstep.backends import ShardedCheckpointIO
 from lockstep.trainer import _hf_datasets
 from lockstep.trainer.accelerator_factory import supports_gradient_checkpointing
 from lockstep.trainer.arguments import TrainingArguments
+from lockstep.utils import is_peft_model
 
 
 def check_transformers_resume(accelerator: Any, folder: Path) -> None:
@@ -76,6 +77,12 @@ def enable_gradient_checkpointing(model: nn.Module, args: TrainingArguments) -> 
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    # A peft model's adapters sit behind frozen embeddings: with reentrant checkpoints no gradient reaches
+    # them unless the embeddings' output requires grad. transformers 5 sets this hook itself for text models
+    # (then it is not set twice), transformers 4 only for adapters loaded through its own peft integration.
+    hooked = getattr(model, "_require_grads_hooks", None) or getattr(model, "_require_grads_hook", None)
+    if is_peft_model(model) and not hooked and callable(getattr(model, "enable_input_require_grads", None)):
+        model.enable_input_require_grads()
 
 
 def _check_batch_metrics(args: TrainingArguments, compute_metrics: Any) -> None:

@@ -7,7 +7,8 @@ lockstep writes anyway, so ``AutoModel.from_pretrained("checkpoint-<step>")`` re
 are written into the save's staging folder, so the manifest covers them.
 
 Reading: :func:`load_transformers_checkpoint` resumes from a folder written by ``transformers.Trainer``:
-weights (safetensors, or ``.bin`` read with ``weights_only=True``), ``optimizer.pt``, ``scheduler.pt``,
+weights (safetensors, or ``.bin`` read with ``weights_only=True``; a peft model's ``adapter_model.safetensors``
+into its adapter), ``optimizer.pt``, ``scheduler.pt``,
 ``rng_state.pth``/``rng_state_<rank>.pth`` and ``trainer_state.json``, all loaded without unpickling
 objects. What is not exact: ``training_args.bin`` (a pickle) is not read; the data order of the resumed
 epoch is lockstep's draw, not the one transformers would have made (the batches already seen in that
@@ -30,6 +31,7 @@ from torch import nn
 
 from lockstep.checkpoint import load_model_files, safe_torch_load
 from lockstep.trainer.callbacks import CallbackHandler, TrainerControl, TrainerState
+from lockstep.utils import is_peft_model
 
 logger = logging.getLogger("lockstep.trainer")
 
@@ -117,8 +119,16 @@ def apply_trainer_state(state: TrainerState, saved: Mapping[str, Any]) -> None:
     state.total_loss, state.loss_since_log, state.steps_since_log = total, 0.0, 0
 
 
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+"""Where peft (and transformers.Trainer with a peft model) writes an adapter's weights."""
+
+
 def load_weights(model: nn.Module, folder: Path) -> None:
-    """Load the checkpoint's weights into the (unwrapped) model; tied weights may be absent from the files."""
+    """Load the checkpoint's weights into the (unwrapped) model; tied weights may be absent from the files. A
+    peft model takes the adapter of a folder peft wrote (``adapter_model.safetensors``), its base untouched."""
+    if is_peft_model(model) and (folder / ADAPTER_WEIGHTS).is_file():
+        _load_adapter(model, folder)
+        return
     loaded = load_model_files(folder)
     expected = model.state_dict()
     missing = [key for key in expected if key not in loaded]
@@ -132,6 +142,22 @@ def load_weights(model: nn.Module, folder: Path) -> None:
             "Resume with the model architecture the checkpoint was trained with."
         )
     model.load_state_dict(loaded, strict=False)
+
+
+def _load_adapter(model: nn.Module, folder: Path) -> None:
+    """peft's ``adapter_model.safetensors`` into the active adapter of ``model`` (names without the adapter's)."""
+    from safetensors.torch import load_file
+
+    from lockstep._peft import load_adapter_state_dict
+
+    result = load_adapter_state_dict(model, load_file(str(folder / ADAPTER_WEIGHTS)))
+    unexpected = list(getattr(result, "unexpected_keys", []))
+    if unexpected:
+        raise ValueError(
+            f"resume_from_checkpoint={str(folder)!r}: {ADAPTER_WEIGHTS} holds {len(unexpected)} tensors this peft "
+            f"model has no place for (e.g. {unexpected[:3]}). Resume with the LoraConfig (target modules, rank) "
+            "the checkpoint was trained with."
+        )
 
 
 def restore_rng(folder: Path, *, rank: int, world_size: int) -> bool:
@@ -155,7 +181,8 @@ def _as_tuples(value: Any) -> Any:
 
 
 def load_optimizer_and_scheduler(folder: Path, optimizer: Any, scheduler: Any) -> None:
-    for name, target in (("optimizer.pt", optimizer), ("scheduler.pt", scheduler)):
+    states = []
+    for name in ("optimizer.pt", "scheduler.pt"):
         path = folder / name
         if not path.is_file():
             raise FileNotFoundError(
@@ -163,7 +190,26 @@ def load_optimizer_and_scheduler(folder: Path, optimizer: Any, scheduler: Any) -
                 "save_only_model=True cannot resume training. Load its weights with from_pretrained and train "
                 "without resume_from_checkpoint."
             )
-        target.load_state_dict(safe_torch_load(path))
+        states.append(safe_torch_load(path))
+    optimizer_state, scheduler_state = _without_empty_groups(*states, groups=len(optimizer.param_groups))
+    optimizer.load_state_dict(optimizer_state)
+    scheduler.load_state_dict(scheduler_state)
+
+
+def _without_empty_groups(optimizer: dict, scheduler: dict, *, groups: int) -> tuple[dict, dict]:
+    """transformers keeps an empty parameter group (no parameter without weight decay: a LoRA adapter's), which
+    lockstep's optimizer does not have: drop it from the optimizer's state and the scheduler's per-group lists
+    when that makes the groups match (parameter ids are numbered over the groups, so none changes)."""
+    saved = optimizer["param_groups"]
+    keep = [i for i, group in enumerate(saved) if group["params"]]
+    if len(saved) == groups or len(keep) != groups:
+        return optimizer, scheduler
+    per_group = {
+        key: [value[i] for i in keep]
+        for key, value in scheduler.items()
+        if isinstance(value, list) and len(value) == len(saved)
+    }
+    return {**optimizer, "param_groups": [saved[i] for i in keep]}, {**scheduler, **per_group}
 
 
 def data_position(global_step: int, updates_per_epoch: int | None, accumulation: int) -> dict[str, int]:

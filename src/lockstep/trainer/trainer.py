@@ -23,6 +23,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
+from lockstep._peft import gathered_adapter
 from lockstep.progress import ProgressBar
 from lockstep.trainer import (
     _best_model,
@@ -54,7 +55,7 @@ from lockstep.trainer.callbacks import (
     TrainerState,
 )
 from lockstep.trainer.deepspeed_options import optimizer_and_scheduler
-from lockstep.utils import clear_device_cache, find_batch_size, find_executable_batch_size
+from lockstep.utils import clear_device_cache, find_batch_size, find_executable_batch_size, is_peft_model
 
 logger = logging.getLogger("lockstep.trainer")
 
@@ -587,17 +588,24 @@ class Trainer:
         return folder
 
     def _write_transformers_files(self, models: list[nn.Module], weights: list[Any], output_dir: str) -> None:
-        """Save hook: ``trainer_state.json`` and the model's ``config.json`` beside lockstep's files."""
+        """Save hook: ``trainer_state.json`` and the model's ``config.json`` beside lockstep's files; for a
+        peft model, peft's adapter folder (``adapter_config.json``, ``adapter_model.safetensors``) instead of
+        the config, as transformers.Trainer writes it into ``checkpoint-<step>``."""
         writes = self.accelerator.is_main_process or (
             self.args.save_on_each_node and self.accelerator.is_local_main_process
         )
+        unwrapped = self.accelerator.unwrap_model(self.model_wrapped, keep_torch_compile=False)
+        adapter = None
+        if weights and is_peft_model(unwrapped):  # weights[0]: the adapter, or None when saved as shards
+            adapter = weights[0] if weights[0] is not None else gathered_adapter(unwrapped)  # a collective
         if not writes:
             return
         folder = Path(output_dir)
         _transformers_format.write_trainer_state(folder, self.state)
         _trainer_reports.save_processing_class(self, folder)
-        if weights and weights[0] is not None:  # model.safetensors goes to the folder: add its config
-            unwrapped = self.accelerator.unwrap_model(self.model_wrapped, keep_torch_compile=False)
+        if adapter is not None:
+            unwrapped.save_pretrained(str(folder), state_dict=adapter, safe_serialization=True)
+        elif weights and weights[0] is not None:  # model.safetensors goes to the folder: add its config
             _transformers_format.write_model_config(folder, unwrapped)
 
     # -- best model -------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ cycle). Checkpoints are the engine's own files (:mod:`.checkpoint`), inside lock
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from pathlib import Path
 from typing import Any, final
 
@@ -281,10 +281,12 @@ class DeepSpeedBackend(Backend, JointPreparation, ShardedCheckpointIO):
             )
         return super().pending_gradients(models, mid_accumulation=mid_accumulation)
 
-    def save_shards(self, models: Indexed, optimizers: Indexed, folder: Path) -> None:
+    def save_shards(
+        self, models: Indexed, optimizers: Indexed, folder: Path, *, frozen_left_out: Collection[int] = ()
+    ) -> None:
         for index, model in models:
             if self.is_engine(model):
-                checkpoint.save_engine(model, folder, index)
+                checkpoint.save_engine(model, folder, index, frozen_left_out=index in frozen_left_out)
 
     def read_model_states(self, models: Indexed, optimizers: Indexed, folder: Path) -> Any:
         plain = [(i, m) for i, m in models if not self.is_engine(m)]

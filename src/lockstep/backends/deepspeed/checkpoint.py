@@ -29,9 +29,16 @@ def engine_folder(folder: Path, index: int) -> Path:
     return folder / ENGINE_FOLDER.format(index=index)
 
 
-def save_engine(engine: Any, folder: Path, index: int) -> None:
-    """Write engine ``index``'s checkpoint into ``folder`` (a collective: every process calls it)."""
-    engine.save_checkpoint(str(engine_folder(folder, index)), tag=TAG, client_state={}, save_latest=False)
+def save_engine(engine: Any, folder: Path, index: int, *, frozen_left_out: bool = False) -> None:
+    """Write engine ``index``'s checkpoint into ``folder`` (a collective: every process calls it); without
+    the module's frozen parameters with ``frozen_left_out`` (DeepSpeed's ``exclude_frozen_parameters``)."""
+    engine.save_checkpoint(
+        str(engine_folder(folder, index)),
+        tag=TAG,
+        client_state={},
+        save_latest=False,
+        exclude_frozen_parameters=frozen_left_out,
+    )
 
 
 def check_engine_files(folder: Path, index: int) -> None:
@@ -50,13 +57,16 @@ def saved_world_size(folder: Path) -> int:
 
 
 def load_engine(engine: Any, folder: Path, index: int) -> None:
-    """Restore engine ``index`` from ``folder`` (a collective)."""
+    """Restore engine ``index`` from ``folder`` (a collective); a module saved without its frozen parameters
+    (whose keys ``load_state`` checked) loads with ``strict=False``, its frozen base left as it is."""
+    from lockstep.checkpoint.frozen_base import saved_without_frozen
+
     path, _ = engine.load_checkpoint(
         str(engine_folder(folder, index)),
         tag=TAG,
         load_optimizer_states=True,
         load_lr_scheduler_states=True,
-        load_module_strict=True,
+        load_module_strict=not saved_without_frozen(folder, index),
     )
     if path is None:
         raise CheckpointError(

@@ -20,7 +20,7 @@ files, or Accelerate's ``pytorch_model_fsdp.bin``. DCP folders are read without 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -91,12 +91,26 @@ def load_full_optimizer(
 
 
 # -- sharded state dicts (SHARDED_STATE_DICT) ---------------------------------------------------------
-def save_model_shards(model: nn.Module, path: Path) -> None:
-    """Every process writes its shards of ``model`` into the DCP folder ``path`` (a collective)."""
-    import torch.distributed.checkpoint as dcp
+def _model_state(model: nn.Module, *, frozen_left_out: bool) -> dict[str, Any]:
+    """``model``'s sharded state dict (no communication); without its frozen parameters with
+    ``frozen_left_out`` (:mod:`lockstep.checkpoint.frozen_base`)."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-    dcp.save({MODEL_KEY: get_model_state_dict(_model(model))}, checkpoint_id=path)
+    from lockstep.checkpoint.frozen_base import frozen_names
+
+    state = get_model_state_dict(_model(model))
+    if not frozen_left_out:
+        return state
+    frozen = frozen_names(_model(model))
+    return {key: value for key, value in state.items() if key not in frozen}
+
+
+def save_model_shards(model: nn.Module, path: Path, *, frozen_left_out: bool = False) -> None:
+    """Every process writes its shards of ``model`` into the DCP folder ``path`` (a collective); without its
+    frozen parameters with ``frozen_left_out``."""
+    import torch.distributed.checkpoint as dcp
+
+    dcp.save({MODEL_KEY: _model_state(model, frozen_left_out=frozen_left_out)}, checkpoint_id=path)
 
 
 def save_optimizer_shards(model: nn.Module, optimizer: Any, path: Path) -> None:
@@ -111,11 +125,17 @@ def save_optimizer_shards(model: nn.Module, optimizer: Any, path: Path) -> None:
 
 
 def save_sharded(
-    models: Sequence[tuple[int, nn.Module]], optimizers: Sequence[tuple[int, nn.Module, Any]], folder: Path
+    models: Sequence[tuple[int, nn.Module]],
+    optimizers: Sequence[tuple[int, nn.Module, Any]],
+    folder: Path,
+    *,
+    frozen_left_out: Collection[int] = (),
 ) -> None:
-    """Every process writes its shards of each model and optimizer into ``folder`` (a collective)."""
+    """Every process writes its shards of each model and optimizer into ``folder`` (a collective); the
+    models whose index is in ``frozen_left_out`` without their frozen parameters."""
     for index, model in models:
-        save_model_shards(model, folder / MODEL_FOLDER.format(index=index))
+        path = folder / MODEL_FOLDER.format(index=index)
+        save_model_shards(model, path, frozen_left_out=index in frozen_left_out)
     for index, model, optimizer in optimizers:
         save_optimizer_shards(model, optimizer, folder / OPTIMIZER_FOLDER.format(index=index))
 
@@ -138,16 +158,17 @@ def _model_holder(state: dict[str, Any], path: Path) -> dict[str, Any]:
     )
 
 
-def load_model_shards(model: nn.Module, path: Path) -> Any:
+def load_model_shards(model: nn.Module, path: Path, *, frozen_left_out: bool = False) -> Any:
     """Read ``model``'s shards back from ``path``, whatever the number of processes that wrote them (a
-    collective); returns the missing and unexpected keys."""
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+    collective); returns the missing and unexpected keys. With ``frozen_left_out`` the folder holds all but
+    the frozen parameters, which keep their values."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
     from lockstep.checkpoint import safe_dcp
 
-    state = get_model_state_dict(_model(model))
+    state = _model_state(model, frozen_left_out=frozen_left_out)
     safe_dcp.load(_model_holder(state, path), path)
-    return set_model_state_dict(_model(model), state)
+    return set_model_state_dict(_model(model), state, options=StateDictOptions(strict=not frozen_left_out))
 
 
 def load_optimizer_shards(model: nn.Module, optimizer: Any, path: Path) -> None:
@@ -281,10 +302,15 @@ def load_contents(
 ) -> None:
     """Restore every model and optimizer as ``contents`` says (a collective; every process passes the same
     ``models``/``optimizers`` maps, and the main process the full state dicts it read)."""
+    from lockstep.checkpoint.frozen_base import saved_without_frozen
+
     folder = contents.folder
     for index, model in models:
+        adapter_only = saved_without_frozen(folder, index)  # its keys were checked before (load_state)
         if contents.models[index] == SHARDS:
-            load_model_shards(model, folder / MODEL_FOLDER.format(index=index))
+            load_model_shards(model, folder / MODEL_FOLDER.format(index=index), frozen_left_out=adapter_only)
+        elif adapter_only:
+            load_full_trainable(model, contents.full_models.get(index, {}), distributed=distributed)
         else:
             load_full_model(model, contents.full_models.get(index, {}), distributed=distributed)
     for index, model, optimizer in optimizers:

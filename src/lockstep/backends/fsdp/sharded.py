@@ -16,7 +16,7 @@ import functools
 import logging
 import weakref
 from abc import abstractmethod
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -243,10 +243,12 @@ class ShardedBackend(Backend, ShardedCheckpointIO):
         other_optimizers = [(i, o) for i, model, o in pairs if model is None]
         return sharded_models, sharded_optimizers, other_models, other_optimizers
 
-    def save_shards(self, models: Indexed, optimizers: Indexed, folder: Path) -> None:
+    def save_shards(
+        self, models: Indexed, optimizers: Indexed, folder: Path, *, frozen_left_out: Collection[int] = ()
+    ) -> None:
         if self._writes_shards:  # DCP is a collective: every process writes its own shards now, in parallel
             sharded_models, sharded_optimizers, _, _ = self._split(models, optimizers)
-            shards.save_sharded(sharded_models, sharded_optimizers, folder)
+            shards.save_sharded(sharded_models, sharded_optimizers, folder, frozen_left_out=frozen_left_out)
 
     def read_model_states(self, models: Indexed, optimizers: Indexed, folder: Path) -> Any:
         """Restore the models and optimizers FSDP does not shard; the main process finds how the sharded ones
