@@ -20,8 +20,8 @@ import torch.distributed as dist
 from _ddp_overhead_worker import endless
 from _ddp_overhead_worker import make_data as mlp_data
 from _ddp_overhead_worker import make_model as make_mlp
-from _fsdp_worker import WIDTH
-from _fsdp_worker import make_model as make_fsdp_model
+from _residual_mlp import WIDTH
+from _residual_mlp import make_model as make_fsdp_model
 from harness import TOOLS, abba_order
 from torch import nn
 from torch.utils.data import TensorDataset

@@ -76,6 +76,10 @@ class CheckpointingView:
             )
         return self._manager
 
+    def started_manager(self) -> CheckpointManager | None:
+        """The checkpoint manager once a checkpoint was saved or loaded (None before: no background save)."""
+        return self._manager
+
     def wait_if_started(self) -> None:
         """Wait for a background save, if a checkpoint was ever saved (at the end of training)."""
         if self._manager is not None:
@@ -97,6 +101,7 @@ class CheckpointingView:
         output_dir: str | None = None,
         safe_serialization: bool = True,
         async_save: bool = False,
+        durable: str = "sync",
         **kwargs: Any,
     ) -> str:
         """Save everything needed to resume exactly: weights, optimizers, schedulers, scaler, RNGs of every
@@ -107,6 +112,14 @@ class CheckpointingView:
         training stops only while the state is copied to CPU memory; the files are written in the
         background and the next save (or :meth:`wait_for_checkpoint`) waits for them.
         ``last_save_report`` says how long training stalled.
+
+        ``durable="sync"`` (the default) returns once the checkpoint is committed: every file fsynced and
+        checksummed, the manifest written, the folder renamed into place, ``latest`` moved, older checkpoints
+        rotated. ``durable="background"`` returns once the files are written (handed to the operating
+        system) and does the rest on a background thread; the checkpoint counts (and ``load_state`` sees it)
+        only once committed, so a crash before leaves the previous one the newest valid checkpoint. A failure
+        of that commit is raised on every rank by the next ``save_state``, ``should_stop`` or ``load_state``
+        (:meth:`wait_for_checkpoint` raises it on the rank where it happened).
 
         A peft model (adapters on a frozen base) is saved without its frozen base: its trainable parameters
         and buffers, and a fingerprint of the base that :meth:`load_state` checks before it loads the
@@ -121,7 +134,7 @@ class CheckpointingView:
         _refuse_model_kwargs("save_state", "save_model_func_kwargs", kwargs)
         checkpoints = self.manager  # built (and its modules imported) before the save is timed
         with self._step_timer.checkpoint():
-            return checkpoints.save_state(output_dir, safe_serialization, async_save)
+            return checkpoints.save_state(output_dir, safe_serialization, async_save, durable)
 
     def wait_for_checkpoint(self) -> None:
         """Block until a background (``async_save=True``) checkpoint is written and committed."""

@@ -33,7 +33,13 @@ from lockstep.backends.base import Backend
 from lockstep.backends.capabilities import Indexed, ShardedCheckpointIO
 from lockstep.checkpoint import frozen_base, layout
 from lockstep.checkpoint.async_writer import AsyncCheckpointWriter
-from lockstep.checkpoint.collective_save import agree, choose_checkpoint, load_checkpoint, save_checkpoint
+from lockstep.checkpoint.collective_save import (
+    agree,
+    choose_checkpoint,
+    load_checkpoint,
+    raise_background_failure,
+    save_checkpoint,
+)
 from lockstep.checkpoint.model_files import save_model_files
 from lockstep.checkpoint.storage import CheckpointStorage, Location, is_url, storage_for
 from lockstep.checkpoint.training_state import TrainingObjects
@@ -41,6 +47,7 @@ from lockstep.config.project import ProjectConfiguration
 from lockstep.state import PartialState
 
 CHECKPOINTS_FOLDER = "checkpoints"
+DURABLE_MODES = ("sync", "background")
 logger = logging.getLogger("lockstep.checkpoint")
 
 
@@ -165,8 +172,17 @@ class CheckpointManager:
         )
 
     # -- save -------------------------------------------------------------------------------------
-    def save_state(self, output_dir: Any, safe_serialization: bool, async_save: bool = False) -> str:
-        """Save everything on every rank together; returns the checkpoint folder."""
+    def save_state(
+        self, output_dir: Any, safe_serialization: bool, async_save: bool = False, durable: str = "sync"
+    ) -> str:
+        """Save everything on every rank together; returns the checkpoint folder (``durable``: see
+        :meth:`Accelerator.save_state`)."""
+        if durable not in DURABLE_MODES:
+            raise ValueError(
+                f"save_state(durable={durable!r}) is invalid: it must be one of {', '.join(map(repr, DURABLE_MODES))}. "
+                "'sync' returns once the checkpoint is committed; 'background' once its files are written, and "
+                "commits it in the background."
+            )
         started = time.monotonic()
         folder, automatic = self.save_target(output_dir)
         models, optimizers = list(self.prepared.models), list(self.prepared.optimizers)
@@ -188,7 +204,9 @@ class CheckpointManager:
             move_latest_pointer=automatic,
             step=self.accumulation.step,
             safe_serialization=safe_serialization,
-            writer=self.writer if async_save else None,
+            writer=self.writer,
+            background=async_save,
+            commit_in_background=durable == "background",
             after_commit=(lambda: storage.rotate(storage.parent(folder), limit))
             if automatic and writes_shared
             else None,
@@ -266,11 +284,16 @@ class CheckpointManager:
         """Wait for a background save to be committed (raises its error, if any)."""
         self.writer.wait()
 
+    def raise_background_failure(self) -> None:
+        """Every rank together: raise a failed background save's error on every rank (the training loop's
+        ``should_stop`` calls this once some rank's save failed)."""
+        raise_background_failure(self.state, self.writer)
+
     # -- load -------------------------------------------------------------------------------------
     def load_state(self, input_dir: Any) -> None:
         """Restore the chosen checkpoint on every rank together."""
-        self.wait()
-        self.state.wait_for_everyone()  # every rank's background save is committed before choosing
+        # every rank's background save is committed before choosing (its failure raised on every rank)
+        raise_background_failure(self.state, self.writer)
         root = self.automatic_root()
         if input_dir is not None:
             input_dir = os.fspath(input_dir) if is_url(input_dir) else Path(input_dir)

@@ -82,7 +82,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 @answers_for("_tracking", TrackingView)
 @answers_for("_unconfigured", UnconfiguredFeatures)
 @answers_for("_collectives", CollectivesView)
-@answers_for("_saving", CheckpointingView, internal=("manager", "wait_if_started"))
+@answers_for("_saving", CheckpointingView, internal=("manager", "wait_if_started", "started_manager"))
 class Accelerator:
     """Runs one ordinary training loop on one CPU, one GPU, many processes or many machines.
 
@@ -644,7 +644,9 @@ class Accelerator:
         """True on every rank once any rank received a preemption signal (SIGTERM, SIGUSR1).
 
         Check it on every rank at the same point of the loop, after ``optimizer.step()``; the first check
-        installs the signal handlers. It costs one small all-reduce per check.
+        installs the signal handlers. It costs one small all-reduce per check. A background checkpoint save
+        (``async_save=True`` or ``durable="background"``) that failed on any rank raises its error here, on
+        every rank.
 
         Example:
             >>> for batch in train_dataloader:  # doctest: +SKIP
@@ -653,7 +655,13 @@ class Accelerator:
             ...     if accelerator.should_stop:
             ...         accelerator.checkpoint_and_exit()  # saves, then exits with 143
         """
-        return self._preemption.should_stop(self.device)
+        manager = self._saving.started_manager()  # a background save's failure is raised here, on every rank
+        if manager is None:
+            return self._preemption.should_stop(self.device)
+        failed = manager.writer.failed
+        return self._preemption.should_stop(
+            self.device, save_failed=failed, on_save_failure=manager.raise_background_failure
+        )
 
     def checkpoint_and_exit(self, output_dir: str | None = None) -> None:
         """Save the state (as :meth:`save_state`), shut down cleanly and exit with ``128 + signal``."""

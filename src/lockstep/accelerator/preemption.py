@@ -16,7 +16,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -38,6 +38,10 @@ def parse_signals(names: Sequence[str | int | signal.Signals]) -> list[signal.Si
                 f"preemption_signals got {name!r}, which is not a signal; use names such as 'SIGTERM' or 'SIGUSR1'."
             ) from None
     return parsed
+
+
+def _nothing() -> None:
+    pass
 
 
 class PreemptionWatcher:
@@ -72,16 +76,30 @@ class PreemptionWatcher:
             self.received = signal.Signals(signum)
             self.received_at = time.monotonic()
 
-    def should_stop(self, device: torch.device) -> bool:
-        """True on every rank once any rank received a preemption signal (one all-reduce per call)."""
+    def should_stop(
+        self,
+        device: torch.device,
+        *,
+        save_failed: bool = False,
+        on_save_failure: Callable[[], None] = _nothing,
+    ) -> bool:
+        """True on every rank once any rank received a preemption signal (one all-reduce per call).
+
+        Args:
+            save_failed: this rank's background checkpoint save failed; shared in the same all-reduce.
+            on_save_failure: called on every rank when that is true on some rank (it raises the error).
+        """
         self.install()
         if self._agreed:
             return True
         local = 0 if self.received is None else int(self.received)
+        failed = int(save_failed)
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            flag = torch.tensor([local], dtype=torch.int64, device=device)
+            flag = torch.tensor([local, failed], dtype=torch.int64, device=device)
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-            local = int(flag.item())
+            local, failed = int(flag[0].item()), int(flag[1].item())
+        if failed:
+            on_save_failure()
         if local:
             self._agreed = True
             if self.received is None:  # another rank got it; remember which signal for the exit code

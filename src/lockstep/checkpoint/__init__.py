@@ -1,6 +1,7 @@
 """Checkpoints that lose nothing: layout, manifest, atomic commits, safe loading, model files, storage
 (local folders or fsspec URLs)."""
 
+from lockstep.checkpoint.disk_space import out_of_space_error
 from lockstep.checkpoint.layout import (
     MANIFEST_NAME,
     CheckpointError,
@@ -28,6 +29,7 @@ __all__ = [
     "load_model_files",
     "load_model_weights",
     "newest_valid_checkpoint",
+    "out_of_space_error",
     "prepare_staging",
     "safe_torch_load",
     "save_model_files",

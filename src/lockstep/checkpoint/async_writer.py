@@ -10,11 +10,15 @@ waits for the previous one and raises its error, if any.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import threading
 import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
+
+from lockstep.errors import CheckpointError
 
 MARKER_POLL_SECONDS = 0.05
 
@@ -33,8 +37,12 @@ def wait_for_ranks(staging: Path, world_size: int, timeout: float) -> None:
     while True:
         failed = [r for r in range(world_size) if failed_marker(staging, r).exists()]
         if failed:
-            text = failed_marker(staging, failed[0]).read_text()
-            raise RuntimeError(f"rank {failed[0]} could not write its part of the checkpoint: {text}")
+            text = (
+                failed_marker(staging, failed[0]).read_text()
+                or "(no details: its marker could not be written)"
+            )
+            kind = CheckpointError if text.startswith(f"{CheckpointError.__name__}: ") else RuntimeError
+            raise kind(f"rank {failed[0]} could not write its part of the checkpoint: {text}")
         if all(done_marker(staging, r).exists() for r in range(world_size)):
             for r in range(world_size):
                 done_marker(staging, r).unlink()
@@ -42,6 +50,16 @@ def wait_for_ranks(staging: Path, world_size: int, timeout: float) -> None:
         if time.monotonic() > deadline:
             missing = [r for r in range(world_size) if not done_marker(staging, r).exists()]
             raise TimeoutError(f"ranks {missing} did not finish writing {staging} within {timeout:.0f} s")
+        time.sleep(MARKER_POLL_SECONDS)
+
+
+def settle(staging: Path, world_size: int, timeout: float) -> None:
+    """Block until every rank dropped a marker, done or failed (at most ``timeout`` seconds): after a
+    failure, the staging folder is removed only once no rank writes into it any more."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and not all(
+        done_marker(staging, r).exists() or failed_marker(staging, r).exists() for r in range(world_size)
+    ):
         time.sleep(MARKER_POLL_SECONDS)
 
 
@@ -56,6 +74,11 @@ class AsyncCheckpointWriter:
     @property
     def busy(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
+
+    @property
+    def failed(self) -> bool:
+        """Whether the background save has ended with an error that :meth:`wait` has not raised yet."""
+        return self._error is not None and not self.busy
 
     def start(self, work: Callable[[], None]) -> None:
         """Run ``work`` in the background (after waiting for the previous save)."""
@@ -79,7 +102,8 @@ class AsyncCheckpointWriter:
             self._thread = None
         if self._error is not None:
             error, self._error = self._error, None
-            raise RuntimeError(f"The previous asynchronous checkpoint save failed: {error}") from error
+            kind = CheckpointError if isinstance(error, CheckpointError) else RuntimeError
+            raise kind(f"The previous asynchronous checkpoint save failed: {error}") from error
 
 
 def rank_work(write: Callable[[], None], staging: Path, rank: int) -> Callable[[], None]:
@@ -89,10 +113,23 @@ def rank_work(write: Callable[[], None], staging: Path, rank: int) -> Callable[[
         try:
             write()
         except BaseException as error:
-            failed_marker(staging, rank).write_text(
-                f"{type(error).__name__}: {error}\n{traceback.format_exc()}"
-            )
+            _write_failed_marker(staging, rank, f"{type(error).__name__}: {error}\n{traceback.format_exc()}")
             raise
-        done_marker(staging, rank).write_text("ok")
+        done_marker(staging, rank).touch()  # empty: a full disk still takes it
 
     return work
+
+
+def _write_failed_marker(staging: Path, rank: int, text: str) -> None:
+    """The marker with the error's text; on a full disk an empty one (creating a file takes no space
+    there), which the committing process still sees."""
+    marker = failed_marker(staging, rank)
+    temporary = marker.with_name(marker.name + ".tmp")  # renamed: never read half written
+    try:
+        temporary.write_text(text)
+        os.replace(temporary, marker)
+    except OSError:
+        with contextlib.suppress(OSError):
+            temporary.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            marker.touch()

@@ -18,13 +18,15 @@ files inside the error agreement and then restoring what needs every rank togeth
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from lockstep.checkpoint import layout
-from lockstep.checkpoint.async_writer import AsyncCheckpointWriter
+from lockstep.checkpoint.async_writer import AsyncCheckpointWriter, settle
+from lockstep.checkpoint.disk_space import out_of_space_error
 from lockstep.checkpoint.storage import CheckpointStorage, LocalStorage, Location
 from lockstep.checkpoint.training_state import (
     Snapshot,
@@ -52,7 +54,10 @@ def agree(state: PartialState, error: BaseException | None, action: str) -> None
     if error is not None and len(failed) == 1:
         raise error
     details = "; ".join(f"rank {rank}: {text}" for rank, text in failed)
-    raise RuntimeError(f"{action} failed on {len(failed)} of {state.num_processes} processes: {details}")
+    # a checkpoint that cannot be written (a full disk) stays a CheckpointError on every rank
+    same = all(text.startswith(f"{layout.CheckpointError.__name__}: ") for _, text in failed)
+    kind = layout.CheckpointError if same else RuntimeError
+    raise kind(f"{action} failed on {len(failed)} of {state.num_processes} processes: {details}")
 
 
 def _attempt(function: Callable[[], Any]) -> BaseException | None:
@@ -61,6 +66,87 @@ def _attempt(function: Callable[[], Any]) -> BaseException | None:
     except Exception as error:
         return error
     return None
+
+
+def raise_background_failure(state: PartialState, writer: AsyncCheckpointWriter) -> None:
+    """Every rank together: wait for ``writer``'s background save and raise its error, if it failed on any
+    rank, on every rank (a thread's error alone would stop one rank and leave the others in a collective)."""
+    agree(state, _attempt(writer.wait), "The previous asynchronous checkpoint save")
+
+
+@dataclass
+class _SaveGuard:
+    """How one save fails: an error on any rank is raised on every rank, a full disk as one
+    :class:`CheckpointError` (:mod:`lockstep.checkpoint.disk_space`), and the staging folder is removed, so
+    nothing of a failed save remains and the previous checkpoint stays the newest valid one."""
+
+    state: PartialState
+    storage: CheckpointStorage
+    final_dir: Location
+    staging: Path
+    commits: bool
+    needed: int = 0
+    """The bytes of this process's snapshot (named when the disk fills)."""
+
+    def converting(self, function: Callable[[], Any]) -> Callable[[], None]:
+        """``function``, raising a full disk as the CheckpointError that says so."""
+
+        def run() -> None:
+            try:
+                function()
+            except Exception as error:
+                world = self.state.num_processes
+                failure = out_of_space_error(
+                    error,
+                    checkpoint=self.final_dir,
+                    staging=self.staging,
+                    needed=self.needed,
+                    process=f"process {self.state.process_index} of {world}" if world > 1 else "",
+                )
+                if failure is None:
+                    raise
+                raise failure from error
+
+        return run
+
+    def run(self, action: str, function: Callable[[], Any]) -> None:
+        """Every rank runs ``function``, then agrees; on a failure anywhere the staging folder goes."""
+        error = _attempt(self.converting(function))
+        try:
+            agree(self.state, error, action)
+        except BaseException:
+            self.discard()
+            raise
+
+    def collective(self, function: Callable[[], Any]) -> None:
+        """A collective write that raises on every rank itself (DCP's)."""
+        try:
+            self.converting(function)()
+        except BaseException:
+            self.discard()
+            raise
+
+    def in_background(
+        self, work: Callable[[], None], commit: Callable[[], None], *, markers: bool = True
+    ) -> Callable[[], None]:
+        """The writer thread's job: this rank's files, then (committing process) the commit; on a failure the
+        committing process waits for every rank's marker (``markers``: the ranks write in the background
+        too), then removes the staging folder."""
+
+        def run() -> None:
+            try:
+                work()
+                commit()
+            except BaseException:
+                if markers and self.commits and self.storage.node_local:
+                    settle(self.staging, self.state.num_processes, timeout=ASYNC_TIMEOUT_SECONDS)
+                self.discard()
+                raise
+
+        return run
+
+    def discard(self) -> None:
+        self.storage.discard(self.staging, main=self.commits)
 
 
 def save_checkpoint(
@@ -74,6 +160,8 @@ def save_checkpoint(
     step: int,
     safe_serialization: bool = True,
     writer: AsyncCheckpointWriter | None = None,
+    background: bool = False,
+    commit_in_background: bool = False,
     after_commit: Callable[[], None] | None = None,
     save_shards: Callable[[Path], None] | None = None,
 ) -> int:
@@ -81,13 +169,22 @@ def save_checkpoint(
 
     ``collect(staging)`` gives what the checkpoint holds, once the staging folder exists: the Accelerator's
     save hooks run there and may write files of their own into ``staging``, which are committed (and
-    covered by the manifest) with the rest. With ``writer``, only the snapshot happens now and the files
-    are written in the background. ``save_shards(staging)`` is the backend's collective write of its own
-    shards, done now in any case. ``storage`` commits the staged files (default: a local folder).
+    covered by the manifest) with the rest. ``writer`` runs this process's background saves: the previous
+    one is waited for first, and its error raised on every rank; with ``background``, only the snapshot
+    happens now and the files are written and committed by ``writer``. With ``commit_in_background`` (and no
+    ``background``), the files are written now (handed to the OS) and ``writer`` makes them durable: fsync
+    of every file, manifest, rename, ``latest`` and rotation; the checkpoint counts only once committed.
+    ``save_shards(staging)`` is the backend's collective write of its own shards, done now in any case.
+    ``storage`` commits the staged files (default: a local folder).
+
+    A failure on any rank (a full disk included) is raised on every rank, the staging folder is removed and
+    nothing is rotated: the previous checkpoint stays the newest valid one. A background save's failure is
+    raised, on every rank, by the next save (or ``writer.wait()``).
     """
     storage = storage or LocalStorage()
     if writer is not None:
-        writer.wait()
+        raise_background_failure(state, writer)
+    background = background and writer is not None
     # On an object store only the main process commits; on a (shared) folder every writer of shared files.
     commits = writes_shared_files and (storage.node_local or state.is_main_process)
     staged: list[Path] = []
@@ -96,53 +193,51 @@ def save_checkpoint(
         _attempt(lambda: staged.append(storage.prepare(final_dir, main=commits))),
         "Preparing the save",
     )
-    staging = staged[0]
+    guard = _SaveGuard(state=state, storage=storage, final_dir=final_dir, staging=staged[0], commits=commits)
     collected: list[TrainingObjects] = []
-    agree(
-        state, _attempt(lambda: collected.append(collect(staging))), f"Collecting the state for {final_dir}"
-    )
-    objects = collected[0]
+    guard.run(f"Collecting the state for {final_dir}", lambda: collected.append(collect(guard.staging)))
     snapshots: list[Snapshot] = []
 
     def snapshot() -> None:
         if writes_shared_files:
-            copy = writer is not None
-            snapshots.append(snapshot_shared(objects, safe_serialization=safe_serialization, copy=copy))
-        snapshots.append(snapshot_rank(objects, rank=state.process_index))
+            copy = background
+            snapshots.append(snapshot_shared(collected[0], safe_serialization=safe_serialization, copy=copy))
+        snapshots.append(snapshot_rank(collected[0], rank=state.process_index))
 
-    agree(state, _attempt(snapshot), f"Saving the checkpoint {final_dir}")
+    guard.run(f"Saving the checkpoint {final_dir}", snapshot)
+    guard.needed = sum(snap.tensor_bytes() for snap in snapshots)
     if save_shards is not None:
         # A collective (also when the rest is written in the background); DCP raises on every rank if one fails.
-        save_shards(staging)
+        guard.collective(lambda: save_shards(guard.staging))
 
     def commit(wait_seconds: float | None) -> None:
         if commits:
             storage.commit(
-                staging,
+                guard.staging,
                 final_dir,
                 world_size=state.num_processes,
                 step=step,
                 move_latest_pointer=move_latest_pointer,
                 wait_seconds=wait_seconds,
             )
-            if after_commit is not None:
+            if after_commit is not None:  # rotation: only once the new checkpoint is committed
                 after_commit()
 
     def write() -> None:
         for snap in snapshots:
-            write_snapshot(snap, staging)
+            write_snapshot(snap, guard.staging)
 
-    work = storage.rank_writer(write, staging, final_dir, state.process_index, background=writer is not None)
-    if writer is None:
-        agree(state, _attempt(work), f"Saving the checkpoint {final_dir}")
-        agree(state, _attempt(lambda: commit(None)), f"Committing the checkpoint {final_dir}")
-    else:
-
-        def background() -> None:
-            work()
-            commit(ASYNC_TIMEOUT_SECONDS)
-
-        writer.start(background)
+    work = storage.rank_writer(
+        guard.converting(write), guard.staging, final_dir, state.process_index, background=background
+    )
+    if writer is not None and background:
+        writer.start(guard.in_background(work, guard.converting(lambda: commit(ASYNC_TIMEOUT_SECONDS))))
+        return sum(snap.nbytes() for snap in snapshots)
+    guard.run(f"Saving the checkpoint {final_dir}", work)
+    if writer is None or not commit_in_background:
+        guard.run(f"Committing the checkpoint {final_dir}", lambda: commit(None))
+    elif commits:  # every rank's files are written (agreed above): only the commit is left to the thread
+        writer.start(guard.in_background(lambda: None, guard.converting(lambda: commit(None)), markers=False))
     return sum(snap.nbytes() for snap in snapshots)
 
 

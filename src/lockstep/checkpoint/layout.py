@@ -166,12 +166,28 @@ def commit(staging: Path, final_dir: Path, *, move_latest_pointer: bool) -> None
     if previous is not None:
         shutil.rmtree(previous, ignore_errors=True)
     if move_latest_pointer:
-        pointer = final_dir.parent / LATEST_POINTER
-        temporary = final_dir.parent / f".{LATEST_POINTER}.tmp"
+        _move_latest_pointer(final_dir)
+
+
+def _move_latest_pointer(final_dir: Path) -> None:
+    """Point ``latest`` at ``final_dir``. The checkpoint is committed already and loading finds the newest
+    valid one without the pointer, so a pointer that cannot be written (a full disk) is a warning."""
+    pointer = final_dir.parent / LATEST_POINTER
+    temporary = final_dir.parent / f".{LATEST_POINTER}.tmp"
+    try:
         temporary.write_text(final_dir.name + "\n")
         _fsync_path(temporary)
         os.replace(temporary, pointer)
-        _fsync_path(final_dir.parent)
+    except OSError as error:
+        temporary.unlink(missing_ok=True)
+        warnings.warn(
+            f"Checkpoint {final_dir} is committed, but the '{LATEST_POINTER}' pointer next to it could not be "
+            f"moved ({error}): it still names the previous checkpoint. Loading picks the newest valid "
+            "checkpoint without it; free space on that disk before the next save.",
+            stacklevel=4,
+        )
+        return
+    _fsync_path(final_dir.parent)
 
 
 def read_manifest(folder: Path) -> Manifest:

@@ -116,6 +116,21 @@ class Snapshot:
         tensors = [t for _, sd in self.models + self.safetensors_files for t in sd.values()]
         return sum(t.numel() * t.element_size() for t in tensors)
 
+    def tensor_bytes(self) -> int:
+        """The bytes of every tensor its files hold, optimizer states too: about what writing it needs on
+        disk (the files add their headers)."""
+        return self.nbytes() + sum(_tensor_bytes(value) for _, value in self.torch_files)
+
+
+def _tensor_bytes(value: Any) -> int:
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, dict):
+        return sum(_tensor_bytes(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(_tensor_bytes(v) for v in value)
+    return 0
+
 
 def _detached(value: Any, copy: bool) -> Any:
     """A CPU copy of every tensor in ``value`` (a real copy when ``copy``; training may change them)."""

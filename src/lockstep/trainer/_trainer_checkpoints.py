@@ -8,7 +8,7 @@ from pathlib import Path
 
 from lockstep import checkpoint
 from lockstep.accelerator import Accelerator
-from lockstep.checkpoint import CheckpointStorage, Location, is_url, storage_for
+from lockstep.checkpoint import CheckpointStorage, Location, is_url, out_of_space_error, storage_for
 from lockstep.trainer import _checkpoint_folders
 from lockstep.trainer._loss_sums import LossSums
 from lockstep.trainer.arguments import TrainingArguments
@@ -85,20 +85,29 @@ class TrainerCheckpoints:
         main, storage = self.accelerator.is_main_process, self.storage
         staging = storage.prepare(folder, main=main)
         self.accelerator.wait_for_everyone()
-        self.save_weights(staging)  # every rank: gathering a sharded model's weights is a collective
-        if main:
-            self.write_state(staging)
-        # On an object store every rank uploads what it wrote (the main process: everything) and says so.
-        storage.rank_writer(lambda: None, staging, folder, self.accelerator.process_index, background=False)()
-        if main:
-            storage.commit(
-                staging,
-                folder,
-                world_size=self.accelerator.num_processes,
-                step=self.state.global_step,
-                move_latest_pointer=False,
-                wait_seconds=None,
-            )
+        try:
+            self.save_weights(staging)  # every rank: gathering a sharded model's weights is a collective
+            if main:
+                self.write_state(staging)
+            # On an object store every rank uploads what it wrote (the main process: everything) and says so.
+            storage.rank_writer(
+                lambda: None, staging, folder, self.accelerator.process_index, background=False
+            )()
+            if main:
+                storage.commit(
+                    staging,
+                    folder,
+                    world_size=self.accelerator.num_processes,
+                    step=self.state.global_step,
+                    move_latest_pointer=False,
+                    wait_seconds=None,
+                )
+        except Exception as error:  # nothing of a failed save remains; a full disk is said so
+            failure = out_of_space_error(error, checkpoint=folder, staging=staging, needed=0)
+            storage.discard(staging, main=main)
+            if failure is None:
+                raise
+            raise failure from error
         self.accelerator.wait_for_everyone()
 
     def check_resumable(self, folder: Location) -> None:

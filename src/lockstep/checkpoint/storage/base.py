@@ -14,6 +14,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import os
+import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -59,6 +60,11 @@ class CheckpointStorage(abc.ABC):
     @abc.abstractmethod
     def prepare(self, final: Location, *, main: bool) -> Path:
         """The local staging folder this process writes ``final``'s files into (emptied by ``main``)."""
+
+    def discard(self, staging: Path, *, main: bool) -> None:
+        """Remove what a failed save staged here (``main``: the process that prepared ``staging``)."""
+        if main:
+            shutil.rmtree(staging, ignore_errors=True)
 
     @abc.abstractmethod
     def rank_writer(

@@ -188,6 +188,9 @@ class FsspecStorage(CheckpointStorage):
             self.fs.rm(location, recursive=True)
         self._fresh(location)
 
+    def discard(self, staging: Path, *, main: bool) -> None:
+        shutil.rmtree(staging.parent, ignore_errors=True)  # every process's own temporary folder
+
     def rank_writer(
         self, write: Callable[[], None], staging: Path, final: Location, rank: int, *, background: bool
     ) -> Callable[[], None]:

@@ -53,6 +53,12 @@ class LocalStorage(CheckpointStorage):
         final = _path(final)
         return layout.prepare_staging(final) if main else layout.staging_dir_for(final)
 
+    def discard(self, staging: Path, *, main: bool) -> None:
+        if main:
+            shutil.rmtree(staging, ignore_errors=True)
+            with contextlib.suppress(OSError):  # another save may still be in progress there
+                staging.parent.rmdir()
+
     def rank_writer(
         self, write: Callable[[], None], staging: Path, final: Location, rank: int, *, background: bool
     ) -> Callable[[], None]:
