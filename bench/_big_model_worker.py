@@ -23,7 +23,7 @@ def _memory(field: str) -> int:
     raise RuntimeError(f"no {field} in /proc/self/status")
 
 
-def main(tool: str, model_dir: str, offload: str, budget: int, new_tokens: int) -> None:
+def measure(tool: str, model_dir: str, offload: str, budget: int, new_tokens: int) -> None:
     import transformers
 
     big_modeling = importlib.import_module(f"{tool}.big_modeling")
@@ -64,4 +64,4 @@ def main(tool: str, model_dir: str, offload: str, budget: int, new_tokens: int) 
 if __name__ == "__main__":
     torch.set_num_threads(1)
     tool_name, folder, offload_dir, budget_bytes, count = sys.argv[1:]
-    main(tool_name, folder, offload_dir, int(budget_bytes), int(count))
+    measure(tool_name, folder, offload_dir, int(budget_bytes), int(count))
