@@ -8,6 +8,7 @@ Processes are expensive, so one launch runs one attempt of every sampler kind: t
 
 from __future__ import annotations
 
+import faulthandler
 import importlib.util
 import itertools
 import logging
@@ -102,6 +103,7 @@ def _ids(batch: torch.Tensor) -> list[int]:
 def _attempt(plans: list[tuple[str, str, str | None, str | None, int | None]]) -> dict[str, Any]:
     """For each (chain, kind, load, save, steps): read ``steps`` batches (all when None) after loading
     ``load``, then save the position to ``save``; returns what this rank read."""
+    faulthandler.dump_traceback_later(60)  # where a stuck attempt is, in the test's report (it takes ~1 s)
     out: dict[str, Any] = {}
     for chain, kind, load, save, steps in plans:
         loader = _loader(kind)
@@ -124,6 +126,7 @@ def _attempt(plans: list[tuple[str, str, str | None, str | None, int | None]]) -
             "remainder": loader.remainder,
             "resized": None if resized is None else (resized.old_world, resized.new_world),
         }
+    faulthandler.cancel_dump_traceback_later()
     return out
 
 
@@ -174,7 +177,8 @@ def _expected_ids(kind: str, chain: str) -> set[int]:
 
 
 def test_every_sample_once_across_resizes_3_2_3_and_2_3_and_to_and_from_one_process(tmp_path):
-    attempts = [run_distributed(_attempt, world, plans) for world, plans in zip(WORLDS, _launches(tmp_path))]
+    launches = zip(WORLDS, _launches(tmp_path))
+    attempts = [run_distributed(_attempt, world, plans, timeout=180) for world, plans in launches]
     for chain, launches in CHAINS.items():
         for kind in KINDS:
             key = f"{chain}:{kind}"
