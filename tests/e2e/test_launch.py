@@ -82,13 +82,18 @@ def test_worker_exception_is_reported_with_its_rank(tmp_path):
     assert "failed with exit code 1: ValueError: bad batch on rank one (boom.py:4)" in first
 
 
+def _wait_until_ready(folder, ranks: tuple[int, ...], seconds: float = 60) -> None:
+    """Wait for wait_for_signal.py's ``ready_<rank>`` files (each holds that worker's pid)."""
+    deadline = time.monotonic() + seconds
+    while not all((folder / f"ready_{r}").exists() for r in ranks) and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
 def test_killed_worker_is_reported_within_seconds(tmp_path):
     launcher = lockstep_popen(
         "launch", "--num-processes", "2", str(SCRIPTS / "wait_for_signal.py"), str(tmp_path)
     )
-    deadline = time.monotonic() + 60
-    while not (tmp_path / "ready_1").exists() and time.monotonic() < deadline:
-        time.sleep(0.1)
+    _wait_until_ready(tmp_path, ranks=(1,))
     os.kill(int((tmp_path / "ready_1").read_text()), signal.SIGKILL)
     killed_at = time.monotonic()
     _, stderr = launcher.communicate(timeout=60)
@@ -101,9 +106,7 @@ def test_sigterm_to_the_launcher_reaches_every_worker(tmp_path):
     launcher = lockstep_popen(
         "launch", "--num-processes", "2", str(SCRIPTS / "wait_for_signal.py"), str(tmp_path)
     )
-    deadline = time.monotonic() + 60
-    while not all((tmp_path / f"ready_{r}").exists() for r in range(2)) and time.monotonic() < deadline:
-        time.sleep(0.1)
+    _wait_until_ready(tmp_path, ranks=(0, 1))
     launcher.send_signal(signal.SIGTERM)
     launcher.communicate(timeout=60)
     assert launcher.returncode == 143
@@ -115,9 +118,7 @@ def test_workers_of_a_launcher_killed_with_sigkill_get_sigterm_and_end(tmp_path)
     launcher = lockstep_popen(
         "launch", "--num-processes", "2", str(SCRIPTS / "wait_for_signal.py"), str(tmp_path)
     )
-    deadline = time.monotonic() + 60
-    while not all((tmp_path / f"ready_{r}").exists() for r in range(2)) and time.monotonic() < deadline:
-        time.sleep(0.1)
+    _wait_until_ready(tmp_path, ranks=(0, 1))
     workers = [int((tmp_path / f"ready_{r}").read_text()) for r in range(2)]
     launcher.kill()
     launcher.communicate(timeout=60)
