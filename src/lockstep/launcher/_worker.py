@@ -12,14 +12,17 @@ torchrun.
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import importlib
 import importlib.util
+import io
 import json
 import os
 import runpy
 import signal
 import sys
+import threading
 import time
 import traceback
 from types import ModuleType
@@ -146,8 +149,20 @@ def stop_with_the_launcher() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
     except (OSError, AttributeError):
         return  # no prctl: the worker outlives a killed launcher, as under torchrun
-    if str(os.getppid()) != launcher:
+    if launcher not in _parents():
         os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _parents() -> list[str]:
+    """The pids of this process's parent and grandparent: a worker's parent is the launcher, or the
+    launcher's forkserver (:mod:`lockstep.launcher.preloaded`), which exits with the launcher."""
+    parent = str(os.getppid())
+    try:
+        with open(f"/proc/{parent}/stat") as handle:  # "pid (comm) state ppid ...", comm may hold spaces
+            grandparent = handle.read().rsplit(")", 1)[1].split()[1]
+    except (OSError, IndexError):
+        return [parent]
+    return [parent, grandparent]
 
 
 def _import_target(target: str, module: bool) -> ModuleType:
@@ -218,6 +233,57 @@ def run(argv: list[str]) -> None:
         write_error_file(error)
         report_exception(error)
         sys.exit(1)
+
+
+def run_forked(*argv: str) -> None:
+    """:func:`run` in a worker that torch's agent forked from the launcher's preloaded server
+    (:mod:`lockstep.launcher.preloaded`), made to behave as the fresh ``python -u`` interpreter it stands
+    for: a session of its own (a terminal's Ctrl-C reaches the launcher, which stops the workers),
+    unbuffered output, and at the end what an interpreter's exit does and a multiprocessing child's
+    ``os._exit`` skips: wait for the script's non-daemon threads, then run its ``atexit`` handlers."""
+    os.setsid()
+    _let_the_server_end_with_the_launcher()
+    _unbuffered_output()
+    try:
+        run(list(argv))
+    finally:
+        _exit_like_an_interpreter()
+
+
+def _let_the_server_end_with_the_launcher() -> None:
+    """Close this worker's copy of the forkserver's keep-alive pipe, which multiprocessing hands to every
+    child: the server ends when the launcher's copy closes (the launcher died), and its end sends this
+    worker SIGTERM (:func:`stop_with_the_launcher`); while a worker kept the pipe open, a SIGKILLed
+    launcher left the server and its workers running."""
+    from multiprocessing import forkserver
+
+    server = forkserver._forkserver  # type: ignore[attr-defined]
+    alive = getattr(server, "_forkserver_alive_fd", None)
+    if alive is not None:
+        os.close(alive)
+        server._forkserver_alive_fd = None
+
+
+def _unbuffered_output() -> None:
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if stream is None:
+            continue
+        stream.flush()
+        raw = io.FileIO(stream.fileno(), "w", closefd=False)
+        wrapper = io.TextIOWrapper(raw, encoding=stream.encoding, errors=stream.errors, write_through=True)
+        setattr(sys, name, wrapper)
+
+
+def _exit_like_an_interpreter() -> None:
+    current = threading.current_thread()
+    for thread in threading.enumerate():
+        if thread is not current and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        if stream is not None:
+            stream.flush()
 
 
 if __name__ == "__main__":

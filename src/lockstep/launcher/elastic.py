@@ -5,7 +5,8 @@
 back as one readable line per failed rank instead of torch's generic banner.
 
 Each worker runs ``python -m lockstep.launcher._worker [--module] [--function NAME] TARGET ARGS`` (see
-:func:`worker_command`), or TARGET itself with ``no_python``. The settings reach the workers through the
+:func:`worker_command`), or TARGET itself with ``no_python``; by default that bootstrap runs in a fork of a
+server that has imported torch once for all workers (:mod:`lockstep.launcher.preloaded`). The settings reach the workers through the
 environment (:func:`prepare_worker_environment`) and the agent's configuration (:func:`torch_launch_config`):
 ``role``, ``tee`` and ``log_dir`` become torch's log specs, ``rdzv_conf`` the rendezvous options.
 """
@@ -21,6 +22,7 @@ import sys
 from typing import Any
 
 from lockstep import _env
+from lockstep.launcher import preloaded
 from lockstep.launcher.settings import LaunchSettings, cpu_threads_per_process
 
 WORKER_MODULE = "lockstep.launcher._worker"
@@ -131,8 +133,12 @@ def launch(
     program, program_args = worker_command(
         target, args, module=module, no_python=no_python, function=function
     )
+    start_method = "spawn"
+    if not no_python and preloaded.can_preload():  # the bootstrap's own arguments follow its module name
+        program_args = program_args[program_args.index(WORKER_MODULE) + 1 :]
+        program, start_method = preloaded.preloaded_start()
     try:
-        elastic_launch(torch_launch_config(settings), program)(*program_args)
+        elastic_launch(torch_launch_config(settings, start_method=start_method), program)(*program_args)
     except ChildFailedError as error:
         return report_failures(error.failures, quiet=settings.quiet)
     except SignalException as error:
