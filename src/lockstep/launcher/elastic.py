@@ -124,19 +124,20 @@ def launch(
         function: import the script or module and call this function of it in every worker, instead of
             running it as ``__main__`` (``--main-training-function``).
     """
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import elastic_launch
-
     prepare_worker_environment(settings)
-    quiet_agent_logs()
     program, program_args = worker_command(
         target, args, module=module, no_python=no_python, function=function
     )
     start_method = "spawn"
     if not no_python and preloaded.can_preload():  # the bootstrap's own arguments follow its module name
         program_args = program_args[program_args.index(WORKER_MODULE) + 1 :]
-        program, start_method = preloaded.preloaded_start()
+        program, start_method = preloaded.preloaded_start()  # the server imports while this process does
+
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import elastic_launch
+
+    quiet_agent_logs()
     try:
         elastic_launch(torch_launch_config(settings, start_method=start_method), program)(*program_args)
     except ChildFailedError as error:

@@ -48,13 +48,16 @@ def can_preload() -> bool:
 
 
 def preloaded_start() -> tuple[Any, str]:
-    """The worker entry point and start method for torch's agent; call right before the launch, once the
-    workers' environment is set (the forkserver starts with it)."""
+    """Start the forkserver (it imports :data:`PRELOADED_MODULES` while the launcher goes on) and return
+    the worker entry point and start method for torch's agent. Call it once the workers' environment is
+    set: the server and every worker forked from it start with this process's environment."""
     import multiprocessing
+    from multiprocessing import forkserver
 
     global _server_environment
     from lockstep.launcher import _worker
 
     multiprocessing.set_forkserver_preload(list(PRELOADED_MODULES))
+    forkserver.ensure_running()
     _server_environment = dict(os.environ)
     return _worker.run_forked, "forkserver"

@@ -1,0 +1,65 @@
+"""Workers forked from the launcher's preloaded server behave as the fresh interpreters they replace."""
+
+from __future__ import annotations
+
+import json
+import select
+import time
+from pathlib import Path
+
+import pytest
+
+from lockstep.launcher import preloaded
+from tests.helpers.cli import SCRIPTS, cli_env, lockstep_popen
+
+pytestmark = pytest.mark.distributed
+
+
+def _launch_and_read_facts(out: Path, **env: str) -> list[dict]:
+    """Each rank's facts, read while the workers still run (their output is not held in a buffer),
+    then the workers are let go and the exit handlers' markers are read."""
+    environment = cli_env(**env)
+    environment.pop("PYTHONUNBUFFERED", None)  # the launch, not the environment, makes the output unbuffered
+    launcher = lockstep_popen(
+        "launch", "--num-processes", "2", str(SCRIPTS / "worker_facts.py"), str(out), env=environment
+    )
+    facts: list[dict] = []
+    deadline = time.monotonic() + 120
+    assert launcher.stdout is not None
+    while len(facts) < 2 and time.monotonic() < deadline and launcher.poll() is None:
+        if select.select([launcher.stdout], [], [], 1.0)[0]:
+            line = launcher.stdout.readline()
+            if line.startswith("FACTS "):
+                facts.append(json.loads(line[6:]))
+    (out / "go").write_text("")
+    _, stderr = launcher.communicate(timeout=120)
+    assert launcher.returncode == 0, stderr
+    assert len(facts) == 2, f"the workers' lines did not arrive while they ran: {facts}\n{stderr}"
+    return sorted(facts, key=lambda f: f["rank"])
+
+
+@pytest.mark.parametrize("fresh", [False, True], ids=["preloaded", "fresh-interpreters"])
+def test_a_worker_runs_the_script_as_a_fresh_interpreter_would(tmp_path, fresh):
+    env = {preloaded.FRESH_WORKERS: "1"} if fresh else {}
+    facts = _launch_and_read_facts(tmp_path, **env)
+    for rank, fact in enumerate(facts):
+        assert fact["torch_preloaded"] is not fresh  # what the server imported once, for every worker
+        assert fact["session_leader"], "a worker leads a session of its own, as torch's agent starts them"
+        assert fact["argv"] == [str(tmp_path)] and fact["main"] == "__main__"
+        # the non-daemon thread ended before the exit handlers ran, and the handlers ran at all
+        assert (tmp_path / f"atexit_{rank}").read_text() == "True"
+
+
+def test_a_second_launch_with_another_environment_gets_fresh_interpreters(monkeypatch):
+    monkeypatch.delenv(preloaded.FRESH_WORKERS, raising=False)
+    monkeypatch.setattr(preloaded, "_server_environment", None)
+    assert preloaded.can_preload()
+    import os
+
+    monkeypatch.setattr(preloaded, "_server_environment", dict(os.environ))
+    assert preloaded.can_preload()  # the server's environment is this one: reuse it
+    monkeypatch.setenv("LOCKSTEP_SOMETHING_NEW", "1")
+    assert not preloaded.can_preload()  # the server would hand workers a stale environment
+    monkeypatch.setattr(preloaded, "_server_environment", None)
+    monkeypatch.setenv(preloaded.FRESH_WORKERS, "1")
+    assert not preloaded.can_preload()
