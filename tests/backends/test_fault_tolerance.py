@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -217,6 +218,53 @@ def test_a_step_commits_in_process_under_warnings_as_errors() -> None:
             accelerator.backend.close()
     finally:
         server.shutdown()
+
+
+def _lighthouse_process() -> tuple[subprocess.Popen, str]:
+    """A lighthouse in a process of its own (shutting down an in-process one leaves it answering)."""
+    code = (
+        "import time; from torchft.coordination import LighthouseServer; "
+        "server = LighthouseServer(bind='127.0.0.1:0', min_replicas=1); print(server.address(), flush=True); "
+        "time.sleep(600)"
+    )
+    process = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+    )
+    return process, process.stdout.readline().strip()
+
+
+def test_a_lost_lighthouse_stops_the_group_with_its_address_in_bounded_time() -> None:
+    """The lighthouse is killed while a group trains: the next step raises lockstep's error naming the
+    lighthouse within the configured timeout (2 s here; under 10 s with start-up), never a hang."""
+    from lockstep import Accelerator
+
+    lighthouse, address = _lighthouse_process()
+    try:
+        config = _config(num_replica_groups=1, lighthouse=address, timeout=2, hostname="127.0.0.1")
+        accelerator = Accelerator(cpu=True, fault_tolerance=config)
+        try:
+            net = torch.nn.Linear(4, 2)
+            net, optimizer = accelerator.prepare(net, torch.optim.SGD(net.parameters(), lr=0.1))
+            accelerator.backward(net(torch.ones(2, 4)).sum())
+            optimizer.step()
+            optimizer.zero_grad()
+            assert accelerator.backend.committed_steps == 1
+            lighthouse.kill()
+            lighthouse.wait()
+            start = time.monotonic()
+            with pytest.raises(
+                RuntimeError,
+                match=rf"Replica group 0 got no quorum from the torchft lighthouse at {re.escape(address)} "
+                r"within 2 s .*the lighthouse is down or unreachable",
+            ):
+                accelerator.backward(net(torch.ones(2, 4)).sum())
+            assert time.monotonic() - start < 10
+        finally:
+            accelerator.backend.close()
+    finally:
+        lighthouse.kill()
+        lighthouse.wait()
+        lighthouse.stdout.close()
 
 
 def test_min_replicas_above_the_groups() -> None:

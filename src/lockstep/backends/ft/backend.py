@@ -203,9 +203,20 @@ class FaultTolerantBackend(Backend, LiveRecovery):
         )
 
     def _start_quorum(self) -> None:
-        if not self._quorum_started:
+        if self._quorum_started:
+            return
+        try:
             self.manager.start_quorum()
-            self._quorum_started = True
+        except Exception as error:  # torchft raises its RPC's TimeoutError or RuntimeError
+            config = self.config
+            raise RuntimeError(
+                f"Replica group {config.replica_group} got no quorum from the torchft lighthouse at "
+                f"{config.lighthouse_address()} within {config.timeout:g} s ({type(error).__name__}: {error}): "
+                f"the lighthouse is down or unreachable, or fewer than min_replicas={config.min_replicas} "
+                "groups are alive. Restart the lighthouse, then the groups (each resumes with "
+                "accelerator.resume_from_latest_checkpoint()); or raise FaultToleranceConfig(timeout=...)."
+            ) from error
+        self._quorum_started = True
 
     def clip_grad_norm_(
         self, parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float = 2.0
