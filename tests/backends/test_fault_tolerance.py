@@ -25,6 +25,7 @@ from lockstep.backends.ft import FaultToleranceConfig
 from lockstep.backends.registry import select_backend
 from lockstep.state import PartialState
 from tests.helpers import ft_worker
+from tests.helpers.ft_lighthouse import lighthouse_process
 
 pytest.importorskip("torchft")
 ROOT = Path(__file__).resolve().parents[2]
@@ -220,26 +221,12 @@ def test_a_step_commits_in_process_under_warnings_as_errors() -> None:
         server.shutdown()
 
 
-def _lighthouse_process() -> tuple[subprocess.Popen, str]:
-    """A lighthouse in a process of its own (shutting down an in-process one leaves it answering)."""
-    code = (
-        "import time; from torchft.coordination import LighthouseServer; "
-        "server = LighthouseServer(bind='127.0.0.1:0', min_replicas=1); print(server.address(), flush=True); "
-        "time.sleep(600)"
-    )
-    process = subprocess.Popen(
-        [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
-    )
-    return process, process.stdout.readline().strip()
-
-
 def test_a_lost_lighthouse_stops_the_group_with_its_address_in_bounded_time() -> None:
     """The lighthouse is killed while a group trains: the next step raises lockstep's error naming the
     lighthouse within the configured timeout (2 s here; under 10 s with start-up), never a hang."""
     from lockstep import Accelerator
 
-    lighthouse, address = _lighthouse_process()
-    try:
+    with lighthouse_process(min_replicas=1) as (lighthouse, address):
         config = _config(num_replica_groups=1, lighthouse=address, timeout=2, hostname="127.0.0.1")
         accelerator = Accelerator(cpu=True, fault_tolerance=config)
         try:
@@ -261,10 +248,6 @@ def test_a_lost_lighthouse_stops_the_group_with_its_address_in_bounded_time() ->
             assert time.monotonic() - start < 10
         finally:
             accelerator.backend.close()
-    finally:
-        lighthouse.kill()
-        lighthouse.wait()
-        lighthouse.stdout.close()
 
 
 def test_min_replicas_above_the_groups() -> None:

@@ -83,7 +83,7 @@ def _killed_and_relaunched(folder: Path) -> Iterator[dict]:
     processes: dict[str, subprocess.Popen] = {}
     try:
         address = server.address()
-        gate = [str(folder / "relaunched.pt.ready"), str(GATE_AFTER)]
+        gate = ["--gate", str(folder / "relaunched.pt.ready"), "--gate-after", str(GATE_AFTER)]
         for group in range(GROUPS):
             processes[f"group{group}"] = _start(
                 folder, f"group{group}", group, address, SEED, *(gate if group < 2 else [])

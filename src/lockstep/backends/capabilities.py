@@ -188,6 +188,15 @@ class LiveRecovery(Capability):
     def join(self) -> None:
         """Join the job's next step now (healing from a live peer when this group is behind); once per step."""
 
+    @abstractmethod
+    def saved_progress(self) -> dict[str, int]:
+        """What a checkpoint holds besides the Accelerator's state (the committed step count), so that a
+        restart of every group continues where the save was taken."""
+
+    @abstractmethod
+    def load_saved_progress(self, progress: dict[str, int]) -> None:
+        """Continue from a checkpoint's :meth:`saved_progress`."""
+
 
 def no_context_parallel() -> contextlib.AbstractContextManager:
     """The block of ``maybe_context_parallel`` without context parallelism: it runs unchanged (the buffers

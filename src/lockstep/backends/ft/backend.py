@@ -183,6 +183,13 @@ class FaultTolerantBackend(Backend, LiveRecovery):
     def join(self) -> None:
         self._start_quorum()
 
+    def saved_progress(self) -> dict[str, int]:
+        return {key: int(value) for key, value in self.manager.state_dict().items()}
+
+    def load_saved_progress(self, progress: dict[str, int]) -> None:
+        # torchft's step and batches committed: the next quorum tells the lighthouse where this group is.
+        self.manager.load_state_dict(progress)
+
     def _identity(self) -> dict[str, int]:
         return {
             "replica_group": self.config.replica_group,
