@@ -101,6 +101,7 @@ def _killed_and_relaunched(folder: Path) -> Iterator[dict]:
             assert code == 0, f"{name} exited {code}:\n{(folder / f'{name}.err').read_text()[-3000:]}"
             results[name] = {**torch.load(folder / f"{name}.pt"), "lines": _lines(folder, name)}
         results["first_life"] = {"pid": processes["group2"].pid, "lines": _lines(folder, "group2")}
+        results["relaunched"]["stderr"] = (folder / "relaunched.err").read_text()
         results["pids"] = {name: process.pid for name, process in processes.items()}
         yield results
     finally:
@@ -168,6 +169,8 @@ def test_the_relaunched_group_healed_from_a_live_peer(run: dict) -> None:
     assert heal["pid"] == run["pids"][f"group{heal['replica_group']}"]
     joined = lines[0]["step"]
     assert heal["step"] == joined > KILL_AFTER  # it started at the peer's step, not at 0
+    line = f"replica group 2 healed from replica group {heal['replica_group']} (pid {heal['pid']}) at step {joined}"
+    assert line in run["relaunched"]["stderr"]
     assert all(line["participants"] == GROUPS for line in lines)
     # Its loader continued where the lost group would have stood: the iteration its peers were at.
     survivors = run["group0"]["lines"]
