@@ -250,6 +250,41 @@ def test_a_lost_lighthouse_stops_the_group_with_its_address_in_bounded_time() ->
             accelerator.backend.close()
 
 
+def test_a_step_that_does_not_commit_leaves_weights_and_schedule() -> None:
+    """A step torchft does not commit (an error reported in it) is skipped as an fp16 overflow is: the
+    weights stay, ``optimizer_step_was_skipped`` is True and the prepared scheduler does not advance."""
+    from torchft.coordination import LighthouseServer
+
+    from lockstep import Accelerator
+
+    server = LighthouseServer(bind="127.0.0.1:0", min_replicas=1)
+    try:
+        config = _config(num_replica_groups=1, lighthouse=server.address(), timeout=5, hostname="127.0.0.1")
+        accelerator = Accelerator(cpu=True, fault_tolerance=config)
+        try:
+            net = torch.nn.Linear(4, 2)
+            optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+            scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+            net, optimizer, scheduler = accelerator.prepare(net, optimizer, scheduler)
+            before = net.weight.detach().clone()
+            accelerator.backward(net(torch.ones(2, 4)).sum())
+            accelerator.backend.manager.report_error(RuntimeError("injected"))
+            optimizer.step()
+            scheduler.step()
+            assert accelerator.optimizer_step_was_skipped and accelerator.backend.committed_steps == 0
+            assert torch.equal(net.weight, before) and scheduler.get_last_lr() == [0.1]
+            optimizer.zero_grad()
+            accelerator.backward(net(torch.ones(2, 4)).sum())
+            optimizer.step()
+            scheduler.step()
+            assert not accelerator.optimizer_step_was_skipped and accelerator.backend.committed_steps == 1
+            assert scheduler.get_last_lr() == [0.05]
+        finally:
+            accelerator.backend.close()
+    finally:
+        server.shutdown()
+
+
 def test_min_replicas_above_the_groups() -> None:
     with pytest.raises(
         ValueError, match=r"min_replicas=3, num_replica_groups=2\) is invalid.*Pass min_replicas <= 2"

@@ -145,7 +145,7 @@ def _replay(lines: list[dict]) -> dict[str, torch.Tensor]:
                 total = total + other[index]
             parameter.grad = total / len(grads)
         torch.nn.utils.clip_grad_norm_(list(model.parameters()), worker.MAX_NORM)
-        optimizer.param_groups[0]["lr"] = worker.LR * worker.GAMMA**iteration
+        optimizer.param_groups[0]["lr"] = worker.LR * worker.GAMMA ** line["step"]  # uncommitted: no step
         optimizer.step()
     return model.state_dict()
 
