@@ -24,7 +24,7 @@ from tests.helpers import ft_heal_worker as worker
 
 pytest.importorskip("torchft")
 ROOT = Path(__file__).resolve().parents[2]
-GROUPS, STEPS, SEED, RELAUNCH_SEED = 3, 10, 0, 7
+GROUPS, STEPS, SEED, RELAUNCH_SEED = 3, 12, 0, 7
 KILL_AFTER = random.Random(25).choice([1, 2])
 GATE_AFTER = KILL_AFTER + 2
 """The survivors wait after this step until the relaunched group has joined the lighthouse (so that it
