@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -24,6 +25,7 @@ from lockstep.backends.ft import FaultToleranceConfig
 from lockstep.backends.registry import select_backend
 from lockstep.state import PartialState
 from tests.helpers import ft_worker
+from tests.helpers.ft_lighthouse import lighthouse_process
 
 pytest.importorskip("torchft")
 ROOT = Path(__file__).resolve().parents[2]
@@ -213,6 +215,70 @@ def test_a_step_commits_in_process_under_warnings_as_errors() -> None:
             assert optimizer.optimizer.committed, accelerator.backend.manager.errored()
             assert accelerator.backend.committed_steps == 1
             assert not torch.equal(net.weight, before)
+        finally:
+            accelerator.backend.close()
+    finally:
+        server.shutdown()
+
+
+def test_a_lost_lighthouse_stops_the_group_with_its_address_in_bounded_time() -> None:
+    """The lighthouse is killed while a group trains: the next step raises lockstep's error naming the
+    lighthouse within the configured timeout (2 s here; under 10 s with start-up), never a hang."""
+    from lockstep import Accelerator
+
+    with lighthouse_process(min_replicas=1) as (lighthouse, address):
+        config = _config(num_replica_groups=1, lighthouse=address, timeout=2, hostname="127.0.0.1")
+        accelerator = Accelerator(cpu=True, fault_tolerance=config)
+        try:
+            net = torch.nn.Linear(4, 2)
+            net, optimizer = accelerator.prepare(net, torch.optim.SGD(net.parameters(), lr=0.1))
+            accelerator.backward(net(torch.ones(2, 4)).sum())
+            optimizer.step()
+            optimizer.zero_grad()
+            assert accelerator.backend.committed_steps == 1
+            lighthouse.kill()
+            lighthouse.wait()
+            start = time.monotonic()
+            with pytest.raises(
+                RuntimeError,
+                match=rf"Replica group 0 got no quorum from the torchft lighthouse at {re.escape(address)} "
+                r"within 2 s .*the lighthouse is down or unreachable",
+            ):
+                accelerator.backward(net(torch.ones(2, 4)).sum())
+            assert time.monotonic() - start < 10
+        finally:
+            accelerator.backend.close()
+
+
+def test_a_step_that_does_not_commit_leaves_weights_and_schedule() -> None:
+    """A step torchft does not commit (an error reported in it) is skipped as an fp16 overflow is: the
+    weights stay, ``optimizer_step_was_skipped`` is True and the prepared scheduler does not advance."""
+    from torchft.coordination import LighthouseServer
+
+    from lockstep import Accelerator
+
+    server = LighthouseServer(bind="127.0.0.1:0", min_replicas=1)
+    try:
+        config = _config(num_replica_groups=1, lighthouse=server.address(), timeout=5, hostname="127.0.0.1")
+        accelerator = Accelerator(cpu=True, fault_tolerance=config)
+        try:
+            net = torch.nn.Linear(4, 2)
+            optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+            scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+            net, optimizer, scheduler = accelerator.prepare(net, optimizer, scheduler)
+            before = net.weight.detach().clone()
+            accelerator.backward(net(torch.ones(2, 4)).sum())
+            accelerator.backend.manager.report_error(RuntimeError("injected"))
+            optimizer.step()
+            scheduler.step()
+            assert accelerator.optimizer_step_was_skipped and accelerator.backend.committed_steps == 0
+            assert torch.equal(net.weight, before) and scheduler.get_last_lr() == [0.1]
+            optimizer.zero_grad()
+            accelerator.backward(net(torch.ones(2, 4)).sum())
+            optimizer.step()
+            scheduler.step()
+            assert not accelerator.optimizer_step_was_skipped and accelerator.backend.committed_steps == 1
+            assert scheduler.get_last_lr() == [0.05]
         finally:
             accelerator.backend.close()
     finally:

@@ -30,7 +30,7 @@ from lockstep.accelerator.elastic_resume import (
 )
 from lockstep.accelerator.prepared import PreparedObjects
 from lockstep.backends.base import Backend
-from lockstep.backends.capabilities import Indexed, ShardedCheckpointIO
+from lockstep.backends.capabilities import Indexed, LiveRecovery, ShardedCheckpointIO
 from lockstep.checkpoint import frozen_base, layout
 from lockstep.checkpoint.async_writer import AsyncCheckpointWriter
 from lockstep.checkpoint.collective_save import (
@@ -61,6 +61,10 @@ class SaveReport:
     nbytes: int
     """Bytes of tensors in this process's snapshot."""
     asynchronous: bool
+
+
+LIVE_PROGRESS = "fault_tolerance"
+"""The counters' entry of a fault-tolerant backend's progress (:class:`LiveRecovery`)."""
 
 
 class CheckpointManager:
@@ -154,16 +158,20 @@ class CheckpointManager:
 
     # -- what -------------------------------------------------------------------------------------
     def _shared_objects(self) -> TrainingObjects:
+        counters: dict[str, Any] = {
+            "step": self.accumulation.step,
+            "iteration": self.project.iteration,
+            ACCUMULATION_COUNTER: self.accumulation.num_steps,
+        }
+        live = self.backend.capability(LiveRecovery)
+        if live is not None:  # fault tolerance: torchft's committed steps, so a full restart continues them
+            counters[LIVE_PROGRESS] = live.saved_progress()
         return TrainingObjects(
             schedulers=list(self.prepared.schedulers),
             dataloaders=list(self.prepared.dataloaders),
             scaler=self.backend.precision.scaler,
             custom=list(self.prepared.custom),
-            counters={
-                "step": self.accumulation.step,
-                "iteration": self.project.iteration,
-                ACCUMULATION_COUNTER: self.accumulation.num_steps,
-            },
+            counters=counters,
         )
 
     def _writes_shared_files(self) -> bool:
@@ -343,6 +351,9 @@ class CheckpointManager:
         if gradients is not None:
             self.backend.restore_gradients(models, gradients)
         self.accumulation.step = int(counters.get("step", 0))
+        live = self.backend.capability(LiveRecovery)
+        if live is not None and LIVE_PROGRESS in counters:
+            live.load_saved_progress(counters[LIVE_PROGRESS])
         script_steps = self.accumulation.num_steps  # before a resize changes it to keep the global batch
         line = after_resized_load(
             self.prepared.dataloaders,

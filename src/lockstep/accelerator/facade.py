@@ -37,6 +37,7 @@ from torch.utils.data import DataLoader
 from lockstep.accelerator.accumulation import GradientAccumulation
 from lockstep.accelerator.checkpointing_view import CheckpointingView
 from lockstep.accelerator.collectives_view import CollectivesView
+from lockstep.accelerator.live_state import share_live_state
 from lockstep.accelerator.mesh_view import MeshView, build_layout
 from lockstep.accelerator.optimizer import AcceleratedOptimizer
 from lockstep.accelerator.parts import answers_for
@@ -215,6 +216,7 @@ class Accelerator:
             keep_global_batch=elastic_keep_global_batch,
             record_event=self._trackers.record_event,
         )
+        self._live = share_live_state(self.backend, self._prepared, self._accumulation)  # fault tolerance
         self._preemption = PreemptionWatcher(preemption_signals, preemption_grace_period)
         self._preparer = self._build_preparer(
             device_placement=device_placement,
@@ -414,6 +416,8 @@ class Accelerator:
                 together[index] if index in together else self._prepare_one(args[index], placements[index])
             )
         result = [self.prepare_scheduler(obj) if is_unprepared_scheduler(obj) else obj for obj in result]
+        if self._live is not None and any(isinstance(obj, torch.optim.Optimizer) for obj in args):
+            self._live.join()  # a replica group that comes back heals now, before it reads a batch
         return result[0] if len(result) == 1 else tuple(result)
 
     def _prepare_one(self, obj: Any, placement: bool | None) -> Any:

@@ -147,8 +147,9 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
 
     @property
     def step_was_skipped(self) -> bool:
-        """Whether the last ``step()`` was skipped because of gradient overflow."""
-        return self._is_overflow
+        """Whether the last ``step()`` was skipped because of gradient overflow, or because the backend's
+        optimizer did not step (a fault-tolerant step that did not commit); schedulers then stay."""
+        return self._is_overflow or getattr(self.optimizer, "step_was_skipped", False) is True
 
     @property
     def is_overflow(self) -> bool:

@@ -19,6 +19,7 @@ __getattr__, __all__ = lazy_exports(
         "Capability": "lockstep.backends.capabilities",
         "ContextParallel": "lockstep.backends.capabilities",
         "JointPreparation": "lockstep.backends.capabilities",
+        "LiveRecovery": "lockstep.backends.capabilities",
         "PipelineSchedule": "lockstep.backends.capabilities",
         "ShardedCheckpointIO": "lockstep.backends.capabilities",
         "TrainingStateTransfer": "lockstep.backends.capabilities",

@@ -19,6 +19,9 @@ capability                    what it does                                      
 :class:`TrainingStateTransfer`  hands the whole training state of this replica   one process, DDP
                               to a peer and takes one from a peer (live
                               recovery without a checkpoint on disk)
+:class:`LiveRecovery`         a replica group that (re)joins a running job       fault tolerant (torchft)
+                              takes the Accelerator's own state (loaders,
+                              schedulers, counters) from a live peer too
 ============================  =================================================  ==========================
 """
 
@@ -27,7 +30,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -151,6 +154,48 @@ class TrainingStateTransfer(Capability):
         self, models: Sequence[nn.Module], optimizers: Sequence[Any], state: dict[str, Any]
     ) -> None:
         """Make this replica's models and optimizers hold ``state`` (from :meth:`training_state` of a peer)."""
+
+
+class LiveRecovery(Capability):
+    """Replica groups that come and go while the others train: one that (re)joins heals from a live peer.
+
+    The backend moves the models and optimizers itself; the Accelerator shares the rest of the training
+    state here (prepared loaders' positions, schedulers, registered objects, counters), and calls
+    :meth:`join` once a ``prepare`` call has built a trainable replica, before any batch is read, so that a
+    group that heals reads its first batch where its peers stand.
+    """
+
+    @abstractmethod
+    def share_training_state(
+        self,
+        key: str,
+        state_dict: Callable[[], Any],
+        load_state_dict: Callable[[Any], None],
+        *,
+        at_step_end: bool = False,
+    ) -> None:
+        """Send ``state_dict()`` to a healing peer and load a peer's with ``load_state_dict``.
+
+        Args:
+            key: a name unique among the shared states (the same on every group).
+            state_dict: the state now (picklable with ``weights_only``: tensors and plain values).
+            load_state_dict: makes this group hold a peer's ``state_dict()``.
+            at_step_end: send the state as it was when the last step ended, not as it is when the peer asks
+                (a loader has read the next batch by then; a scheduler has not stepped at the step's end).
+        """
+
+    @abstractmethod
+    def join(self) -> None:
+        """Join the job's next step now (healing from a live peer when this group is behind); once per step."""
+
+    @abstractmethod
+    def saved_progress(self) -> dict[str, int]:
+        """What a checkpoint holds besides the Accelerator's state (the committed step count), so that a
+        restart of every group continues where the save was taken."""
+
+    @abstractmethod
+    def load_saved_progress(self, progress: dict[str, int]) -> None:
+        """Continue from a checkpoint's :meth:`saved_progress`."""
 
 
 def no_context_parallel() -> contextlib.AbstractContextManager:

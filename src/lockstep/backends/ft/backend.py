@@ -2,11 +2,13 @@
 
 Each replica group is one lockstep process holding a whole replica. Per optimizer step:
 
-1. the first training forward of the step (or its first backward) asks the lighthouse for this step's
-   quorum and waits for it (``Manager.start_quorum`` with ``use_async_quorum=False``): a group that joins
-   late or comes back receives the model and optimizer state from a live peer *before* its forward
-   (torchft's healing; the state functions are registered at ``prepare``), so every group in the quorum
-   computes a real gradient on the same weights and no group's batch is replaced by zeros;
+1. the step's quorum is asked of the lighthouse and waited for (``Manager.start_quorum`` with
+   ``use_async_quorum=False``): when the ``prepare`` call that holds the optimizer returns (the first step),
+   then at the step's first training forward (or its first backward). A group that is behind (one that was
+   relaunched, or joins late) heals there, from a live peer, before it reads a batch or runs a forward:
+   torchft sends it the peer's models, optimizer and step count, and the Accelerator's loader positions,
+   schedulers, registered objects and counters (:mod:`lockstep.accelerator.live_state`), so every group in
+   the quorum computes a real gradient on the same weights and no group's batch is replaced by zeros;
 2. ``optimizer.step()`` all-reduces the gradients over the groups in the quorum (one flat buffer per dtype,
    summed, divided by the participants), then asks every group whether the step commits
    (``Manager.should_commit``): the optimizer steps only when it does, so all live groups apply the same
@@ -15,6 +17,8 @@ Each replica group is one lockstep process holding a whole replica. Per optimize
 
 from __future__ import annotations
 
+import logging
+import os
 import socket
 import warnings
 import weakref
@@ -26,10 +30,15 @@ import torch
 from torch import nn
 
 from lockstep.backends.base import Backend, DataShard
+from lockstep.backends.capabilities import LiveRecovery
 from lockstep.backends.ft.config import FaultToleranceConfig
 from lockstep.config.plugins import TorchDynamoPlugin
 from lockstep.precision import Precision
 from lockstep.state import PartialState
+
+logger = logging.getLogger("lockstep.backends")
+PEER_KEY = "lockstep_peer"
+"""The shared state that names the group a healing group received the others from."""
 
 
 def _manager(config: FaultToleranceConfig, address: str) -> Any:
@@ -76,7 +85,7 @@ def _manager(config: FaultToleranceConfig, address: str) -> Any:
 
 
 @final
-class FaultTolerantBackend(Backend):
+class FaultTolerantBackend(Backend, LiveRecovery):
     """One replica per group; gradients averaged across the live groups of each step (torchft).
 
     Args:
@@ -103,6 +112,11 @@ class FaultTolerantBackend(Backend):
         self._averaged = False
         self._models = 0
         self._optimizer: _QuorumOptimizer | None = None
+        self._step_end: dict[str, Callable[[], Any]] = {}
+        self._at_step_end: dict[str, Any] = {}
+        self.last_heal: dict[str, Any] | None = None
+        """The last heal: the peer's ``replica_group``, ``pid`` and ``step`` (the step this group joined at)."""
+        self.manager.register_state_dict_fn(PEER_KEY, self._note_heal, self._identity)
 
     def close(self) -> None:
         """Leave the quorum and stop torchft's servers (also done when the backend is collected)."""
@@ -147,10 +161,69 @@ class FaultTolerantBackend(Backend):
         """Steps this group has committed (torchft's step count, which a healed group takes from its peer)."""
         return self.manager.current_step()
 
+    # -- healing (LiveRecovery) ------------------------------------------------------------------
+    def share_training_state(
+        self,
+        key: str,
+        state_dict: Callable[[], Any],
+        load_state_dict: Callable[[Any], None],
+        *,
+        at_step_end: bool = False,
+    ) -> None:
+        if at_step_end:
+            self._step_end[key] = state_dict
+            self.manager.register_state_dict_fn(key, load_state_dict, lambda: self._state_at_step_end(key))
+        else:
+            self.manager.register_state_dict_fn(key, load_state_dict, state_dict)
+
+    def _state_at_step_end(self, key: str) -> Any:
+        # Before the first commit nothing was read yet: the state now is the state at the start.
+        return self._at_step_end[key] if key in self._at_step_end else self._step_end[key]()
+
+    def join(self) -> None:
+        self._start_quorum()
+
+    def saved_progress(self) -> dict[str, int]:
+        return {key: int(value) for key, value in self.manager.state_dict().items()}
+
+    def load_saved_progress(self, progress: dict[str, int]) -> None:
+        # torchft's step and batches committed: the next quorum tells the lighthouse where this group is.
+        self.manager.load_state_dict(progress)
+
+    def _identity(self) -> dict[str, int]:
+        return {
+            "replica_group": self.config.replica_group,
+            "pid": os.getpid(),
+            "step": self.manager.current_step(),
+        }
+
+    def _note_heal(self, peer: dict[str, int]) -> None:
+        self.last_heal = dict(peer)
+        log = logger.warning if peer["step"] > 0 else logger.info
+        log(
+            "replica group %d healed from replica group %d (pid %d) at step %d: weights, optimizer, loader "
+            "positions and schedulers taken from the live peer, no checkpoint read",
+            self.config.replica_group,
+            peer["replica_group"],
+            peer["pid"],
+            peer["step"],
+        )
+
     def _start_quorum(self) -> None:
-        if not self._quorum_started:
+        if self._quorum_started:
+            return
+        try:
             self.manager.start_quorum()
-            self._quorum_started = True
+        except Exception as error:  # torchft raises its RPC's TimeoutError or RuntimeError
+            config = self.config
+            raise RuntimeError(
+                f"Replica group {config.replica_group} got no quorum from the torchft lighthouse at "
+                f"{config.lighthouse_address()} within {config.timeout:g} s ({type(error).__name__}: {error}): "
+                f"the lighthouse is down or unreachable, or fewer than min_replicas={config.min_replicas} "
+                "groups are alive. Restart the lighthouse, then the groups (each resumes with "
+                "accelerator.resume_from_latest_checkpoint()); or raise FaultToleranceConfig(timeout=...)."
+            ) from error
+        self._quorum_started = True
 
     def clip_grad_norm_(
         self, parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float = 2.0
@@ -174,7 +247,11 @@ class FaultTolerantBackend(Backend):
         the step."""
         self._average(parameters)
         self._quorum_started = self._averaged = False
-        return self.manager.should_commit()
+        committed = self.manager.should_commit()
+        # Where a group that heals before the next step starts (also after a discarded step: every live
+        # group discarded it, and their loaders moved on all the same).
+        self._at_step_end = {key: state_dict() for key, state_dict in self._step_end.items()}
+        return committed
 
 
 def _average(manager: Any, parameters: list[torch.Tensor]) -> None:
@@ -232,6 +309,11 @@ class _QuorumOptimizer(torch.optim.Optimizer):
             )
         self.committed = self._synchronize(self.trained_parameters())
         return self.optimizer.step() if self.committed else None
+
+    @property
+    def step_was_skipped(self) -> bool:
+        """The last step did not commit (the prepared optimizer and its schedulers read this)."""
+        return self.committed is False
 
     def trained_parameters(self) -> list[torch.Tensor]:
         """The parameters this optimizer updates, in its (every group's identical) order."""
