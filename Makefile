@@ -21,8 +21,8 @@ docs-serve: setup
 	NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs serve
 
 lint: setup
-	.venv/bin/ruff check src tests examples bench
-	.venv/bin/ruff format --check src tests examples bench
+	.venv/bin/ruff check src tests examples bench docs/_gen
+	.venv/bin/ruff format --check src tests examples bench docs/_gen
 
 # The real Accelerate and transformers in .venv-reference, for the reference tests (tests/reference/).
 reference:

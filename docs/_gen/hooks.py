@@ -8,7 +8,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from pages import generated_files, generated_pages  # noqa: E402
+from pages import generated_files, generated_pages
 
 
 def on_files(files: Any, config: Any) -> Any:

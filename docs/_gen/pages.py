@@ -128,7 +128,11 @@ def _attribute_docs(path: Path, class_name: str | None = None) -> dict[str, str]
         target = node.target if isinstance(node, ast.AnnAssign) else None
         if isinstance(node, ast.Assign) and len(node.targets) == 1:
             target = node.targets[0]
-        if isinstance(target, ast.Name) and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant):
+        if (
+            isinstance(target, ast.Name)
+            and isinstance(after, ast.Expr)
+            and isinstance(after.value, ast.Constant)
+        ):
             docs[target.id] = str(after.value.value)
     return docs
 
@@ -205,8 +209,10 @@ def cluster_variables() -> dict[str, list[str]]:
             {
                 node.value
                 for node in ast.walk(tree)
-                if isinstance(node, ast.Constant) and isinstance(node.value, str)
-                and _ENV_NAME.match(node.value) and "_" in node.value
+                if isinstance(node, ast.Constant)
+                and isinstance(node.value, str)
+                and _ENV_NAME.match(node.value)
+                and "_" in node.value
             }
         )
         title = next(
@@ -215,7 +221,8 @@ def cluster_variables() -> dict[str, list[str]]:
                 for node in tree.body
                 if isinstance(node, ast.Assign)
                 and isinstance(node.value, ast.Tuple)
-                and [getattr(t, "id", "") for t in getattr(node.targets[0], "elts", [])][:2] == ["NAME", "TITLE"]
+                and [getattr(t, "id", "") for t in getattr(node.targets[0], "elts", [])][:2]
+                == ["NAME", "TITLE"]
             ),
             path.stem,
         )
@@ -252,7 +259,8 @@ def environment_page() -> str:
         "|---|---|",
     ]
     lines += [
-        f"| {title} | {', '.join(f'`{name}`' for name in names)} |" for title, names in cluster_variables().items()
+        f"| {title} | {', '.join(f'`{name}`' for name in names)} |"
+        for title, names in cluster_variables().items()
     ]
     return "\n".join(lines) + "\n"
 
@@ -266,7 +274,11 @@ def coverage_data() -> dict:
 
 def coverage_page() -> str:
     data = coverage_data()
-    lines = ["# Accelerate API coverage", "", GENERATED_NOTE.format(source="src/lockstep/accelerate_api.json")]
+    lines = [
+        "# Accelerate API coverage",
+        "",
+        GENERATED_NOTE.format(source="src/lockstep/accelerate_api.json"),
+    ]
     lines += [
         f"Every public name of Accelerate {data['accelerate_version']} and its status in lockstep "
         "(`tests/test_api_coverage.py` checks each entry against both packages).",
@@ -278,7 +290,14 @@ def coverage_page() -> str:
         counts = [sum(1 for v in body["names"].values() if v.split(":")[0] == s) for s in data["statuses"]]
         lines.append(f"| [`{section}`](#{section}) | " + " | ".join(map(str, counts)) + " |")
     for section, body in data["sections"].items():
-        lines += ["", f"## `{section}` {{#{section}}}", "", f"Looked up in `{body['lockstep']}`.", "", "| Name | Status | Note |"]
+        lines += [
+            "",
+            f"## `{section}` {{#{section}}}",
+            "",
+            f"Looked up in `{body['lockstep']}`.",
+            "",
+            "| Name | Status | Note |",
+        ]
         lines.append("|---|---|---|")
         for name, value in body["names"].items():
             status, _, note = value.partition(":")
