@@ -11,6 +11,7 @@ import argparse
 import html
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -130,3 +131,14 @@ def test_the_benchmark_page_shows_every_chart(site: Path) -> None:
         name = Path(chart).name
         assert (site / "benchmarks" / name).stat().st_size > 1000, name
         assert f'src="../{name}"' in text, name
+
+
+def test_the_readme_is_a_short_front_door_whose_links_resolve() -> None:
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) < 200
+    for command in ("make demo", "make test", "make docs", "make docs-serve"):
+        assert command in text, command
+    targets = re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", text)
+    assert len(targets) > 20, targets
+    missing = [target for target in targets if not (ROOT / target).exists()]
+    assert not missing, f"README links to missing files: {missing}"
