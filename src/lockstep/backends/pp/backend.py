@@ -119,8 +119,8 @@ class PipelineBackend(ShardedBackend, PipelineSchedule):
 
     def data_shard(self) -> DataShard:
         """The data-parallel replica's share, as every rank of a pipeline iterates it (see
-        docs/how-to/pipeline-parallel.md for why); ranks holding neither the first nor the last stage use no batch, so
-        their batches stay where the loader made them (no copy to the device)."""
+        docs/how-to/pipeline-parallel.md for why); ranks holding neither the first nor the last stage use no
+        batch, so their batches stay where the loader made them (no copy to the device)."""
         handler, pp_size = self.handler, self.config.pp_size
         num_stages = pp_size * handler.stages_per_rank  # type: ignore[operator]
         held = stage_indices(
