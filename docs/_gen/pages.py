@@ -57,13 +57,20 @@ def cli_actions() -> dict[str, list[argparse.Action]]:
 
 
 def _action_row(action: argparse.Action) -> str:
-    names = ", ".join(f"`{name}`" for name in action.option_strings) or f"`{action.metavar or action.dest}`"
+    names = "<br>".join(f"`{name}`" for name in action.option_strings) or f"`{action.metavar or action.dest}`"
     choices = "{" + ",".join(map(str, action.choices)) + "}" if action.choices else ""
     takes = "" if action.nargs == 0 else _cell(action.metavar or choices or action.dest.upper())
     default = action.default
     shown = "" if default in (None, False, argparse.SUPPRESS) or action.nargs == 0 else _code(_cell(default))
     help_text = (action.help or "") % {"default": default, "prog": ""} if action.help else ""
     return f"| {names} | {takes} | {shown} | {_cell(help_text)} |"
+
+
+def _usage(parser: argparse.ArgumentParser) -> str:
+    """The usage lines as ``--help`` prints them on a 100-column terminal (argparse reads ``COLUMNS``)."""
+    formatter = parser.formatter_class(prog=parser.prog, width=100)  # type: ignore[call-arg]
+    formatter.add_usage(parser.usage, parser._actions, parser._mutually_exclusive_groups, prefix="")
+    return formatter.format_help().strip("\n")
 
 
 def cli_page() -> str:
@@ -78,8 +85,7 @@ def cli_page() -> str:
         lines += ["", f"{'#' * (depth + 1)} `{path}`", ""]
         if help_line or parser.description:
             lines += [_cell(help_line or parser.description), ""]
-        usage = " ".join(parser.format_usage().split()).removeprefix("usage: ")
-        lines += ["```text", usage, "```", ""]
+        lines += ["```text", _usage(parser), "```", ""]
         visible = [
             a
             for a in parser._actions
