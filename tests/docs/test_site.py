@@ -142,3 +142,11 @@ def test_the_readme_is_a_short_front_door_whose_links_resolve() -> None:
     assert len(targets) > 20, targets
     missing = [target for target in targets if not (ROOT / target).exists()]
     assert not missing, f"README links to missing files: {missing}"
+
+
+def test_the_install_page_names_every_extra() -> None:
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    page = (ROOT / "docs" / "getting-started" / "install.md").read_text()
+    missing = [extra for extra in extras if f"`{extra}`" not in page]
+    assert not missing, f"extras of pyproject.toml not on docs/getting-started/install.md: {missing}"
