@@ -7,6 +7,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
+# The pages describe this checkout's code, whichever lockstep the environment has installed.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
 from pages import generated_files, generated_pages
 
