@@ -1,5 +1,5 @@
 # The two commands of the README's quick start.
-.PHONY: demo test lint setup reference
+.PHONY: demo test lint setup reference docs docs-serve
 # Independent prerequisites build side by side (`make test`: .venv with the lint, and .venv-reference; their
 # few lines of output may interleave).
 MAKEFLAGS += --jobs=2
@@ -11,9 +11,18 @@ setup:
 demo: setup
 	.venv/bin/lockstep launch --num-processes 2 examples/sentiment_loop.py
 
+# The documentation site (mkdocs.yml): built into site/ with --strict (a broken link or reference fails);
+# docs-serve serves it on http://127.0.0.1:8000 and rebuilds on change. NO_MKDOCS_2_WARNING hides
+# mkdocs-material's banner about its successor.
+docs: setup
+	NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict
+
+docs-serve: setup
+	NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs serve
+
 lint: setup
-	.venv/bin/ruff check src tests examples bench
-	.venv/bin/ruff format --check src tests examples bench
+	.venv/bin/ruff check src tests examples bench docs/_gen
+	.venv/bin/ruff format --check src tests examples bench docs/_gen
 
 # The real Accelerate and transformers in .venv-reference, for the reference tests (tests/reference/).
 reference:

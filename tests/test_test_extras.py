@@ -48,6 +48,11 @@ IMPORT_NAMES: dict[str, str | None] = {
     "ray": "ray",
     "torchft": "torchft",
     "mpich": None,
+    # the docs extra (tests/docs/ builds the site)
+    "mkdocs": "mkdocs",
+    "mkdocs-material": "material",
+    "mkdocstrings": "mkdocstrings",
+    "mkdocstrings-python": "mkdocstrings_handlers.python",
 }
 
 

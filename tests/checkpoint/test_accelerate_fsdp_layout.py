@@ -383,7 +383,7 @@ def _full_save_converted_then_read_like_accelerate(world: int, folder: str) -> t
     model, optimizer = _train_prepared(accelerator)
     accelerator.save_state(folder)
     saved = {"params": full_params(model), "optimizer": _optimizer_state(model, optimizer)}
-    # The conversion the README gives: Accelerate looks for the model in pytorch_model_fsdp.bin
+    # The conversion docs/how-to/checkpoints.md gives: Accelerate looks for the model in pytorch_model_fsdp.bin
     torch.save(load_model_files(folder), Path(folder) / "pytorch_model_fsdp.bin")
     layout.verify(Path(folder))  # the added file leaves lockstep's manifest valid
     # Accelerate's load_fsdp_model / load_fsdp_optimizer (FSDP2, FULL_STATE_DICT)

@@ -118,9 +118,9 @@ class PipelineBackend(ShardedBackend, PipelineSchedule):
         return self.config.get_submesh("pp")
 
     def data_shard(self) -> DataShard:
-        """The data-parallel replica's share, as every rank of a pipeline iterates it (see the README's
-        pipeline section for why); ranks holding neither the first nor the last stage use no batch, so
-        their batches stay where the loader made them (no copy to the device)."""
+        """The data-parallel replica's share, as every rank of a pipeline iterates it (see
+        docs/how-to/pipeline-parallel.md for why); ranks holding neither the first nor the last stage use no
+        batch, so their batches stay where the loader made them (no copy to the device)."""
         handler, pp_size = self.handler, self.config.pp_size
         num_stages = pp_size * handler.stages_per_rank  # type: ignore[operator]
         held = stage_indices(
