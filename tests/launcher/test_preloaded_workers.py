@@ -63,3 +63,33 @@ def test_a_second_launch_with_another_environment_gets_fresh_interpreters(monkey
     monkeypatch.setattr(preloaded, "_server_environment", None)
     monkeypatch.setenv(preloaded.FRESH_WORKERS, "1")
     assert not preloaded.can_preload()
+
+
+def _script(tmp_path: Path, source: str) -> str:
+    path = tmp_path / "train.py"
+    path.write_text(source)
+    return str(path)
+
+
+def test_the_server_preloads_the_libraries_a_script_imports_at_its_top(tmp_path):
+    source = "import os\nimport torch\nrank = int(os.environ['RANK'])\ntry:\n    import numpy\nexcept ImportError:\n    pass\n"
+    modules = preloaded.libraries_to_preload(_script(tmp_path, source + "def f():\n    import safetensors\n"))
+    assert modules[: len(preloaded.BASE_MODULES)] == list(preloaded.BASE_MODULES)
+    assert modules[len(preloaded.BASE_MODULES) :] == ["numpy"]  # not safetensors: only inside a function
+    assert preloaded.libraries_to_preload("json", module=True) == []  # a module without torch
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "import os\n",  # no library worth preloading: fresh interpreters cost nothing more
+        "import os\nos.environ['HF_HOME'] = '/data'\nimport torch\n",
+        "import os\nos.environ.setdefault('TORCH_LOGS', 'dynamo')\nimport torch\n",
+        "from os import environ, putenv\nputenv('A', '1')\nimport torch\n",
+        "import os\nif True:\n    del os.environ['A']\nimport torch\n",
+        "import torch\ndef broken(:\n",
+    ],
+    ids=["no-torch", "environ-set", "setdefault", "putenv", "del", "syntax-error"],
+)
+def test_scripts_that_write_the_environment_at_their_top_get_fresh_interpreters(tmp_path, source):
+    assert preloaded.libraries_to_preload(_script(tmp_path, source)) == []

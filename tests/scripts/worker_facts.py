@@ -1,9 +1,9 @@
 """Reports how this worker process was started, for tests/launcher/test_preloaded_workers.py.
 
-Usage: worker_facts.py OUT_DIR. Rank r prints `FACTS {...}` (whether torch was imported before this script
-ran, whether the worker leads a session of its own) without flushing, then waits for OUT_DIR/go; it leaves a
-non-daemon thread that writes OUT_DIR/thread_r after a short sleep and an exit handler that writes
-OUT_DIR/atexit_r saying whether that thread had finished first.
+Usage: worker_facts.py OUT_DIR. Rank r prints `FACTS {...}` without flushing: whether torch was imported
+before this script ran (it imports torch itself afterwards), whether the worker leads a session of its own.
+Then it waits for OUT_DIR/go, leaving a non-daemon thread that writes OUT_DIR/thread_r after a short sleep
+and an exit handler that writes OUT_DIR/atexit_r saying whether that thread had finished first.
 """
 
 import atexit
@@ -24,6 +24,10 @@ facts = {
     "main": __name__,
 }
 print("FACTS " + json.dumps(facts))  # no flush: a worker's output is unbuffered, as under `python -u`
+
+import torch  # noqa: E402  (a script importing torch at its top level is one the launcher preloads for)
+
+assert torch.get_num_threads() == int(os.environ["OMP_NUM_THREADS"]), "the launch's thread count is kept"
 
 
 def late_write() -> None:

@@ -129,9 +129,14 @@ def launch(
         target, args, module=module, no_python=no_python, function=function
     )
     start_method = "spawn"
-    if not no_python and preloaded.can_preload():  # the bootstrap's own arguments follow its module name
+    modules = (
+        []
+        if no_python or not preloaded.can_preload()
+        else preloaded.libraries_to_preload(target, module=module)
+    )
+    if modules:  # the bootstrap's own arguments follow its module name
         program_args = program_args[program_args.index(WORKER_MODULE) + 1 :]
-        program, start_method = preloaded.preloaded_start()  # the server imports while this process does
+        program, start_method = preloaded.preloaded_start(modules)  # it imports while this process does
 
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
