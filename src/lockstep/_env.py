@@ -32,6 +32,9 @@ LOCKSTEP_HANG_TIMEOUT = "LOCKSTEP_HANG_TIMEOUT"
 """Seconds without progress before the hang watchdog reports a hang; ``0`` or ``off`` switches it off."""
 ELASTIC_ERROR_FILE = "TORCHELASTIC_ERROR_FILE"
 """Where torch's elastic agent wants a failing worker's error record."""
+PRELOAD_WORKERS = "LOCKSTEP_PRELOAD_WORKERS"
+"""``1``: ``lockstep launch`` forks its workers from a server that imported torch (and the script's other
+large libraries) once, instead of starting each as a fresh interpreter (``lockstep.launcher.preloaded``)."""
 FORK_LAUNCHED = "FORK_LAUNCHED"
 """Set to 1 by ``notebook_launcher`` for the processes it forks (Accelerate's variable)."""
 

@@ -1,4 +1,5 @@
-"""Workers forked from the launcher's preloaded server behave as the fresh interpreters they replace."""
+"""Workers forked from the launcher's preloaded server (``LOCKSTEP_PRELOAD_WORKERS=1``) behave as the fresh
+interpreters they replace."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from lockstep.launcher import preloaded
-from tests.helpers.cli import SCRIPTS, cli_env, lockstep_popen
+from tests.helpers.cli import SCRIPTS, cli_env, lockstep, lockstep_popen
 
 pytestmark = pytest.mark.distributed
 
@@ -24,24 +25,32 @@ def _launch_and_read_facts(out: Path, **env: str) -> list[dict]:
         "launch", "--num-processes", "2", str(SCRIPTS / "worker_facts.py"), str(out), env=environment
     )
     facts: list[dict] = []
+    lines: list[str] = []
     deadline = time.monotonic() + 120
     assert launcher.stdout is not None
     while len(facts) < 2 and time.monotonic() < deadline and launcher.poll() is None:
         if select.select([launcher.stdout], [], [], 1.0)[0]:
             line = launcher.stdout.readline()
+            lines.append(line)
             if line.startswith("FACTS "):
                 facts.append(json.loads(line[6:]))
     (out / "go").write_text("")
-    _, stderr = launcher.communicate(timeout=120)
+    stdout, stderr = launcher.communicate(timeout=120)
     assert launcher.returncode == 0, stderr
     assert len(facts) == 2, f"the workers' lines did not arrive while they ran: {facts}\n{stderr}"
+    draws = {line for line in [*lines, *stdout.splitlines()] if line.startswith("NUMPY ")}
+    for fact in facts:
+        fact["numpy_draw"] = next(json.loads(d[6:])["draw"] for d in draws if f'"rank": {fact["rank"]},' in d)
     return sorted(facts, key=lambda f: f["rank"])
 
 
 @pytest.mark.parametrize("fresh", [False, True], ids=["preloaded", "fresh-interpreters"])
 def test_a_worker_runs_the_script_as_a_fresh_interpreter_would(tmp_path, fresh):
-    env = {preloaded.FRESH_WORKERS: "1"} if fresh else {}
+    env = {} if fresh else {preloaded.PRELOAD_WORKERS: "1"}
     facts = _launch_and_read_facts(tmp_path, **env)
+    # unseeded generators differ between workers, as between fresh interpreters
+    assert facts[0]["python_random"] != facts[1]["python_random"]
+    assert facts[0]["numpy_draw"] != facts[1]["numpy_draw"]
     for rank, fact in enumerate(facts):
         assert fact["torch_preloaded"] is not fresh  # what the server imported once, for every worker
         assert fact["session_leader"], "a worker leads a session of its own, as torch's agent starts them"
@@ -50,8 +59,24 @@ def test_a_worker_runs_the_script_as_a_fresh_interpreter_would(tmp_path, fresh):
         assert (tmp_path / f"atexit_{rank}").read_text() == "True"
 
 
+@pytest.mark.parametrize("code", [0, 3])
+def test_a_script_that_ends_with_os_exit_ends_the_launch_with_its_code(code):
+    """torch's agent waits for a forked worker's return value, which ``os._exit`` skips: it waited forever."""
+    done = lockstep(
+        "launch",
+        "--num-processes",
+        "2",
+        str(SCRIPTS / "os_exit.py"),
+        str(code),
+        timeout=120,
+        env=cli_env(**{preloaded.PRELOAD_WORKERS: "1"}),
+    )
+    assert done.stdout.count(f"leaving with {code}") == 2, done.stderr
+    assert (done.returncode == 0) is (code == 0), done.stderr
+
+
 def test_a_second_launch_with_another_environment_gets_fresh_interpreters(monkeypatch):
-    monkeypatch.delenv(preloaded.FRESH_WORKERS, raising=False)
+    monkeypatch.setenv(preloaded.PRELOAD_WORKERS, "1")
     monkeypatch.setattr(preloaded, "_server_environment", None)
     assert preloaded.can_preload()
     import os
@@ -61,8 +86,8 @@ def test_a_second_launch_with_another_environment_gets_fresh_interpreters(monkey
     monkeypatch.setenv("LOCKSTEP_SOMETHING_NEW", "1")
     assert not preloaded.can_preload()  # the server would hand workers a stale environment
     monkeypatch.setattr(preloaded, "_server_environment", None)
-    monkeypatch.setenv(preloaded.FRESH_WORKERS, "1")
-    assert not preloaded.can_preload()
+    monkeypatch.delenv(preloaded.PRELOAD_WORKERS)
+    assert not preloaded.can_preload()  # off unless asked for
 
 
 def _script(tmp_path: Path, source: str) -> str:

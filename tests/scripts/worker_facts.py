@@ -9,6 +9,7 @@ and an exit handler that writes OUT_DIR/atexit_r saying whether that thread had 
 import atexit
 import json
 import os
+import random
 import sys
 import threading
 import time
@@ -22,10 +23,14 @@ facts = {
     "session_leader": os.getsid(0) == os.getpid(),
     "argv": sys.argv[1:],
     "main": __name__,
+    "python_random": random.random(),
 }
 print("FACTS " + json.dumps(facts))  # no flush: a worker's output is unbuffered, as under `python -u`
 
+import numpy  # noqa: E402
 import torch  # noqa: E402  (a script importing torch at its top level is one the launcher preloads for)
+
+print("NUMPY " + json.dumps({"rank": int(rank), "draw": float(numpy.random.random())}), flush=True)
 
 assert torch.get_num_threads() == int(os.environ["OMP_NUM_THREADS"]), "the launch's thread count is kept"
 

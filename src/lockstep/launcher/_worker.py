@@ -25,7 +25,8 @@ import sys
 import threading
 import time
 import traceback
-from types import ModuleType
+from types import FrameType, ModuleType
+from typing import NoReturn
 
 from lockstep import _env
 
@@ -242,12 +243,34 @@ def run_forked(*argv: str) -> None:
     unbuffered output, and at the end what an interpreter's exit does and a multiprocessing child's
     ``os._exit`` skips: wait for the script's non-daemon threads, then run its ``atexit`` handlers."""
     os.setsid()
+    _report_success_before_os_exit(sys._getframe(1))
     _let_the_server_end_with_the_launcher()
+    _reseed_numpy()
     _unbuffered_output()
     try:
         run(list(argv))
     finally:
         _exit_like_an_interpreter()
+
+
+def _report_success_before_os_exit(caller: FrameType | None) -> None:
+    """Make ``os._exit(0)`` in the script count as success. torch's agent takes a forked worker as done
+    once its entry point has returned a value through a queue; a script that ends with ``os._exit(0)``
+    (to skip a slow teardown) never returns, and the launch waited forever. The queue is a local of
+    torch's wrapper that called :func:`run_forked` (``ret_val_``, torch 2.x); where it is not found,
+    nothing changes."""
+    while caller is not None and "ret_val_" not in caller.f_locals:
+        caller = caller.f_back
+    if caller is None:
+        return
+    queue, leave = caller.f_locals["ret_val_"], os._exit
+
+    def exit_reporting_success(code: int) -> NoReturn:
+        if code == 0:
+            queue.put(None)
+        leave(code)
+
+    os._exit = exit_reporting_success
 
 
 def _let_the_server_end_with_the_launcher() -> None:
@@ -262,6 +285,15 @@ def _let_the_server_end_with_the_launcher() -> None:
     if alive is not None:
         os.close(alive)
         server._forkserver_alive_fd = None
+
+
+def _reseed_numpy() -> None:
+    """Give numpy's global generator fresh entropy, as a fresh interpreter's import does: forked from
+    the server, every worker would otherwise draw the same unseeded ``np.random`` numbers (Python's
+    ``random`` reseeds itself after a fork; torch's default seed is the same in every process anyway)."""
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        numpy.random.seed()
 
 
 def _unbuffered_output() -> None:

@@ -2,11 +2,13 @@
 
 Every fresh worker interpreter pays for ``import torch``, at its first optimizer for ``torch._dynamo``
 (measured here: about 1 CPU-second each on an idle core, 2-3 under load) and, in a transformers script,
-for transformers (several more), and keeps a private copy of those modules' memory. ``lockstep launch``
-instead asks torch's elastic agent to start the workers with multiprocessing's ``forkserver`` method, the
-server importing those libraries once: each worker is a fork of it, running the same bootstrap
-(``lockstep.launcher._worker``) as a fresh interpreter would, so the script still runs as ``__main__`` with
-its own ``sys.argv``, environment, session and error record.
+for transformers, and keeps a private copy of those modules' memory. With ``LOCKSTEP_PRELOAD_WORKERS=1``,
+``lockstep launch`` instead asks torch's elastic agent to start the workers with multiprocessing's
+``forkserver`` method, the server importing those libraries once: each worker is a fork of it, running
+the same bootstrap (``lockstep.launcher._worker``) as a fresh interpreter would, so the script still runs
+as ``__main__`` with its own ``sys.argv``, environment, session, unbuffered output, ``atexit`` handlers,
+numpy seed and error record (``_worker.run_forked``). Off by default: torchrun and ``accelerate launch``
+start fresh interpreters, and a fork can differ from one in ways no check here covers.
 
 The server imports :data:`BASE_MODULES` and those of :data:`FORK_SAFE_LIBRARIES` that the script imports at
 its top level, read from its source without running it (:func:`libraries_to_preload`). Fresh interpreters
@@ -15,12 +17,8 @@ are kept where preloading could change what the script sees, or would gain nothi
 - the script imports none of those libraries at its top level (a script without torch, ``--no-python``);
 - the script writes ``os.environ`` (or ``os.putenv``) at its top level: a library it imports afterwards may
   read the variable at import time (``HF_HOME``, ``TORCH_LOGS``, ...), and a preloaded one would not;
-- ``LOCKSTEP_FRESH_WORKERS=1`` in the environment;
 - a second launch from one process with another environment (the forkserver keeps the one it started
   with).
-
-A worker is a multiprocessing child, which leaves with ``os._exit``: the bootstrap runs the exit handlers
-the script registered (``atexit``) and flushes its streams itself (``_worker.run_forked``).
 """
 
 from __future__ import annotations
@@ -31,8 +29,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-FRESH_WORKERS = "LOCKSTEP_FRESH_WORKERS"
-"""``1`` starts each worker as a fresh interpreter (``python -u -m lockstep.launcher._worker ...``)."""
+from lockstep import _env
+
+PRELOAD_WORKERS = _env.PRELOAD_WORKERS
 
 BASE_MODULES = ("lockstep.launcher._worker", "torch", "torch.distributed", "torch._dynamo", "lockstep")
 """What the server imports for any script it preloads (``torch._dynamo``: the first optimizer imports it)."""
@@ -57,9 +56,9 @@ _server_environment: dict[str, str] | None = None
 """The environment the forkserver of this process started with, once it has."""
 
 
-def fresh_workers_requested(environ: dict[str, str] | os._Environ[str] | None = None) -> bool:
+def preloading_requested(environ: dict[str, str] | os._Environ[str] | None = None) -> bool:
     environ = os.environ if environ is None else environ
-    return environ.get(FRESH_WORKERS, "").strip().lower() in {"1", "true", "yes", "on"}
+    return environ.get(PRELOAD_WORKERS, "").strip().lower() in {"1", "true", "yes", "on"}
 
 
 def libraries_to_preload(target: str, *, module: bool = False) -> list[str]:
@@ -169,9 +168,9 @@ def _nodes_outside_functions(node: ast.AST) -> list[ast.AST]:
 
 
 def can_preload() -> bool:
-    """Whether this launch may fork its workers from a preloaded server: not asked otherwise, and this
-    process has no forkserver yet or one started with the same environment."""
-    if fresh_workers_requested():
+    """Whether this launch may fork its workers from a preloaded server: asked for, and this process has
+    no forkserver yet or one started with the same environment."""
+    if not preloading_requested():
         return False
     return _server_environment is None or _server_environment == dict(os.environ)
 
