@@ -26,7 +26,7 @@ def _launch_and_read_facts(out: Path, **env: str) -> list[dict]:
     )
     facts: list[dict] = []
     lines: list[str] = []
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + 90  # the workers wait for go up to 300 s
     assert launcher.stdout is not None
     while len(facts) < 2 and time.monotonic() < deadline and launcher.poll() is None:
         if select.select([launcher.stdout], [], [], 1.0)[0]:

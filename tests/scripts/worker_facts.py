@@ -30,7 +30,7 @@ print("FACTS " + json.dumps(facts))  # no flush: a worker's output is unbuffered
 import numpy  # noqa: E402
 import torch  # noqa: E402  (a script importing torch at its top level is one the launcher preloads for)
 
-print("NUMPY " + json.dumps({"rank": int(rank), "draw": float(numpy.random.random())}), flush=True)
+print("NUMPY " + json.dumps({"rank": int(rank), "draw": float(numpy.random.random())}))  # no flush either
 
 assert torch.get_num_threads() == int(os.environ["OMP_NUM_THREADS"]), "the launch's thread count is kept"
 
@@ -46,6 +46,6 @@ def at_exit() -> None:
 
 atexit.register(at_exit)
 threading.Thread(target=late_write, daemon=False).start()
-deadline = time.monotonic() + 60
+deadline = time.monotonic() + 300  # longer than the test waits for the FACTS lines
 while not (out / "go").exists() and time.monotonic() < deadline:
     time.sleep(0.05)
