@@ -117,8 +117,9 @@ FSDP_KEYS: tuple[SettingKey, ...] = (
     SettingKey(
         key="fsdp_activation_checkpointing",
         field="activation_checkpointing",
-        check=checks.boolean,
-        help="recompute the activations of wrapped layers in backward (true or false)",
+        check=checks.activation_policy,
+        help="what wrapped layers keep for backward: true (full recompute), false, every_<k> (recompute every "
+        "k-th layer), op (selective: keep matmul/attention outputs) or offload (activations in CPU memory)",
         flag=True,
     ),
     SettingKey(
