@@ -118,8 +118,7 @@ FSDP_KEYS: tuple[SettingKey, ...] = (
         key="fsdp_activation_checkpointing",
         field="activation_checkpointing",
         check=checks.activation_policy,
-        help="what wrapped layers keep for backward: true (full recompute), false, every_<k> (recompute every "
-        "k-th layer), op (selective: keep matmul/attention outputs) or offload (activations in CPU memory)",
+        help="recompute wrapped layers' activations: true, false, every_<k>, op (selective) or offload (to CPU)",
         flag=True,
     ),
     SettingKey(

@@ -91,8 +91,13 @@ def enable_gradient_checkpointing(model: nn.Module, args: TrainingArguments) -> 
 
 def _apply_policy_to_layers(model: nn.Module, args: TrainingArguments) -> None:
     """A policy other than ``full``: lockstep wraps the model's layers (its ``_no_split_modules`` classes)."""
+    # The layers transformers' own checkpointing wraps (GradientCheckpointingLayer, transformers >= 4.52), else
+    # the _no_split_modules classes (which may also name the embeddings).
     names = set(getattr(model, "_no_split_modules", None) or [])
-    layers = [m for m in model.modules() if m is not model and type(m).__name__ in names]
+    layers = [
+        m for m in model.modules() if any(c.__name__ == "GradientCheckpointingLayer" for c in type(m).__mro__)
+    ]
+    layers = layers or [m for m in model.modules() if m is not model and type(m).__name__ in names]
     if not layers:
         raise ValueError(
             f"TrainingArguments(activation_checkpointing_policy={args.activation_checkpointing_policy!r}) applies "
@@ -100,7 +105,10 @@ def _apply_policy_to_layers(model: nn.Module, args: TrainingArguments) -> None:
             f"{sorted(names) or 'none'}) that it contains. Use activation_checkpointing_policy='full' or a "
             "transformers model."
         )
-    if getattr(model, "is_gradient_checkpointing", False):
+    if getattr(model, "is_activation_checkpointing", None) or (  # transformers 5's name, then 4's
+        not hasattr(model, "is_activation_checkpointing")
+        and getattr(model, "is_gradient_checkpointing", False)
+    ):
         raise ValueError(
             f"{type(model).__name__} already has gradient checkpointing switched on; with "
             f"activation_checkpointing_policy={args.activation_checkpointing_policy!r} lockstep wraps its layers "
