@@ -5,6 +5,7 @@ for backward within 10% of the meter on real tensors."""
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 import torch
@@ -248,3 +249,55 @@ def test_fsdp2_gradients_are_bitwise_equal_for_every_policy():
         reference = rank_grads["none"]
         for name in POLICIES[1:]:
             assert all(torch.equal(a, b) for a, b in zip(rank_grads[name], reference, strict=True)), name
+
+
+def test_estimate_memory_predicts_a_llamas_kept_activations_within_10_percent():
+    """``lockstep estimate-memory --activation-policies`` as users call it, on a tiny Llama (attention, RoPE,
+    SwiGLU), against the meter on the real model with the same config."""
+    transformers = pytest.importorskip("transformers")
+    from lockstep.memory.estimate.policies import model_blocks
+    from tests.helpers.cli import lockstep_in_process
+
+    sizes = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4, "num_attention_heads": 4}
+    sizes |= {"num_key_value_heads": 2, "vocab_size": 256}
+    settings = [part for key, value in sizes.items() for part in ("--set", f"{key}={value}")]
+    result = lockstep_in_process(
+        "estimate-memory", "--config-class", "LlamaConfig", *settings, "--model-class", "LlamaForCausalLM",
+        "--batch-size", "4", "--seq-len", "64", "--num-processes", "1", "--dtypes", "fp32", "--strategies", "ddp",
+        "--activation-policies", ",".join(POLICIES), "--json",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    predicted = {row["policy"]: row for row in json.loads(result.stdout)["activation_policies"]}
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**sizes)).train()
+    ids = torch.randint(0, 256, (4, 64))
+    for name in POLICIES:
+        replica = copy.deepcopy(model)
+        apply_activation_policy(replica, model_blocks(replica), _policy(name))
+        with KeptActivations(exclude=[*replica.parameters(), *replica.buffers()]) as meter:
+            output = replica(input_ids=ids)
+        kept = meter.kept_bytes()
+        assert abs(predicted[name]["kept"] - kept) <= 0.1 * kept, (name, predicted[name], kept)
+        del output
+    assert predicted["offload"]["on_device"] < predicted["full"]["kept"] < predicted["op"]["kept"]
+
+
+def test_estimate_memory_policy_errors_exit_2():
+    from tests.helpers.cli import lockstep_in_process
+
+    model = "tests.memory.test_activation_policy:Model"
+    for args, message in [
+        (
+            [model, "--activation-policies", "sometimes"],
+            "'sometimes' is not an activation policy: use one of none",
+        ),
+        ([model, "--activation-policies", "op"], "Model is not a transformers model: give --input-shape"),
+        ([model, "--input-shape", "4,16"], "--input-shape and --block-class go with --activation-policies"),
+        (
+            [model, "--activation-policies", "op", "--input-shape", "4,16", "--block-class", "Nope"],
+            "has no such",
+        ),
+    ]:
+        result = lockstep_in_process("estimate-memory", *args)
+        assert result.returncode == 2 and message in result.stderr, (args, result.stderr)
+        assert "Traceback" not in result.stderr

@@ -66,12 +66,19 @@ class KeptActivations(TorchDispatchMode):
         if known is None or known[0].expired():  # a freed storage's address can be reused by a new one
             self._storages[storage._cdata] = (StorageWeakRef(storage), storage.nbytes(), tensor.device.type)
 
+    def alive(self) -> dict[int, tuple[int, str]]:
+        """The storages alive now: their address, bytes and device type."""
+        return {
+            key: (nbytes, device)
+            for key, (ref, nbytes, device) in self._storages.items()
+            if not ref.expired()
+        }
+
     def by_device(self) -> dict[str, int]:
         """Bytes of the storages alive now, by device type (``cpu``, ``cuda``, ``meta``)."""
         totals: dict[str, int] = {}
-        for reference, nbytes, device in self._storages.values():
-            if not reference.expired():
-                totals[device] = totals.get(device, 0) + nbytes
+        for nbytes, device in self.alive().values():
+            totals[device] = totals.get(device, 0) + nbytes
         return totals
 
     def kept_bytes(self) -> int:
@@ -103,28 +110,39 @@ def trace_kept_activations(
     """Run ``forward(model)`` once per policy on a copy of ``model`` (best on the meta device: nothing is
     allocated) with the policy applied to ``blocks(copy)``, and count what each keeps for backward.
 
-    The ``offloaded`` bytes are the storages saved through the ``offload`` policy's hooks, which on an
-    accelerator are copied to CPU memory (each saved tensor once) and freed on the device.
+    The ``offloaded`` bytes are the storages made in the forward and saved through the ``offload`` policy's
+    hooks, which on an accelerator are copied to CPU memory and freed on the device (the host copies can be
+    more: ``save_on_cpu`` copies a storage once per tensor saved from it).
     """
-    results = []
-    for policy in policies:
-        replica = copy.deepcopy(model)
-        replica.train()
-        apply_activation_policy(replica, blocks(replica), policy)
-        packed: dict[int, int] = {}
+    return [_trace_one(model, blocks=blocks, policy=policy, forward=forward) for policy in policies]
 
-        def observe(tensor: torch.Tensor) -> None:
-            storage = _storage(tensor)
-            if storage is not None:
-                packed[storage._cdata] = storage.nbytes()
 
-        activation_policy.OFFLOAD_OBSERVERS.append(observe)
-        try:
-            with KeptActivations(exclude=[*replica.parameters(), *replica.buffers()]) as meter:
-                output = forward(replica)
-            kept = meter.kept_bytes()
-        finally:
-            activation_policy.OFFLOAD_OBSERVERS.remove(observe)
-        del output
-        results.append(KeptEstimate(policy.name, kept, offloaded=min(sum(packed.values()), kept)))
-    return results
+def _trace_one(
+    model: nn.Module,
+    *,
+    blocks: Callable[[nn.Module], Sequence[nn.Module]],
+    policy: ActivationPolicy,
+    forward: Callable[[nn.Module], Any],
+) -> KeptEstimate:
+    replica = copy.deepcopy(model)
+    replica.train()
+    apply_activation_policy(replica, blocks(replica), policy)
+    packed: dict[int, int] = {}
+
+    def observe(tensor: torch.Tensor) -> None:
+        storage = _storage(tensor)
+        if storage is not None:
+            packed[storage._cdata] = storage.nbytes()
+
+    activation_policy.OFFLOAD_OBSERVERS.append(observe)
+    try:
+        with KeptActivations(exclude=[*replica.parameters(), *replica.buffers()]) as meter:
+            output = forward(replica)
+        alive = meter.alive()
+    finally:
+        activation_policy.OFFLOAD_OBSERVERS.remove(observe)
+    del output
+    kept = sum(nbytes for nbytes, _ in alive.values())
+    # what leaves the device: the saved storages made in the forward (the caller's batch stays where it is)
+    offloaded = sum(nbytes for key, nbytes in packed.items() if key in alive)
+    return KeptEstimate(policy.name, kept, offloaded=offloaded)
