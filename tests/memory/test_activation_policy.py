@@ -269,7 +269,7 @@ def test_estimate_memory_predicts_a_llamas_kept_activations_within_10_percent():
     assert result.returncode == 0, result.stderr
     predicted = {row["policy"]: row for row in json.loads(result.stdout)["activation_policies"]}
     torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**sizes)).train()
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**sizes, use_cache=False)).train()
     ids = torch.randint(0, 256, (4, 64))
     for name in POLICIES:
         replica = copy.deepcopy(model)
@@ -280,6 +280,16 @@ def test_estimate_memory_predicts_a_llamas_kept_activations_within_10_percent():
         assert abs(predicted[name]["kept"] - kept) <= 0.1 * kept, (name, predicted[name], kept)
         del output
     assert predicted["offload"]["on_device"] < predicted["full"]["kept"] < predicted["op"]["kept"]
+    # with the KV cache on (transformers' default), as a user builds the model: the policy switches it off,
+    # else the replay writes the cache again and ``op`` finds more operators than the forward ran
+    grads = {}
+    for name in ("none", "op"):
+        torch.manual_seed(0)
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**sizes, use_cache=name == "op")).train()
+        apply_activation_policy(model, model_blocks(model), _policy(name))
+        model(input_ids=ids).logits.square().mean().backward()
+        grads[name] = [p.grad for p in model.parameters()]
+    assert all(torch.equal(a, b) for a, b in zip(grads["op"], grads["none"], strict=True))
 
 
 def test_estimate_memory_policy_errors_exit_2():

@@ -30,6 +30,7 @@ Example:
 from __future__ import annotations
 
 import functools
+import logging
 from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -38,6 +39,8 @@ from lockstep.config.activation_policy import POLICIES, ActivationPolicy, parse_
 
 if TYPE_CHECKING:  # torch is imported where it is used
     from torch import nn
+
+logger = logging.getLogger("lockstep.memory")
 
 __all__ = [
     "POLICIES",
@@ -57,6 +60,7 @@ def apply_activation_policy(
     The wrappers are torch's ``ActivationWrapper`` s: their state dict keys are the unwrapped block's.
     """
     wrap = _wrapper(policy)
+    _disable_kv_cache(model, policy)
     parents = {
         id(child): (parent, name) for parent in model.modules() for name, child in parent.named_children()
     }
@@ -76,6 +80,18 @@ def apply_activation_policy(
         parents[id(wrapper)] = (parent, name)
         result.append(wrapper)
     return result
+
+
+def _disable_kv_cache(model: nn.Module, policy: ActivationPolicy) -> None:
+    """A transformers model's KV cache is written again when a block is recomputed (and ``op`` then finds
+    more operators in the replay than in the forward): switch it off for training, as transformers does under
+    its own gradient checkpointing."""
+    config = getattr(model, "config", None)
+    if policy.mode in ("full", "every", "op") and getattr(config, "use_cache", False):
+        config.use_cache = False
+        logger.info(
+            "activation policy %s: %s.config.use_cache set to False", policy.name, type(model).__name__
+        )
 
 
 def _wrapper(policy: ActivationPolicy) -> Callable[[nn.Module], nn.Module]:

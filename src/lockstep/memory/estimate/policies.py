@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from lockstep.config.activation_policy import parse_activation_policy
 from lockstep.errors import UsageError
@@ -32,6 +33,20 @@ class _FusedAttention(TorchFunctionMode):
         if func is not nn.functional.scaled_dot_product_attention or not args[0].is_meta:
             return func(*args, **kwargs)
         return _fused_attention(*args, **kwargs)
+
+
+class _DenseBatch(TorchDispatchMode):
+    """Data-dependent yes/no questions on the meta device (``mask.all()``: transformers asks whether the batch
+    is padded or packed, to skip building a mask) answered as for a dense batch of full sequences: yes."""
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if (
+            func is torch.ops.aten._local_scalar_dense.default
+            and args[0].is_meta
+            and args[0].dtype == torch.bool
+        ):
+            return True
+        return func(*args, **(kwargs or {}))
 
 
 def _fused_attention(
@@ -113,6 +128,7 @@ def policy_estimates(
         ids = torch.zeros(batch_size, seq_len, dtype=torch.long, device="meta")
 
         def forward(m: nn.Module) -> object:
+            m.config.use_cache = False  # training: no KV cache
             return m(input_ids=ids)
 
     else:
@@ -120,7 +136,7 @@ def policy_estimates(
             f"{type(model).__name__} is not a transformers model: give --input-shape (e.g. 32,384) for its input."
         )
     try:
-        with _FusedAttention():
+        with _FusedAttention(), _DenseBatch():
             return trace_kept_activations(
                 model, blocks=lambda m: model_blocks(m, block_class), policies=parsed, forward=forward
             )
