@@ -122,14 +122,14 @@ def policy_estimates(
         batch = torch.zeros(*input_shape, device="meta")
 
         def forward(m: nn.Module) -> object:
-            return m(batch)
+            return m(batch.clone())  # made under the meter: the batch counts when the blocks keep it
 
     elif hasattr(model, "config"):
         ids = torch.zeros(batch_size, seq_len, dtype=torch.long, device="meta")
 
         def forward(m: nn.Module) -> object:
             m.config.use_cache = False  # training: no KV cache
-            return m(input_ids=ids)
+            return m(input_ids=ids.clone())
 
     else:
         raise UsageError(
