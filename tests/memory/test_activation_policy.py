@@ -285,7 +285,9 @@ def test_estimate_memory_predicts_a_llamas_kept_activations_within_10_percent():
     grads = {}
     for name in ("none", "op"):
         torch.manual_seed(0)
-        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**sizes, use_cache=name == "op")).train()
+        model = transformers.LlamaForCausalLM(
+            transformers.LlamaConfig(**sizes, use_cache=name == "op")
+        ).train()
         apply_activation_policy(model, model_blocks(model), _policy(name))
         model(input_ids=ids).logits.square().mean().backward()
         grads[name] = [p.grad for p in model.parameters()]

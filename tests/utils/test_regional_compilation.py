@@ -209,16 +209,17 @@ def _graphs_and_gradients(policy: str) -> dict[str, Any]:
     return result
 
 
-@pytest.mark.parametrize(("policy", "captured"), [("none", 5), ("full", 2)])
-def test_fsdp2_regional_compilation_makes_one_graph_per_block_class_and_matches_eager(policy, captured):
+@pytest.mark.parametrize(("policy", "graphs"), [("none", (1, 5)), ("full", (1, 2)), ("every_2", (2, 7))])
+def test_fsdp2_regional_compilation_makes_one_graph_per_block_class_and_matches_eager(policy, graphs):
     """4 FSDP2-sharded decoder layers: one graph for all of them, holding the layer's 5 operators (norm, up,
-    tanh, down, add), or the checkpoint of the layer when each is activation-checkpointed; the embedding and
+    tanh, down, add), or the checkpoint of the layer when each is activation-checkpointed (every_2: one graph
+    for the plain layers and one for the checkpointed ones); the embedding and
     the head (torch.nn.Linear, whose frames dynamo leaves to eager) add none. The blocks are compiled, not the
     model (whose compiled forward would break at every FSDP hook and also end with one layer graph). Outputs
     and gradients within 1e-5 of eager."""
     for rank in run_distributed(_graphs_and_gradients, 2, policy, timeout=180):
         eager, regional = rank["eager"], rank["regional"]
-        assert eager["graphs"] == (0, 0) and regional["graphs"] == (1, captured)
+        assert eager["graphs"] == (0, 0) and regional["graphs"] == graphs
         assert eager["compiled"] == [] and regional["compiled"] == [
             "embed",
             *[f"layers.{i}" for i in range(4)],
