@@ -33,12 +33,18 @@ import functools
 import logging
 from collections import Counter
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+    ActivationWrapper,
+    CheckpointImpl,
+    checkpoint_wrapper,
+)
+from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 from lockstep.config.activation_policy import POLICIES, ActivationPolicy, parse_activation_policy
-
-if TYPE_CHECKING:  # torch is imported where it is used
-    from torch import nn
 
 logger = logging.getLogger("lockstep.memory")
 
@@ -95,8 +101,6 @@ def _disable_kv_cache(model: nn.Module, policy: ActivationPolicy) -> None:
 
 
 def _wrapper(policy: ActivationPolicy) -> Callable[[nn.Module], nn.Module]:
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
-
     if policy.mode in ("full", "every"):
         return functools.partial(checkpoint_wrapper, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
     if policy.mode == "op":
@@ -114,8 +118,6 @@ def _wrapper(policy: ActivationPolicy) -> Callable[[nn.Module], nn.Module]:
 
 
 def _save_list() -> frozenset[Any]:
-    import torch
-
     aten = torch.ops.aten
     names = (
         "mm",
@@ -137,9 +139,6 @@ def selective_op_contexts() -> Any:
     """The ``context_fn`` of torch's checkpoint for the ``op`` policy: save the outputs of the operators in the
     save list (matrix multiplications, attention, tensor-parallel reduce-scatter), except every second plain
     matrix multiplication (torchtitan's rule, which halves what the MLP keeps), and recompute the rest."""
-    import torch
-    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
-
     save = _save_list()
     matmuls = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default}
     counts: Counter[str] = Counter()  # per pass: the forward and its recomputation count alike
@@ -165,8 +164,6 @@ OFFLOAD_OBSERVERS: list[Callable[[Any], None]] = []
 
 
 def _is_parameter(tensor: Any) -> bool:
-    from torch import nn
-
     return isinstance(tensor, nn.Parameter) or isinstance(getattr(tensor, "_base", None), nn.Parameter)
 
 
@@ -177,7 +174,6 @@ def _pack_to_cpu(tensor: Any) -> tuple[Any, Any, bool]:
         observe(tensor)
     if tensor.device.type in ("cpu", "meta"):  # already host memory; meta: an estimate, nothing to move
         return tensor.device, tensor, False
-    import torch
 
     pinned = tensor.is_cuda and not tensor.is_sparse
     packed = torch.empty(tensor.size(), dtype=tensor.dtype, layout=tensor.layout, pin_memory=pinned)
@@ -194,26 +190,17 @@ def offload_to_cpu() -> Any:
     """The ``offload`` policy's context: ``torch.autograd.graph.save_on_cpu``'s hooks, with pinned buffers only
     for CUDA tensors (pinning needs CUDA), CPU tensors kept as they are (no copy), and parameters (and views of
     them) left in place, where save_on_cpu would copy the weights to the host on every step."""
-    import torch
-
     return torch.autograd.graph.saved_tensors_hooks(_pack_to_cpu, _unpack_from_cpu)
 
 
+class OffloadWrapper(ActivationWrapper):
+    """The ``offload`` policy's wrapper: runs the block with its saved activations in CPU memory
+    (:func:`offload_to_cpu`). Its state dict keys are the block's, as for torch's checkpoint wrapper."""
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        with offload_to_cpu():
+            return self._checkpoint_wrapped_module(*args, **kwargs)
+
+
 def _offload_wrapper(block: nn.Module) -> nn.Module:
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import ActivationWrapper
-
-    class OffloadWrapper(ActivationWrapper):
-        """Runs the block with its saved activations in CPU memory (:func:`offload_to_cpu`)."""
-
-        def forward(self, *args: Any, **kwargs: Any) -> Any:
-            with offload_to_cpu():
-                return self._checkpoint_wrapped_module(*args, **kwargs)
-
     return OffloadWrapper(block)
-
-
-def is_policy_wrapper(module: nn.Module) -> bool:
-    """Whether ``module`` is a wrapper :func:`apply_activation_policy` (or torch's checkpoint wrapper) made."""
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import ActivationWrapper
-
-    return isinstance(module, ActivationWrapper)
