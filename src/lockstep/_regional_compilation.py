@@ -34,13 +34,26 @@ __all__ = [
 ]
 
 
+def _block_class(block: nn.Module) -> type:
+    """The class of a block, seen through an activation-checkpoint or offload wrapper (``every_<k>`` wraps
+    only some blocks of a list)."""
+    return type(getattr(block, "_checkpoint_wrapped_module", block))
+
+
 def is_repeated_blocks(module: nn.Module) -> bool:
-    """Whether ``module`` is an ``nn.ModuleList`` of one or more modules of a single class."""
+    """Whether ``module`` is an ``nn.ModuleList`` of one or more modules of a single class (activation
+    wrappers count as the block they wrap)."""
     return (
         isinstance(module, nn.ModuleList)
         and len(module) > 0
-        and all(isinstance(block, type(module[0])) for block in module)
+        and all(_same_class(_block_class(block), _block_class(module[0])) for block in module)
     )
+
+
+def _same_class(one: type, other: type) -> bool:
+    # either way round: fully_shard swaps a unit's class for a subclass (FSDP<Block>), and under every_<k> the
+    # unsharded block inside a wrapper keeps the plain class
+    return issubclass(one, other) or issubclass(other, one)
 
 
 def has_repeated_blocks(module: nn.Module) -> bool:

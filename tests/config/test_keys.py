@@ -329,7 +329,9 @@ def test_the_trainer_mapping_takes_every_spelling_with_and_without_the_prefix(na
 
 def test_the_trainer_mapping_uses_the_tables_checks():
     with pytest.raises(
-        ValueError, match=r"^fsdp_config\.activation_checkpointing must be true or false, got 'maybe'$"
+        ValueError,
+        match=r"^fsdp_config\.activation_checkpointing must be true, false or an activation policy "
+        r"\(none, full, every_<k>, op, offload\), got 'maybe'$",
     ):
         config_fields({"activation_checkpointing": "maybe"})
     with pytest.raises(

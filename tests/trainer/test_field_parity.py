@@ -191,6 +191,7 @@ CLI_SAMPLES = {
     "fsdp_config": ('{"min_num_params": 10}', {"min_num_params": 10}),
     "accelerator_config": ('{"even_batches": false}', False),
     "torch_compile_mode": ("default", "default"),
+    "activation_checkpointing_policy": ("every_2", "every_2"),
     "tf32": ("false", False),
     "max_steps": ("7", 7),
     "warmup_ratio": ("0.5", 0.5),

@@ -178,6 +178,58 @@ def test_regional_compilation_of_an_fsdp2_model_on_two_processes():
     assert not any(p["compiled"] for p in plain)
 
 
+def _graphs_and_gradients(policy: str) -> dict[str, Any]:
+    """FSDP2 on this rank, eager then compiled per block with ``aot_eager`` (forward and backward graphs
+    traced by AOT autograd, run without inductor): the graphs dynamo made and every parameter's gradient."""
+    from torch._dynamo.utils import counters
+
+    from tests.helpers.multiprocess import reset_lockstep_state
+
+    result: dict[str, Any] = {}
+    for name, plugin in (
+        ("eager", None),
+        ("regional", TorchDynamoPlugin(backend="aot_eager", use_regional_compilation=True)),
+    ):
+        reset_lockstep_state()
+        torch._dynamo.reset()
+        counters.clear()
+        fsdp = FullyShardedDataParallelPlugin(activation_checkpointing=policy)
+        accelerator = Accelerator(dynamo_plugin=plugin, fsdp_plugin=fsdp)
+        torch.manual_seed(0)
+        model = accelerator.prepare(TinyTransformer(depth=4))
+        batch = torch.randn(2, 5, 8, generator=torch.Generator().manual_seed(1 + accelerator.process_index))
+        output = model(batch)
+        accelerator.backward(output.pow(2).mean())
+        result[name] = {
+            "output": output.detach(),
+            "grads": [p.grad.full_tensor() for p in model.parameters()],
+            "graphs": (counters["stats"]["unique_graphs"], counters["stats"]["calls_captured"]),
+            "compiled": [n for n, m in model.named_modules() if getattr(m, "_compiled_call_impl", None)],
+        }
+    return result
+
+
+@pytest.mark.parametrize(("policy", "graphs"), [("none", (1, 5)), ("full", (1, 2)), ("every_2", (2, 7))])
+def test_fsdp2_regional_compilation_makes_one_graph_per_block_class_and_matches_eager(policy, graphs):
+    """4 FSDP2-sharded decoder layers: one graph for all of them, holding the layer's 5 operators (norm, up,
+    tanh, down, add), or the checkpoint of the layer when each is activation-checkpointed (every_2: one graph
+    for the plain layers and one for the checkpointed ones); the embedding and
+    the head (torch.nn.Linear, whose frames dynamo leaves to eager) add none. The blocks are compiled, not the
+    model (whose compiled forward would break at every FSDP hook and also end with one layer graph). Outputs
+    and gradients within 1e-5 of eager."""
+    for rank in run_distributed(_graphs_and_gradients, 2, policy, timeout=180):
+        eager, regional = rank["eager"], rank["regional"]
+        assert eager["graphs"] == (0, 0) and regional["graphs"] == graphs
+        assert eager["compiled"] == [] and regional["compiled"] == [
+            "embed",
+            *[f"layers.{i}" for i in range(4)],
+            "head",
+        ]
+        torch.testing.assert_close(regional["output"], eager["output"], atol=1e-5, rtol=1e-5)
+        for got, want in zip(regional["grads"], eager["grads"], strict=True):
+            torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
 # -- model inspection ------------------------------------------------------------------------------------------
 def test_model_has_dtensor_is_false_for_plain_parameters():
     assert model_has_dtensor(tiny_model()) is False  # the True case: the FSDP2 test above

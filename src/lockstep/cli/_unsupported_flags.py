@@ -104,9 +104,10 @@ UNSUPPORTED: tuple[UnsupportedFlags, ...] = (
         options=_SEQUENCE_PARALLEL_OPTIONS,
     ),
     UnsupportedFlags(
-        reason="lockstep's FSDP2 does not offload checkpointed activations to the CPU.",
-        advice="Use --fsdp-activation-checkpointing true alone, or --fsdp-offload-params true to keep the "
-        "parameters on the CPU.",
+        reason="lockstep's FSDP2 does not offload the inputs of checkpointed layers to the CPU; its activation "
+        "policies apply one at a time.",
+        advice="Use --fsdp-activation-checkpointing true (recompute every layer), op (selective) or offload (all "
+        "activations in CPU memory, without recomputation).",
         options=("fsdp_activation_checkpointing_offload",),
         planned=True,
     ),

@@ -11,9 +11,11 @@ Examples::
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from typing import Any
 
+from lockstep.config.activation_policy import parse_activation_policy
 from lockstep.errors import UsageError
 
 _STRATEGY_NOTES = {
@@ -74,6 +76,24 @@ def register(subparsers: Any) -> None:
             metavar="N",
             help=f"{what} of an N-D layout (ParallelismConfig): adds a 'mesh' row",
         )
+    parser.add_argument(
+        "--activation-policies",
+        "--activation_policies",
+        help="comma-separated activation policies (none, full, every_<k>, op, offload): what each keeps for "
+        "backward, by a forward on the meta device",
+    )
+    parser.add_argument(
+        "--input-shape",
+        "--input_shape",
+        help="with --activation-policies, for a model that is not a transformers model: its float input's "
+        "shape, batch first (e.g. 32,384)",
+    )
+    parser.add_argument(
+        "--block-class",
+        "--block_class",
+        help="with --activation-policies: the class of the blocks the policy wraps (default: the model's "
+        "transformers layers or _no_split_modules)",
+    )
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.set_defaults(handler=run_estimate)
 
@@ -131,19 +151,39 @@ def run_estimate(args: argparse.Namespace) -> int:
             }
         )
     settings = _settings(args.settings)
+    policies = _names(args.activation_policies or "")
+    input_shape = _positive_ints(args.input_shape, "--input-shape") if args.input_shape else None
+    if (input_shape or args.block_class) and not policies:
+        raise UsageError(
+            "--input-shape and --block-class go with --activation-policies (none, full, op, ...)."
+        )
+    for name in policies:
+        try:
+            parse_activation_policy(name, owner="--activation-policies")
+        except ValueError as error:
+            raise UsageError(str(error)) from None
 
-    from lockstep.memory.estimate import (  # imports torch: after the cheap checks
-        describe_model,
-        estimate_memory,
-    )
+    from lockstep.memory.estimate import estimate_memory  # imports torch: after the cheap checks
+    from lockstep.memory.estimate.model_source import build_model, describe_module
+    from lockstep.memory.estimate.policies import policy_estimates
 
     try:
-        model = describe_model(
+        source, module = build_model(
             args.model, config_class=args.config_class, settings=settings, model_class=args.model_class
         )
     except ImportError as error:  # transformers missing: one line with the pip command, exit 2
         raise UsageError(str(error)) from None
-    estimate = estimate_memory(model, **options)
+    estimate = estimate_memory(describe_module(source, module), **options)
+    if policies:
+        kept = policy_estimates(
+            module,
+            policies=policies,
+            batch_size=options["batch_size"],
+            seq_len=options["seq_len"],
+            input_shape=input_shape,
+            block_class=args.block_class,
+        )
+        estimate = dataclasses.replace(estimate, policies=kept)
     if args.json:
         print(json.dumps(estimate.as_dict(), indent=1))
     else:
@@ -205,4 +245,25 @@ def format_table(estimate: Any) -> list[str]:
                 "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
             )
     lines += ["", "Strategies: " + "; ".join(f"{k} = {v}" for k, v in _STRATEGY_NOTES.items())]
+    return lines + _policy_lines(estimate)
+
+
+def _policy_lines(estimate: Any) -> list[str]:
+    if not estimate.policies:
+        return []
+    lines = [
+        "",
+        "Activations kept for backward per policy (one forward on the meta device, in the model's dtype; "
+        "recomputation adds one block's activations in backward):",
+    ]
+    header = ("policy", "kept", "on the accelerator", "in CPU memory")
+    table = [header] + [
+        (k.policy, human_bytes(k.kept), human_bytes(k.on_device), human_bytes(k.offloaded))
+        for k in estimate.policies
+    ]
+    widths = [max(len(cells[i]) for cells in table) for i in range(len(header))]
+    for cells in table:
+        lines.append(
+            "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+        )
     return lines

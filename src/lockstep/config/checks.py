@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from lockstep.config.activation_policy import POLICIES, parse_activation_policy
 from lockstep.config.enums import DistributedType, DynamoBackend, PrecisionType
 from lockstep.config.keys import Check, SettingKey
 
@@ -151,6 +152,22 @@ def sharding_strategy(value: Any, key: str) -> str:
     if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= len(SHARDING_STRATEGIES):
         return SHARDING_STRATEGIES[value - 1]
     return choice(*SHARDING_STRATEGIES)(value, key)
+
+
+def activation_policy(value: Any, key: str) -> bool | str:
+    """An activation policy (:mod:`lockstep.config.activation_policy`): true/false (full/none, in any spelling
+    :func:`boolean` takes) or a policy name such as ``op``, ``every_2`` or ``offload``."""
+    try:
+        return boolean(value, key)
+    except ValueError:
+        pass
+    try:
+        policy = parse_activation_policy(value, owner=key)
+    except ValueError:
+        raise ValueError(
+            f"{key} must be true, false or an activation policy ({', '.join(POLICIES)}), got {value!r}"
+        ) from None
+    return policy.name if policy.mode not in ("full", "none") else policy.enabled
 
 
 def reshard_after_forward(value: Any, key: str) -> bool | str:

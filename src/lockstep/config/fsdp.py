@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from lockstep.config.activation_policy import ActivationPolicy, parse_activation_policy
 from lockstep.config.fsdp_keys import FSDP1_RESHARD, LEGACY_FIELDS, WRAP_POLICIES, plugin_kwargs
 
 if TYPE_CHECKING:  # torch is imported where it is used, so that the command line starts fast
@@ -97,8 +98,11 @@ class FullyShardedDataParallelPlugin:
     cpu_ram_efficient_loading: bool = False
     """Only the main process holds the pretrained weights; the others build the model on the meta device
     (or their copy is dropped there) and receive their shards from it."""
-    activation_checkpointing: bool = False
-    """Recompute the activations of every wrapped layer in backward instead of storing them."""
+    activation_checkpointing: bool | str = False
+    """What the wrapped layers keep for backward: True (``full``: recompute every layer), False (``none``),
+    ``every_<k>`` (recompute every k-th layer), ``op`` (selective: keep matmul and attention outputs, recompute
+    the cheap operators) or ``offload`` (keep activations in CPU memory). See
+    :mod:`lockstep.memory.activation_policy`. ``full`` is stored as True and ``none`` as False."""
     mixed_precision_policy: Any = None
     """A ``torch.distributed.fsdp.MixedPrecisionPolicy``, a dict of its fields (dtype names allowed), or
     None to derive it from the Accelerator's ``mixed_precision``: bf16/fp16 parameters with fp32
@@ -154,7 +158,11 @@ class FullyShardedDataParallelPlugin:
                 "an integer >= 0."
             )
         self.state_dict_type = _choice("state_dict_type", self.state_dict_type, STATE_DICT_TYPES)
-        for name in ("cpu_offload", "cpu_ram_efficient_loading", "activation_checkpointing"):
+        policy = parse_activation_policy(
+            self.activation_checkpointing, owner="FullyShardedDataParallelPlugin(activation_checkpointing)"
+        )
+        self.activation_checkpointing = policy.name if policy.mode not in ("full", "none") else policy.enabled
+        for name in ("cpu_offload", "cpu_ram_efficient_loading"):
             value = getattr(self, name)
             if not isinstance(value, bool):
                 raise ValueError(
@@ -185,6 +193,11 @@ class FullyShardedDataParallelPlugin:
             )
 
     # -- derived settings -------------------------------------------------------------------------
+    @property
+    def activation_policy(self) -> ActivationPolicy:
+        """:attr:`activation_checkpointing` as a policy object."""
+        return parse_activation_policy(self.activation_checkpointing, owner="activation_checkpointing")
+
     @property
     def size_threshold(self) -> int:
         return _DEFAULT_MIN_NUM_PARAMS if self.min_num_params is None else self.min_num_params

@@ -117,8 +117,8 @@ FSDP_KEYS: tuple[SettingKey, ...] = (
     SettingKey(
         key="fsdp_activation_checkpointing",
         field="activation_checkpointing",
-        check=checks.boolean,
-        help="recompute the activations of wrapped layers in backward (true or false)",
+        check=checks.activation_policy,
+        help="recompute wrapped layers' activations: true, false, every_<k>, op (selective) or offload (to CPU)",
         flag=True,
     ),
     SettingKey(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from lockstep.config.activation_policy import parse_activation_policy
 from lockstep.trainer import _argument_parsers
 from lockstep.trainer.accelerator_config import AcceleratorConfig
 from lockstep.trainer.fsdp_options import normalize_fsdp_config, parse_fsdp_options
@@ -110,6 +111,29 @@ def _resolve_evaluation_strategy(args: TrainingArguments) -> None:
     args.eval_strategy, args.evaluation_strategy = old, None
 
 
+def _resolve_activation_policy(args: TrainingArguments) -> None:
+    """``activation_checkpointing_policy`` (lockstep's field) turns checkpointing on; stored as its name."""
+    if args.activation_checkpointing_policy is not None:
+        policy = parse_activation_policy(
+            args.activation_checkpointing_policy, owner="TrainingArguments(activation_checkpointing_policy)"
+        )
+        if (
+            policy.enabled == (args.activation_checkpointing is False)
+            and args.activation_checkpointing is not None
+        ):
+            raise ValueError(
+                f"TrainingArguments(activation_checkpointing_policy={policy.name!r}) contradicts "
+                f"activation_checkpointing (gradient_checkpointing)={args.activation_checkpointing}. Leave that "
+                "unset: the policy decides (none: off)."
+            )
+        args.activation_checkpointing_policy = policy.name
+        if policy.enabled:
+            args.activation_checkpointing = True
+    if args.activation_checkpointing is None:
+        args.activation_checkpointing = False
+    args.gradient_checkpointing = args.activation_checkpointing
+
+
 def resolve_defaults_and_aliases(args: TrainingArguments) -> None:
     _resolve_evaluation_strategy(args)
     if args.output_dir is None:
@@ -131,8 +155,7 @@ def resolve_defaults_and_aliases(args: TrainingArguments) -> None:
         if getattr(args, new) is None and getattr(args, old) is not None:
             setattr(args, new, getattr(args, old))
         setattr(args, old, getattr(args, new))
-    if args.activation_checkpointing is None:
-        args.activation_checkpointing = args.gradient_checkpointing = False
+    _resolve_activation_policy(args)
     if args.disable_tqdm is None:
         args.disable_tqdm = False
     tokens = args.include_num_input_tokens_seen

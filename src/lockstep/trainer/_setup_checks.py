@@ -9,6 +9,7 @@ from typing import Any
 from torch import nn
 
 from lockstep.backends import ShardedCheckpointIO
+from lockstep.memory.activation_policy import apply_activation_policy, parse_activation_policy
 from lockstep.trainer import _hf_datasets
 from lockstep.trainer.accelerator_factory import supports_gradient_checkpointing
 from lockstep.trainer.arguments import TrainingArguments
@@ -66,6 +67,9 @@ def enable_gradient_checkpointing(model: nn.Module, args: TrainingArguments) -> 
     """``gradient_checkpointing``: recompute activations in the backward pass (transformers models)."""
     if not args.gradient_checkpointing:
         return
+    if args.activation_checkpointing_policy not in (None, "full"):
+        _apply_policy_to_layers(model, args)
+        return
     if not supports_gradient_checkpointing(model):
         raise ValueError(
             f"TrainingArguments(gradient_checkpointing=True), but {type(model).__name__} does not support it "
@@ -83,6 +87,36 @@ def enable_gradient_checkpointing(model: nn.Module, args: TrainingArguments) -> 
     hooked = getattr(model, "_require_grads_hooks", None) or getattr(model, "_require_grads_hook", None)
     if is_peft_model(model) and not hooked and callable(getattr(model, "enable_input_require_grads", None)):
         model.enable_input_require_grads()
+
+
+def _apply_policy_to_layers(model: nn.Module, args: TrainingArguments) -> None:
+    """A policy other than ``full``: lockstep wraps the model's layers (its ``_no_split_modules`` classes)."""
+    # The layers transformers' own checkpointing wraps (GradientCheckpointingLayer, transformers >= 4.52), else
+    # the _no_split_modules classes (which may also name the embeddings).
+    names = set(getattr(model, "_no_split_modules", None) or [])
+    layers = [
+        m for m in model.modules() if any(c.__name__ == "GradientCheckpointingLayer" for c in type(m).__mro__)
+    ]
+    layers = layers or [m for m in model.modules() if m is not model and type(m).__name__ in names]
+    if not layers:
+        raise ValueError(
+            f"TrainingArguments(activation_checkpointing_policy={args.activation_checkpointing_policy!r}) applies "
+            f"to the model's repeated layers, but {type(model).__name__} names none (_no_split_modules: "
+            f"{sorted(names) or 'none'}) that it contains. Use activation_checkpointing_policy='full' or a "
+            "transformers model."
+        )
+    if getattr(model, "is_activation_checkpointing", None) or (  # transformers 5's name, then 4's
+        not hasattr(model, "is_activation_checkpointing")
+        and getattr(model, "is_gradient_checkpointing", False)
+    ):
+        raise ValueError(
+            f"{type(model).__name__} already has gradient checkpointing switched on; with "
+            f"activation_checkpointing_policy={args.activation_checkpointing_policy!r} lockstep wraps its layers "
+            "itself. Call model.gradient_checkpointing_disable() first."
+        )
+    apply_activation_policy(
+        model, layers, parse_activation_policy(args.activation_checkpointing_policy, owner="policy")
+    )
 
 
 def _check_batch_metrics(args: TrainingArguments, compute_metrics: Any) -> None:

@@ -150,6 +150,13 @@ class TrainingArguments:
         metadata={"help": "Arguments of activation checkpointing (default: use_reentrant=False)."},
     )
     gradient_checkpointing: bool | None = _help(None, "Alias of activation_checkpointing.")
+    activation_checkpointing_policy: str | None = _help(
+        None,
+        "lockstep only: what each layer (the model's _no_split_modules) keeps for backward: full (what "
+        "activation_checkpointing=True does), every_<k> (recompute every k-th layer), op (keep matmul and "
+        "attention outputs, recompute the cheap operators) or offload (keep activations in CPU memory). "
+        "Setting it other than none turns activation checkpointing on.",
+    )
     gradient_checkpointing_kwargs: dict | str | None = field(
         default=None, metadata={"help": "Alias of activation_checkpointing_kwargs."}
     )

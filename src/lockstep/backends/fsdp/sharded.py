@@ -98,7 +98,7 @@ class ShardedBackend(Backend, ShardedCheckpointIO):
         then to the whole model."""
         units = select_units(model, self.plugin)
         if self.plugin.activation_checkpointing:
-            units = checkpoint_activations(model, units)
+            units = checkpoint_activations(model, units, self.plugin)
         shard = functools.partial(
             fully_shard,
             mesh=mesh,

@@ -6,7 +6,6 @@ the root module is never among them (it is always sharded last, as the outermost
 
 from __future__ import annotations
 
-import functools
 import logging
 import re
 from collections.abc import Callable, Iterator
@@ -14,6 +13,7 @@ from collections.abc import Callable, Iterator
 from torch import nn
 
 from lockstep.config.fsdp import FullyShardedDataParallelPlugin
+from lockstep.memory.activation_policy import apply_activation_policy
 
 logger = logging.getLogger("lockstep.fsdp")
 
@@ -107,32 +107,16 @@ def ignored_parameters(model: nn.Module, ignored: object) -> set[nn.Parameter]:
     return {p for m in modules for p in m.parameters()}
 
 
-def checkpoint_activations(model: nn.Module, units: list[nn.Module]) -> list[nn.Module]:
-    """Wrap each unit in torch's activation-checkpoint wrapper; returns the wrappers (the new units)."""
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
-        CheckpointImpl,
-        CheckpointWrapper,
-        apply_activation_checkpointing,
-        checkpoint_wrapper,
-    )
-
+def checkpoint_activations(
+    model: nn.Module, units: list[nn.Module], plugin: FullyShardedDataParallelPlugin
+) -> list[nn.Module]:
+    """Apply the plugin's activation policy to the units; returns the units, each wrapped one replaced by its
+    wrapper (which then becomes the FSDP unit, so that FSDP's hooks run outside the recomputed region)."""
+    policy = plugin.activation_policy
     if not units:
         raise ValueError(
-            f"FSDP activation_checkpointing=True needs layers to checkpoint, but the wrap policy selects no "
-            f"submodule of {type(model).__name__}. Set auto_wrap_policy (e.g. TRANSFORMER_BASED_WRAP with "
-            "transformer_cls_names_to_wrap) so that the repeated layers become units."
+            f"FSDP activation_checkpointing={plugin.activation_checkpointing!r} needs layers to checkpoint, but "
+            f"the wrap policy selects no submodule of {type(model).__name__}. Set auto_wrap_policy (e.g. "
+            "TRANSFORMER_BASED_WRAP with transformer_cls_names_to_wrap) so that the repeated layers become units."
         )
-    chosen = {id(unit) for unit in units}
-    apply_activation_checkpointing(
-        model,
-        checkpoint_wrapper_fn=functools.partial(
-            checkpoint_wrapper, checkpoint_impl=CheckpointImpl.NO_REENTRANT
-        ),
-        check_fn=lambda module: id(module) in chosen,
-    )
-    wrappers = [
-        m
-        for m in model.modules()
-        if isinstance(m, CheckpointWrapper) and id(m._checkpoint_wrapped_module) in chosen
-    ]
-    return wrappers[::-1]  # descendants before their ancestors, as fully_shard needs
+    return apply_activation_policy(model, units, policy)

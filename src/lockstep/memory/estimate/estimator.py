@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from lockstep.errors import UsageError
+from lockstep.memory.activation_meter import KeptEstimate
 from lockstep.memory.estimate.formulas import (
     ACTIVATION_FORMULA,
     STRATEGIES,
@@ -29,6 +30,8 @@ class MemoryEstimate:
     batch_size: int
     seq_len: int
     rows: list[RankMemory] = field(default_factory=list)
+    policies: list[KeptEstimate] = field(default_factory=list)
+    """Activations kept for backward per activation policy (a meta-device forward), when asked for."""
 
     def as_dict(self) -> dict[str, object]:
         shape = self.model.transformer
@@ -51,6 +54,7 @@ class MemoryEstimate:
                 else f"unknown: {self.model.unknown_activations_reason}",
             },
             "estimates": [row.as_dict() for row in self.rows],
+            "activation_policies": [{**vars(kept), "on_device": kept.on_device} for kept in self.policies],
         }
 
 

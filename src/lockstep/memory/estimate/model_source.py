@@ -77,6 +77,19 @@ def describe_model(
     Raises:
         UsageError: when the model cannot be found or built (the message says which form was understood).
     """
+    return describe_module(
+        *build_model(source, config_class=config_class, settings=settings, model_class=model_class)
+    )
+
+
+def build_model(
+    source: str | None,
+    *,
+    config_class: str | None = None,
+    settings: dict[str, Any] | None = None,
+    model_class: str | None = None,
+) -> tuple[str, nn.Module]:
+    """What :func:`describe_model` describes: (the source as named, the model on the meta device)."""
     settings = settings or {}
     if (source is None) == (config_class is None):
         raise UsageError(
@@ -84,19 +97,19 @@ def describe_model(
         )
     if config_class is not None:
         config = _config_from_class(config_class, settings)
-        return _describe_transformers(config_class, config, model_class)
+        return config_class, _build_transformers(config, model_class)
     assert source is not None
     if Path(source).is_dir():
         config = _config_from_folder(Path(source), settings)
-        return _describe_transformers(source, config, model_class)
+        return source, _build_transformers(config, model_class)
     if ":" in source:
         if settings or model_class:
             raise UsageError(
                 f"--set and --model-class apply to transformers configs, not to the factory {source!r}."
             )
-        return _describe_module(source, _build_from_factory(source))
+        return source, _build_from_factory(source)
     if source.endswith("Config") and source.isidentifier():
-        return _describe_transformers(source, _config_from_class(source, settings), model_class)
+        return source, _build_transformers(_config_from_class(source, settings), model_class)
     if Path(source).exists():
         raise UsageError(f"{source!r} is a file, not a model folder: give {FORMS}.")
     raise UsageError(
@@ -138,7 +151,9 @@ def _config_from_class(name: str, settings: dict[str, Any]) -> Any:
             f"--config-class {name!r} is not a transformers config class: use a name such as BertConfig, "
             "GPT2Config or LlamaConfig."
         )
-    return _apply_settings(config_type(), settings)
+    _apply_settings(config_type(), settings)  # checks the names against the default config
+    # then built with them, so that fields derived in __init__ follow (LlamaConfig's head_dim from hidden_size)
+    return config_type(**settings)
 
 
 def _apply_settings(config: Any, settings: dict[str, Any]) -> Any:
@@ -151,10 +166,6 @@ def _apply_settings(config: Any, settings: dict[str, Any]) -> Any:
             )
         setattr(config, key, value)
     return config
-
-
-def _describe_transformers(source: str, config: Any, model_class: str | None) -> ModelDescription:
-    return _describe_module(source, _build_transformers(config, model_class))
 
 
 def build_model_from_folder(folder: str | Path, model_class: str | None = None) -> nn.Module:
@@ -234,7 +245,7 @@ def _build_from_factory(path: str) -> nn.Module:
     return model
 
 
-def _describe_module(source: str, model: nn.Module) -> ModelDescription:
+def describe_module(source: str, model: nn.Module) -> ModelDescription:
     parameters = list(model.parameters())  # unique: tied weights appear once
     trainable = sum(p.numel() for p in parameters if p.requires_grad)
     frozen = sum(p.numel() for p in parameters if not p.requires_grad)
