@@ -92,6 +92,7 @@ LOCKSTEP_ONLY = {
     "tpu_metrics_debug": "a transformers 4 field that its trainer_qa.py reads (not built: True is refused)",
     "logging_dir": "folder of the tracker files (transformers 5 removed it)",
     "warmup_ratio": "warm-up as a fraction (transformers 5 folded it into warmup_steps < 1)",
+    "fault_tolerance": "lockstep extension: train as one replica group of a torchft job (FaultToleranceConfig)",
 }
 
 
