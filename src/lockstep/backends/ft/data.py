@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, final
 
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler
@@ -37,6 +37,7 @@ Quorum = Callable[[], tuple[int, int]]
 """Joins the current step's quorum (once per step); returns (participants, this group's rank among them)."""
 
 
+@final
 class StepBatches:
     """The batch sampler of a fault-tolerant loader: each step's global batches over its participants.
 
@@ -46,6 +47,7 @@ class StepBatches:
         groups: the replica groups the job starts with (only for ``len``).
 
     Attributes:
+        groups: the replica groups the job starts with.
         epoch: the epoch read now (or next).
         consumed: global batches of that epoch consumed by committed steps.
         last: the last draw: ``epoch``, ``consumed``, ``participants``, ``rank``, ``batch`` (its global
@@ -55,7 +57,7 @@ class StepBatches:
     def __init__(self, batch_sampler: Any, quorum: Quorum, groups: int) -> None:
         self.batch_sampler = batch_sampler
         self._quorum = quorum
-        self._groups = groups
+        self.groups = groups
         self.epoch = 0
         self.consumed = 0
         self.drawn = 0
@@ -80,7 +82,7 @@ class StepBatches:
 
     def __len__(self) -> int:
         """Steps of a whole epoch with every group present (fewer groups take more steps)."""
-        return -(-len(self.batch_sampler) // self._groups)
+        return -(-len(self.batch_sampler) // self.groups)
 
     def step_ended(self, committed: bool) -> None:
         """The step's commit decision: a committed step consumes what its participants drew."""
@@ -131,6 +133,7 @@ class StepBatches:
         self._broken = False  # the next iteration continues from there
 
 
+@final
 class QuorumDataLoader(DataLoader):
     """A prepared loader of a fault-tolerant job (see the module doc); built by the backend at ``prepare``.
 
@@ -178,7 +181,7 @@ class QuorumDataLoader(DataLoader):
     def total_batch_size(self) -> int | None:
         """Samples per step with every group present."""
         size = getattr(self.steps.batch_sampler, "batch_size", None)
-        return None if size is None else size * self.steps._groups
+        return None if size is None else size * self.steps.groups
 
     @property
     def total_dataset_length(self) -> int:
