@@ -250,9 +250,10 @@ def test_a_lost_lighthouse_stops_the_group_with_its_address_in_bounded_time() ->
             accelerator.backend.close()
 
 
-def test_a_step_that_does_not_commit_leaves_weights_and_schedule() -> None:
+def test_a_step_that_does_not_commit_leaves_weights_schedule_and_samples() -> None:
     """A step torchft does not commit (an error reported in it) is skipped as an fp16 overflow is: the
-    weights stay, ``optimizer_step_was_skipped`` is True and the prepared scheduler does not advance."""
+    weights stay, ``optimizer_step_was_skipped`` is True and the prepared scheduler does not advance; the
+    prepared loader deals the step's samples again."""
     from torchft.coordination import LighthouseServer
 
     from lockstep import Accelerator
@@ -265,8 +266,11 @@ def test_a_step_that_does_not_commit_leaves_weights_and_schedule() -> None:
             net = torch.nn.Linear(4, 2)
             optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
             scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
-            net, optimizer, scheduler = accelerator.prepare(net, optimizer, scheduler)
+            loader = torch.utils.data.DataLoader(torch.arange(8.0).view(4, 2), batch_size=1)
+            net, optimizer, scheduler, loader = accelerator.prepare(net, optimizer, scheduler, loader)
+            batches = iter(loader)
             before = net.weight.detach().clone()
+            first = next(batches)
             accelerator.backward(net(torch.ones(2, 4)).sum())
             accelerator.backend.manager.report_error(RuntimeError("injected"))
             optimizer.step()
@@ -274,11 +278,13 @@ def test_a_step_that_does_not_commit_leaves_weights_and_schedule() -> None:
             assert accelerator.optimizer_step_was_skipped and accelerator.backend.committed_steps == 0
             assert torch.equal(net.weight, before) and scheduler.get_last_lr() == [0.1]
             optimizer.zero_grad()
+            assert torch.equal(next(batches), first)  # not consumed: read again
             accelerator.backward(net(torch.ones(2, 4)).sum())
             optimizer.step()
             scheduler.step()
             assert not accelerator.optimizer_step_was_skipped and accelerator.backend.committed_steps == 1
             assert scheduler.get_last_lr() == [0.05]
+            assert next(batches).tolist() == [[2.0, 3.0]] and loader.state_dict()["global_batches"] == 1
         finally:
             accelerator.backend.close()
     finally:

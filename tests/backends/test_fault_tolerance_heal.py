@@ -7,6 +7,7 @@ on the sample ids they logged, averaged, clipped, then an SGD-with-momentum step
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import random
@@ -118,26 +119,28 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
         yield results
 
 
-def _expected_ids(group: int, iteration: int) -> list[int]:
-    """The ids group ``group`` reads at loop iteration ``iteration`` (the loader deals the batches of the
-    whole data round robin over the groups)."""
-    first = (GROUPS * iteration + group) * worker.BATCH
-    return list(range(first, first + worker.BATCH))
+EPOCH = worker.epoch_batches(GROUPS, STEPS)
+
+
+def _committed(lines: list[dict]) -> dict[int, dict]:
+    return {line["step"]: line for line in lines if line["committed"]}
+
+
+def _step_batches(line: dict) -> list[int]:
+    """The global batches a committed step used: its participants' ranks from the position on."""
+    return [line["consumed"] + rank for rank in range(line["participants"])]
 
 
 def _replay(lines: list[dict]) -> dict[str, torch.Tensor]:
-    """SGD with momentum over the survivors' iterations: each committed one on the averaged, clipped
-    gradients of its participants' batches, at the rate StepLR gives that iteration."""
+    """SGD with momentum over the committed steps: each on the averaged, clipped gradients of the global
+    batches its participants read, at the rate StepLR gives that step."""
     model = worker.model(SEED)
     optimizer = torch.optim.SGD(model.parameters(), lr=worker.LR, momentum=worker.MOMENTUM)
-    for iteration, line in enumerate(lines):
-        if not line["committed"]:
-            continue
-        participants = range(GROUPS) if line["participants"] == GROUPS else range(2)
+    for step, line in sorted(_committed(lines).items()):
         grads = []
-        for group in participants:
+        for batch in _step_batches(line):
             model.zero_grad()
-            worker.loss_of(model, torch.tensor(_expected_ids(group, iteration))).backward()
+            worker.loss_of(model, torch.tensor(worker.batch_ids(batch % EPOCH))).backward()
             grads.append([p.grad.clone() for p in model.parameters()])
         for index, parameter in enumerate(model.parameters()):
             total = grads[0][index]
@@ -145,7 +148,7 @@ def _replay(lines: list[dict]) -> dict[str, torch.Tensor]:
                 total = total + other[index]
             parameter.grad = total / len(grads)
         torch.nn.utils.clip_grad_norm_(list(model.parameters()), worker.MAX_NORM)
-        optimizer.param_groups[0]["lr"] = worker.LR * worker.GAMMA ** line["step"]  # uncommitted: no step
+        optimizer.param_groups[0]["lr"] = worker.LR * worker.GAMMA**step
         optimizer.step()
     return model.state_dict()
 
@@ -153,14 +156,56 @@ def _replay(lines: list[dict]) -> dict[str, torch.Tensor]:
 def test_the_survivors_keep_their_processes_and_every_step(run: dict) -> None:
     assert run["group0"]["pid"] == run["pids"]["group0"] and run["group1"]["pid"] == run["pids"]["group1"]
     lines = run["group0"]["lines"]
-    assert run["group1"]["lines"] == [
-        {**line, "ids": _expected_ids(1, i)} for i, line in enumerate(lines)
-    ]  # one quorum, one commit decision per step on both
-    assert [line["ids"] for line in lines] == [_expected_ids(0, i) for i in range(len(lines))]
+    same = ("step", "committed", "participants", "epoch", "consumed")
+    assert [{k: line[k] for k in same} for line in run["group1"]["lines"]] == [
+        {k: line[k] for k in same} for line in lines
+    ]  # one quorum, one commit decision, one data position per step on both
     committed = [line["step"] for line in lines if line["committed"]]
     assert committed == list(range(STEPS))
     assert lines[0]["participants"] == GROUPS and lines[-1]["participants"] == GROUPS
     assert any(line["participants"] == 2 for line in lines)  # while group 2 was gone
+
+
+def test_every_sample_of_the_epoch_is_used_once_by_a_committed_step(run: dict) -> None:
+    """The logged positions tile the epochs (each committed step takes the next global batches, one per
+    participant; a step that did not commit takes none and its batches are read again), and every line any
+    group logged for a committed step read one of that step's batches, at its own rank."""
+    steps = _committed(run["group0"]["lines"])
+    epoch, consumed, used = 0, 0, {}
+    for step in range(STEPS):
+        line = steps[step]
+        assert (line["epoch"], line["consumed"]) == (epoch, consumed), step
+        for batch in _step_batches(line):
+            used.setdefault(line["epoch"], []).append(batch)
+        consumed += line["participants"]
+        if consumed >= EPOCH:
+            epoch, consumed = epoch + 1, 0
+    assert sorted(b for b in used[0] if b < EPOCH) == list(range(EPOCH))  # epoch 0, each batch exactly once
+    assert epoch >= 1 and sorted(used.get(1, [])) == list(range(len(used.get(1, []))))  # epoch 1's start
+    everyone = [run[name]["lines"] for name in ("group0", "group1", "relaunched")] + [
+        run["first_life"]["lines"]
+    ]
+    for lines in everyone:
+        for line in lines:
+            if not line["committed"]:
+                continue
+            expected = steps[line["step"]]
+            assert (line["epoch"], line["consumed"]) == (expected["epoch"], expected["consumed"])
+            assert line["batch"] == line["consumed"] + line["rank"] and line["rank"] < line["participants"]
+            assert line["ids"] == worker.batch_ids(line["batch"] % EPOCH)
+            assert line["padded"] == (line["batch"] >= EPOCH)
+    for step, line in steps.items():  # the participants of each step read distinct batches
+        ranks = [
+            other["rank"]
+            for lines in everyone
+            for other in lines
+            if other["committed"] and other["step"] == step
+        ]
+        assert len(ranks) == len(set(ranks)) <= line["participants"]
+    survivors = run["group0"]["lines"]
+    for before, after in itertools.pairwise(survivors):
+        if not before["committed"]:  # its samples were not consumed: the next step reads from the same place
+            assert (after["epoch"], after["consumed"]) == (before["epoch"], before["consumed"])
 
 
 def test_the_relaunched_group_healed_from_a_live_peer(run: dict) -> None:
@@ -172,15 +217,15 @@ def test_the_relaunched_group_healed_from_a_live_peer(run: dict) -> None:
     line = f"replica group 2 healed from replica group {heal['replica_group']} (pid {heal['pid']}) at step {joined}"
     assert line in run["relaunched"]["stderr"]
     assert all(line["participants"] == GROUPS for line in lines)
-    # Its loader continued where the lost group would have stood: the iteration its peers were at.
+    # Its loader continued where its peers stood: the same steps at the same data positions.
     survivors = run["group0"]["lines"]
     rejoin = next(
         i for i, line in enumerate(survivors) if line["step"] == joined and line["participants"] == 3
     )
-    assert [line["ids"] for line in lines] == [
-        _expected_ids(2, i) for i in range(rejoin, rejoin + len(lines))
+    position = ("step", "epoch", "consumed", "committed")
+    assert [{k: line[k] for k in position} for line in lines] == [
+        {k: line[k] for k in position} for line in survivors[rejoin:]
     ]
-    assert [line["step"] for line in lines] == [line["step"] for line in survivors[rejoin:]]
     assert run["first_life"]["lines"][0]["step"] == 0  # the lost group had trained from the start
 
 

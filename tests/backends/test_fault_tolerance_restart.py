@@ -46,9 +46,9 @@ def _committed(folder: Path, name: str) -> int:
     return sum('"committed": true' in line for line in lines)
 
 
-def _expected_ids(group: int, iteration: int) -> list[int]:
-    first = (GROUPS * iteration + group) * worker.BATCH
-    return list(range(first, first + worker.BATCH))
+def _expected_ids(group: int, step: int) -> list[int]:
+    """Both groups take part in every step: step ``s`` reads global batches 2s and 2s + 1 of the data."""
+    return worker.batch_ids((GROUPS * step + group) % worker.epoch_batches(GROUPS, STEPS))
 
 
 def _replay(steps: int) -> dict[str, torch.Tensor]:

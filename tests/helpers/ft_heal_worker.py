@@ -7,8 +7,10 @@ tests/backends/test_fault_tolerance_heal.py.
 Trains ``nn.Linear(4, 2)`` initialised from SEED (a relaunched group gets another seed: only a real heal
 brings it to its peers' weights) with SGD and momentum, a StepLR schedule and gradient clipping, on a
 prepared loader of sample ids (:func:`inputs_of` turns ids into inputs), until torchft's step count reaches
-STEPS. Writes ``OUT.ready`` once it has joined the lighthouse, right before ``prepare`` (where it joins the quorum), a JSON line per loop
-iteration to ``OUT.steps`` (``step``: committed steps before it, ``committed``, ``participants``, ``ids``),
+STEPS, over epochs of :func:`epoch_batches` global batches. Writes ``OUT.ready`` once it has joined the lighthouse, right before ``prepare`` (where it joins the quorum), a JSON line per loop
+iteration to ``OUT.steps`` (``step``: committed steps before it, ``committed``, ``participants``, ``ids``, and the loader's draw:
+``epoch``, ``consumed`` global batches before the step, this group's ``rank`` among the participants, the
+global ``batch`` it read and whether it was ``padded``),
 and at the end the weights, its pid and its heal record to ``OUT`` (``torch.save``). With GATE, it waits
 after the iteration that starts at step STEP until the file PATH exists (the test's relaunched group is up).
 With ``--project``, it resumes from the project's newest checkpoint at start and saves one after every step;
@@ -39,9 +41,14 @@ BATCH = 2
 PAUSE = 0.1
 
 
-def samples(groups: int, steps: int) -> int:
-    """Enough samples that no group reaches the end of the epoch within ``steps`` + a few discarded steps."""
-    return groups * BATCH * (steps + 4)
+def epoch_batches(groups: int, steps: int) -> int:
+    """Global batches per epoch: about half the run's, so that an epoch ends (and the next begins) mid-run."""
+    return groups * steps // 2 + 1
+
+
+def batch_ids(index: int) -> list[int]:
+    """The sample ids of global batch ``index`` of any epoch (the loader reads the data in order)."""
+    return list(range(index * BATCH, (index + 1) * BATCH))
 
 
 def inputs_of(ids: torch.Tensor) -> torch.Tensor:
@@ -100,7 +107,7 @@ def main(argv: list[str]) -> None:
     net = model(args.seed)
     optimizer = torch.optim.SGD(net.parameters(), lr=LR, momentum=MOMENTUM)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=GAMMA)
-    loader = DataLoader(torch.arange(samples(args.groups, args.steps)), batch_size=BATCH)
+    loader = DataLoader(torch.arange(BATCH * epoch_batches(args.groups, args.steps)), batch_size=BATCH)
     # What prepare() imports on first use (about 1.5 s here), so that it joins right after the ready file.
     for module in ("lockstep.data.prepare", "torch._dynamo"):
         importlib.import_module(module)
@@ -110,9 +117,8 @@ def main(argv: list[str]) -> None:
     backend = accelerator.backend
     resumed = accelerator.resume_from_latest_checkpoint() if args.project else None
     resumed_at = backend.committed_steps
-    batches = iter(loader)
     try:
-        log = _train(accelerator, net, optimizer, scheduler, batches, args)
+        log = _train(accelerator, net, optimizer, scheduler, loader, args)
     except RuntimeError as error:  # the lighthouse was lost: the message and the step, for the test
         Path(f"{out}.error").write_text(f"{backend.committed_steps}\n{error}")
         raise
@@ -122,12 +128,16 @@ def main(argv: list[str]) -> None:
     backend.close()
 
 
-def _train(accelerator: Any, net: nn.Module, optimizer: Any, scheduler: Any, batches: Any, args: Any) -> int:
-    """The loop until torchft's step count reaches ``args.steps``; returns the iterations run."""
+def _train(accelerator: Any, net: nn.Module, optimizer: Any, scheduler: Any, loader: Any, args: Any) -> int:
+    """The loop until torchft's step count reaches ``args.steps`` (over epochs); returns the iterations run."""
     backend, gate = accelerator.backend, args.gate
-    iterations = 0
+    iterations, batches = 0, iter(loader)
     while (step := backend.committed_steps) < args.steps:
-        ids = next(batches)
+        ids = next(batches, None)
+        if ids is None:  # the epoch ended: the next one
+            batches = iter(loader)
+            continue
+        draw = loader.steps.last
         accelerator.backward(loss_of(net, ids))
         accelerator.clip_grad_norm_(net.parameters(), MAX_NORM)
         optimizer.step()
@@ -138,6 +148,7 @@ def _train(accelerator: Any, net: nn.Module, optimizer: Any, scheduler: Any, bat
             "committed": bool(optimizer.optimizer.committed),
             "participants": backend.participants,
             "ids": ids.tolist(),
+            **{key: draw[key] for key in ("epoch", "consumed", "rank", "batch", "padded")},
         }
         with open(f"{args.out}.steps", "a") as progress:
             progress.write(json.dumps(line) + "\n")

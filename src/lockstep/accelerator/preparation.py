@@ -20,7 +20,7 @@ from lockstep.accelerator.prepared import PreparedObjects
 from lockstep.accelerator.scheduler import AcceleratedScheduler
 from lockstep.accelerator.settings import AcceleratorSettings
 from lockstep.backends.base import Backend
-from lockstep.backends.capabilities import JointlyPrepared, JointPreparation
+from lockstep.backends.capabilities import JointlyPrepared, JointPreparation, StepDataAssignment
 from lockstep.config import topology
 from lockstep.data import prepare_data_loader
 from lockstep.state import PartialState
@@ -231,6 +231,12 @@ class Preparer:
         if self.prepared.has_dataloader(data_loader):
             return data_loader
         config = self.settings.dataloader_config
+        assignment = self.backend.capability(StepDataAssignment)
+        if assignment is not None:  # fault tolerance: each step's batches over that step's replicas
+            device = self.state.device if self._placement(device_placement) else None
+            prepared = assignment.prepare_data_loader(data_loader, device=device, config=config)
+            self.prepared.dataloaders.append(prepared)
+            return prepared
         shard = self.backend.data_shard()
         if shard.count != self.state.num_processes and _dispatches(
             data_loader, config, self._placement(device_placement)

@@ -22,6 +22,8 @@ capability                    what it does                                      
 :class:`LiveRecovery`         a replica group that (re)joins a running job       fault tolerant (torchft)
                               takes the Accelerator's own state (loaders,
                               schedulers, counters) from a live peer too
+:class:`StepDataAssignment`   builds the prepared dataloaders itself: each       fault tolerant (torchft)
+                              step's batches dealt over that step's replicas
 ============================  =================================================  ==========================
 """
 
@@ -217,3 +219,13 @@ NO_PIPELINE = (
     "loss = loss_fn(model(inputs), labels); accelerator.backward(loss)."
 )
 """The error of ``pipeline_step`` on a backend without a :class:`PipelineSchedule`."""
+
+
+class StepDataAssignment(Capability):
+    """The backend deals each step's batches over the replicas taking part in that step, instead of a fixed
+    share of every epoch per process (replicas that come and go: fault tolerance)."""
+
+    @abstractmethod
+    def prepare_data_loader(self, data_loader: Any, *, device: torch.device | None, config: Any) -> Any:
+        """The prepared loader for the user's ``data_loader`` (batches moved to ``device`` unless None), under
+        the Accelerator's ``DataLoaderConfiguration`` ``config``."""

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import os
 import shutil
 import sys
@@ -185,11 +186,24 @@ def run_launch(args: argparse.Namespace) -> int:
     check_target(args, settings)
     if settings.cluster != "none" and settings.num_machines > 1:
         print(f"lockstep launch: {cluster_summary(settings)}", file=sys.stderr)
-    return launch(
-        settings,
-        args.target,
-        list(args.script_args),
-        module=args.module,
-        no_python=args.no_python,
-        function=args.main_training_function,
-    )
+    with contextlib.ExitStack() as services:
+        _start_services(settings, services)
+        return launch(
+            settings,
+            args.target,
+            list(args.script_args),
+            module=args.module,
+            no_python=args.no_python,
+            function=args.main_training_function,
+        )
+
+
+def _start_services(settings: Any, services: contextlib.ExitStack) -> None:
+    """Start what a given add-on section runs beside the workers (fault tolerance's lighthouse); the workers
+    get the section it yields."""
+    from lockstep.config.backend_specs import sectioned_specs
+
+    for spec in sectioned_specs():
+        section = getattr(settings, spec.config_section or "", None)
+        if spec.add_on and spec.launch_service is not None and section is not None:
+            setattr(settings, spec.config_section, services.enter_context(spec.launch_service(dict(section))))

@@ -208,10 +208,17 @@ def given_flags(args: argparse.Namespace) -> dict[str, Any]:
 def _choose_backend(flags: dict[str, Any]) -> None:
     """The backend whose switch (``--use-fsdp``) or section flags were given becomes the distributed type;
     two of them are an error."""
+    for spec in sectioned_specs():  # an add-on (fault tolerance) goes beside the chosen backend
+        if spec.add_on and spec.enable_flag and flags.pop(spec.enable_flag, False):
+            flags.setdefault(spec.config_section, {})
     chosen = [
         spec
         for spec in sectioned_specs()
-        if (flags.pop(spec.enable_flag, False) if spec.enable_flag else False) or spec.config_section in flags
+        if not spec.add_on
+        and (
+            (flags.pop(spec.enable_flag, False) if spec.enable_flag else False)
+            or spec.config_section in flags
+        )
     ]
     if len(chosen) > 1:
         given = " and ".join(

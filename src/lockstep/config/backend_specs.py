@@ -27,6 +27,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import logging
@@ -134,6 +135,14 @@ class BackendSpec:
     :data:`lockstep.config.answers.Ask`); None: the wizard does not offer it."""
     requirement: str | None = None
     """The package it needs beyond torch (``deepspeed``), for ``lockstep env`` and errors."""
+    add_on: bool = False
+    """Its section is chosen by its switch or its flags, not by ``distributed_type``, and goes to the workers
+    beside the distributed type's (fault tolerance: each replica group is an ordinary job)."""
+    launch_service: Callable[[dict[str, Any]], contextlib.AbstractContextManager[dict[str, Any]]] | None = (
+        None
+    )
+    """Runs beside the workers for the whole launch when its section is given (fault tolerance's lighthouse);
+    entered with the section, it yields the section the workers get."""
 
     @property
     def section_keys(self) -> dict[str, SettingKey]:
@@ -272,7 +281,11 @@ def launched_plugin(launch: Mapping[str, Any], argument: str) -> Any:
         True
     """
     spec = spec_for_distributed_type(launch.get("distributed_type"))
-    if spec is None or spec.accelerator_argument != argument or spec.plugin_from_section is None:
+    if spec is None or spec.accelerator_argument != argument:
+        spec = next((s for s in backend_specs() if s.add_on and s.accelerator_argument == argument), None)
+        if spec is None or not launch.get(spec.config_section or ""):
+            return None
+    if spec.plugin_from_section is None:
         return None
     return spec.plugin_from_section(dict(launch.get(spec.config_section or "") or {}))
 

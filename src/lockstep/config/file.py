@@ -184,6 +184,9 @@ class ClusterConfig:
     """FSDP settings (fsdp_version, fsdp_auto_wrap_policy, ...); used when distributed_type is FSDP."""
     deepspeed_config: dict[str, Any] = field(default_factory=dict)
     """DeepSpeed settings (zero_stage, ...); used when distributed_type is DEEPSPEED."""
+    fault_tolerance_config: dict[str, Any] = field(default_factory=dict)
+    """lockstep extension: fault tolerance on torchft (replica_group, num_replica_groups, min_replicas,
+    lighthouse, ...); a non-empty section makes each launch one replica group."""
     megatron_lm_config: dict[str, Any] = field(default_factory=dict)
     """Megatron-LM settings, kept as written."""
     parallelism_config: dict[str, Any] = field(default_factory=dict)

@@ -112,6 +112,9 @@ class LaunchSettings:
     """FSDP settings (the config file's ``fsdp_config`` keys, overridden by ``--fsdp-*`` flags)."""
     deepspeed_config: dict[str, Any] = field(default_factory=dict)
     """DeepSpeed settings (the config file's ``deepspeed_config`` keys, overridden by the DeepSpeed flags)."""
+    fault_tolerance_config: dict[str, Any] | None = None
+    """Fault tolerance settings (``--fault-tolerance``, the ``--replica-group``-style flags or the config
+    file's section): this launch is one replica group of a torchft job; None: off."""
     use_parallelism_config: bool = False
     """Lay the processes out on an N-D device mesh (a ``ParallelismConfig`` in every worker); set by
     ``--use-parallelism-config``, a ``--parallelism-config-*`` flag or a non-empty ``parallelism_config``."""
@@ -158,7 +161,7 @@ class LaunchSettings:
         active = spec_for_distributed_type(self.distributed_type)
         return {
             spec.config_section: dict(getattr(self, spec.config_section, None) or {})
-            if spec is active
+            if spec is active or spec.add_on
             else {}
             for spec in sectioned_specs()
             if spec.config_section is not None
@@ -451,21 +454,24 @@ def parse_rdzv_conf(text: str) -> dict[str, str]:
 
 
 def _validate_backend_section(s: LaunchSettings) -> None:
-    """The chosen backend checks its section against the other settings (e.g. by building its plugin once),
-    so that a bad setting fails before any process starts."""
-    spec = spec_for_distributed_type(s.distributed_type)
-    if spec is None or spec.check_section is None or spec.config_section is None:
-        return
+    """The chosen backend (and an add-on whose section is given) checks its section against the other
+    settings (e.g. by building its plugin once), so that a bad setting fails before any process starts."""
+    active = spec_for_distributed_type(s.distributed_type)
     launch = {
         "mixed_precision": s.mixed_precision,
         "gradient_accumulation_steps": s.gradient_accumulation_steps,
         "use_parallelism_config": s.use_parallelism_config,
         "num_processes": s.num_processes,
+        "distributed_type": s.distributed_type,
     }
-    try:
-        spec.check_section(dict(getattr(s, spec.config_section, None) or {}), launch)
-    except (TypeError, ValueError) as error:
-        raise UsageError(str(error)) from None
+    for spec in sectioned_specs():
+        section = getattr(s, spec.config_section or "", None)
+        if spec.check_section is None or not (spec is active or (spec.add_on and section is not None)):
+            continue
+        try:
+            spec.check_section(dict(section or {}), launch)
+        except (TypeError, ValueError) as error:
+            raise UsageError(str(error)) from None
 
 
 def _validate_parallelism(s: LaunchSettings) -> None:

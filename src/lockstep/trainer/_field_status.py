@@ -94,6 +94,7 @@ LOCKSTEP_ONLY = {
     "warmup_ratio": "warm-up as a fraction (transformers 5 folded it into warmup_steps < 1)",
     "activation_checkpointing_policy": "what each layer keeps for backward (full, every_<k>, op, offload); a "
     "separate field because transformers passes gradient_checkpointing_kwargs on to torch's checkpoint",
+    "fault_tolerance": "lockstep extension: train as one replica group of a torchft job (FaultToleranceConfig)",
 }
 
 

@@ -15,6 +15,7 @@ Accelerator settings (the counterpart of transformers' method of the same name):
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Mapping
 from datetime import timedelta
@@ -32,7 +33,12 @@ from lockstep.config import (
     ProjectConfiguration,
     TorchDynamoPlugin,
 )
-from lockstep.config.backend_specs import launched_plugin, sectioned_specs, spec_for_distributed_type
+from lockstep.config.backend_specs import (
+    backend_specs,
+    launched_plugin,
+    sectioned_specs,
+    spec_for_distributed_type,
+)
 from lockstep.config.fsdp import FullyShardedDataParallelPlugin
 from lockstep.config.fsdp_keys import plugin_fields
 from lockstep.config.parallelism import ParallelismConfig
@@ -92,6 +98,25 @@ def dynamo_plugin(args: TrainingArguments) -> TorchDynamoPlugin | None:
     if not args.torch_compile:
         return None
     return TorchDynamoPlugin(backend=args.torch_compile_backend or "inductor", mode=args.torch_compile_mode)
+
+
+def fault_tolerance_for(args: TrainingArguments) -> Any:
+    """``args.fault_tolerance`` as the Accelerator takes it: a dict (or JSON text) of the config section's keys
+    is built by the backend that claims the field (its errors name the key); anything else is passed on."""
+    value = args.fault_tolerance
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError as error:
+            raise ValueError(
+                f"TrainingArguments(fault_tolerance={args.fault_tolerance!r}) is not JSON ({error}): pass a dict "
+                'such as {"replica_group": 0, "num_replica_groups": 2}.'
+            ) from None
+    if not isinstance(value, Mapping):
+        return value
+    spec = next(s for s in backend_specs() if s.trainer_argument == "fault_tolerance")
+    assert spec.plugin_from_section is not None
+    return spec.plugin_from_section(dict(value))
 
 
 def build_fsdp_plugin(args: TrainingArguments, model: nn.Module | None) -> Any:
@@ -182,6 +207,7 @@ def create_accelerator_and_postprocess(
         dynamo_plugin=dynamo_plugin(args),
         fsdp_plugin=fsdp_plugin,
         deepspeed_plugin=deepspeed_plugin_for(args, _world_size()),
+        fault_tolerance=fault_tolerance_for(args),
         parallelism_config=parallelism_config_for(args, model),
         log_with=list(args.report_to) or None,  # type: ignore[arg-type]
         step_scheduler_with_optimizer=False,  # the Trainer steps its scheduler once per optimizer step

@@ -344,6 +344,14 @@ class TrainingArguments:
     deepspeed: dict | str | None = field(
         default=None, metadata={"help": "DeepSpeed config: dict, JSON text or JSON file."}
     )
+    fault_tolerance: dict | str | None = field(
+        default=None,
+        metadata={
+            "help": "lockstep extension: train as one replica group of a fault-tolerant job on torchft: a dict "
+            "(or JSON text) of the config file's fault_tolerance_config keys (replica_group, num_replica_groups, "
+            "min_replicas, lighthouse, quorum_timeout), or a FaultToleranceConfig."
+        },
+    )
     debug: str | list[str] = field(
         default="", metadata={"help": "Debug options: underflow_overflow, tpu_metrics_debug (not built)."}
     )

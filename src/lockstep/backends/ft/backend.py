@@ -4,7 +4,8 @@ Each replica group is one lockstep process holding a whole replica. Per optimize
 
 1. the step's quorum is asked of the lighthouse and waited for (``Manager.start_quorum`` with
    ``use_async_quorum=False``): when the ``prepare`` call that holds the optimizer returns (the first step),
-   then at the step's first training forward (or its first backward). A group that is behind (one that was
+   then at the step's first batch read from a prepared loader, its first training forward or its first
+   backward, whichever comes first. A group that is behind (one that was
    relaunched, or joins late) heals there, from a live peer, before it reads a batch or runs a forward:
    torchft sends it the peer's models, optimizer and step count, and the Accelerator's loader positions,
    schedulers, registered objects and counters (:mod:`lockstep.accelerator.live_state`), so every group in
@@ -13,6 +14,9 @@ Each replica group is one lockstep process holding a whole replica. Per optimize
    summed, divided by the participants), then asks every group whether the step commits
    (``Manager.should_commit``): the optimizer steps only when it does, so all live groups apply the same
    averaged gradient or none do.
+
+Prepared loaders deal each step's global batches over that step's participants, and consume them only when
+the step commits (:mod:`lockstep.backends.ft.data`).
 """
 
 from __future__ import annotations
@@ -30,8 +34,9 @@ import torch
 from torch import nn
 
 from lockstep.backends.base import Backend, DataShard
-from lockstep.backends.capabilities import LiveRecovery
+from lockstep.backends.capabilities import LiveRecovery, StepDataAssignment
 from lockstep.backends.ft.config import FaultToleranceConfig
+from lockstep.backends.ft.data import StepBatches, quorum_loader
 from lockstep.config.plugins import TorchDynamoPlugin
 from lockstep.precision import Precision
 from lockstep.state import PartialState
@@ -85,7 +90,7 @@ def _manager(config: FaultToleranceConfig, address: str) -> Any:
 
 
 @final
-class FaultTolerantBackend(Backend, LiveRecovery):
+class FaultTolerantBackend(Backend, LiveRecovery, StepDataAssignment):
     """One replica per group; gradients averaged across the live groups of each step (torchft).
 
     Args:
@@ -113,6 +118,7 @@ class FaultTolerantBackend(Backend, LiveRecovery):
         self._models = 0
         self._optimizer: _QuorumOptimizer | None = None
         self._step_end: dict[str, Callable[[], Any]] = {}
+        self._loaders: list[StepBatches] = []
         self._at_step_end: dict[str, Any] = {}
         self.last_heal: dict[str, Any] | None = None
         """The last heal: the peer's ``replica_group``, ``pid`` and ``step`` (the step this group joined at)."""
@@ -123,8 +129,39 @@ class FaultTolerantBackend(Backend, LiveRecovery):
         self._finalizer()
 
     def data_shard(self) -> DataShard:
-        """Each replica group reads its own share of every dataloader."""
+        """The replica group among the groups the job starts with (prepared loaders deal each step's batches
+        over that step's participants instead: :meth:`prepare_data_loader`)."""
         return DataShard(index=self.config.replica_group, count=self.config.num_replica_groups)
+
+    def prepare_data_loader(self, data_loader: Any, *, device: torch.device | None, config: Any) -> Any:
+        """A loader that reads, at each step, this group's global batch among the step's participants
+        (:mod:`lockstep.backends.ft.data`)."""
+        refusals = {
+            "DataLoaderConfiguration(split_batches=True)": config.split_batches,
+            "DataLoaderConfiguration(dispatch_batches=True)": bool(config.dispatch_batches),
+            "DataLoaderConfiguration(use_stateful_dataloader=True)": config.use_stateful_dataloader,
+        }
+        loader = quorum_loader(
+            data_loader,
+            quorum=self._quorum,
+            groups=self.config.num_replica_groups,
+            device=device,
+            data_seed=config.data_seed,
+            refusals=refusals,
+        )
+        self._loaders.append(loader.steps)
+        return loader
+
+    def _quorum(self) -> tuple[int, int]:
+        """Join this step's quorum; the participants and this group's rank among them."""
+        self._start_quorum()
+        rank = self.manager.participating_rank()
+        if rank is None:
+            raise RuntimeError(
+                f"Replica group {self.config.replica_group} is not among the participants of torchft's quorum "
+                f"at step {self.manager.current_step()}, so it has no share of the step's batches."
+            )
+        return self.manager.num_participants(), rank
 
     def wrap_model(self, model: nn.Module) -> nn.Module:
         # The whole replica lives in this process; a healing group receives it from a live peer.
@@ -248,8 +285,9 @@ class FaultTolerantBackend(Backend, LiveRecovery):
         self._average(parameters)
         self._quorum_started = self._averaged = False
         committed = self.manager.should_commit()
-        # Where a group that heals before the next step starts (also after a discarded step: every live
-        # group discarded it, and their loaders moved on all the same).
+        for loader in self._loaders:  # a step that did not commit leaves its samples to be read again
+            loader.step_ended(committed)
+        # Where a group that heals before the next step starts (also after a discarded step).
         self._at_step_end = {key: state_dict() for key, state_dict in self._step_end.items()}
         return committed
 

@@ -35,7 +35,7 @@ class FaultToleranceConfig:
     replica_group: int
     """This job's replica group, from 0 (each group is a separate lockstep job)."""
     num_replica_groups: int
-    """How many replica groups the job starts with: each reads its own 1/N of every prepared dataloader."""
+    """How many replica groups the job starts with (each step's batches are dealt over the groups of that step)."""
     min_replicas: int = 1
     """Live groups a step needs to commit; a step with fewer is discarded and retried."""
     lighthouse: str | None = None

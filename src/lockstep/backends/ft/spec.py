@@ -1,4 +1,5 @@
-"""The fault-tolerant backend's vocabulary: ``Accelerator(fault_tolerance=FaultToleranceConfig(...))``.
+"""The fault-tolerant backend's vocabulary: ``Accelerator(fault_tolerance=FaultToleranceConfig(...))``, the
+``fault_tolerance_config`` section and ``lockstep launch --fault-tolerance`` (:mod:`lockstep.backends.ft.launch`).
 
 Asked first (priority 5), so that a request that combines fault tolerance with a layout it does not
 support yet is refused by name instead of being trained by another backend.
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from lockstep.backends.ft.launch import FT_KEYS, SECTION, check_section, config_from_section, lighthouse_for
 from lockstep.config.backend_specs import BackendRequest, BackendSpec, register_backend_spec
 
 PIP_LINE = "pip install 'lockstep[ft]'  (or: pip install torchft==0.2.0 with your torch pinned)"
@@ -71,6 +73,14 @@ SPEC = register_backend_spec(
         build=_build,
         plugin_type="lockstep.backends.ft.config:FaultToleranceConfig",
         accelerator_argument="fault_tolerance",
+        trainer_argument="fault_tolerance",
         requirement="torchft",
+        config_section=SECTION,
+        keys=FT_KEYS,
+        enable_flag="fault_tolerance",
+        add_on=True,
+        check_section=check_section,
+        plugin_from_section=config_from_section,
+        launch_service=lighthouse_for,
     )
 )

@@ -1,0 +1,267 @@
+"""Each step's batches dealt over the replica groups of that step's quorum, so that no sample is lost.
+
+A prepared loader of a fault-tolerant job does not read a fixed 1/N of the data. The epoch's order is a list
+of *global batches* (the user's ``BatchSampler`` over the same, seeded, order on every group); the loader's
+position is ``consumed``, the global batches of the epoch that committed steps used, the same on every group.
+At the first batch of a step the group joins the step's quorum (healing from a live peer first when it is
+behind), learns the participants ``P`` and its rank ``r`` among them, and reads global batch
+``consumed + r`` (its k-th micro-batch of the step under gradient accumulation: ``consumed + k * P + r``).
+When the step commits, ``consumed`` grows by ``P`` per micro-batch; when torchft does not commit it, nothing
+moves and the same samples are dealt again, over the next step's participants. So every sample of the
+epoch is used by exactly one committed step, whichever groups come and go.
+
+The last step of an epoch can have fewer global batches left than participants: a group with none left reads
+one from the epoch's start (``padded`` in its draw record), as ``even_batches`` repeats samples across
+processes, so that every participant has a batch and none ends its epoch alone.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, final
+
+import torch
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler
+
+from lockstep._nested import send_to_device
+from lockstep.data.samplers import SeedableRandomSampler, global_batches
+from lockstep.state import GradientState
+
+logger = logging.getLogger("lockstep.backends")
+DEFAULT_DATA_SEED = 0
+"""Shuffling seed of every group when ``DataLoaderConfiguration(data_seed=...)`` is not set: the groups must
+draw the same order, and a seed of each process's own would differ."""
+
+Quorum = Callable[[], tuple[int, int]]
+"""Joins the current step's quorum (once per step); returns (participants, this group's rank among them)."""
+
+
+@final
+class StepBatches:
+    """The batch sampler of a fault-tolerant loader: each step's global batches over its participants.
+
+    Args:
+        batch_sampler: the user's batch sampler (its order must be the same on every group).
+        quorum: joins the step's quorum; (participants, rank).
+        groups: the replica groups the job starts with (only for ``len``).
+
+    Attributes:
+        groups: the replica groups the job starts with.
+        epoch: the epoch read now (or next).
+        consumed: global batches of that epoch consumed by committed steps.
+        last: the last draw: ``epoch``, ``consumed``, ``participants``, ``rank``, ``batch`` (its global
+            index), ``ids``, ``padded`` (a repeat from the epoch's start); None before the first.
+    """
+
+    def __init__(self, batch_sampler: Any, quorum: Quorum, groups: int) -> None:
+        self.batch_sampler = batch_sampler
+        self._quorum = quorum
+        self.groups = groups
+        self.epoch = 0
+        self.consumed = 0
+        self.drawn = 0
+        """Batches this group drew in the current step (uncommitted)."""
+        self.participants = 0
+        self.rank = 0
+        self.end = False
+        self.last: dict[str, Any] | None = None
+        self._order: tuple[int, Sequence[Sequence[int]]] | None = None
+        self._broken = False
+
+    def _global(self) -> Sequence[Sequence[int]]:
+        """The epoch's global batches (drawn once per epoch, seeded by the epoch)."""
+        if self._order is None or self._order[0] != self.epoch:
+            holder = self.batch_sampler
+            for target in (holder, getattr(holder, "sampler", None)):
+                if hasattr(target, "set_epoch"):
+                    target.set_epoch(self.epoch)  # type: ignore[union-attr]
+                    break
+            self._order = (self.epoch, global_batches(holder))
+        return self._order[1]
+
+    def __len__(self) -> int:
+        """Steps of a whole epoch with every group present (fewer groups take more steps)."""
+        return -(-len(self.batch_sampler) // self.groups)
+
+    def step_ended(self, committed: bool) -> None:
+        """The step's commit decision: a committed step consumes what its participants drew."""
+        if committed:
+            self.consumed += self.drawn * self.participants
+        self.drawn = 0
+
+    def __iter__(self) -> Iterator[list[int]]:
+        if (
+            self._broken
+        ):  # an earlier iteration was broken off: a new one starts the epoch, as a DataLoader does
+            self.consumed, self.drawn, self._broken = 0, 0, False
+        self._broken = True
+        while (ids := self._draw()) is not None:
+            yield ids
+        self._broken = False
+        self.epoch, self.consumed, self.drawn, self._order = self.epoch + 1, 0, 0, None
+
+    def _draw(self) -> list[int] | None:
+        if self.drawn == 0:
+            if self.consumed >= len(self._global()):
+                return None
+            self.participants, self.rank = self._quorum()  # may heal: epoch and consumed from the peer
+        batches = self._global()
+        total, start = len(batches), self.consumed + self.drawn * self.participants
+        if start >= total:
+            return None
+        index = start + self.rank
+        ids = [int(i) for i in batches[index % total]]
+        self.end, self.drawn = start + self.participants >= total, self.drawn + 1
+        self.last = {
+            "epoch": self.epoch,
+            "consumed": self.consumed,
+            "participants": self.participants,
+            "rank": self.rank,
+            "batch": index,
+            "ids": ids,
+            "padded": index >= total,
+        }
+        logger.debug("fault tolerance draw %s", self.last)
+        return ids
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "global_batches": self.consumed}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.epoch, self.consumed, self.drawn = int(state["epoch"]), int(state["global_batches"]), 0
+        self._broken = False  # the next iteration continues from there
+
+
+@final
+class QuorumDataLoader(DataLoader):
+    """A prepared loader of a fault-tolerant job (see the module doc); built by the backend at ``prepare``.
+
+    Args:
+        dataset: the user's map-style dataset.
+        batches: the step-wise batch sampler.
+        device: move each batch there (None: leave it).
+        **settings: the user's ``collate_fn``, ``pin_memory``, ...
+    """
+
+    _step_observer: Any = None  # the step timer's hook (not timed here)
+    remainder = -1
+
+    def __init__(
+        self, dataset: Any, *, batches: StepBatches, device: torch.device | None, **settings: Any
+    ) -> None:
+        super().__init__(dataset, batch_sampler=batches, num_workers=0, **settings)
+        self.steps = batches
+        self.device = device
+        self.end_of_dataloader = False
+
+    @property
+    def gradient_state(self) -> GradientState:
+        return GradientState()
+
+    def __iter__(self) -> Iterator[Any]:
+        self.end_of_dataloader = False
+        self.gradient_state._add_dataloader(self)
+        try:
+            for batch in super().__iter__():
+                self.end_of_dataloader = self.steps.end
+                yield batch if self.device is None else send_to_device(batch, self.device)
+        finally:
+            self.gradient_state._remove_dataloader(self)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Read epoch ``epoch`` next, from its start."""
+        self.steps.epoch, self.steps.consumed, self.steps.drawn = epoch, 0, 0
+
+    @property
+    def iteration(self) -> int:
+        return self.steps.epoch
+
+    @property
+    def total_batch_size(self) -> int | None:
+        """Samples per step with every group present."""
+        size = getattr(self.steps.batch_sampler, "batch_size", None)
+        return None if size is None else size * self.steps.groups
+
+    @property
+    def total_dataset_length(self) -> int:
+        return len(self.dataset)  # type: ignore[arg-type]
+
+    def state_dict(self) -> dict[str, int]:
+        """The epoch and the global batches its committed steps consumed (the same on every group)."""
+        return self.steps.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        missing = [key for key in ("epoch", "global_batches") if key not in state]
+        if missing:
+            raise ValueError(
+                f"A fault-tolerant loader's state needs {missing}; got the keys {sorted(state)} (a state "
+                "saved without fault tolerance cannot place a step's batches over replica groups)."
+            )
+        self.steps.load_state_dict(state)
+
+
+def quorum_loader(
+    data_loader: DataLoader,
+    *,
+    quorum: Quorum,
+    groups: int,
+    device: torch.device | None,
+    data_seed: int | None,
+    refusals: dict[str, bool],
+) -> QuorumDataLoader:
+    """``data_loader`` as a :class:`QuorumDataLoader`; ``refusals`` maps a setting it cannot honour yet to
+    whether it was given.
+
+    Raises:
+        NotImplementedError: an iterable dataset, ``num_workers > 0`` or a refused setting.
+    """
+    given = [name for name, on in refusals.items() if on]
+    if isinstance(data_loader.dataset, IterableDataset):
+        given.append("an IterableDataset (a stream cannot be dealt by global batch index)")
+    if data_loader.num_workers > 0:
+        given.append(
+            f"num_workers={data_loader.num_workers} (workers read batches ahead, before the step's quorum "
+            "says which ones this group reads)"
+        )
+    if given:
+        raise NotImplementedError(
+            f"Accelerator(fault_tolerance=...) deals each step's batches over the replica groups of that step, "
+            f"which does not work with {'; '.join(given)} yet. Use a map-style dataset read in the main "
+            "process (num_workers=0) and the default DataLoaderConfiguration."
+        )
+    batch_sampler = _seeded(data_loader.batch_sampler, data_seed)
+    if batch_sampler is None:
+        raise NotImplementedError(
+            "Accelerator(fault_tolerance=...) needs a DataLoader with automatic batching (a batch_size or a "
+            "batch_sampler), to deal whole batches over replica groups; this one has batch_size=None."
+        )
+    settings = {
+        name: getattr(data_loader, name)
+        for name in ("collate_fn", "pin_memory", "timeout", "generator", "pin_memory_device")
+        if hasattr(data_loader, name)
+    }
+    steps = StepBatches(batch_sampler, quorum, groups)
+    return QuorumDataLoader(data_loader.dataset, batches=steps, device=device, **settings)
+
+
+def _seeded(batch_sampler: Any, data_seed: int | None) -> Any:
+    """The batch sampler with a shuffling ``RandomSampler`` made seedable by a seed every group shares: its
+    generator's seed, else ``data_seed``, else :data:`DEFAULT_DATA_SEED`."""
+    sampler = getattr(batch_sampler, "sampler", None)
+    if not isinstance(sampler, RandomSampler) or isinstance(sampler, SeedableRandomSampler):
+        return batch_sampler
+    seed = sampler.generator.initial_seed() if sampler.generator is not None else data_seed
+    seedable = SeedableRandomSampler(
+        sampler.data_source,  # type: ignore[arg-type]
+        replacement=sampler.replacement,
+        num_samples=sampler._num_samples,
+        data_seed=DEFAULT_DATA_SEED if seed is None else seed,
+    )
+    if type(batch_sampler) is BatchSampler:
+        return BatchSampler(seedable, batch_sampler.batch_size, batch_sampler.drop_last)
+    raise NotImplementedError(
+        f"Accelerator(fault_tolerance=...) found a {type(batch_sampler).__name__} over a RandomSampler: its "
+        "order would differ across replica groups. Use a BatchSampler, or a sampler that draws the same order "
+        "on every group for a given set_epoch()."
+    )
