@@ -4,6 +4,8 @@ interpreters they replace."""
 from __future__ import annotations
 
 import json
+import os
+import re
 import select
 import time
 from pathlib import Path
@@ -24,24 +26,25 @@ def _launch_and_read_facts(out: Path, **env: str) -> list[dict]:
     launcher = lockstep_popen(
         "launch", "--num-processes", "2", str(SCRIPTS / "worker_facts.py"), str(out), env=environment
     )
-    facts: list[dict] = []
-    lines: list[str] = []
+    text = ""  # two workers share the pipe: an unbuffered print's text and newline may interleave
     deadline = time.monotonic() + 90  # the workers wait for go up to 300 s
     assert launcher.stdout is not None
-    while len(facts) < 2 and time.monotonic() < deadline and launcher.poll() is None:
+    while len(_records("FACTS", text)) < 2 and time.monotonic() < deadline and launcher.poll() is None:
         if select.select([launcher.stdout], [], [], 1.0)[0]:
-            line = launcher.stdout.readline()
-            lines.append(line)
-            if line.startswith("FACTS "):
-                facts.append(json.loads(line[6:]))
+            text += os.read(launcher.stdout.fileno(), 65536).decode()
+    facts = _records("FACTS", text)
     (out / "go").write_text("")
     stdout, stderr = launcher.communicate(timeout=120)
     assert launcher.returncode == 0, stderr
     assert len(facts) == 2, f"the workers' lines did not arrive while they ran: {facts}\n{stderr}"
-    draws = {line for line in [*lines, *stdout.splitlines()] if line.startswith("NUMPY ")}
+    draws = {d["rank"]: d["draw"] for d in _records("NUMPY", text + stdout)}
     for fact in facts:
-        fact["numpy_draw"] = next(json.loads(d[6:])["draw"] for d in draws if f'"rank": {fact["rank"]},' in d)
+        fact["numpy_draw"] = draws[fact["rank"]]
     return sorted(facts, key=lambda f: f["rank"])
+
+
+def _records(tag: str, text: str) -> list[dict]:
+    return [json.loads(found) for found in re.findall(tag + r" (\{[^{}]*\})", text)]
 
 
 @pytest.mark.parametrize("fresh", [False, True], ids=["preloaded", "fresh-interpreters"])
@@ -79,8 +82,6 @@ def test_a_second_launch_with_another_environment_gets_fresh_interpreters(monkey
     monkeypatch.setenv(preloaded.PRELOAD_WORKERS, "1")
     monkeypatch.setattr(preloaded, "_server_environment", None)
     assert preloaded.can_preload()
-    import os
-
     monkeypatch.setattr(preloaded, "_server_environment", dict(os.environ))
     assert preloaded.can_preload()  # the server's environment is this one: reuse it
     monkeypatch.setenv("LOCKSTEP_SOMETHING_NEW", "1")

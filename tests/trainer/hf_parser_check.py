@@ -44,6 +44,7 @@ VALUES: dict[str, tuple[list[str], Any]] = {
     "label_smoothing_factor": (["0.1"], 0.1),
     "activation_checkpointing_kwargs": (['{"use_reentrant": true}'], {"use_reentrant": True}),
     "gradient_checkpointing_kwargs": (['{"use_reentrant": true}'], {"use_reentrant": True}),
+    "activation_checkpointing_policy": (["every_2"], "every_2"),
     "liger_kernel_config": (None, {"rope": True}),  # transformers' parser cannot read a dict-only field
     "tf32": (["false"], False),  # True needs an Ampere GPU
     "torch_compile_backend": (["eager"], "eager"),
