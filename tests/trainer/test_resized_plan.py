@@ -37,7 +37,7 @@ def test_the_rest_of_the_epoch_then_whole_epochs_of_the_new_size(tmp_path):
         Restored(10, SHRUNK),
         whole=WHOLE_ON_2,
         global_step=2,
-        epoch_samples=64,
+        dataset=range(64),
     )
     assert plan is not None and (plan.max_steps, plan.num_epochs, plan.updates_per_epoch) == (15, 2, 8)
     assert [plan.epoch_at(step) for step in (2, 7, 11, 15)] == [0.375, 1.0, 1.5, 2.0]
@@ -46,15 +46,15 @@ def test_the_rest_of_the_epoch_then_whole_epochs_of_the_new_size(tmp_path):
 def test_fractional_epochs_count_samples_and_max_steps_is_kept(tmp_path):
     loader = Restored(10, SHRUNK)
     half = resized_plan(
-        _args(tmp_path, num_train_epochs=1.5), loader, whole=WHOLE_ON_2, global_step=2, epoch_samples=64
+        _args(tmp_path, num_train_epochs=1.5), loader, whole=WHOLE_ON_2, global_step=2, dataset=range(64)
     )
     assert half is not None and half.max_steps == 2 + 5 + 4  # the rest of epoch 0, half of epoch 1
     early = resized_plan(
-        _args(tmp_path, num_train_epochs=0.5), loader, whole=WHOLE_ON_2, global_step=2, epoch_samples=64
+        _args(tmp_path, num_train_epochs=0.5), loader, whole=WHOLE_ON_2, global_step=2, dataset=range(64)
     )
     assert early is not None and early.max_steps == 2 + 1  # 8 of the 40 samples left: ceil(5 x 8 / 40)
     steps = resized_plan(
-        _args(tmp_path, max_steps=30), loader, whole=WHOLE_ON_2, global_step=2, epoch_samples=64
+        _args(tmp_path, max_steps=30), loader, whole=WHOLE_ON_2, global_step=2, dataset=range(64)
     )
     assert steps is not None and (steps.max_steps, steps.num_epochs) == (30, 4)  # 2 + 5 + 8 + 8 + 8 >= 30
 
@@ -69,7 +69,7 @@ def test_growing_and_not_resized(tmp_path):
         Restored(7, grown),
         whole=whole_on_3,
         global_step=11,
-        epoch_samples=64,
+        dataset=range(64),
     )
     assert plan is not None and plan.max_steps == 11 + 4 + 6
     assert plan.epoch_at(11) == pytest.approx(1.375) and plan.epoch_at(21) == 3.0
@@ -78,6 +78,6 @@ def test_growing_and_not_resized(tmp_path):
         Restored(7, None),
         whole=whole_on_3,
         global_step=11,
-        epoch_samples=64,
+        dataset=range(64),
     )
     assert not_resized is None

@@ -86,11 +86,12 @@ def plan_steps(args: TrainingArguments, loader: Any, *, num_processes: int, data
 
 
 def resized_plan(
-    args: TrainingArguments, loader: Any, *, whole: StepPlan, global_step: int, epoch_samples: int
+    args: TrainingArguments, loader: Any, whole: StepPlan, global_step: int, dataset: Any
 ) -> StepPlan | None:
     """The plan of a run whose ``loader`` was just restored from a checkpoint saved on another number of
     processes (None when it was not): the steps left in the resumed epoch, then whole epochs of the new size
-    (``whole``, planned before the load), up to ``num_train_epochs`` counted in samples, or ``max_steps``.
+    (``whole``, planned before the load), up to ``num_train_epochs`` counted in samples of ``dataset``, or
+    ``max_steps``.
 
     Example: 64 samples, 12 per step on 3 processes, resumed on 2 (8 per step) after 2 steps: the 40 samples
     left take 5 steps, the second epoch 8, so 2 epochs end at step 15 (not 12 and not 16).
@@ -102,7 +103,7 @@ def resized_plan(
     part = ResizedEpoch(
         step=global_step,
         epoch=resize.epoch,
-        consumed=Fraction(resize.samples_consumed, max(epoch_samples, 1)),
+        consumed=Fraction(resize.samples_consumed, max(len(dataset), 1)),
         updates=math.ceil(len(loader) / args.gradient_accumulation_steps),
     )
     if args.max_steps > 0:

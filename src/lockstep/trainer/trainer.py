@@ -289,21 +289,12 @@ class Trainer:
 
     def _plan_steps(self, resumed: bool = False) -> int:
         """Plan the run's optimizer steps (per process) and record them in the state; returns max_steps.
-        After a resume (``resumed``) on another number of processes, the rest of the epoch is planned in
-        steps of the new size (:func:`resized_plan`)."""
+        After a ``resumed`` load on another number of processes, the rest of its epoch (:func:`resized_plan`)."""
         _, replicas = _process_setup.data_parallel_share(self.accelerator)
         plan = plan_steps(self.args, self._train_loader, num_processes=replicas, dataset=self.train_dataset)
         if resumed and self._plan is not None:
-            plan = (
-                resized_plan(
-                    self.args,
-                    self._train_loader,
-                    whole=self._plan,
-                    global_step=self.state.global_step,
-                    epoch_samples=len(self.train_dataset),  # type: ignore[arg-type]
-                )
-                or plan
-            )
+            step, dataset = self.state.global_step, self.train_dataset
+            plan = resized_plan(self.args, self._train_loader, self._plan, step, dataset) or plan
         self._plan = plan
         self._updates_per_epoch, self._num_epochs = plan.updates_per_epoch, plan.num_epochs
         record_plan(
