@@ -8,7 +8,8 @@ float32 parameters) with AdamW takes one step and saves a sharded checkpoint (mo
 925 MB), then rank 1 kills itself with SIGKILL, standing for the lost machine. As soon as that job has ended
 (the launcher saw the loss and stopped the others), a new job resumes from the checkpoint with ``load_state``
 and takes one step: on PROCESSES processes (the same size) or on RESIZED (torch.distributed.checkpoint
-reshards the model and optimizer). The two kinds of cycle alternate, side by side in one run, and the
+reshards the model and optimizer). The two kinds of cycle alternate (which goes first alternates too),
+side by side in one run, and the
 medians are printed with their phases and the ratios resized / same: to the end of the load (restart +
 resharded load), and to the end of the first step (which also depends on how many processes share the
 machine's cores).
@@ -79,8 +80,9 @@ def main() -> None:
     print(f"lost one of {options.processes} processes; medians of {options.repeats} cycle(s) each")
     kinds = {"same": options.processes, "resized": options.resized}
     runs: dict[str, list[dict[str, float]]] = {kind: [] for kind in kinds}
-    for _ in range(options.repeats):
-        for kind, resumed_on in kinds.items():
+    for repeat in range(options.repeats):
+        order = list(kinds.items()) if repeat % 2 == 0 else list(kinds.items())[::-1]  # neither always first
+        for kind, resumed_on in order:
             runs[kind].append(cycle(options.processes, resumed_on, options.width, options.layers))
     medians = {
         kind: {phase: statistics.median(r[phase] for r in results) for phase in (*PHASES, "total")}
