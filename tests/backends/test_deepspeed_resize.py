@@ -166,3 +166,13 @@ def _load(stage: int, folder: str) -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     model, optimizer, _ = accelerator.prepare(model, optimizer, data_loader(48, 4))
     accelerator.load_state(folder)
+
+
+def test_an_optimizer_without_adams_moments_is_named_as_why_the_conversion_failed():
+    """DeepSpeed's ds_to_universal reads exp_avg and exp_avg_sq only: a ZeRO checkpoint of torch.optim.SGD
+    with momentum fails there with KeyError('exp_avg') (seen with a real 3 -> 2 launch); the refusal says so."""
+    from lockstep.backends.deepspeed.universal import _cause
+
+    assert "Adam's two moments (exp_avg, exp_avg_sq) only" in _cause(KeyError("exp_avg"))
+    assert _cause(KeyError("exp_avg_sq")) == _cause(KeyError("exp_avg"))
+    assert _cause(KeyError("fp32")) == "" and _cause(FileNotFoundError("x")) == ""

@@ -1,6 +1,7 @@
 """A training loop that survives restarts and preemption with lockstep's one-line patterns.
 
 Usage: resumable_train.py PROJECT_DIR [--steps N] [--save-every K] [--die-at STEP] [--step-delay S] [--seed S]
+    [--optimizer sgd|adamw]
 Rank 0 writes PROJECT_DIR/progress (the number of finished steps) after every step and, at the end,
 prints `PARAMS [...]`. With --die-at, rank 1 kills itself with SIGKILL at that step on the first attempt.
 Attempt k of an elastic job seeds torch with S + k (S defaults to 0): a restarted attempt starts from other
@@ -39,6 +40,7 @@ parser.add_argument("--save-every", type=int, default=3)
 parser.add_argument("--die-at", type=int, default=-1)
 parser.add_argument("--step-delay", type=float, default=0.0)
 parser.add_argument("--seed", type=int, default=0)
+parser.add_argument("--optimizer", choices=["sgd", "adamw"], default="sgd")
 args = parser.parse_args()
 
 attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
@@ -52,7 +54,10 @@ accelerator = Accelerator(
 generator = torch.Generator().manual_seed(1)
 data = TensorDataset(torch.randn(64, 6, generator=generator), torch.randn(64, 1, generator=generator))
 model = nn.Sequential(nn.Linear(6, 16), nn.Dropout(0.1), nn.Tanh(), nn.Linear(16, 1))
-optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+if args.optimizer == "adamw":
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
+else:
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
 model, optimizer, train_dl = accelerator.prepare(
     model, optimizer, DataLoader(data, batch_size=4, shuffle=True)
 )

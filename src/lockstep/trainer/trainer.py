@@ -42,7 +42,7 @@ from lockstep.trainer._loaders import TrainerLoaders
 from lockstep.trainer._logging import format_log_line
 from lockstep.trainer._loss_sums import LossSums
 from lockstep.trainer._num_items import MicroBatch
-from lockstep.trainer._step_plan import plan_steps, record_plan
+from lockstep.trainer._step_plan import StepPlan, plan_steps, record_plan, resized_plan
 from lockstep.trainer._trainer_checkpoints import TrainerCheckpoints
 from lockstep.trainer._training_step import training_step_for
 from lockstep.trainer.accelerator_factory import create_accelerator_and_postprocess
@@ -181,6 +181,7 @@ class Trainer:
         self._train_batch_size = self.args.per_device_train_batch_size
         self._updates_per_epoch: int | None = None
         self._num_epochs = 0
+        self._plan: StepPlan | None = None
         self._epoch_shown = 0
         self._prepared = self._registered = False
         self._progress: ProgressBar | None = None
@@ -286,10 +287,15 @@ class Trainer:
         optimizer = optimizer if optimizer is not None else self.create_optimizer()
         return optimizer, scheduler if scheduler is not None else schedule(optimizer)
 
-    def _plan_steps(self) -> int:
-        """Plan the run's optimizer steps (per process) and record them in the state; returns max_steps."""
+    def _plan_steps(self, resumed: bool = False) -> int:
+        """Plan the run's optimizer steps (per process) and record them in the state; returns max_steps.
+        After a ``resumed`` load on another number of processes, the rest of its epoch (:func:`resized_plan`)."""
         _, replicas = _process_setup.data_parallel_share(self.accelerator)
         plan = plan_steps(self.args, self._train_loader, num_processes=replicas, dataset=self.train_dataset)
+        if resumed and self._plan is not None:
+            step, dataset = self.state.global_step, self.train_dataset
+            plan = resized_plan(self.args, self._train_loader, self._plan, step, dataset) or plan
+        self._plan = plan
         self._updates_per_epoch, self._num_epochs = plan.updates_per_epoch, plan.num_epochs
         record_plan(
             self.state,
@@ -395,11 +401,20 @@ class Trainer:
         else:
             self._checkpoints.check_resumable(folder)
             self.accelerator.load_state(str(folder))
-        if self.state.max_steps != planned:
-            logger.warning(
-                "%s was saved by a run of %d steps; this run plans %d.", folder, self.state.max_steps, planned
+        saved_plan = self.state.max_steps
+        self._plan_steps(resumed=True)
+        if self._plan is not None and self._plan.resized is not None:
+            logger.info(
+                "%s was saved by a run of %d steps on another number of processes; on %d it ends at step %d.",
+                folder,
+                saved_plan,
+                self.accelerator.num_processes,
+                self.state.max_steps,
             )
-        self._plan_steps()
+        elif saved_plan != planned:
+            logger.warning(
+                "%s was saved by a run of %d steps; this run plans %d.", folder, saved_plan, planned
+            )
         self._losses.restore(self.state)
         if self.args.restore_callback_states_from_checkpoint:
             self.control = _transformers_format.restore_callbacks(
@@ -524,8 +539,8 @@ class Trainer:
         empty_every = self.args.torch_empty_cache_steps
         if empty_every and state.global_step % empty_every == 0:
             clear_device_cache()
-        if self._updates_per_epoch:
-            state.epoch = state.global_step / self._updates_per_epoch
+        if self._updates_per_epoch and self._plan is not None:
+            state.epoch = self._plan.epoch_at(state.global_step)
         else:
             state.epoch = float(self._epoch_shown - 1)
         self._losses.add(step_loss, state.steps_since_log)

@@ -66,10 +66,26 @@ def convert(folder: Path, index: int, *, stage: int, saved_world: int, world: in
         raise CheckpointError(
             f"Checkpoint {folder} was saved by {saved_world} processes under ZeRO-{stage}, and this run has "
             f"{world}: converting it with DeepSpeed's ds_to_universal into {target} failed "
-            f"({type(error).__name__}: {error}). The checkpoint was left as it was. Resume on {saved_world} "
-            f"processes, or take the weights alone to any number with `lockstep merge-weights {folder} OUT`."
+            f"({type(error).__name__}: {error}).{_cause(error)} The checkpoint was left as it was. Resume on "
+            f"{saved_world} processes, or take the weights alone to any number with `lockstep merge-weights "
+            f"{folder} OUT`."
         ) from error
     return target
+
+
+ADAM_MOMENTS = ("exp_avg", "exp_avg_sq")
+
+
+def _cause(error: Exception) -> str:
+    """What a converter failure means, when it is known (else nothing)."""
+    if isinstance(error, KeyError) and error.args and error.args[0] in ADAM_MOMENTS:
+        return (
+            " DeepSpeed's universal checkpoints carry the fp32 master weights and Adam's two moments "
+            "(exp_avg, exp_avg_sq) only, and this checkpoint's optimizer keeps other state (torch.optim.SGD's "
+            "momentum, say): under ZeRO, an optimizer of the Adam family (Adam, AdamW) resumes on another number "
+            "of processes, others only on the same number."
+        )
+    return ""
 
 
 def discard(folder: Path, index: int) -> None:
