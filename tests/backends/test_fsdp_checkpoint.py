@@ -183,3 +183,24 @@ def _load_plain(folder: str) -> dict:
 def test_sharded_checkpoint_loads_without_fsdp_in_one_process(sharded_on_two):
     folder, saved = sharded_on_two
     _assert_same(saved, _load_plain(folder))
+
+
+def test_torch_numbered_optimizer_state_is_renamed_after_the_parameters_for_fsdp():
+    """One process and DDP write torch's own optimizer state (parameters numbered in the optimizer's order);
+    FSDP's full optimizer state is keyed by name: the numbers are renamed group by group, a mismatch refused."""
+    from lockstep.backends.fsdp.checkpoint import by_name
+
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 1))
+    optimizer = torch.optim.AdamW([{"params": [model[1].weight]}, {"params": [model[0].bias]}], lr=0.1)
+    model(torch.ones(1, 2)).sum().backward()
+    optimizer.step()
+    renamed = by_name(model, optimizer, optimizer.state_dict())
+    assert sorted(renamed["state"]) == ["0.bias", "1.weight"]
+    assert [g["params"] for g in renamed["param_groups"]] == [["1.weight"], ["0.bias"]]
+    assert torch.equal(renamed["state"]["0.bias"]["exp_avg"], optimizer.state[model[0].bias]["exp_avg"])
+    assert by_name(model, optimizer, renamed) is renamed  # already by name: unchanged
+    other = torch.optim.AdamW(model.parameters())
+    with pytest.raises(
+        ValueError, match=r"parameter groups of \[1, 1\] parameters; the optimizer prepared now has \[4\]"
+    ):
+        by_name(model, other, optimizer.state_dict())

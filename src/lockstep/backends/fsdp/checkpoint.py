@@ -85,9 +85,39 @@ def load_full_optimizer(
 ) -> None:
     from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
 
+    state_dict = by_name(_model(model), _inner(optimizer), state_dict)
     set_optimizer_state_dict(
         _model(model), _inner(optimizer), state_dict, options=_options(full=True, broadcast=distributed)
     )
+
+
+def by_name(model: nn.Module, optimizer: torch.optim.Optimizer, state_dict: dict[str, Any]) -> dict[str, Any]:
+    """``state_dict`` keyed by parameter name, as FSDP's full optimizer state is. torch's own format (one
+    process and DDP write it: parameters numbered in the optimizer's order) is renamed after this optimizer's
+    parameters, group by group (torch's ``set_optimizer_state_dict`` would keep the numbers, matching none).
+
+    Raises:
+        ValueError: when the groups do not hold as many parameters as the saved ones.
+    """
+    groups = state_dict.get("param_groups") or []
+    if not any(isinstance(number, int) for group in groups for number in group["params"]):
+        return state_dict
+    sizes, expected = [len(g["params"]) for g in groups], [len(g["params"]) for g in optimizer.param_groups]
+    if sizes != expected:
+        raise ValueError(
+            f"The saved optimizer state has parameter groups of {sizes} parameters; the optimizer prepared now "
+            f"has {expected}. Build the optimizer over the same parameters, in the same order, as when it was saved."
+        )
+    names = {id(p): name for name, p in model.named_parameters()}
+    renamed = {
+        number: names[id(p)]
+        for saved, group in zip(groups, optimizer.param_groups, strict=True)
+        for number, p in zip(saved["params"], group["params"], strict=True)
+    }
+    return {
+        "state": {renamed[number]: value for number, value in state_dict["state"].items()},
+        "param_groups": [{**g, "params": [renamed[n] for n in g["params"]]} for g in groups],
+    }
 
 
 # -- sharded state dicts (SHARDED_STATE_DICT) ---------------------------------------------------------
