@@ -8,6 +8,7 @@ is written by hand: each step's gradients of the participating groups, averaged,
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import random
 import re
@@ -15,7 +16,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,7 @@ from lockstep.backends.registry import select_backend
 from lockstep.state import PartialState
 from tests.helpers import ft_worker
 from tests.helpers.ft_lighthouse import lighthouse_process
+from tests.helpers.multiprocess import run_distributed
 
 pytest.importorskip("torchft")
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,13 +35,22 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @contextlib.contextmanager
 def _lighthouse(min_replicas: int, **timing: int) -> Iterator[str]:
-    from torchft.coordination import LighthouseServer
+    with lighthouse_process(min_replicas, **timing) as (_, address):
+        yield address
 
-    server = LighthouseServer(bind="127.0.0.1:0", min_replicas=min_replicas, **timing)
-    try:
-        yield server.address()
-    finally:
-        server.shutdown()
+
+def _in_a_forked_child(test: Callable[[], None]) -> Callable[[], None]:
+    """Run a test that builds torchft's lighthouse or Manager in this process in a forked child instead.
+    torchft's native threads outlive ``shutdown()``/``close()``; the pytest worker would keep them, and a
+    later test that forks it (``run_distributed``) deadlocked in the child: the FSDP checkpoint tests that
+    followed this file on one worker hung (reproduced: this file, then tests/backends/test_fsdp_checkpoint.py,
+    in one process)."""
+
+    @functools.wraps(test)
+    def in_child() -> None:
+        run_distributed(test, 1, timeout=120)
+
+    return in_child
 
 
 @contextlib.contextmanager
@@ -184,6 +195,7 @@ def test_torchft_missing_names_the_pip_line(monkeypatch: pytest.MonkeyPatch) -> 
         select_backend(PartialState(cpu=True), plugins=(_config(),))
 
 
+@_in_a_forked_child
 def test_unreachable_lighthouse_fails_in_bounded_time() -> None:
     from lockstep import Accelerator
 
@@ -195,6 +207,7 @@ def test_unreachable_lighthouse_fails_in_bounded_time() -> None:
     assert time.monotonic() - start < 10
 
 
+@_in_a_forked_child
 def test_a_step_commits_in_process_under_warnings_as_errors() -> None:
     """torchft 0.2.0 logs through the deprecated ``Logger.warn`` inside each quorum; with warnings as errors
     (this suite's setting) that must not become a torchft error that silently discards every step."""
@@ -221,6 +234,7 @@ def test_a_step_commits_in_process_under_warnings_as_errors() -> None:
         server.shutdown()
 
 
+@_in_a_forked_child
 def test_a_lost_lighthouse_stops_the_group_with_its_address_in_bounded_time() -> None:
     """The lighthouse is killed while a group trains: the next step raises lockstep's error naming the
     lighthouse within the configured timeout (2 s here; under 10 s with start-up), never a hang."""
@@ -250,6 +264,7 @@ def test_a_lost_lighthouse_stops_the_group_with_its_address_in_bounded_time() ->
             accelerator.backend.close()
 
 
+@_in_a_forked_child
 def test_a_step_that_does_not_commit_leaves_weights_schedule_and_samples() -> None:
     """A step torchft does not commit (an error reported in it) is skipped as an fp16 overflow is: the
     weights stay, ``optimizer_step_was_skipped`` is True and the prepared scheduler does not advance; the

@@ -22,6 +22,7 @@ import pytest
 import torch
 
 from tests.helpers import ft_heal_worker as worker
+from tests.helpers.ft_lighthouse import lighthouse_process
 
 pytest.importorskip("torchft")
 ROOT = Path(__file__).resolve().parents[2]
@@ -76,41 +77,36 @@ def _wait_for_step(
 @contextlib.contextmanager
 def _killed_and_relaunched(folder: Path) -> Iterator[dict]:
     """Groups 0-2 train; group 2 is SIGKILLed after step KILL_AFTER and started again with another seed."""
-    from torchft.coordination import LighthouseServer
-
-    server = LighthouseServer(
-        bind="127.0.0.1:0", min_replicas=2, heartbeat_timeout_ms=1000, join_timeout_ms=10_000
-    )
+    lighthouse = lighthouse_process(min_replicas=2, heartbeat_timeout_ms=1000, join_timeout_ms=10_000)
     processes: dict[str, subprocess.Popen] = {}
-    try:
-        address = server.address()
-        gate = ["--gate", str(folder / "relaunched.pt.ready"), "--gate-after", str(GATE_AFTER)]
-        for group in range(GROUPS):
-            processes[f"group{group}"] = _start(
-                folder, f"group{group}", group, address, SEED, *(gate if group < 2 else [])
-            )
-        _wait_for_step(folder, "group2", processes["group2"], KILL_AFTER)
-        processes["group2"].send_signal(signal.SIGKILL)
-        assert processes["group2"].wait(timeout=10) == -signal.SIGKILL
-        _wait_for_step(
-            folder, "group0", processes["group0"], KILL_AFTER + 1
-        )  # the survivors step on without it
-        processes["relaunched"] = _start(folder, "relaunched", 2, address, RELAUNCH_SEED)
-        results = {}
-        for name in ("group0", "group1", "relaunched"):
-            code = processes[name].wait(timeout=120)
-            assert code == 0, f"{name} exited {code}:\n{(folder / f'{name}.err').read_text()[-3000:]}"
-            results[name] = {**torch.load(folder / f"{name}.pt"), "lines": _lines(folder, name)}
-        results["first_life"] = {"pid": processes["group2"].pid, "lines": _lines(folder, "group2")}
-        results["relaunched"]["stderr"] = (folder / "relaunched.err").read_text()
-        results["pids"] = {name: process.pid for name, process in processes.items()}
-        yield results
-    finally:
-        for process in processes.values():
-            if process.poll() is None:
-                process.kill()
-            process.wait()
-        server.shutdown()
+    with lighthouse as (_, address):
+        try:
+            gate = ["--gate", str(folder / "relaunched.pt.ready"), "--gate-after", str(GATE_AFTER)]
+            for group in range(GROUPS):
+                processes[f"group{group}"] = _start(
+                    folder, f"group{group}", group, address, SEED, *(gate if group < 2 else [])
+                )
+            _wait_for_step(folder, "group2", processes["group2"], KILL_AFTER)
+            processes["group2"].send_signal(signal.SIGKILL)
+            assert processes["group2"].wait(timeout=10) == -signal.SIGKILL
+            _wait_for_step(
+                folder, "group0", processes["group0"], KILL_AFTER + 1
+            )  # the survivors step on without it
+            processes["relaunched"] = _start(folder, "relaunched", 2, address, RELAUNCH_SEED)
+            results = {}
+            for name in ("group0", "group1", "relaunched"):
+                code = processes[name].wait(timeout=120)
+                assert code == 0, f"{name} exited {code}:\n{(folder / f'{name}.err').read_text()[-3000:]}"
+                results[name] = {**torch.load(folder / f"{name}.pt"), "lines": _lines(folder, name)}
+            results["first_life"] = {"pid": processes["group2"].pid, "lines": _lines(folder, "group2")}
+            results["relaunched"]["stderr"] = (folder / "relaunched.err").read_text()
+            results["pids"] = {name: process.pid for name, process in processes.items()}
+            yield results
+        finally:
+            for process in processes.values():
+                if process.poll() is None:
+                    process.kill()
+                process.wait()
 
 
 @pytest.fixture(scope="module")
