@@ -12,6 +12,9 @@
 # .venv-reference/peft-only/ with links to the peft package alone, which the LoRA tests put on the path beside
 # accelerate-only (peft imports accelerate; every other dependency of peft is one of lockstep's own).
 #
+# .venv-reference/bitsandbytes-only/ holds bitsandbytes alone (dev/reference-qlora.txt), which the QLoRA tests
+# put on the path beside peft's folders with lockstep's own python.
+#
 # And two older transformers, each in a folder of its own to put first on PYTHONPATH (with either
 # environment's python): .venv-reference/transformers-4.40 (the oldest lockstep supports) and
 # .venv-reference/transformers-4.56 (the last 4.x; transformers' example scripts of that version need it).
@@ -23,7 +26,7 @@ PYTHON="${PYTHON:-python3}"
 VENV=.venv-reference
 REQUIREMENTS=dev/reference-requirements.txt
 STAMP="$VENV/.requirements.sha256"
-want="$(cat "$REQUIREMENTS" dev/reference-transformers-4.txt dev/reference-examples.txt dev/reference_env.sh | sha256sum | cut -d' ' -f1)"
+want="$(cat "$REQUIREMENTS" dev/reference-transformers-4.txt dev/reference-examples.txt dev/reference-qlora.txt dev/reference_env.sh | sha256sum | cut -d' ' -f1)"
 
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && [ -x "$VENV/bin/python" ]; then
   echo "reference environment $VENV is up to date ($REQUIREMENTS and dev/reference_env.sh unchanged)"
@@ -75,4 +78,8 @@ overlay 4.56.2
 rm -rf "$VENV/examples"
 run "${PIP[@]}" --no-deps --target "$VENV/examples" -r dev/reference-examples.txt
 echo "datasets and evaluate for the example scripts in $VENV/examples"
+rm -rf "$VENV/bitsandbytes-only"
+run "${PIP[@]}" --no-deps --target "$VENV/bitsandbytes-only" -r dev/reference-qlora.txt
+run env PYTHONPATH="$VENV/bitsandbytes-only" "$VENV/bin/python" -c "import bitsandbytes"
+echo "bitsandbytes for the QLoRA tests in $VENV/bitsandbytes-only"
 echo "$want" >"$STAMP"

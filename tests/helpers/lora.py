@@ -27,6 +27,12 @@ SAMPLES, GLOBAL_BATCH, ACCUMULATION = 32, 8, 2
 def use_peft(paths: list[str]) -> None:
     """Make peft (and the accelerate it imports) importable in this process."""
     sys.path[:0] = [path for path in paths if path not in sys.path]
+    # transformers asks once whether accelerate is installed and keeps the answer: asked in the parent before
+    # these paths were added, it would refuse 4-bit loading (QLoRA), which needs accelerate, as a user's
+    # environment with peft always has it
+    import_utils = sys.modules.get("transformers.utils.import_utils")
+    if import_utils is not None:
+        import_utils.is_accelerate_available.cache_clear()
     # peft 0.21 reads transformers' deprecated is_gradient_checkpointing (a FutureWarning of transformers 5)
     warnings.filterwarnings("ignore", "`is_gradient_checkpointing` is deprecated", FutureWarning)
 

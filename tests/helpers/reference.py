@@ -72,6 +72,15 @@ def peft_pythonpath() -> list[str]:
     return [folder, accelerate_pythonpath()]
 
 
+def bitsandbytes_pythonpath() -> str:
+    """The folder holding bitsandbytes alone (``dev/reference-qlora.txt``), for the QLoRA tests, to put on the
+    path beside :func:`peft_pythonpath`'s. Skips the test (fails it under CI) when it is not built."""
+    folder = REFERENCE_VENV / "bitsandbytes-only"
+    if not (folder / "bitsandbytes" / "__init__.py").is_file():
+        _missing(f"{folder} holds no bitsandbytes package")
+    return str(folder)
+
+
 def transformers_overlay(version: str) -> str:
     """The folder holding transformers ``version`` (4.40.2 or 4.56.2) with its tokenizers and huggingface_hub,
     to put first on ``PYTHONPATH`` with either environment's python; skips the test (fails it under CI) when it

@@ -15,6 +15,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from lockstep._peft import check_adapters_not_added_after_prepare
+from lockstep._quantized import keep_4bit_layout
 from lockstep.accelerator.optimizer import AcceleratedOptimizer
 from lockstep.accelerator.prepared import PreparedObjects
 from lockstep.accelerator.scheduler import AcceleratedScheduler
@@ -132,6 +133,7 @@ class Preparer:
             )
         check_adapters_not_added_after_prepare(model, self.prepared.models)
         _check_trainable_here(model, self.state)
+        keep_4bit_layout(model)
         # A dispatched model stays where its device map put it (as in Accelerate).
         placement = self._placement(device_placement) and not has_device_map(model)
         prepared = self.backend.prepare_model(
