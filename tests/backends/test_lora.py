@@ -58,6 +58,7 @@ def _train(kind: str, out: str) -> dict[str, Any]:
     model, optimizer, data = accelerator.prepare(model, optimizer, lora.loader(accelerator.num_processes))
     result: dict[str, Any] = lora.train_epoch(accelerator, model, optimizer, data)
     result["optimized"] = sum(p.numel() for g in optimizer.param_groups for p in g["params"])
+    result["memory"] = _held_after_backward(accelerator, model, optimizer)
     result["adapter"] = lora.adapter_weights(model)
     base = accelerator.unwrap_model(model).get_base_model().model.layers[0].self_attn.q_proj.base_layer.weight
     result["base_placements"] = [repr(p) for p in getattr(base, "placements", ())]
@@ -88,6 +89,38 @@ def _train(kind: str, out: str) -> dict[str, Any]:
         result["with base"] = _saved_with_base(accelerator, model, Path(out) / "with_base")
     result["late adapters"] = lora.message_of(lambda: _adapters_after_prepare(accelerator))
     return result
+
+
+def _held_after_backward(accelerator: Any, model: torch.nn.Module, optimizer: Any) -> dict[str, int]:
+    """The bytes of parameters, gradients and optimizer state this rank holds with one micro-batch's gradients
+    present (lockstep's accounting: local shards under FSDP2), after the optimizer has its state; gradients
+    cleared again. A batch of its own: the prepared loader's position is left alone."""
+    from lockstep.memory.accounting import account_memory
+    from tests.helpers.tiny_llama import token_ids
+
+    ids = token_ids(lora.GLOBAL_BATCH // accelerator.num_processes, seed=accelerator.process_index)
+    accelerator.backward(model(input_ids=ids, labels=ids).loss)
+    held = account_memory(model, optimizer)
+    optimizer.zero_grad()
+    return {
+        "parameters": held.parameter_bytes,
+        "gradients": held.gradient_bytes,
+        "optimizer": held.optimizer_state_bytes,
+    }
+
+
+def _full_fine_tune_memory() -> dict[str, int]:
+    """The same model without adapters, every weight trained, under DDP: the bytes held per rank."""
+    from tests.helpers.tiny_llama import token_ids
+
+    accelerator = _accelerator("ddp")
+    model = lora.base_llama(0)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    ids = token_ids(lora.GLOBAL_BATCH // accelerator.num_processes, seed=accelerator.process_index)
+    accelerator.backward(model(input_ids=ids, labels=ids).loss)
+    optimizer.step()  # the optimizer's state exists from here
+    return _held_after_backward(accelerator, model, optimizer)
 
 
 def _refused_loads(accelerator: Any, model: torch.nn.Module, state: Path) -> dict[str, str]:
@@ -290,6 +323,8 @@ def _two_processes(paths: list[str], out: str) -> dict[str, dict[str, Any]]:
     for kind in TOLERANCE:
         results[kind] = _train(kind, str(Path(out) / kind))
         reset_lockstep_state()  # the process group stays: the next kind's Accelerator takes it
+    results["full fine-tune memory"] = _full_fine_tune_memory()
+    reset_lockstep_state()
     results["fsdp trainer"] = _fsdp_trainer(Path(out) / "fsdp_trainer")
     reset_lockstep_state()
     for kind, source, durable in (("ddp", "fsdp", "background"), ("fsdp", "ddp", "sync")):
@@ -564,3 +599,33 @@ def test_trainer_under_fsdp_writes_the_gathered_adapter_folder_into_its_checkpoi
     assert {"adapter_config.json", "adapter_model.safetensors", "frozen_base.json"} <= set(found["files"])
     assert not any(name.startswith("model") for name in found["files"])  # the adapter is in DCP shards
     assert _max_difference(found["loaded"], found["adapter"]) == 0.0  # whole tensors, not one rank's shard
+
+
+def _estimated(strategy: str, adapters: bool) -> dict[str, int]:
+    """``lockstep estimate-memory``'s model state per rank for the tiny Llama on 2 processes in fp32 with AdamW,
+    with LoRA (``--lora-r 4 --lora-targets q_proj,v_proj``) or every weight trained."""
+    from lockstep.memory.estimate import estimate_memory
+    from lockstep.memory.estimate.adapters import LoraShape, with_lora
+    from lockstep.memory.estimate.model_source import describe_module
+
+    model = lora.base_llama(0)
+    description = describe_module("tiny Llama", model)
+    if adapters:
+        description = with_lora(description, model, LoraShape(4, tuple(lora.TARGETS)))
+    estimate = estimate_memory(description, num_processes=[2], dtypes=["fp32"], strategies=[strategy])
+    row = estimate.rows[0]
+    return {"parameters": row.parameters, "gradients": row.gradients, "optimizer": row.optimizer_state}
+
+
+@pytest.mark.parametrize(
+    ("case", "strategy", "adapters"),
+    [("full fine-tune memory", "ddp", False), ("ddp", "ddp", True), ("fsdp", "fsdp", True)],
+)
+def test_memory_per_rank_is_what_estimate_memory_predicts(runs, case, strategy, adapters):
+    held = runs[case] if case.endswith("memory") else runs[case]["memory"]
+    estimated = _estimated(strategy, adapters)
+    print(f"{case}: held {held}, estimated {estimated}")
+    assert sum(held.values()) == pytest.approx(sum(estimated.values()), rel=0.10), (held, estimated)
+    assert held["gradients"] == pytest.approx(estimated["gradients"], rel=0.10), (held, estimated)
+    if adapters:  # only the adapters have gradients and optimizer state: a small fraction of the weights
+        assert held["gradients"] < held["parameters"] / 10 and held["optimizer"] < held["parameters"] / 5

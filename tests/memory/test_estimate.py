@@ -198,3 +198,44 @@ def test_estimate_matches_a_real_prepared_two_process_run_within_15_percent(tmp_
     else:  # each rank holds its shard (dim 0 padded to a multiple of 2)
         assert sum(rank["num_parameters"] for rank in measured) == pytest.approx(n, rel=0.01)
         assert all(rank["num_parameters"] < 0.51 * n for rank in measured)
+
+
+LORA_LLAMA = [
+    "estimate-memory", "--config-class", "LlamaConfig", "--set", "hidden_size=64", "--set", "intermediate_size=128",
+    "--set", "num_hidden_layers=2", "--set", "num_attention_heads=4", "--set", "num_key_value_heads=2",
+    "--set", "vocab_size=64", "--dtypes", "fp32", "--strategies", "ddp,fsdp", "--num-processes", "2",
+]  # fmt: skip
+
+
+def test_lora_rank_makes_the_adapters_the_only_trainable_parameters():
+    """peft's count: r x (in + out) per targeted linear layer; the base frozen (parameters only). The memory a
+    real LoRA run holds against this estimate: tests/backends/test_lora.py."""
+    full = json.loads(lockstep_in_process(*LORA_LLAMA, "--json").stdout)
+    result = lockstep_in_process(*LORA_LLAMA, "--lora-r", "4", "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    adapters = 2 * (4 * (64 + 64) + 4 * (64 + 32))  # 2 layers x (q_proj 64->64, v_proj 64->32)
+    assert report["model"]["trainable_parameters"] == adapters
+    assert report["model"]["frozen_parameters"] == full["model"]["num_parameters"]
+    assert report["model"]["adapters"] == "LoRA r=4 on 4 layers (q_proj, v_proj)"
+    ddp = report["estimates"][0]
+    assert (ddp["parameters"], ddp["gradients"], ddp["optimizer_state"]) == (
+        4 * (full["model"]["num_parameters"] + adapters),
+        4 * adapters,
+        8 * adapters,
+    )
+    table = lockstep_in_process(*LORA_LLAMA, "--lora-r", "4", "--lora-targets", "q_proj,k_proj,v_proj,o_proj")
+    assert "trainable: LoRA r=4 on 8 layers (q_proj, k_proj, v_proj, o_proj))" in table.stdout
+
+
+def test_lora_targets_that_match_nothing_and_bad_ranks_are_usage_errors():
+    for extra, message in [
+        (["--lora-r", "4", "--lora-targets", "query"], "--lora-targets query matches no linear layer of "),
+        (["--lora-r", "0"], "--lora-r '0' is invalid"),
+    ]:
+        result = lockstep_in_process(*LORA_LLAMA, *extra)
+        assert result.returncode == 2 and message in result.stderr, (extra, result.stderr)
+        assert "Traceback" not in result.stderr
+    assert "its linear layers are named down_proj, gate_proj, k_proj, o_proj, q_proj, up_proj, v_proj" in (
+        lockstep_in_process(*LORA_LLAMA, "--lora-r", "4", "--lora-targets", "query").stderr
+    )

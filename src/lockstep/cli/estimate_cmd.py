@@ -94,6 +94,19 @@ def register(subparsers: Any) -> None:
         help="with --activation-policies: the class of the blocks the policy wraps (default: the model's "
         "transformers layers or _no_split_modules)",
     )
+    parser.add_argument(
+        "--lora-r",
+        "--lora_r",
+        help="estimate LoRA fine-tuning: adapters of this rank on --lora-targets are the only trainable "
+        "parameters, the base is frozen",
+    )
+    parser.add_argument(
+        "--lora-targets",
+        "--lora_targets",
+        default="q_proj,v_proj",
+        help="with --lora-r: comma-separated names of the linear layers that get adapters, as peft's "
+        "target_modules (q_proj,v_proj)",
+    )
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.set_defaults(handler=run_estimate)
 
@@ -112,6 +125,11 @@ def _positive_ints(text: str, flag: str) -> list[int]:
 
 def _names(text: str) -> list[str]:
     return [part.strip().lower() for part in text.split(",") if part.strip()]
+
+
+def _targets(text: str) -> list[str]:
+    """Module names as given (peft matches them case-sensitively)."""
+    return [part.strip() for part in text.split(",") if part.strip()]
 
 
 def _settings(pairs: list[str]) -> dict[str, Any]:
@@ -173,7 +191,13 @@ def run_estimate(args: argparse.Namespace) -> int:
         )
     except ImportError as error:  # transformers missing: one line with the pip command, exit 2
         raise UsageError(str(error)) from None
-    estimate = estimate_memory(describe_module(source, module), **options)
+    description = describe_module(source, module)
+    if args.lora_r is not None:
+        from lockstep.memory.estimate.adapters import LoraShape, with_lora
+
+        lora = LoraShape(_positive_ints(args.lora_r, "--lora-r")[0], tuple(_targets(args.lora_targets)))
+        description = with_lora(description, module, lora)
+    estimate = estimate_memory(description, **options)
     if policies:
         kept = policy_estimates(
             module,
@@ -208,7 +232,7 @@ def format_table(estimate: Any) -> list[str]:
     model, info = estimate.model, estimate.as_dict()["assumptions"]
     lines = [
         f"Model: {model.model_class} from {model.source}: {model.num_parameters:,} parameters "
-        f"({model.trainable_parameters:,} trainable)",
+        f"({model.trainable_parameters:,} trainable{': ' + model.adapters if model.adapters else ''})",
         f"Optimizer: {estimate.optimizer}. Memory per rank (process); ZeRO paper accounting.",
         f"Activations, batch {estimate.batch_size} x seq {estimate.seq_len} per process: {info['activations']}",
     ]

@@ -42,6 +42,7 @@ class MemoryEstimate:
                 "num_parameters": self.model.num_parameters,
                 "trainable_parameters": self.model.trainable_parameters,
                 "frozen_parameters": self.model.frozen_parameters,
+                "adapters": self.model.adapters,
                 "transformer_shape": None if shape is None else vars(shape),
             },
             "assumptions": {

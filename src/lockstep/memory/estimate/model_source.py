@@ -52,6 +52,8 @@ class ModelDescription:
     tensor_parallel_parameters: int = 0
     """Elements that tensor parallelism splits: the weights (and column-split biases) of the modules the
     model's own plan names; 0 without a plan."""
+    adapters: str | None = None
+    """The LoRA adapters counted as the trainable parameters (``--lora-r``), described; None without."""
 
     @property
     def num_parameters(self) -> int:
