@@ -265,6 +265,11 @@ def _trainer_runs(out: Path, transformers_checkpoint: str) -> dict[str, Any]:
     from tests.reference import _peft_trainer_run
 
     found = {"trained": _peft_trainer_run.run(Trainer, TrainingArguments, str(out / "trained"))}
+    reset_lockstep_state()
+    neftune = _peft_trainer_run.NEFTUNE
+    found["neftune"] = _peft_trainer_run.run(
+        Trainer, TrainingArguments, str(out / "neftune"), settings=neftune
+    )
     for name, checkpoint in (
         ("resumed", str(out / "trained" / "checkpoint-4")),
         ("from transformers", transformers_checkpoint),
@@ -371,13 +376,14 @@ def runs(paths, out) -> dict[str, dict[str, Any]]:
     # transformers.Trainer first (reference environment): lockstep.Trainer resumes from its checkpoint-4 too
     done = run_reference(_TRANSFORMERS_RUN, str(out / "transformers"), folder=out, timeout=300)
     theirs = json.loads(done.stdout.strip().splitlines()[-1])
+    theirs, theirs_neftune = theirs["plain"], theirs["neftune"]
     lora.preload()
     checkpoint = str(out / "transformers" / "checkpoint-4")
     two = run_distributed(_two_processes, 2, paths, str(out), timeout=300)[
         0
     ]  # first: one process loads its state
     single = run_distributed(_one_process, 1, paths, str(out / "single"), checkpoint, timeout=180)[0]
-    return {"single": single, "transformers": theirs, **two}
+    return {"single": single, "transformers": theirs, "transformers neftune": theirs_neftune, **two}
 
 
 def _max_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
@@ -504,8 +510,10 @@ def test_two_processes_match_one_and_save_the_whole_adapter(runs, out, kind):
 _TRANSFORMERS_RUN = """
 import json, sys
 import transformers
-from tests.reference._peft_trainer_run import run
-print(json.dumps(run(transformers.Trainer, transformers.TrainingArguments, sys.argv[1])))
+from tests.reference._peft_trainer_run import NEFTUNE, run
+plain = run(transformers.Trainer, transformers.TrainingArguments, sys.argv[1])
+neftune = run(transformers.Trainer, transformers.TrainingArguments, sys.argv[1] + "_neftune", settings=NEFTUNE)
+print(json.dumps({"plain": plain, "neftune": neftune}))
 """
 
 
@@ -629,3 +637,20 @@ def test_memory_per_rank_is_what_estimate_memory_predicts(runs, case, strategy, 
     assert held["gradients"] == pytest.approx(estimated["gradients"], rel=0.10), (held, estimated)
     if adapters:  # only the adapters have gradients and optimizer state: a small fraction of the weights
         assert held["gradients"] < held["parameters"] / 10 and held["optimizer"] < held["parameters"] / 5
+
+
+def test_trainer_with_neftune_on_a_peft_model_matches_transformers_trainer(runs):
+    """NEFTune's noise on the embeddings of the peft model's base (found through the peft model), drawn as
+    transformers draws it: the same losses and adapter as transformers.Trainer on one process."""
+    ours, theirs = runs["single"]["trainer"]["neftune"], runs["transformers neftune"]
+    # the noise is there: the first step's loss (the same weights and batch) differs from the plain run's
+    assert ours["losses"][0] != runs["transformers"]["losses"][0]
+    assert ours["rates"] == theirs["rates"] and ours["optimized"] == theirs["optimized"]
+    assert ours["losses"] == pytest.approx(theirs["losses"], abs=0.0), (ours["losses"], theirs["losses"])
+    difference = max(
+        abs(a - b)
+        for name in theirs["adapter"]
+        for a, b in zip(ours["adapter"][name], theirs["adapter"][name])
+    )
+    print(f"NEFTune: adapter difference {difference:.3g}, losses {ours['losses']} vs {theirs['losses']}")
+    assert difference == 0.0  # measured: bit for bit

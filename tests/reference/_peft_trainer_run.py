@@ -68,16 +68,25 @@ def listing(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.iterdir() if p.is_file()) if folder.is_dir() else []
 
 
+NEFTUNE: dict[str, Any] = {"neftune_noise_alpha": 5.0, "max_steps": 4, "save_strategy": "no"}
+"""The same run, shorter, with NEFTune's noise on the input embeddings in training."""
+
+
 def run(
-    trainer_cls: Any, args_cls: Any, output_dir: str, model: torch.nn.Module | None = None, **resume: Any
+    trainer_cls: Any,
+    args_cls: Any,
+    output_dir: str,
+    model: torch.nn.Module | None = None,
+    settings: dict[str, Any] | None = None,
+    **resume: Any,
 ) -> dict:
-    """Train (or resume, with ``resume_from_checkpoint=...``); the logged rates and losses, the trained adapter,
-    the number of parameters the optimizer holds, and the files of ``checkpoint-4`` and of the final save."""
+    """Train (or resume, with ``resume_from_checkpoint=...``) with :data:`SETTINGS` updated by ``settings``;
+    the logged rates and losses, the trained adapter, the number of parameters the optimizer holds, and the
+    files of ``checkpoint-4`` and of the final save."""
     model = model if model is not None else lora_model()
     before = base_sum(model)
-    trainer = trainer_cls(
-        model=model, args=args_cls(output_dir=output_dir, **SETTINGS), train_dataset=Tokens()
-    )
+    arguments = args_cls(output_dir=output_dir, **{**SETTINGS, **(settings or {})})
+    trainer = trainer_cls(model=model, args=arguments, train_dataset=Tokens())
     with contextlib.redirect_stdout(io.StringIO()):
         trainer.train(**resume)
         trainer.save_model(str(Path(output_dir) / "final"))
