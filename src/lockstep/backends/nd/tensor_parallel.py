@@ -82,6 +82,7 @@ def _style(value: Any) -> ParallelStyle:
 
 def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, plan: Mapping[str, Any] | None) -> None:
     """Shard ``model`` in place over ``tp_mesh`` with ``plan`` (a model sharded already is left alone)."""
+    _refuse_adapters(model, tp_mesh.size())
     if is_tensor_parallel(model):
         if plan:
             raise ValueError(
@@ -102,6 +103,21 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, plan: Mapping[s
     check_plan(model, plan)
     check_heads(model, tp_mesh.size())
     parallelize_module(model, tp_mesh, {pattern: _style(style) for pattern, style in plan.items()})
+
+
+def _refuse_adapters(model: nn.Module, tp_size: int) -> None:
+    """LoRA adapters (peft) under tensor parallelism need the adapter matrices split with the layer they wrap
+    (``lora_B`` with a column-wise layer's outputs, ``lora_A`` with a row-wise layer's inputs, and the adapter's
+    partial sums reduced with the layer's): not built, so refused before any parameter is touched."""
+    from lockstep._peft import is_peft_model
+
+    if is_peft_model(model):
+        raise NotImplementedError(
+            f"ParallelismConfig(tp_size={tp_size}) with a peft model (LoRA adapters) is not built yet: the "
+            "adapter matrices would have to be split with the layers they wrap. Train the adapters with "
+            "data parallelism (DDP), FSDP2 (fsdp_plugin, or ParallelismConfig(dp_shard_size=...) without "
+            "tp_size) or DeepSpeed ZeRO, which shard the frozen base as well."
+        )
 
 
 def _apply_model_plan(model: nn.Module, tp_mesh: DeviceMesh) -> None:
