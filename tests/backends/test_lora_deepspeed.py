@@ -95,7 +95,42 @@ def _reference_then_zero(paths: list[str], stages: tuple[int, ...], out: str) ->
     for stage in stages:
         results[stage] = _train(stage, Path(out) / f"zero{stage}")
         reset_lockstep_state()  # the process group stays: the next stage's Accelerator takes it
+    results["trainer zero3"] = _trainer_zero3(Path(out) / "trainer_zero3")
+    reset_lockstep_state()
     return results
+
+
+ZERO3 = {
+    "zero_optimization": {"stage": 3},
+    "train_micro_batch_size_per_gpu": "auto",
+    "gradient_accumulation_steps": "auto",
+}
+
+
+def _trainer_zero3(out: Path) -> dict[str, Any]:
+    """lockstep.Trainer with TrainingArguments(deepspeed=<ZeRO-3>): checkpoint-4, checkpoint-8 and save_model
+    hold peft's adapter folder, gathered from both processes' partitions."""
+    import contextlib
+    import io
+
+    from lockstep import Trainer, TrainingArguments
+    from tests.reference import _peft_trainer_run as shared
+
+    model = shared.lora_model()
+    settings = {**shared.SETTINGS, "activation_checkpointing": False, "deepspeed": ZERO3}
+    arguments = TrainingArguments(output_dir=str(out), **settings)
+    trainer = Trainer(model=model, args=arguments, train_dataset=shared.Tokens())
+    with contextlib.redirect_stdout(io.StringIO()):
+        trainer.train()
+        trainer.save_model(str(out / "final"))
+    found: dict[str, Any] = {"adapter": _adapter(trainer.model_wrapped, 3)}  # a collective
+    found["files"] = shared.listing(out / "checkpoint-8")
+    found["partitioned"] = [
+        tuple(p.shape) for p in trainer.model_wrapped.module.parameters() if p.requires_grad
+    ]
+    reset_lockstep_state()  # a model built from here on is an ordinary one, not a ZeRO-3 partition
+    found["loaded"] = {name: lora.load_adapter(out / name) for name in ("checkpoint-8", "final")}
+    return found
 
 
 STAGES = (2, 3)
@@ -143,3 +178,16 @@ def test_zero_checkpoints_leave_the_frozen_base_out_and_resume_exactly(runs, sta
 # The whole checkpoints: 207,024 -> 109,885 B (ZeRO-2), 235,989 -> 118,143 B (ZeRO-3), 41 kB of which are
 # DeepSpeed's zero_to_fp32.py and zero_to_torch.py scripts.
 MODEL_STATES_BYTES = {2: 14_000, 3: 23_000}
+
+
+def test_trainer_under_zero3_writes_the_gathered_adapter_folder(runs):
+    """Under ZeRO-3 each process holds a partition of every adapter matrix (an empty placeholder as the
+    parameter): the adapter folders are gathered from both, and peft loads them to the trained adapter."""
+    found = runs["trainer zero3"]
+    assert set(found["partitioned"]) == {(0,)}  # the parameters themselves are ZeRO-3 placeholders
+    assert {"adapter_config.json", "adapter_model.safetensors"} <= set(found["files"])
+    trained = {name.removeprefix("module."): tensor for name, tensor in found["adapter"].items()}
+    for folder, loaded in found["loaded"].items():
+        assert len(loaded) == len(trained) == 8, folder
+        for name, tensor in loaded.items():
+            assert torch.equal(tensor, trained[name]), (folder, name)

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from lockstep._peft import gathered_adapter, is_peft_model
 from lockstep.accelerator import Accelerator
 from lockstep.trainer import _num_items, _transformers_format, batches
 from lockstep.trainer._num_items import ItemCounter, MicroBatch
@@ -106,7 +107,11 @@ class TrainingStep(abc.ABC):
         if not hasattr(writer, "save_pretrained"):
             self.accelerator.save_model(model, str(folder))
             return
-        state_dict = self.accelerator.get_state_dict(model)
+        # a peft model saves its adapter alone: gathered by itself, also under ZeRO-3 without
+        # stage3_gather_16bit_weights_on_model_save (which get_state_dict needs for the whole model)
+        state_dict = (
+            gathered_adapter(writer) if is_peft_model(writer) else self.accelerator.get_state_dict(model)
+        )
         if self.accelerator.is_main_process:
             writer.save_pretrained(str(folder), state_dict=state_dict, safe_serialization=True)
         self.accelerator.wait_for_everyone()
