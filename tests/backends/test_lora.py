@@ -109,14 +109,6 @@ def _held_after_backward(accelerator: Any, model: torch.nn.Module, optimizer: An
     }
 
 
-def _prepare_under_tensor_parallelism() -> None:
-    from lockstep import Accelerator
-    from lockstep.parallelism_config import ParallelismConfig
-
-    accelerator = Accelerator(parallelism_config=ParallelismConfig(tp_size=2))
-    accelerator.prepare(lora.lora_llama(0))
-
-
 def _full_fine_tune_memory() -> dict[str, int]:
     """The same model without adapters, every weight trained, under DDP: the bytes held per rank."""
     from tests.helpers.tiny_llama import token_ids
@@ -337,8 +329,6 @@ def _two_processes(paths: list[str], out: str) -> dict[str, dict[str, Any]]:
         results[kind] = _train(kind, str(Path(out) / kind))
         reset_lockstep_state()  # the process group stays: the next kind's Accelerator takes it
     results["full fine-tune memory"] = _full_fine_tune_memory()
-    reset_lockstep_state()
-    results["tensor parallel"] = lora.message_of(_prepare_under_tensor_parallelism)
     reset_lockstep_state()
     results["fsdp trainer"] = _fsdp_trainer(Path(out) / "fsdp_trainer")
     reset_lockstep_state()
@@ -664,9 +654,3 @@ def test_trainer_with_neftune_on_a_peft_model_matches_transformers_trainer(runs)
     )
     print(f"NEFTune: adapter difference {difference:.3g}, losses {ours['losses']} vs {theirs['losses']}")
     assert difference == 0.0  # measured: bit for bit
-
-
-def test_tensor_parallelism_with_adapters_is_refused_before_anything_is_sharded(runs):
-    assert runs["tensor parallel"].startswith(
-        "NotImplementedError: ParallelismConfig(tp_size=2) with a peft model (LoRA adapters) is not built yet"
-    ), runs["tensor parallel"]

@@ -17,6 +17,7 @@ process group; then one process trains, loads each adapter folder the others sav
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -129,8 +130,19 @@ def _train(kind: str, base: str, out: Path) -> dict[str, Any]:
     return result
 
 
-def _two_processes(paths: list[str], base: str, out: str) -> dict[str, Any]:
+def _use_peft_and_bitsandbytes(paths: list[str]) -> None:
+    """peft, accelerate and bitsandbytes importable in this worker. transformers asks once whether accelerate is
+    installed and keeps the answer: asked in the parent before these paths were added, it would refuse 4-bit
+    loading, which needs accelerate (a user's environment with peft always has it). Only the answer of that
+    question is renewed: modules transformers imported without accelerate stay as they were."""
     lora.use_peft(paths)
+    import_utils = sys.modules.get("transformers.utils.import_utils")
+    if import_utils is not None:
+        import_utils.is_accelerate_available.cache_clear()
+
+
+def _two_processes(paths: list[str], base: str, out: str) -> dict[str, Any]:
+    _use_peft_and_bitsandbytes(paths)
     results = {}
     for kind in KINDS:
         results[kind] = _train(kind, base, Path(out) / kind)
@@ -140,7 +152,7 @@ def _two_processes(paths: list[str], base: str, out: str) -> dict[str, Any]:
 
 def _one_process(paths: list[str], base: str, out: str) -> dict[str, Any]:
     """Trains as the others did, then reads every saved adapter folder back onto a fresh 4-bit base."""
-    lora.use_peft(paths)
+    _use_peft_and_bitsandbytes(paths)
     from peft import PeftModel
 
     result = _train("single", base, Path(out) / "single")

@@ -27,12 +27,6 @@ SAMPLES, GLOBAL_BATCH, ACCUMULATION = 32, 8, 2
 def use_peft(paths: list[str]) -> None:
     """Make peft (and the accelerate it imports) importable in this process."""
     sys.path[:0] = [path for path in paths if path not in sys.path]
-    # transformers asks once whether accelerate is installed and keeps the answer: asked in the parent before
-    # these paths were added, it would refuse 4-bit loading (QLoRA), which needs accelerate, as a user's
-    # environment with peft always has it
-    import_utils = sys.modules.get("transformers.utils.import_utils")
-    if import_utils is not None:
-        import_utils.is_accelerate_available.cache_clear()
     # peft 0.21 reads transformers' deprecated is_gradient_checkpointing (a FutureWarning of transformers 5)
     warnings.filterwarnings("ignore", "`is_gradient_checkpointing` is deprecated", FutureWarning)
 
@@ -121,11 +115,11 @@ def load_adapter(folder: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
     return {name: whole(p) for name, p in model.named_parameters() if "lora_" in name}
 
 
-def reference_training() -> dict[str, Any]:
+def reference_training(targets: list[str] | None = None) -> dict[str, Any]:
     """The same training written in plain PyTorch in one process, no Accelerator: the whole global batch,
     accumulation over ``ACCUMULATION`` micro-batches, gradients clipped to norm 1; the losses and the trained
     adapter (under the peft model's parameter names)."""
-    model = lora_llama(0)
+    model = lora_llama(0, targets)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=1e-2)
     losses = []
