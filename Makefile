@@ -1,5 +1,5 @@
 # The two commands of the README's quick start.
-.PHONY: demo test lint setup reference docs docs-serve
+.PHONY: demo test lint setup reference peers docs docs-serve
 # Independent prerequisites build side by side (`make test`: .venv with the lint, and .venv-reference; their
 # few lines of output may interleave).
 MAKEFLAGS += --jobs=2
@@ -28,8 +28,13 @@ lint: setup
 reference:
 	bash dev/reference_env.sh
 
+# The peers (Accelerate, Lightning Fabric) beside lockstep in bench/peers/.venv: bench/peers/run's
+# environment, which tests/bench/test_peers_harness.py runs at --quick sizes.
+peers:
+	bash bench/peers/setup.sh
+
 # Two pytest workers (pytest-xdist), each file's tests on one worker (module fixtures stay shared): the
 # multi-process tests wait on each other a good part of the time, and two workers on the 2-core CI machine
 # took 122 s where one took 200 (tests/checkpoint). The slowest tests are listed at the end.
-test: lint reference
+test: lint reference peers
 	.venv/bin/python -m pytest -q -n 2 --dist loadfile --durations=30

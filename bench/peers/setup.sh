@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Create bench/peers/.venv: the peers (Accelerate 1.15, Lightning Fabric 2.6), the same CPU build of torch
-# 2.13 as lockstep's .venv, matplotlib for the charts, and this checkout of lockstep (editable), so every
+# 2.13 as lockstep's .venv, matplotlib for the charts, transformers (the bench scripts that build a Llama
+# import it, and tests/bench checks their names here too), and this checkout of lockstep (editable), so every
 # tool runs in one interpreter. The peers are never dependencies of lockstep: they live only here.
 # Idempotent: a second run installs nothing new.
 set -euo pipefail
@@ -17,7 +18,8 @@ PIP=("$VENV/bin/python" -m pip install --quiet --disable-pip-version-check)
 CONSTRAINTS="$VENV/constraints.txt"
 echo "torch==2.13.0" > "$CONSTRAINTS"
 "${PIP[@]}" "torch==2.13.0" numpy 2>&1 | grep -v "^WARNING: Location" || true
-"${PIP[@]}" -c "$CONSTRAINTS" "accelerate==1.15.*" "lightning-fabric==2.6.*" "matplotlib>=3.7" 2>&1 \
+"${PIP[@]}" -c "$CONSTRAINTS" "accelerate==1.15.*" "lightning-fabric==2.6.*" "matplotlib>=3.7" \
+  "transformers==5.24.*" 2>&1 \
   | grep -v "^WARNING: Location" || true
 "${PIP[@]}" -c "$CONSTRAINTS" -e "$REPO" 2>&1 | grep -v "^WARNING: Location" || true
 "$VENV/bin/python" - <<'PY'
