@@ -58,7 +58,7 @@ def time_saves(accelerator: Accelerator, root: Path, repeats: int) -> dict[str, 
     for i in range(repeats):
         folder = root / f"sync_{i}"
         started = time.perf_counter()
-        accelerator.save_state(str(folder))
+        accelerator.save_state(str(folder), durable="sync")
         sync.append(time.perf_counter() - started)
         size = folder_bytes(folder)
         started = time.perf_counter()

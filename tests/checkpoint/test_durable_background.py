@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from lockstep import Accelerator, ProjectConfiguration
-from lockstep.checkpoint import CheckpointError, layout
+from lockstep.checkpoint import CheckpointError, layout, load_model_files
 from tests.helpers.cli import REPO, SCRIPTS, cli_env
 from tests.helpers.multiprocess import run_distributed
 
@@ -68,10 +68,12 @@ def test_the_call_returns_before_the_commit_and_the_checkpoint_counts_only_once_
     release = _gate_the_manifest(monkeypatch)
     folder = Path(accelerator.save_state(durable="background"))
     root = tmp_path / "checkpoints"
-    # written, not committed: not a checkpoint yet, the previous one is the newest valid one and rotation
-    # (total_limit=1) has not touched it
-    assert (root / ".incomplete" / "checkpoint_1" / "model.safetensors").is_file() and not folder.exists()
-    assert layout.newest_valid_checkpoint(root) == root / "checkpoint_0"
+    # written and in place (as the peers' saves leave them), not sealed: not a checkpoint yet, the previous
+    # one is the newest valid one and rotation (total_limit=1) has not touched it
+    assert (folder / "model.safetensors").is_file() and not (folder / layout.MANIFEST_NAME).exists()
+    with pytest.warns(UserWarning, match="Skipped 1 newer checkpoint"):
+        assert layout.newest_valid_checkpoint(root) == root / "checkpoint_0"
+    assert (root / "latest").read_text() == "checkpoint_0\n"
     release.set()
     accelerator.wait_for_checkpoint()
     assert sorted(p.name for p in root.iterdir()) == ["checkpoint_1", "latest"]
@@ -160,3 +162,69 @@ def test_kill_9_at_20_random_moments_of_the_background_commit_leaves_the_new_or_
     assert len(outcomes) == 20 and set(outcomes) <= {"new", "previous"}, outcomes
     delays = [kill["delay"] for kill in result["kills"]]
     assert min(delays) < result["commit_seconds"] < max(delays)  # moments inside and after the commit
+
+
+def test_the_default_save_returns_before_the_commit_and_wait_for_everyone_settles_it(tmp_path, monkeypatch):
+    """``durable="background"`` is the default: ``save_state`` returns with the files in place and the seal
+    (manifest) still gated; ``wait_for_everyone`` (Accelerate's idiom after a save) returns only once the
+    folder is committed."""
+    accelerator, _ = _training(tmp_path)
+    release = _gate_the_manifest(monkeypatch)
+    folder = Path(accelerator.save_state())
+    assert not (folder / layout.MANIFEST_NAME).exists() and (folder / "optimizer.bin").is_file()
+    threading.Timer(0.3, release.set).start()
+    accelerator.wait_for_everyone()
+    assert layout.verify(folder).step == accelerator.step
+    assert (folder.parent / "latest").read_text() == "checkpoint_0\n"
+
+
+def _save_then_look_from_the_other_rank(folder: str) -> list[str]:
+    accelerator, _ = _training(Path(folder))
+    if accelerator.is_main_process:  # the main process commits: make its commit take a while
+        real = layout.write_manifest
+
+        def slow(*args, **kwargs):
+            threading.Event().wait(0.5)
+            return real(*args, **kwargs)
+
+        layout.write_manifest = slow  # this forked process only
+    saved = Path(accelerator.save_state())
+    at_return = sorted(path.name for path in saved.iterdir())
+    accelerator.wait_for_everyone()
+    return [at_return, sorted(path.name for path in saved.iterdir())]
+
+
+def test_every_rank_finds_the_files_when_save_returns_and_the_manifest_after_wait_for_everyone(tmp_path):
+    results = run_distributed(_save_then_look_from_the_other_rank, 2, str(tmp_path), timeout=60)
+    files = ["accelerator_state.json", "model.safetensors", "optimizer.bin"]
+    for at_return, after_wait in results:
+        assert set(files) <= set(at_return) and layout.MANIFEST_NAME not in at_return, results
+        assert set(after_wait) == set(at_return) | {layout.MANIFEST_NAME}, results
+
+
+def test_saving_over_an_existing_folder_commits_before_returning(tmp_path):
+    """The new files cannot be shown in place of a committed checkpoint before they are durable without
+    risking both to a crash: such a save commits before it returns, even by default."""
+    accelerator = Accelerator()  # no automatic naming: save_state(folder) writes folder itself
+    model = torch.nn.Linear(8, 4)
+    model, _ = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    folder = tmp_path / "explicit"
+    accelerator.save_state(folder)
+    accelerator.wait_for_everyone()
+    with torch.no_grad():
+        model.weight.add_(1.0)
+    accelerator.save_state(folder)
+    assert layout.verify(folder).files.keys() >= {"model.safetensors"}
+    assert torch.equal(load_model_files(folder)["weight"], model.weight.detach())
+
+
+def test_a_failed_seal_removes_the_published_folder_and_keeps_the_previous(tmp_path, monkeypatch):
+    accelerator, _ = _training(tmp_path)
+    accelerator.save_state()
+    monkeypatch.setattr(layout, "write_manifest", _full_disk_at_the_manifest)
+    accelerator.save_state()
+    with pytest.raises(CheckpointError, match="ran out of disk space"):
+        accelerator.wait_for_everyone()
+    root = tmp_path / "checkpoints"
+    assert sorted(p.name for p in root.iterdir()) == ["checkpoint_0", "latest"]
+    assert layout.newest_valid_checkpoint(root) == root / "checkpoint_0"

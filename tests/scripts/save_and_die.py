@@ -54,5 +54,5 @@ elif point == "commit":
             die()
 
     os.replace = replace_then_die
-accelerator.save_state()  # checkpoint_1
+accelerator.save_state(durable="sync")  # checkpoint_1: the protocol that commits before returning
 print("unreachable")

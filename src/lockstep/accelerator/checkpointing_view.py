@@ -85,6 +85,11 @@ class CheckpointingView:
         if self._manager is not None:
             self._manager.wait()
 
+    def settle_commit(self) -> None:
+        """Every rank together: wait for a ``durable="background"`` save's commit, if one may be running."""
+        if self._manager is not None:
+            self._manager.settle_commit()
+
     def save(self, obj: Any, f: Any, safe_serialization: bool = False) -> None:
         """Save ``obj`` once per machine set-up (on the main process): torch.save or safetensors."""
         if not self._state.is_main_process:
@@ -101,25 +106,25 @@ class CheckpointingView:
         output_dir: str | None = None,
         safe_serialization: bool = True,
         async_save: bool = False,
-        durable: str = "sync",
+        durable: str = "background",
         **kwargs: Any,
     ) -> str:
         """Save everything needed to resume exactly: weights, optimizers, schedulers, scaler, RNGs of every
         rank, dataloader positions, the accumulation position and registered objects.
 
-        The save is crash-consistent: files go to a staging folder, a manifest is written last and the
-        folder is renamed into place atomically. Returns the checkpoint folder. With ``async_save=True``
-        training stops only while the state is copied to CPU memory; the files are written in the
-        background and the next save (or :meth:`wait_for_checkpoint`) waits for them.
-        ``last_save_report`` says how long training stalled.
+        The save is crash-consistent: files go to a staging folder and a manifest, written last, makes the
+        folder a checkpoint. Returns the checkpoint folder. With ``async_save=True`` training stops only
+        while the state is copied to CPU memory; the files are written in the background and the next save
+        (or :meth:`wait_for_checkpoint`) waits for them. ``last_save_report`` says how long training stalled.
 
-        ``durable="sync"`` (the default) returns once the checkpoint is committed: every file fsynced and
-        checksummed, the manifest written, the folder renamed into place, ``latest`` moved, older checkpoints
-        rotated. ``durable="background"`` returns once the files are written (handed to the operating
-        system) and does the rest on a background thread; the checkpoint counts (and ``load_state`` sees it)
-        only once committed, so a crash before leaves the previous one the newest valid checkpoint. A failure
-        of that commit is raised on every rank by the next ``save_state``, ``should_stop`` or ``load_state``
-        (:meth:`wait_for_checkpoint` raises it on the rank where it happened).
+        ``durable="background"`` (the default) returns once every rank's files are written (handed to the
+        operating system, as Accelerate's and torch's saves return) and renamed into ``output_dir``, and
+        seals them on a background thread: every file fsynced and checksummed, the manifest written,
+        ``latest`` moved, older checkpoints rotated. The checkpoint counts (``load_state`` takes it) only
+        once sealed, so a crash before leaves the previous one the newest valid checkpoint.
+        :meth:`wait_for_everyone`, :meth:`load_state`, the next ``save_state`` and :meth:`end_training` wait
+        for the seal first; a failure of it is raised on every rank there (and by ``should_stop``). A save
+        over an existing folder, and ``durable="sync"``, return only once the checkpoint is committed.
 
         A peft model (adapters on a frozen base) is saved without its frozen base: its trainable parameters
         and buffers, and a fingerprint of the base that :meth:`load_state` checks before it loads the

@@ -32,7 +32,7 @@ from lockstep.accelerator.prepared import PreparedObjects
 from lockstep.backends.base import Backend
 from lockstep.backends.capabilities import Indexed, LiveRecovery, ShardedCheckpointIO
 from lockstep.checkpoint import frozen_base, layout
-from lockstep.checkpoint.async_writer import AsyncCheckpointWriter
+from lockstep.checkpoint.async_writer import AsyncCheckpointWriter, join_every_writer
 from lockstep.checkpoint.collective_save import (
     agree,
     choose_checkpoint,
@@ -103,6 +103,8 @@ class CheckpointManager:
         self.save_hooks: OrderedDict[int, Callable[..., Any]] = OrderedDict()
         self.load_hooks: OrderedDict[int, Callable[..., Any]] = OrderedDict()
         self.writer = AsyncCheckpointWriter()
+        self.commit_pending = False
+        """A ``durable="background"`` save's commit may still run: ``settle_commit`` waits for it."""
         self.last_save: SaveReport | None = None
         self.loaded_from: Location | None = None
         """The checkpoint the last ``load_state`` restored."""
@@ -181,7 +183,11 @@ class CheckpointManager:
 
     # -- save -------------------------------------------------------------------------------------
     def save_state(
-        self, output_dir: Any, safe_serialization: bool, async_save: bool = False, durable: str = "sync"
+        self,
+        output_dir: Any,
+        safe_serialization: bool,
+        async_save: bool = False,
+        durable: str = "sync",
     ) -> str:
         """Save everything on every rank together; returns the checkpoint folder (``durable``: see
         :meth:`Accelerator.save_state`)."""
@@ -220,6 +226,7 @@ class CheckpointManager:
             else None,
             save_shards=self._shard_writer(models, optimizers, set(left_out)),
         )
+        self.commit_pending = durable == "background" and not async_save
         if automatic:
             self.project.iteration += 1
         self._report(folder, time.monotonic() - started, nbytes, async_save)
@@ -292,6 +299,14 @@ class CheckpointManager:
         """Wait for a background save to be committed (raises its error, if any)."""
         self.writer.wait()
 
+    def settle_commit(self) -> None:
+        """Every rank together, after a ``durable="background"`` save: wait until its commit is done (and
+        raise its failure on every rank), so the checkpoint is in place, durable and rotated. A no-op
+        otherwise (an ``async_save`` stays in flight: ``wait_for_checkpoint`` is its wait)."""
+        if self.commit_pending:
+            self.commit_pending = False
+            raise_background_failure(self.state, self.writer)
+
     def raise_background_failure(self) -> None:
         """Every rank together: raise a failed background save's error on every rank (the training loop's
         ``should_stop`` calls this once some rank's save failed)."""
@@ -300,8 +315,10 @@ class CheckpointManager:
     # -- load -------------------------------------------------------------------------------------
     def load_state(self, input_dir: Any) -> None:
         """Restore the chosen checkpoint on every rank together."""
-        # every rank's background save is committed before choosing (its failure raised on every rank)
+        # every rank's background save is committed before choosing (its failure raised on every rank), and
+        # any other Accelerator's of this process too
         raise_background_failure(self.state, self.writer)
+        join_every_writer()
         root = self.automatic_root()
         if input_dir is not None:
             input_dir = os.fspath(input_dir) if is_url(input_dir) else Path(input_dir)

@@ -84,7 +84,9 @@ F = TypeVar("F", bound=Callable[..., Any])
 @answers_for("_tracking", TrackingView)
 @answers_for("_unconfigured", UnconfiguredFeatures)
 @answers_for("_collectives", CollectivesView)
-@answers_for("_saving", CheckpointingView, internal=("manager", "wait_if_started", "started_manager"))
+@answers_for(
+    "_saving", CheckpointingView, internal=("manager", "wait_if_started", "started_manager", "settle_commit")
+)
 class Accelerator:
     """Runs one ordinary training loop on one CPU, one GPU, many processes or many machines.
 
@@ -606,6 +608,12 @@ class Accelerator:
         target = self.unwrap_model(model, keep_torch_compile=False) if unwrap else model
         return self.backend.full_state_dict(target)
 
+    def wait_for_everyone(self) -> None:
+        """A barrier across all processes. After a ``save_state`` (``durable="background"``, the default) it
+        first waits, on every rank, for that checkpoint's commit, so the folder is in place for all."""
+        self._saving.settle_commit()
+        self._process.wait_for_everyone()
+
     # -- memory and shutdown ----------------------------------------------------------------------
     def free_memory(self, *objects: Any) -> list[Any]:
         """Drop the Accelerator's references to prepared objects and free cached memory (DeepSpeed engines
@@ -673,7 +681,7 @@ class Accelerator:
     def checkpoint_and_exit(self, output_dir: str | None = None) -> None:
         """Save the state (as :meth:`save_state`), shut down cleanly and exit with ``128 + signal``."""
         started = time.monotonic()
-        folder = self.save_state(output_dir)
+        folder = self.save_state(output_dir, durable="sync")  # committed before the process exits
         seconds = time.monotonic() - started
         warning = self._preemption.report_save(seconds)
         if warning is not None and self.is_main_process:

@@ -92,7 +92,7 @@ class AsyncCheckpointWriter:
                 self._error = error
             self.last_write_seconds = time.monotonic() - started
 
-        self._thread = threading.Thread(target=run, name="lockstep-checkpoint-writer", daemon=False)
+        self._thread = threading.Thread(target=run, name=WRITER_THREAD_NAME, daemon=False)
         self._thread.start()
 
     def wait(self) -> None:
@@ -104,6 +104,18 @@ class AsyncCheckpointWriter:
             error, self._error = self._error, None
             kind = CheckpointError if isinstance(error, CheckpointError) else RuntimeError
             raise kind(f"The previous asynchronous checkpoint save failed: {error}") from error
+
+
+WRITER_THREAD_NAME = "lockstep-checkpoint-writer"
+
+
+def join_every_writer() -> None:
+    """Wait for every background save of this process, also another Accelerator's (a notebook that builds a
+    new Accelerator to resume): a checkpoint still being sealed would otherwise not count yet. Their errors
+    stay with their own Accelerator."""
+    for thread in threading.enumerate():
+        if thread.name == WRITER_THREAD_NAME and thread is not threading.current_thread():
+            thread.join()
 
 
 def rank_work(write: Callable[[], None], staging: Path, rank: int) -> Callable[[], None]:

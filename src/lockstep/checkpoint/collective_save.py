@@ -185,6 +185,10 @@ def save_checkpoint(
     if writer is not None:
         raise_background_failure(state, writer)
     background = background and writer is not None
+    if commit_in_background and not background and writer is not None:
+        # Saving over an existing folder cannot show the new files before they are durable without losing the
+        # old checkpoint to a crash: that save commits before it returns (decided by the main process for all).
+        commit_in_background = not _main_process_finds(state, storage, final_dir)
     # On an object store only the main process commits; on a (shared) folder every writer of shared files.
     commits = writes_shared_files and (storage.node_local or state.is_main_process)
     staged: list[Path] = []
@@ -234,11 +238,57 @@ def save_checkpoint(
         writer.start(guard.in_background(work, guard.converting(lambda: commit(ASYNC_TIMEOUT_SECONDS))))
         return sum(snap.nbytes() for snap in snapshots)
     guard.run(f"Saving the checkpoint {final_dir}", work)
+    seal = _sealing(storage, final_dir, world_size=state.num_processes, step=step, latest=move_latest_pointer)
+    after = after_commit or (lambda: None)  # rotation: only once the new checkpoint is committed
     if writer is None or not commit_in_background:
         guard.run(f"Committing the checkpoint {final_dir}", lambda: commit(None))
-    elif commits:  # every rank's files are written (agreed above): only the commit is left to the thread
-        writer.start(guard.in_background(lambda: None, guard.converting(lambda: commit(None)), markers=False))
+        return sum(snap.nbytes() for snap in snapshots)
+    _publish_then_seal(guard, writer, commit=lambda: commit(None), seal=lambda: (seal(), after()))
     return sum(snap.nbytes() for snap in snapshots)
+
+
+def _publish_then_seal(
+    guard: _SaveGuard,
+    writer: AsyncCheckpointWriter,
+    *,
+    commit: Callable[[], None],
+    seal: Callable[[], None],
+) -> None:
+    """The end of a ``durable="background"`` save, once every rank's files are written (agreed): the
+    committing process puts them in place and every rank returns once they are there (as the peers' saves
+    leave them); the thread then runs ``seal`` (the whole ``commit`` where they could not be put in place)."""
+    published: list[bool] = []
+    guard.run(
+        f"Saving the checkpoint {guard.final_dir}",
+        lambda: published.append(guard.commits and guard.storage.publish(guard.staging, guard.final_dir)),
+    )
+    if guard.commits:
+        finish = seal if published[0] else commit
+        writer.start(guard.in_background(lambda: None, guard.converting(finish), markers=False))
+
+
+def _sealing(
+    storage: CheckpointStorage, final_dir: Location, *, world_size: int, step: int, latest: bool
+) -> Callable[[], None]:
+    """The background half of a published save: seal ``final_dir``; if that fails, remove it (unsealed, it
+    never was a checkpoint, and the previous one stays the newest valid one)."""
+
+    def seal() -> None:
+        try:
+            storage.seal(final_dir, world_size=world_size, step=step, latest=latest)
+        except BaseException:
+            storage.remove(final_dir)
+            raise
+
+    return seal
+
+
+def _main_process_finds(state: PartialState, storage: CheckpointStorage, final_dir: Location) -> bool:
+    """Whether ``final_dir`` exists, as the main process sees it, on every rank."""
+    found = [storage.exists(final_dir) if state.is_main_process else None]
+    if state.use_distributed:
+        broadcast_object_list(found, from_process=0)
+    return bool(found[0])
 
 
 _AGREED_ERRORS: dict[str, type[Exception]] = {

@@ -169,6 +169,30 @@ def commit(staging: Path, final_dir: Path, *, move_latest_pointer: bool) -> None
         _move_latest_pointer(final_dir)
 
 
+def publish(staging: Path, final_dir: Path) -> bool:
+    """Rename ``staging`` to ``final_dir`` before its files are durable and before it has a manifest (it
+    is not a checkpoint until :func:`seal`); False, touching nothing, when ``final_dir`` exists or the rename
+    fails (the caller commits from ``staging`` instead)."""
+    if final_dir.exists():
+        return False
+    try:
+        os.replace(staging, final_dir)
+    except OSError:
+        return False
+    with contextlib.suppress(OSError):  # another save may still be in progress there
+        staging.parent.rmdir()
+    return True
+
+
+def seal(final_dir: Path, *, world_size: int, step: int, move_latest_pointer: bool) -> None:
+    """Make a published folder a committed checkpoint: every file fsynced and checksummed, the manifest
+    written last, the folder's entry made durable, then (optionally) ``latest`` moved to it."""
+    write_manifest(final_dir, world_size=world_size, step=step)
+    _fsync_path(final_dir.parent)
+    if move_latest_pointer:
+        _move_latest_pointer(final_dir)
+
+
 def _move_latest_pointer(final_dir: Path) -> None:
     """Point ``latest`` at ``final_dir``. The checkpoint is committed already and loading finds the newest
     valid one without the pointer, so a pointer that cannot be written (a full disk) is a warning."""

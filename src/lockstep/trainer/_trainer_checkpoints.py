@@ -75,7 +75,8 @@ class TrainerCheckpoints:
         if self.args.save_only_model:
             self._save_model_only(folder)
         else:
-            self.accelerator.save_state(str(folder))
+            # committed before the Trainer's own rotation reads the folders (and a callback reads this one)
+            self.accelerator.save_state(str(folder), durable="sync")
         self.rotate(folder)
         return folder
 

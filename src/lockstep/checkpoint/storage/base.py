@@ -90,6 +90,17 @@ class CheckpointStorage(abc.ABC):
             wait_seconds: how long to wait for the other ranks' files (None: they are known to be done).
         """
 
+    def publish(self, staging: Path, final: Location) -> bool:
+        """Move the written files from ``staging`` to ``final`` before they are durable (a
+        ``durable="background"`` save, once every rank has written), so that the caller finds them there
+        when ``save_state`` returns; :meth:`seal` later makes ``final`` a checkpoint. False when this storage
+        cannot (the whole commit then runs later, from ``staging``)."""
+        return False
+
+    def seal(self, final: Location, *, world_size: int, step: int, latest: bool) -> None:
+        """Make a published ``final`` durable and a committed checkpoint: manifest last, then ``latest``."""
+        raise NotImplementedError(f"{type(self).__name__} publishes nothing, so it has nothing to seal.")
+
     @abc.abstractmethod
     def check(self, folder: Location) -> None:
         """Raise a ``CheckpointError`` unless ``folder`` is a committed checkpoint (or one Accelerate wrote)."""

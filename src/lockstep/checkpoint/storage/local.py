@@ -80,6 +80,12 @@ class LocalStorage(CheckpointStorage):
         layout.write_manifest(staging, world_size=world_size, step=step)
         layout.commit(staging, _path(final), move_latest_pointer=move_latest_pointer)
 
+    def publish(self, staging: Path, final: Location) -> bool:
+        return layout.publish(staging, _path(final))
+
+    def seal(self, final: Location, *, world_size: int, step: int, latest: bool) -> None:
+        layout.seal(_path(final), world_size=world_size, step=step, move_latest_pointer=latest)
+
     def check(self, folder: Location) -> None:
         if not layout.written_by_accelerate(_path(folder)):
             layout.verify(_path(folder))
