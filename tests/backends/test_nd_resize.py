@@ -111,7 +111,7 @@ def test_dp_shard_by_tp_continues_on_two_processes_with_tp_kept(tmp_path):
     )
     assert two["lines"][1] == (
         f"resumed on 1 data-parallel ranks (2 processes) from a checkpoint saved on 2 data-parallel ranks: {folder} "
-        "at step 3, epoch 0, 24 of 48 samples of the epoch consumed; global batch follows the number of "
+        "after 3 optimizer steps, epoch 0, 24 of 48 samples of the epoch consumed; global batch follows the number of "
         "processes: 4 samples per optimizer step (4 per micro-step x 1 accumulation steps; it was 8); pass "
         "Accelerator(elastic_keep_global_batch=True) to keep 8"
     )

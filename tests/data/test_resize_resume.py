@@ -333,12 +333,12 @@ def test_resized_weights_equal_a_single_process_replay_and_the_restart_lines(tmp
     assert [m["accumulation"] for m in log] == [2] * 4 + [3] * 3 + [2] * 3
     assert [m["sync"] for m in log] == [False, True] * 2 + [False, False, True] + [False, True, True]
     assert two["lines"] == [
-        f"resumed on 2 processes from a checkpoint saved on 3: {first} at step 4, epoch 0, 24 of 50 samples of "
+        f"resumed on 2 processes from a checkpoint saved on 3: {first} after 2 optimizer steps, epoch 0, 24 of 50 samples of "
         "the epoch consumed; global batch kept at 12 samples per optimizer step (gradient_accumulation_steps "
         "2 -> 3, Accelerator(elastic_keep_global_batch=True))"
     ]
     assert three["lines"] == [
-        f"resumed on 3 processes from a checkpoint saved on 2: {second} at step 9, epoch 0, 36 of 50 samples of "
+        f"resumed on 3 processes from a checkpoint saved on 2: {second} after 3 optimizer steps, epoch 0, 36 of 50 samples of "
         "the epoch consumed; global batch follows the number of processes: 12 samples per optimizer step (6 per "
         "micro-step x 2 accumulation steps; it was 12); pass Accelerator(elastic_keep_global_batch=True) to "
         "keep 12"

@@ -37,7 +37,7 @@ def test_a_zero3_job_killed_on_three_processes_continues_on_two(tmp_path):
     [resumed] = resumed_lines(second.stdout)
     assert (resumed.folder, resumed.step) == (str(folder), saved), (drawn, second.stdout[-2000:])
     assert "attempt 0 world 2" in second.stdout and "distributed DEEPSPEED zero 3" in second.stdout
-    line = f"resumed on 2 processes from a checkpoint saved on 3: {folder} at step"
+    line = f"resumed on 2 processes from a checkpoint saved on 3: {folder} after {saved} optimizer steps, "
     samples = f"epoch 0, {12 * saved} of 64 samples of the epoch consumed"
     assert line in second.stderr and samples in second.stderr, (drawn, second.stderr[-3000:])
     assert int((project / "progress").read_text()) == STEPS

@@ -115,8 +115,8 @@ def test_a_killed_trainer_run_resumes_on_another_number_of_processes_with_every_
     assert f"[train] resumed from {folder} at step {saved}/{final}" in second.stdout, (drawn, second.stdout)
     assert f"STEP {final}" in second.stdout
     assert (
-        f"resumed on {resumed_on} processes from a checkpoint saved on {saved_on}: {folder} at step "
-        f"{saved * ACCUMULATION}, epoch 0, {consumed} of {N} samples of the epoch consumed; global batch follows "
+        f"resumed on {resumed_on} processes from a checkpoint saved on {saved_on}: {folder} after {saved} "
+        f"optimizer steps, epoch 0, {consumed} of {N} samples of the epoch consumed; global batch follows "
         f"the number of processes: {micro * ACCUMULATION} samples per optimizer step ({micro} per micro-step x "
         f"2 accumulation steps; it was {old_micro * ACCUMULATION})"
     ) in second.stderr, second.stderr[-3000:]

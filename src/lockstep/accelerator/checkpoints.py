@@ -25,6 +25,7 @@ from lockstep._peft import is_peft_model, save_adapter_folder
 from lockstep.accelerator.accumulation import GradientAccumulation
 from lockstep.accelerator.elastic_resume import (
     ACCUMULATION_COUNTER,
+    OPTIMIZER_STEPS_COUNTER,
     after_resized_load,
     kept_scheduler_repeats,
 )
@@ -165,6 +166,9 @@ class CheckpointManager:
             "iteration": self.project.iteration,
             ACCUMULATION_COUNTER: self.accumulation.num_steps,
         }
+        optimizers = list(self.prepared.optimizers)
+        if all(hasattr(o, "steps_taken") for o in optimizers):
+            counters[OPTIMIZER_STEPS_COUNTER] = [o.steps_taken for o in optimizers]
         live = self.backend.capability(LiveRecovery)
         if live is not None:  # fault tolerance: torchft's committed steps, so a full restart continues them
             counters[LIVE_PROGRESS] = live.saved_progress()
@@ -368,6 +372,9 @@ class CheckpointManager:
         if gradients is not None:
             self.backend.restore_gradients(models, gradients)
         self.accumulation.step = int(counters.get("step", 0))
+        for optimizer, taken in zip(self.prepared.optimizers, counters.get(OPTIMIZER_STEPS_COUNTER, [])):
+            if hasattr(optimizer, "steps_taken"):
+                optimizer.steps_taken = int(taken)
         live = self.backend.capability(LiveRecovery)
         if live is not None and LIVE_PROGRESS in counters:
             live.load_saved_progress(counters[LIVE_PROGRESS])

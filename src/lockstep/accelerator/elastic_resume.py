@@ -28,6 +28,8 @@ logger = logging.getLogger("lockstep.checkpoint")
 
 KEEP_OPTION = "Accelerator(elastic_keep_global_batch=True)"
 ACCUMULATION_COUNTER = "gradient_accumulation_steps"
+OPTIMIZER_STEPS_COUNTER = "optimizer_steps"
+"""The checkpoint's counter of the optimizer steps each prepared optimizer had taken (a list, in order)."""
 
 
 def first_resize(loaders: Sequence[Any]) -> Resize | None:
@@ -120,10 +122,14 @@ def restart_line(
     epoch_samples: int | None,
     how: str,
     num_processes: int | None = None,
+    optimizer_steps_known: bool = True,
 ) -> str:
     """The one line a resumed run on another number of processes logs (``num_processes``: the run's
-    processes, when the loaders' data-parallel ranks are fewer, as under tensor parallelism)."""
+    processes, when the loaders' data-parallel ranks are fewer, as under tensor parallelism). ``step`` is
+    the optimizer steps taken when the checkpoint was saved; a checkpoint from before lockstep counted
+    them (``optimizer_steps_known=False``) gives the accumulation micro-steps instead."""
     of = f" of {epoch_samples}" if epoch_samples is not None else ""
+    at = f"after {step} optimizer steps" if optimizer_steps_known else f"at step {step}"
     where = f"{resize.new_world} processes from a checkpoint saved on {resize.old_world}"
     if num_processes is not None and num_processes != resize.new_world:
         where = (
@@ -131,8 +137,8 @@ def restart_line(
             f"{resize.old_world} data-parallel ranks"
         )
     return (
-        f"resumed on {where}: {folder} at "
-        f"step {step}, epoch {resize.epoch}, {resize.samples_consumed}{of} samples of the epoch consumed; {how}"
+        f"resumed on {where}: {folder} {at}, epoch {resize.epoch}, {resize.samples_consumed}{of} samples of "
+        f"the epoch consumed; {how}"
     )
 
 
@@ -154,14 +160,21 @@ def after_resized_load(
         if keep_global_batch:  # the same processes as the save: keep the steps an earlier resize chose
             accumulation.gradient_state.plugin_kwargs["num_steps"] = saved_steps
         return None
-    step = accumulation.step
+    saved_optimizer_steps = counters.get(OPTIMIZER_STEPS_COUNTER) or []
+    step = int(saved_optimizer_steps[0]) if saved_optimizer_steps else accumulation.step
     how = apply_resize(
         resize, accumulation=accumulation, saved_steps=saved_steps, keep_global_batch=keep_global_batch
     )
     loader = next(dl for dl in loaders if getattr(dl, "resized", None) is resize)
     epoch_samples = loader._epoch_samples() if hasattr(loader, "_epoch_samples") else None
     line = restart_line(
-        resize, folder=folder, step=step, epoch_samples=epoch_samples, how=how, num_processes=num_processes
+        resize,
+        folder=folder,
+        step=step,
+        epoch_samples=epoch_samples,
+        how=how,
+        num_processes=num_processes,
+        optimizer_steps_known=bool(saved_optimizer_steps),
     )
     if is_main_process:
         logger.warning(line)

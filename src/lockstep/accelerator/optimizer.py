@@ -103,9 +103,13 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
     _on_step: Callable[[], None] | None = None
     _step_observer: Any = None  # the Accelerator's step timer (lockstep.throughput), when step timing is on
 
+    steps_taken = 0
+    """Optimizer steps taken (calls at a synchronising step, skipped ones included), saved in checkpoints."""
+
     def step(self, closure: Callable[[], float] | None = None) -> Any:
         if not self.gradient_state.sync_gradients:
             return None
+        self.steps_taken += 1
         if self._step_observer is not None:
             with self._step_observer.optimizer_step(self):
                 return self._synchronized_step(closure)
