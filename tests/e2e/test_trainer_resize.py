@@ -136,3 +136,57 @@ def test_a_killed_trainer_run_resumes_on_another_number_of_processes_with_every_
     print(f"{drawn}; largest difference from the single-process replay: {difference:.3g}")
     assert difference <= TOLERANCE, drawn
     assert (replayed - _replay([])).abs().max() > 0.05  # the run did train
+
+
+def _one_process_replay(steps: list[list[list[int]]]) -> torch.Tensor:
+    """As :func:`_replay`, each micro-batch's mean loss divided by its step's micro-batches (the
+    accumulation of the time: 1 before the resize, 2 after)."""
+    torch.manual_seed(0)
+    model = nn.Linear(3, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
+    data = Points()
+    for step in steps:
+        for ids in step:
+            x = torch.stack([features(i) for i in ids])
+            y = torch.stack([data[i]["labels"] for i in ids])
+            (nn.functional.mse_loss(model(x), y) / len(step)).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+
+def test_the_trainer_keeps_the_global_batch_through_a_resize_when_asked(tmp_path):
+    """``TrainingArguments(elastic_keep_global_batch=True)``: killed on 2 processes (2 samples each, no
+    accumulation: 4 per optimizer step), refused on 3 (6 samples per micro-step cannot make 4; the
+    checkpoint is left as it was), resumed on 1 with accumulation 2: 4 samples per optimizer step
+    throughout, 16 steps per epoch as before the resize, every sample once per epoch, and the weights of a
+    one-process replay of the logged steps (1e-6; measured below 1e-7)."""
+    out, logs = tmp_path / "out", tmp_path / "logs"
+    logs.mkdir()
+    die_at, drawn = draw_step("trainer keep global batch", 3, 5)
+    job = [SCRIPT, str(out), str(logs), "--strategy", "random", "--accumulation", "1", "--keep-global-batch"]
+    first = lockstep("launch", "--num-processes", "2", *job, "--attempt", "0", "--die-at", str(die_at))
+    assert first.returncode != 0 and "killed by SIGKILL" in first.stderr, f"{drawn}: {first.stderr[-3000:]}"
+    saved = last_checkpoint_before(die_at, SAVE_EVERY)
+    before = sorted(p.name for p in (out / f"checkpoint-{saved}").iterdir())
+    refused = lockstep("launch", "--num-processes", "3", *job, "--attempt", "1")
+    assert refused.returncode != 0, refused.stderr[-3000:]
+    assert "keeps the global batch of 4 samples per optimizer step" in refused.stderr, refused.stderr[-3000:]
+    assert "one micro-step on 3 processes reads 6 samples, which does not divide it" in refused.stderr
+    assert sorted(p.name for p in (out / f"checkpoint-{saved}").iterdir()) == before
+    second = lockstep("launch", "--num-processes", "1", *job, "--attempt", "2")
+    assert second.returncode == 0, f"{drawn}: {second.stderr[-3000:]}"
+    assert f"[train] resumed from {out / f'checkpoint-{saved}'} at step {saved}/32" in second.stdout
+    assert "STEP 32" in second.stdout  # 2 epochs of 16 steps of 4 samples, as without the resize
+    assert (
+        "global batch kept at 4 samples per optimizer step (gradient_accumulation_steps 1 -> 2, "
+        "Accelerator(elastic_keep_global_batch=True))"
+    ) in second.stderr, second.stderr[-3000:]
+    steps = _steps(logs, 0, 2, saved) + _steps(logs, 2, 1, None)
+    assert len(steps) == 32 and [len(step) for step in steps] == [1] * saved + [2] * (32 - saved), drawn
+    assert all(sum(len(ids) for ids in step) == 4 for step in steps), drawn
+    for epoch in (steps[:16], steps[16:]):
+        assert sorted(i for step in epoch for ids in step for i in ids) == list(range(N)), drawn
+    difference = (torch.tensor(final_params(second.stdout)) - _one_process_replay(steps)).abs().max().item()
+    print(f"{drawn}; largest difference from the single-process replay: {difference:.3g}")
+    assert difference <= TOLERANCE, drawn

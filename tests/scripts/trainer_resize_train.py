@@ -1,6 +1,7 @@
 """A lockstep.Trainer run that a test kills and resumes on another number of processes.
 
 Usage: trainer_resize_train.py OUTPUT_DIR LOG_DIR --attempt K [--die-at STEP] [--strategy S]
+    [--accumulation A] [--keep-global-batch]
 
 Every rank appends one line per optimizer step to LOG_DIR/attempt<K>_rank<R>.jsonl: the step and the sample
 ids of each of its micro-batches (read by the model's forward, so they are what was trained on). With
@@ -89,6 +90,8 @@ def main() -> None:
     parser.add_argument("--attempt", type=int, required=True)
     parser.add_argument("--die-at", type=int, default=-1)
     parser.add_argument("--strategy", default="group_by_length")
+    parser.add_argument("--accumulation", type=int, default=2)
+    parser.add_argument("--keep-global-batch", action="store_true")
     options = parser.parse_args()
     torch.manual_seed(options.attempt)  # other starting weights on each attempt
     model = Logged()
@@ -96,7 +99,8 @@ def main() -> None:
         output_dir=options.output_dir,
         num_train_epochs=2,
         per_device_train_batch_size=2,
-        gradient_accumulation_steps=2,
+        gradient_accumulation_steps=options.accumulation,
+        elastic_keep_global_batch=options.keep_global_batch,
         train_sampling_strategy=options.strategy,
         learning_rate=0.5,
         lr_scheduler_type="constant",

@@ -95,6 +95,8 @@ LOCKSTEP_ONLY = {
     "activation_checkpointing_policy": "what each layer keeps for backward (full, every_<k>, op, offload); a "
     "separate field because transformers passes gradient_checkpointing_kwargs on to torch's checkpoint",
     "fault_tolerance": "lockstep extension: train as one replica group of a torchft job (FaultToleranceConfig)",
+    "elastic_keep_global_batch": "lockstep extension: keep the global batch when resuming on another number of "
+    "processes, by changing gradient_accumulation_steps",
 }
 
 

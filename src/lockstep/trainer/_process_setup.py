@@ -1,5 +1,5 @@
 """Process-wide settings a Trainer applies once: determinism, TF32, log levels, the model's KV cache and
-NEFTune noise on the input embeddings."""
+NEFTune noise on the input embeddings; after a resize, the accumulation the Accelerator kept."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from torch import nn
 from lockstep.rng import set_seed
 from lockstep.trainer.arguments import TrainingArguments
 
+logger = logging.getLogger("lockstep.trainer")
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING}
 _LEVELS.update({"error": logging.ERROR, "critical": logging.CRITICAL})
 
@@ -96,3 +97,17 @@ def sequence_shards(accelerator: Any) -> int:
     their gradients like those of data-parallel replicas, so a loss summed over the chunks is multiplied by it."""
     config = accelerator.parallelism_config
     return config.cp_size if config is not None else 1
+
+
+def follow_kept_global_batch(args: TrainingArguments, accelerator: Any) -> None:
+    """After a load: take the accumulation steps the Accelerator chose to keep the global batch on another
+    number of processes (``elastic_keep_global_batch``), so that the step plan, the loop's grouping of
+    micro-batches and the reported batch size follow them. Nothing changes otherwise."""
+    kept = accelerator.gradient_accumulation_steps
+    if kept != args.gradient_accumulation_steps:
+        logger.info(
+            "gradient_accumulation_steps %d -> %d to keep the global batch (elastic_keep_global_batch)",
+            args.gradient_accumulation_steps,
+            kept,
+        )
+        args.gradient_accumulation_steps = kept

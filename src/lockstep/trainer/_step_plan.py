@@ -23,6 +23,8 @@ class StepPlan:
     """Optimizer steps in one epoch (None for a loader without a length)."""
     resized: ResizedEpoch | None = None
     """The epoch a resume on another number of processes continues (its steps are not a whole epoch's)."""
+    batches_per_epoch: int | None = None
+    """Micro-batches in one epoch per process (None for a loader without a length)."""
 
     def epoch_at(self, global_step: int) -> float:
         """The epoch (with its fraction) reached after ``global_step`` optimizer steps."""
@@ -77,11 +79,13 @@ def plan_steps(args: TrainingArguments, loader: Any, *, num_processes: int, data
             max_steps=args.max_steps,
             num_epochs=math.ceil(args.max_steps / updates),
             updates_per_epoch=updates,
+            batches_per_epoch=batches_per_epoch,
         )
     return StepPlan(
         max_steps=math.ceil(float(args.num_train_epochs) * updates),
         num_epochs=math.ceil(float(args.num_train_epochs)),
         updates_per_epoch=updates,
+        batches_per_epoch=batches_per_epoch,
     )
 
 
@@ -100,6 +104,8 @@ def resized_plan(
     full = whole.updates_per_epoch
     if resize is None or not full:
         return None
+    if whole.batches_per_epoch:  # the accumulation may have changed at the load (elastic_keep_global_batch)
+        full = math.ceil(whole.batches_per_epoch / args.gradient_accumulation_steps)
     part = ResizedEpoch(
         step=global_step,
         epoch=resize.epoch,

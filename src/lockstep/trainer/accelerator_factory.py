@@ -208,6 +208,7 @@ def create_accelerator_and_postprocess(
         fsdp_plugin=fsdp_plugin,
         deepspeed_plugin=deepspeed_plugin_for(args, _world_size()),
         fault_tolerance=fault_tolerance_for(args),
+        elastic_keep_global_batch=args.elastic_keep_global_batch,
         parallelism_config=parallelism_config_for(args, model),
         log_with=list(args.report_to) or None,  # type: ignore[arg-type]
         step_scheduler_with_optimizer=False,  # the Trainer steps its scheduler once per optimizer step

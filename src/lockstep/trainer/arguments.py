@@ -352,6 +352,12 @@ class TrainingArguments:
             "min_replicas, lighthouse, quorum_timeout), or a FaultToleranceConfig."
         },
     )
+    elastic_keep_global_batch: bool = _help(
+        False,
+        "lockstep extension: when resuming on another number of processes, keep the global batch by changing "
+        "gradient_accumulation_steps (when the division is exact; else a clear error) instead of letting it "
+        "follow the number of processes (Accelerator(elastic_keep_global_batch=True)).",
+    )
     debug: str | list[str] = field(
         default="", metadata={"help": "Debug options: underflow_overflow, tpu_metrics_debug (not built)."}
     )

@@ -401,6 +401,7 @@ class Trainer:
         else:
             self._checkpoints.check_resumable(folder)
             self.accelerator.load_state(str(folder))
+            _process_setup.follow_kept_global_batch(self.args, self.accelerator)
         saved_plan = self.state.max_steps
         self._plan_steps(resumed=True)
         if self._plan is not None and self._plan.resized is not None:
