@@ -1,8 +1,8 @@
 """transformers' own Trainer example scripts, with only the import changed to lockstep's ``Trainer`` and
 ``TrainingArguments``, on 2 CPU processes under ``lockstep launch`` and ``torchrun`` (issue 32, item 4).
 
-``run_clm.py``, ``run_mlm.py``, ``run_swag.py``, ``run_glue.py``, ``run_ner.py`` and ``run_qa.py`` (with its
-``Trainer`` subclass in ``trainer_qa.py``) are transformers' files of ``4.56.0.dev0`` (``tests/e2e/trainer_scripts/README.md``),
+``run_clm.py``, ``run_mlm.py``, ``run_swag.py``, ``run_glue.py``, ``run_ner.py``, ``run_classification.py`` and
+``run_qa.py`` (with its ``Trainer`` subclass in ``trainer_qa.py``) are transformers' files of ``4.56.0.dev0`` (``tests/e2e/trainer_scripts/README.md``),
 run with transformers 4.56.2: they read ``training_args.overwrite_output_dir``, which transformers 5 removed, so
 transformers.Trainer itself runs them only on 4.x (lockstep's ``TrainingArguments`` has the field on every
 version). They need ``datasets`` and ``evaluate``; the reference environment's ``examples`` folder holds
@@ -62,6 +62,10 @@ SCRIPTS = {  # name: (folder in transformers' examples/pytorch, sha256)
         "token-classification",
         "73a921be3d7d31854ee39d74ede1a3e5ae0f1bb7c8443cb86e91b25d6788724e",
     ),
+    "run_classification.py": (
+        "text-classification",
+        "2efe50be640d3abd7af177fdc9341f22bc90649d1b6a995348d1aec67bbd7a0a",
+    ),
 }
 LAST_IMPORT = "from transformers.trainer_utils import get_last_checkpoint\n"
 LOCKSTEP_IMPORT = "\nfrom lockstep import Trainer, TrainingArguments\n"
@@ -83,6 +87,10 @@ CHANGES: dict[str, list[hf_examples.Change]] = {  # the import, and nothing else
         (LAST_IMPORT, LAST_IMPORT + LOCKSTEP_IMPORT, "the import"),
     ],
     "run_ner.py": [
+        ("    Trainer,\n    TrainingArguments,\n", "", "the import"),
+        (LAST_IMPORT, LAST_IMPORT + LOCKSTEP_IMPORT, "the import"),
+    ],
+    "run_classification.py": [
         ("    Trainer,\n    TrainingArguments,\n", "", "the import"),
         (LAST_IMPORT, LAST_IMPORT + LOCKSTEP_IMPORT, "the import"),
     ],
@@ -245,8 +253,8 @@ def _script_args(root: Path, script: str, output_dir: Path) -> list[str]:
                 str(root / "swag_validation.json"),
             ),
         ]
-    elif script in ("run_glue.py", "run_ner.py"):
-        kind = script[4:-3]
+    elif script in ("run_glue.py", "run_ner.py", "run_classification.py"):
+        kind = {"run_classification.py": "glue"}.get(script, script[4:-3])
         data = [
             *("--model_name_or_path", str(root / kind), "--max_seq_length", "16"),
             *("--train_file", str(root / f"{kind}_train.json")),
@@ -334,7 +342,10 @@ class Runs:
 
 # CI's time: the six scripts' 18 two-process runs took 111 s of wall time and 190 s of CPU on this 2-core
 # machine when quiet (2026-12-04; under load 6-9 the first four took 546 s), so every script runs in CI.
-SCRIPT_NAMES = ["run_clm.py", "run_qa.py", "run_mlm.py", "run_swag.py", "run_glue.py", "run_ner.py"]
+SCRIPT_NAMES = [
+    *("run_clm.py", "run_qa.py", "run_mlm.py", "run_swag.py"),
+    *("run_glue.py", "run_ner.py", "run_classification.py"),
+]
 
 
 @pytest.fixture(
@@ -360,6 +371,7 @@ METRICS = {  # what each script reports in all_results.json, besides speed and s
     "run_mlm.py": ["epoch", "eval_accuracy", "eval_loss", "perplexity", "train_loss"],
     "run_swag.py": ["epoch", "eval_accuracy", "eval_loss", "train_loss"],
     "run_glue.py": ["epoch", "eval_accuracy", "eval_loss", "train_loss"],
+    "run_classification.py": ["epoch", "eval_accuracy", "eval_loss", "train_loss"],
     "run_ner.py": [
         "epoch",
         "eval_accuracy",
