@@ -43,6 +43,7 @@ pytest.importorskip("tokenizers")
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
 FIXTURES = REPO / "tests" / "e2e" / "trainer_scripts"
+CLOSE_GROUP_AT_EXIT = REPO / "tests" / "helpers" / "close_group_at_exit.py"  # the reference runs: see there
 TRANSFORMERS = "4.56.2"  # the scripts' check_min_version("4.56.0.dev0"); 5.x lacks overwrite_output_dir
 SCRIPTS = {  # name: (folder in transformers' examples/pytorch, sha256)
     "run_clm.py": ("language-modeling", "733a7ce9ab80e870ba4eb197ad02504b2dbc208250a165a1d28fe2d4594e9392"),
@@ -321,6 +322,7 @@ def _run(root: Path, which: str, launcher: str, script: str, name: str, *extra: 
             "--standalone",
             "--nproc-per-node",
             "2",
+            *([str(CLOSE_GROUP_AT_EXIT)] if which == "transformers" else []),
             path,
         ],
     }[launcher]
