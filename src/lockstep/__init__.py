@@ -60,6 +60,8 @@ _EXPORTS = {
     "is_rich_available": "lockstep.utils",
     "load_checkpoint_in_model": "lockstep.utils",
     "EvalPrediction": "lockstep.trainer",
+    "Seq2SeqTrainer": "lockstep.trainer",
+    "Seq2SeqTrainingArguments": "lockstep.trainer",
     "Trainer": "lockstep.trainer",
     "TrainerCallback": "lockstep.trainer",
     "TrainerControl": "lockstep.trainer",
@@ -91,6 +93,8 @@ __all__ = [
     "ProfileKwargs",
     "ProjectConfiguration",
     "RNGType",
+    "Seq2SeqTrainer",
+    "Seq2SeqTrainingArguments",
     "ThroughputKwargs",
     "TorchDynamoPlugin",
     "Trainer",
@@ -161,6 +165,8 @@ if TYPE_CHECKING:
     from lockstep.throughput import ThroughputKwargs
     from lockstep.trainer import (
         EvalPrediction,
+        Seq2SeqTrainer,
+        Seq2SeqTrainingArguments,
         Trainer,
         TrainerCallback,
         TrainerControl,

@@ -2,7 +2,8 @@
 ``TrainingArguments``, on 2 CPU processes under ``lockstep launch`` and ``torchrun`` (issue 32, item 4).
 
 ``run_clm.py``, ``run_mlm.py``, ``run_swag.py``, ``run_glue.py``, ``run_ner.py``, ``run_classification.py`` and
-``run_qa.py`` (with its ``Trainer`` subclass in ``trainer_qa.py``) are transformers' files of ``4.56.0.dev0`` (``tests/e2e/trainer_scripts/README.md``),
+``run_qa.py`` (with its ``Trainer`` subclass in ``trainer_qa.py``) and ``run_seq2seq_qa.py`` (with its
+``Seq2SeqTrainer`` subclass in ``trainer_seq2seq_qa.py``) are transformers' files of ``4.56.0.dev0`` (``tests/e2e/trainer_scripts/README.md``),
 run with transformers 4.56.2: they read ``training_args.overwrite_output_dir``, which transformers 5 removed, so
 transformers.Trainer itself runs them only on 4.x (lockstep's ``TrainingArguments`` has the field on every
 version). They need ``datasets`` and ``evaluate``; the reference environment's ``examples`` folder holds
@@ -67,8 +68,19 @@ SCRIPTS = {  # name: (folder in transformers' examples/pytorch, sha256)
         "text-classification",
         "2efe50be640d3abd7af177fdc9341f22bc90649d1b6a995348d1aec67bbd7a0a",
     ),
+    "run_seq2seq_qa.py": (
+        "question-answering",
+        "204bfbcc2ab5b258b016ae5b8a177cb81a9eb6f847627cc5c47c52677cc4147c",
+    ),
+    "trainer_seq2seq_qa.py": (
+        "question-answering",
+        "47fa9d42e6c60ed2618ca768d1d073fbd3b7e78dcb85fde0f00ae32aec610dff",
+    ),
 }
 LAST_IMPORT = "from transformers.trainer_utils import get_last_checkpoint\n"
+LAST_IMPORT_QA = (
+    "from transformers.trainer_utils import EvalLoopOutput, EvalPrediction, get_last_checkpoint\n"
+)
 LOCKSTEP_IMPORT = "\nfrom lockstep import Trainer, TrainingArguments\n"
 CHANGES: dict[str, list[hf_examples.Change]] = {  # the import, and nothing else
     "run_clm.py": [
@@ -107,6 +119,17 @@ CHANGES: dict[str, list[hf_examples.Change]] = {  # the import, and nothing else
         ),
     ],
     "utils_qa.py": [],
+    "run_seq2seq_qa.py": [
+        ("    Seq2SeqTrainingArguments,\n", "", "the import"),
+        (LAST_IMPORT_QA, LAST_IMPORT_QA + "\nfrom lockstep import Seq2SeqTrainingArguments\n", "the import"),
+    ],
+    "trainer_seq2seq_qa.py": [
+        (
+            "from transformers import Seq2SeqTrainer, is_torch_xla_available\n",
+            "from transformers import is_torch_xla_available\n\nfrom lockstep import Seq2SeqTrainer\n",
+            "the import",
+        ),
+    ],
 }
 VERBS, OBJECTS = hf_examples.VERBS, hf_examples.OBJECTS
 MAX_STEPS, SAVE_STEPS, RESUME_AT = 12, 5, "checkpoint-5"
@@ -132,7 +155,8 @@ CLM_TRAIN_LINES, CLM_VALIDATION_LINES = 256, 64
 QA_TRAIN, QA_VALIDATION = 96, 24
 SWAG_TRAIN, SWAG_VALIDATION = 96, 24
 GLUE_TRAIN, GLUE_VALIDATION = 96, 32  # also run_ner.py's
-LEARNING_RATES = {"run_ner.py": "1e-2"}  # 12 steps then learn the tags (f1 1.0; 0.0 at 1e-3)
+# run_ner.py: 12 steps then learn the tags (f1 1.0; 0.0 at 1e-3); run_seq2seq_qa.py: see the README
+LEARNING_RATES = {"run_ner.py": "1e-2", "run_seq2seq_qa.py": "3e-2"}
 
 
 def _qa_examples(rng: random.Random, count: int, prefix: str) -> dict:
@@ -183,6 +207,46 @@ def _save_bert_model(folder: Path, words: list[str], head: str, num_labels: int 
     model_class.from_config(config).save_pretrained(folder)
 
 
+def _save_t5_model(folder: Path, words: list[str]) -> None:
+    """A word-level tokenizer that ends each text with ``</s>`` and a tiny T5 (2 layers, d_model 32) from seed
+    0, for ``run_seq2seq_qa.py`` (answers are generated)."""
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast, T5Config, T5ForConditionalGeneration
+
+    vocab = {token: index for index, token in enumerate(["<pad>", "</s>", "<unk>", *words])}
+    tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="$A </s>", pair="$A </s> $B </s>", special_tokens=[("</s>", 1)]
+    )
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        pad_token="<pad>",
+        eos_token="</s>",
+        unk_token="<unk>",
+        model_max_length=64,
+    )
+    fast.save_pretrained(folder)
+    settings = json.loads((folder / "tokenizer_config.json").read_text())  # see hf_examples.save_model_folder
+    (folder / "tokenizer_config.json").write_text(
+        json.dumps({**settings, "tokenizer_class": "PreTrainedTokenizerFast"}, indent=2)
+    )
+    torch.manual_seed(0)
+    config = T5Config(
+        vocab_size=len(vocab),
+        d_model=32,
+        d_kv=8,
+        d_ff=64,
+        num_layers=2,
+        num_heads=4,
+        pad_token_id=0,
+        eos_token_id=1,
+        decoder_start_token_id=0,
+    )
+    T5ForConditionalGeneration(config).save_pretrained(folder)
+
+
 NER_TAGS = ["B-OBJ", "B-SUBJ", "I-OBJ", "I-SUBJ", "O"]  # run_ner.py sorts the tags it finds
 
 
@@ -223,6 +287,7 @@ def offline(tmp_path_factory: pytest.TempPathFactory) -> Path:
     hf_examples.save_model_folder(root / "clm", "clm", words)
     hf_examples.save_model_folder(root / "mlm", "mlm", words)
     _save_bert_model(root / "qa", sorted({*words, "who", "?"}), "QuestionAnswering")
+    _save_t5_model(root / "seq2seq_qa", sorted({*words, "who", "?", "question:", "context:"}))
     (root / "swag_train.json").write_text(_swag_examples(rng, SWAG_TRAIN))
     (root / "swag_validation.json").write_text(_swag_examples(rng, SWAG_VALIDATION))
     _save_bert_model(root / "swag", words, "MultipleChoice")
@@ -260,6 +325,13 @@ def _script_args(root: Path, script: str, output_dir: Path) -> list[str]:
             *("--model_name_or_path", str(root / kind), "--max_seq_length", "16"),
             *("--train_file", str(root / f"{kind}_train.json")),
             *("--validation_file", str(root / f"{kind}_validation.json")),
+        ]
+    elif script == "run_seq2seq_qa.py":  # answers generated: up to 8 tokens, greedy
+        data = [
+            *("--model_name_or_path", str(root / "seq2seq_qa"), "--max_seq_length", "48"),
+            *("--train_file", str(root / "train.json"), "--validation_file", str(root / "validation.json")),
+            *("--question_column", "question", "--context_column", "context", "--answer_column", "answers"),
+            *("--max_answer_length", "8", "--predict_with_generate"),
         ]
     else:
         data = [
@@ -343,10 +415,11 @@ class Runs:
 
 
 # CI's time: the six scripts' 18 two-process runs took 111 s of wall time and 190 s of CPU on this 2-core
-# machine when quiet (2026-12-04; under load 6-9 the first four took 546 s), so every script runs in CI.
+# machine when quiet (2026-12-04; under load 6-9 the first four took 546 s), so every script runs in CI;
+# run_seq2seq_qa.py's three runs take 20 s.
 SCRIPT_NAMES = [
     *("run_clm.py", "run_qa.py", "run_mlm.py", "run_swag.py"),
-    *("run_glue.py", "run_ner.py", "run_classification.py"),
+    *("run_glue.py", "run_ner.py", "run_classification.py", "run_seq2seq_qa.py"),
 ]
 
 
@@ -374,6 +447,7 @@ METRICS = {  # what each script reports in all_results.json, besides speed and s
     "run_swag.py": ["epoch", "eval_accuracy", "eval_loss", "train_loss"],
     "run_glue.py": ["epoch", "eval_accuracy", "eval_loss", "train_loss"],
     "run_classification.py": ["epoch", "eval_accuracy", "eval_loss", "train_loss"],
+    "run_seq2seq_qa.py": ["epoch", "eval_exact_match", "eval_f1", "eval_loss", "train_loss"],
     "run_ner.py": [
         "epoch",
         "eval_accuracy",
@@ -387,9 +461,12 @@ METRICS = {  # what each script reports in all_results.json, besides speed and s
 
 
 def test_scripts_finish_with_checkpoints_and_the_final_model(runs: Runs):
+    expected = ["model.safetensors", "config.json", "tokenizer.json", "trainer_state.json"]
+    if "create_model_card" in (FIXTURES / runs.script).read_text():  # not run_seq2seq_qa.py
+        expected.append("README.md")
     for run in (runs.reference, runs.whole):
         assert sorted(p.name for p in run.output_dir.glob("checkpoint-*")) == CHECKPOINTS
-        for name in ("model.safetensors", "config.json", "tokenizer.json", "trainer_state.json", "README.md"):
+        for name in expected:
             assert (run.output_dir / name).is_file(), (run.output_dir, name)
         state = json.loads((run.output_dir / "trainer_state.json").read_text())
         assert state["global_step"] == MAX_STEPS

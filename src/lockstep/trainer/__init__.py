@@ -30,6 +30,7 @@ from lockstep.trainer.schedules import (
     get_scheduler,
     get_wsd_schedule,
 )
+from lockstep.trainer.seq2seq import Seq2SeqTrainer, Seq2SeqTrainingArguments
 from lockstep.trainer.trainer import Trainer, TrainOutput
 
 __all__ = [
@@ -40,6 +41,8 @@ __all__ = [
     "EarlyStoppingCallback",
     "EvalPrediction",
     "PredictionOutput",
+    "Seq2SeqTrainer",
+    "Seq2SeqTrainingArguments",
     "TrainOutput",
     "Trainer",
     "TrainerCallback",

@@ -213,11 +213,13 @@ def evaluation_loop(
     accumulation_steps: int | None = None,
     options: EvalOptions | None = None,
     prediction_step: Callable[[nn.Module, Any], tuple[Any, Any, Any]] | None = None,
+    generate: Callable[[Any], tuple[Any, Any]] | None = None,
 ) -> PredictionOutput:
     """Run ``model`` over the prepared ``loader``; predictions and labels come back complete and in order.
 
     ``prediction_step(model, batch) -> (loss, logits, labels)`` replaces the forward of each batch (a Trainer
-    subclass's ``prediction_step``)."""
+    subclass's ``prediction_step``). ``generate(batch) -> (predictions, labels)`` replaces the predictions and
+    labels of each batch (the Seq2SeqTrainer's generated ids); the loss is still the forward's."""
     options = options or EvalOptions(accumulation_steps=accumulation_steps)
     was_training = model.training
     model.eval()
@@ -228,9 +230,12 @@ def evaluation_loop(
         for batch in loader:
             steps += 1
             if prediction_step is None:
+                generated = generate(batch) if generate is not None else None  # before labels are popped
                 loss, real, values = _evaluate_batch(
                     accelerator, model, loader, batch, label_names, compute_loss_func
                 )
+                if generated is not None:
+                    values["predictions"], values["labels"] = generated
             else:
                 loss, real, values = _custom_batch(accelerator, loader, batch, prediction_step(model, batch))
             if options.preprocess_logits is not None and values["predictions"] is not None:

@@ -244,11 +244,14 @@ def run_evaluation(
     options = dataclasses.replace(options, preprocess_logits=self.preprocess_logits_for_metrics)
     step = None
     overridden = not _lockstep_defines(self, "prediction_step") or not _lockstep_defines(self, "compute_loss")
+    generate = None
     if overridden or ignore_keys:  # a subclass's prediction_step or compute_loss, or output keys to drop
 
         def step(model: nn.Module, batch: Any) -> tuple[Any, Any, Any]:
             return self.prediction_step(model, batch, loss_only, ignore_keys=ignore_keys)
 
+    elif getattr(self.args, "predict_with_generate", False) and not loss_only:  # the Seq2SeqTrainer's
+        generate = self._generated_predictions
     return _evaluation.evaluation_loop(
         self.accelerator,
         self.model_wrapped,
@@ -260,6 +263,7 @@ def run_evaluation(
         metric_key_prefix=prefix,
         options=options,
         prediction_step=step,
+        generate=generate,
     )
 
 
