@@ -3,12 +3,12 @@
 
 ``run_clm.py``, ``run_mlm.py``, ``run_swag.py``, ``run_glue.py``, ``run_ner.py``, ``run_classification.py`` and
 ``run_qa.py`` (with its ``Trainer`` subclass in ``trainer_qa.py``) and ``run_seq2seq_qa.py`` (with its
-``Seq2SeqTrainer`` subclass in ``trainer_seq2seq_qa.py``) are transformers' files of ``4.56.0.dev0`` (``tests/e2e/trainer_scripts/README.md``),
+``Seq2SeqTrainer`` subclass in ``trainer_seq2seq_qa.py``) and ``run_translation.py`` are transformers' files of ``4.56.0.dev0`` (``tests/e2e/trainer_scripts/README.md``),
 run with transformers 4.56.2: they read ``training_args.overwrite_output_dir``, which transformers 5 removed, so
 transformers.Trainer itself runs them only on 4.x (lockstep's ``TrainingArguments`` has the field on every
 version). They need ``datasets`` and ``evaluate``; the reference environment's ``examples`` folder holds
 versions that import with transformers 4.56.2's ``huggingface_hub`` (``dev/reference-examples.txt``).
-``evaluate.load("accuracy")``, ``("squad")`` and ``("seqeval")`` find the local modules of
+``evaluate.load("accuracy")``, ``("squad")``, ``("seqeval")`` and ``("sacrebleu")`` find the local modules of
 ``trainer_scripts/metrics/``.
 
 Every script runs in CI (its time: see :data:`SCRIPT_NAMES`). Per script, three runs of 12 optimizer steps (global batch 8, a checkpoint every 5 steps):
@@ -76,6 +76,7 @@ SCRIPTS = {  # name: (folder in transformers' examples/pytorch, sha256)
         "question-answering",
         "47fa9d42e6c60ed2618ca768d1d073fbd3b7e78dcb85fde0f00ae32aec610dff",
     ),
+    "run_translation.py": ("translation", "2415a6ec5db049036d4a4de3175335730007f8bb4a7479d88e2af31ef4e53852"),
 }
 LAST_IMPORT = "from transformers.trainer_utils import get_last_checkpoint\n"
 LAST_IMPORT_QA = (
@@ -123,6 +124,14 @@ CHANGES: dict[str, list[hf_examples.Change]] = {  # the import, and nothing else
         ("    Seq2SeqTrainingArguments,\n", "", "the import"),
         (LAST_IMPORT_QA, LAST_IMPORT_QA + "\nfrom lockstep import Seq2SeqTrainingArguments\n", "the import"),
     ],
+    "run_translation.py": [
+        ("    Seq2SeqTrainer,\n    Seq2SeqTrainingArguments,\n", "", "the import"),
+        (
+            LAST_IMPORT,
+            LAST_IMPORT + "\nfrom lockstep import Seq2SeqTrainer, Seq2SeqTrainingArguments\n",
+            "the import",
+        ),
+    ],
     "trainer_seq2seq_qa.py": [
         (
             "from transformers import Seq2SeqTrainer, is_torch_xla_available\n",
@@ -143,7 +152,12 @@ def _copy_scripts(folder: Path, which: str) -> None:
         changes = CHANGES[name] if which == "lockstep" else []
         upstream = f"examples/pytorch/{subfolder}/{name} of transformers 4.56.0.dev0"
         hf_examples.adapted_script(FIXTURES / name, sha256, changes, folder, upstream=upstream)
-    for metric in ("accuracy", "squad", "seqeval"):  # evaluate.load() looks in the working directory first
+    for metric in (
+        "accuracy",
+        "squad",
+        "seqeval",
+        "sacrebleu",
+    ):  # evaluate.load() looks in the working directory first
         (folder / metric).mkdir()
         source = FIXTURES / "metrics" / metric / f"{metric}.py"
         (folder / metric / f"{metric}.py").write_text(source.read_text())
@@ -156,7 +170,7 @@ QA_TRAIN, QA_VALIDATION = 96, 24
 SWAG_TRAIN, SWAG_VALIDATION = 96, 24
 GLUE_TRAIN, GLUE_VALIDATION = 96, 32  # also run_ner.py's
 # run_ner.py: 12 steps then learn the tags (f1 1.0; 0.0 at 1e-3); run_seq2seq_qa.py: see the README
-LEARNING_RATES = {"run_ner.py": "1e-2", "run_seq2seq_qa.py": "3e-2"}
+LEARNING_RATES = {"run_ner.py": "1e-2", "run_seq2seq_qa.py": "3e-2", "run_translation.py": "3e-2"}
 
 
 def _qa_examples(rng: random.Random, count: int, prefix: str) -> dict:
@@ -247,6 +261,17 @@ def _save_t5_model(folder: Path, words: list[str]) -> None:
     T5ForConditionalGeneration(config).save_pretrained(folder)
 
 
+def _translation_rows(rng: random.Random, count: int) -> str:
+    """JSON lines for run_translation.py: a sentence "translated" into itself (copying is what a tiny T5 starts
+    to learn in 12 steps: BLEU 0.31; with the words reversed it stayed 0 in both trainers)."""
+    lines = []
+    for _ in range(count):
+        text = hf_examples.sentence(rng)
+        pair = {"en": text, "de": text}
+        lines.append(json.dumps({"translation": pair}) + "\n")
+    return "".join(lines)
+
+
 NER_TAGS = ["B-OBJ", "B-SUBJ", "I-OBJ", "I-SUBJ", "O"]  # run_ner.py sorts the tags it finds
 
 
@@ -288,6 +313,9 @@ def offline(tmp_path_factory: pytest.TempPathFactory) -> Path:
     hf_examples.save_model_folder(root / "mlm", "mlm", words)
     _save_bert_model(root / "qa", sorted({*words, "who", "?"}), "QuestionAnswering")
     _save_t5_model(root / "seq2seq_qa", sorted({*words, "who", "?", "question:", "context:"}))
+    (root / "translation_train.json").write_text(_translation_rows(rng, GLUE_TRAIN))
+    (root / "translation_validation.json").write_text(_translation_rows(rng, GLUE_VALIDATION))
+    _save_t5_model(root / "translation", words)
     (root / "swag_train.json").write_text(_swag_examples(rng, SWAG_TRAIN))
     (root / "swag_validation.json").write_text(_swag_examples(rng, SWAG_VALIDATION))
     _save_bert_model(root / "swag", words, "MultipleChoice")
@@ -332,6 +360,20 @@ def _script_args(root: Path, script: str, output_dir: Path) -> list[str]:
             *("--train_file", str(root / "train.json"), "--validation_file", str(root / "validation.json")),
             *("--question_column", "question", "--context_column", "context", "--answer_column", "answers"),
             *("--max_answer_length", "8", "--predict_with_generate"),
+        ]
+    elif script == "run_translation.py":  # copy 9 words, greedy
+        data = [
+            *(
+                "--model_name_or_path",
+                str(root / "translation"),
+                "--source_lang",
+                "en",
+                "--target_lang",
+                "de",
+            ),
+            *("--train_file", str(root / "translation_train.json")),
+            *("--validation_file", str(root / "translation_validation.json")),
+            *("--max_source_length", "16", "--max_target_length", "16", "--predict_with_generate"),
         ]
     else:
         data = [
@@ -416,10 +458,10 @@ class Runs:
 
 # CI's time: the six scripts' 18 two-process runs took 111 s of wall time and 190 s of CPU on this 2-core
 # machine when quiet (2026-12-04; under load 6-9 the first four took 546 s), so every script runs in CI;
-# run_seq2seq_qa.py's three runs take 20 s.
+# run_seq2seq_qa.py's and run_translation.py's three runs take 20 s each.
 SCRIPT_NAMES = [
     *("run_clm.py", "run_qa.py", "run_mlm.py", "run_swag.py"),
-    *("run_glue.py", "run_ner.py", "run_classification.py", "run_seq2seq_qa.py"),
+    *("run_glue.py", "run_ner.py", "run_classification.py", "run_seq2seq_qa.py", "run_translation.py"),
 ]
 
 
@@ -448,6 +490,7 @@ METRICS = {  # what each script reports in all_results.json, besides speed and s
     "run_glue.py": ["epoch", "eval_accuracy", "eval_loss", "train_loss"],
     "run_classification.py": ["epoch", "eval_accuracy", "eval_loss", "train_loss"],
     "run_seq2seq_qa.py": ["epoch", "eval_exact_match", "eval_f1", "eval_loss", "train_loss"],
+    "run_translation.py": ["epoch", "eval_bleu", "eval_gen_len", "eval_loss", "train_loss"],
     "run_ner.py": [
         "epoch",
         "eval_accuracy",
@@ -527,3 +570,51 @@ def test_the_local_seqeval_module_counts_entities_as_seqeval_does(tmp_path):
     assert results["PER"] == {"precision": 1.0, "recall": 1.0, "f1": 1.0, "number": 1}
     assert (results["overall_precision"], results["overall_recall"], results["overall_f1"]) == (0.5, 0.5, 0.5)
     assert results["overall_accuracy"] == 0.8  # 8 of 10 tokens; seqeval's README: 0.80
+
+
+BLEU_CASES = [  # (predictions, references, sacrebleu 2.6.0's corpus_bleu with the Hub module's settings)
+    (
+        ["the cat sat on the mat .", "a dog , quickly (x) ran 3.5 miles"],
+        [["the cat sat on a mat .", "the dog quickly ran 3.5 miles"]],
+        {"score": 27.145462349785312, "counts": [11, 6, 3, 1], "totals": [17, 15, 13, 11], "ref_len": 13},
+    ),
+    (  # two references each; no trigram in the output: 0
+        ["hello world", "x"],
+        [["hello there world", "y z"], ["hello world !", "x y"]],
+        {"score": 0.0, "counts": [3, 1, 0, 0], "totals": [3, 1, 0, 0], "ref_len": 5, "bp": 0.513417119032592},
+    ),
+    (["no match here"], [["completely different words"]], {"score": 0.0, "counts": [0, 0, 0, 0]}),
+    (  # mteval-v13a's tokenization: entities, digits, dashes, a final full stop
+        ['it\'s 10-20 &amp; "quoted" e.g. 1,000 end.'],
+        [['it\'s 10-20 & "quoted" e.g. 1,000 end .']],
+        {"score": 100.00000000000004, "counts": [15, 14, 13, 12], "sys_len": 15},
+    ),
+]
+BLEU_CHECK = """
+import importlib.util, json, sys
+spec = importlib.util.spec_from_file_location("sacrebleu_module", sys.argv[1])
+module = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(module)
+cases = json.loads(sys.argv[2])
+print(json.dumps([module.corpus_bleu(predictions, references) for predictions, references, _ in cases]))
+"""
+
+
+def test_the_local_sacrebleu_module_scores_as_sacrebleu_does(tmp_path):
+    """lockstep's stand-in for the Hub's sacrebleu metric against sacrebleu 2.6.0's own figures (it also gave
+    sacrebleu's counts and scores exactly on 400 random corpora with punctuation, entities and digits, checked
+    once with sacrebleu installed; CI has no sacrebleu)."""
+    module = str(FIXTURES / "metrics" / "sacrebleu" / "sacrebleu.py")
+    done = subprocess.run(
+        [sys.executable, "-c", BLEU_CHECK, module, json.dumps(BLEU_CASES)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=_env(tmp_path, "lockstep"),
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    for result, (_, _, expected) in zip(
+        json.loads(done.stdout.strip().splitlines()[-1]), BLEU_CASES, strict=True
+    ):
+        for key, value in expected.items():
+            assert result[key] == pytest.approx(value, rel=1e-12, abs=1e-12), (key, result, expected)
