@@ -241,11 +241,7 @@ def _save_t5_model(folder: Path, words: list[str]) -> None:
         unk_token="<unk>",
         model_max_length=64,
     )
-    fast.save_pretrained(folder)
-    settings = json.loads((folder / "tokenizer_config.json").read_text())  # see hf_examples.save_model_folder
-    (folder / "tokenizer_config.json").write_text(
-        json.dumps({**settings, "tokenizer_class": "PreTrainedTokenizerFast"}, indent=2)
-    )
+    hf_examples.save_tokenizer(fast, folder)
     torch.manual_seed(0)
     config = T5Config(
         vocab_size=len(vocab),

@@ -12,6 +12,7 @@ import hashlib
 import json
 import random
 from pathlib import Path
+from typing import Any
 
 UPSTREAM_REPO = "huggingface/transformers"
 
@@ -112,10 +113,16 @@ def save_model_folder(folder: Path, kind: str, words: list[str]) -> None:
             max_position_embeddings=64,
             pad_token_id=0,
         )
-    fast.save_pretrained(folder)
+    save_tokenizer(fast, folder)
     config.save_pretrained(folder)
-    # transformers 5 names its own tokenizer class (TokenizersBackend), which 4.x cannot read; both read
-    # PreTrainedTokenizerFast, the class made here.
+
+
+def save_tokenizer(fast: Any, folder: Path) -> None:
+    """Save a ``PreTrainedTokenizerFast`` that transformers 4.x and 5.x both read.
+
+    transformers 5 names its own tokenizer class (TokenizersBackend), which 4.x cannot read; both read
+    PreTrainedTokenizerFast, the class made here."""
+    fast.save_pretrained(folder)
     tokenizer_config = folder / "tokenizer_config.json"
     settings = json.loads(tokenizer_config.read_text())
     tokenizer_config.write_text(
