@@ -3,7 +3,8 @@
 
 ``run_clm.py``, ``run_mlm.py``, ``run_swag.py``, ``run_glue.py``, ``run_ner.py``, ``run_classification.py`` and
 ``run_qa.py`` (with its ``Trainer`` subclass in ``trainer_qa.py``) and ``run_seq2seq_qa.py`` (with its
-``Seq2SeqTrainer`` subclass in ``trainer_seq2seq_qa.py``) and ``run_translation.py`` are transformers' files of ``4.56.0.dev0`` (``tests/e2e/trainer_scripts/README.md``),
+``Seq2SeqTrainer`` subclass in ``trainer_seq2seq_qa.py``), ``run_qa_beam_search.py`` and ``run_translation.py``
+are transformers' files of ``4.56.0.dev0`` (``tests/e2e/trainer_scripts/README.md``),
 run with transformers 4.56.2: they read ``training_args.overwrite_output_dir``, which transformers 5 removed, so
 transformers.Trainer itself runs them only on 4.x (lockstep's ``TrainingArguments`` has the field on every
 version). They need ``datasets`` and ``evaluate``; the reference environment's ``examples`` folder holds
@@ -77,6 +78,10 @@ SCRIPTS = {  # name: (folder in transformers' examples/pytorch, sha256)
         "47fa9d42e6c60ed2618ca768d1d073fbd3b7e78dcb85fde0f00ae32aec610dff",
     ),
     "run_translation.py": ("translation", "2415a6ec5db049036d4a4de3175335730007f8bb4a7479d88e2af31ef4e53852"),
+    "run_qa_beam_search.py": (
+        "question-answering",
+        "dca606075d3c14314f8bc3e8b9766fd5a5397fad60517b81bc6952dbf602da2c",
+    ),
 }
 LAST_IMPORT = "from transformers.trainer_utils import get_last_checkpoint\n"
 LAST_IMPORT_QA = (
@@ -131,6 +136,10 @@ CHANGES: dict[str, list[hf_examples.Change]] = {  # the import, and nothing else
             LAST_IMPORT + "\nfrom lockstep import Seq2SeqTrainer, Seq2SeqTrainingArguments\n",
             "the import",
         ),
+    ],
+    "run_qa_beam_search.py": [
+        ("    TrainingArguments,\n", "", "the import"),
+        (LAST_IMPORT, LAST_IMPORT + "\nfrom lockstep import TrainingArguments\n", "the import"),
     ],
     "trainer_seq2seq_qa.py": [
         (
@@ -257,6 +266,45 @@ def _save_t5_model(folder: Path, words: list[str]) -> None:
     T5ForConditionalGeneration(config).save_pretrained(folder)
 
 
+def _save_xlnet_qa_model(folder: Path, words: list[str]) -> None:
+    """A word-level tokenizer with XLNet's special tokens and layout (``A <sep> B <sep> <cls>``, padded on the
+    left) and a tiny XLNet question-answering model with its beam-search head (2 layers, d_model 32) from seed
+    0, for ``run_qa_beam_search.py``, which loads them as ``XLNetTokenizerFast`` and ``XLNetForQuestionAnswering``."""
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast, XLNetConfig, XLNetForQuestionAnswering
+
+    specials = ["<unk>", "<s>", "</s>", "<cls>", "<sep>", "<pad>", "<mask>", "<eod>", "<eop>"]
+    vocab = {token: index for index, token in enumerate(specials + words)}
+    tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="$A:0 <sep>:0 <cls>:2",
+        pair="$A:0 <sep>:0 $B:1 <sep>:1 <cls>:2",
+        special_tokens=[("<sep>", vocab["<sep>"]), ("<cls>", vocab["<cls>"])],
+    )
+    names = dict(zip(("unk", "bos", "eos", "cls", "sep", "pad", "mask"), specials, strict=False))
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        **{f"{name}_token": token for name, token in names.items()},
+        padding_side="left",
+        model_max_length=64,
+    )
+    hf_examples.save_tokenizer(fast, folder)
+    torch.manual_seed(0)
+    config = XLNetConfig(
+        vocab_size=len(vocab),
+        d_model=32,
+        n_layer=2,
+        n_head=2,
+        d_inner=64,
+        pad_token_id=vocab["<pad>"],
+        bos_token_id=vocab["<s>"],
+        eos_token_id=vocab["</s>"],
+    )
+    XLNetForQuestionAnswering(config).save_pretrained(folder)
+
+
 def _translation_rows(rng: random.Random, count: int) -> str:
     """JSON lines for run_translation.py: a sentence "translated" into itself (copying is what a tiny T5 starts
     to learn in 12 steps: BLEU 0.31; with the words reversed it stayed 0 in both trainers)."""
@@ -308,6 +356,7 @@ def offline(tmp_path_factory: pytest.TempPathFactory) -> Path:
     hf_examples.save_model_folder(root / "clm", "clm", words)
     hf_examples.save_model_folder(root / "mlm", "mlm", words)
     _save_bert_model(root / "qa", sorted({*words, "who", "?"}), "QuestionAnswering")
+    _save_xlnet_qa_model(root / "qa_beam_search", sorted({*words, "who", "?"}))
     _save_t5_model(root / "seq2seq_qa", sorted({*words, "who", "?", "question:", "context:"}))
     (root / "translation_train.json").write_text(_translation_rows(rng, GLUE_TRAIN))
     (root / "translation_validation.json").write_text(_translation_rows(rng, GLUE_VALIDATION))
@@ -370,6 +419,12 @@ def _script_args(root: Path, script: str, output_dir: Path) -> list[str]:
             *("--train_file", str(root / "translation_train.json")),
             *("--validation_file", str(root / "translation_validation.json")),
             *("--max_source_length", "16", "--max_target_length", "16", "--predict_with_generate"),
+        ]
+    elif script == "run_qa_beam_search.py":
+        data = [
+            *("--model_name_or_path", str(root / "qa_beam_search"), "--max_seq_length", "48"),
+            *("--doc_stride", "16"),
+            *("--train_file", str(root / "train.json"), "--validation_file", str(root / "validation.json")),
         ]
     else:
         data = [
@@ -454,10 +509,11 @@ class Runs:
 
 # CI's time: the six scripts' 18 two-process runs took 111 s of wall time and 190 s of CPU on this 2-core
 # machine when quiet (2026-12-04; under load 6-9 the first four took 546 s), so every script runs in CI;
-# run_seq2seq_qa.py's and run_translation.py's three runs take 20 s each.
+# the three runs of run_seq2seq_qa.py, run_translation.py and run_qa_beam_search.py take 20 s each.
 SCRIPT_NAMES = [
     *("run_clm.py", "run_qa.py", "run_mlm.py", "run_swag.py"),
     *("run_glue.py", "run_ner.py", "run_classification.py", "run_seq2seq_qa.py", "run_translation.py"),
+    "run_qa_beam_search.py",
 ]
 
 
@@ -487,6 +543,7 @@ METRICS = {  # what each script reports in all_results.json, besides speed and s
     "run_classification.py": ["epoch", "eval_accuracy", "eval_loss", "train_loss"],
     "run_seq2seq_qa.py": ["epoch", "eval_exact_match", "eval_f1", "eval_loss", "train_loss"],
     "run_translation.py": ["epoch", "eval_bleu", "eval_gen_len", "eval_loss", "train_loss"],
+    "run_qa_beam_search.py": ["epoch", "eval_exact_match", "eval_f1", "train_loss"],
     "run_ner.py": [
         "epoch",
         "eval_accuracy",

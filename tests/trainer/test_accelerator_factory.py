@@ -88,6 +88,19 @@ def test_find_unused_parameters_default():
     assert ddp_kwargs(explicit, plain).find_unused_parameters is True
 
 
+def test_find_unused_parameters_is_on_for_transformers_models_without_checkpointing_support():
+    """transformers' rule for any PreTrainedModel (XLNet leaves its mask embedding unused: DDP failed without
+    it in run_qa_beam_search.py), whether or not the model supports gradient checkpointing."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.XLNetConfig(vocab_size=20, d_model=8, n_layer=1, n_head=2, d_inner=16)
+    model = transformers.XLNetForQuestionAnswering(config)
+    assert not model.supports_gradient_checkpointing
+    assert ddp_kwargs(TrainingArguments(), model).find_unused_parameters is True
+    assert (
+        ddp_kwargs(TrainingArguments(ddp_find_unused_parameters=False), model).find_unused_parameters is False
+    )
+
+
 def _deepspeed_accelerator(folder: str) -> tuple[str, int, int]:
     args = TrainingArguments(
         output_dir=folder, per_device_train_batch_size=3, deepspeed={"zero_optimization": {"stage": 2}}

@@ -58,17 +58,35 @@ def supports_gradient_checkpointing(model: nn.Module) -> bool:
     )
 
 
+def is_transformers_model(model: nn.Module) -> bool:
+    """Whether ``model`` is a transformers ``PreTrainedModel`` (without importing transformers)."""
+    return any(
+        cls.__name__ == "PreTrainedModel" and cls.__module__.startswith("transformers.")
+        for cls in type(model).__mro__
+    )
+
+
+def _checkpointing_on(model: nn.Module) -> bool:
+    """Whether activation checkpointing is on in a transformers model (5.x's name, then 4.x's)."""
+    for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):
+        if name in dir(type(model)):
+            return bool(getattr(model, name))
+    return False
+
+
 def ddp_kwargs(args: TrainingArguments, model: nn.Module | None) -> DistributedDataParallelKwargs:
     """DDP settings from the ``ddp_*`` fields.
 
-    ``find_unused_parameters`` defaults to ``not gradient_checkpointing`` for models that support
-    gradient checkpointing (recomputed layers and DDP's unused-parameter search do not mix), and to
-    False for other models.
+    ``find_unused_parameters`` defaults, as in transformers, to ``not gradient_checkpointing`` for transformers
+    models (recomputed layers and DDP's unused-parameter search do not mix; models such as XLNet leave
+    parameters unused in some steps); for other modules to False, where transformers says True: the search
+    costs an extra pass over the autograd graph every step, so a module that leaves parameters unused needs
+    ``ddp_find_unused_parameters=True`` (DDP's error says so).
     """
     if args.ddp_find_unused_parameters is not None:
         find_unused = args.ddp_find_unused_parameters
-    elif model is not None and supports_gradient_checkpointing(model):
-        find_unused = not args.gradient_checkpointing
+    elif model is not None and (is_transformers_model(model) or supports_gradient_checkpointing(model)):
+        find_unused = not (args.gradient_checkpointing or _checkpointing_on(model))
     else:
         find_unused = False
     kwargs: dict[str, Any] = {"find_unused_parameters": find_unused}
