@@ -145,15 +145,17 @@ def by_hand(model: Any) -> dict[str, Any]:
         key: torch.stack([row[key] for row in Reverse(UNEVEN, seed=4)]) for key in ("input_ids", "labels")
     }
     model.eval()  # lockstep's Trainer leaves the model in training mode after evaluating; transformers' does not
-    sharded = isinstance(model, FSDPModule)
+    fsdp = isinstance(model, FSDPModule)
+    zero3 = any(hasattr(parameter, "ds_id") for parameter in model.parameters())  # DeepSpeed partitions them
     with torch.no_grad():
         loss = model(input_ids=batch["input_ids"], labels=batch["labels"]).loss
-        if sharded:  # generate() calls the encoder directly: gather what the root holds, as the trainer does
+        if fsdp:  # generate() calls the encoder directly: gather what the root holds, as the trainer does
             model.unshard()
+        synced = fsdp or zero3  # every process steps until all are done: each forward gathers parameters
         generated = model.generate(
-            input_ids=batch["input_ids"], max_length=8, num_beams=1, synced_gpus=sharded
+            input_ids=batch["input_ids"], max_length=8, num_beams=1, synced_gpus=synced
         )
-        if sharded:
+        if fsdp:
             model.reshard()
     width = model.generation_config.max_length or 20  # transformers 5 leaves it unset: generate uses 20
     padded = torch.full((UNEVEN, width), PAD, dtype=generated.dtype)

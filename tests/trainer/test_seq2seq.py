@@ -1,5 +1,5 @@
 """``Seq2SeqTrainer`` and ``Seq2SeqTrainingArguments`` against transformers' (issue 32): a tiny T5 trained and
-evaluated by generation (beam search) with both, on one and two processes, and with FSDP2 on two.
+evaluated by generation (beam search) with both, on one and two processes, and with FSDP2 and ZeRO-3 on two.
 
 The runs are ``tests/trainer/seq2seq_parity_run.py`` (both trainers in one interpreter, lockstep first).
 Checked: every evaluation's metrics and loss, the predictions (generated ids) and the final weights equal
@@ -88,6 +88,27 @@ def test_fsdp2_generates_what_ddp_generates(two_processes, tmp_path):
     sharded = _runs(tmp_path, 2, json.dumps({"fsdp": "full_shard"}))["lockstep"]
     _assert_same_run(sharded, two_processes["lockstep"], weights=1e-6)
     assert sharded["uneven"]["predictions"] == sharded["by_hand"]["predictions"]
+
+
+ZERO3 = {
+    "train_micro_batch_size_per_gpu": "auto",
+    "train_batch_size": "auto",
+    "gradient_accumulation_steps": "auto",
+    "zero_optimization": {"stage": 3},
+}
+
+
+def test_zero3_generates_each_example_once_as_a_one_batch_pass(tmp_path):
+    """Under DeepSpeed ZeRO-3 (parameters partitioned, gathered per submodule) the trainer's generation, with
+    synced_gpus, equals one generate call over the whole uneven set on the same weights. (Both processes
+    happened to generate to the same length here, so this does not show synced_gpus itself: without it this
+    run also passed.)"""
+    pytest.importorskip("deepspeed")
+    run = _runs(tmp_path, 2, json.dumps({"deepspeed": ZERO3}))["lockstep"]
+    assert len(run["evaluations"]) == 2
+    assert run["uneven"]["predictions"] == run["by_hand"]["predictions"]
+    for key, value in run["uneven"]["metrics"].items():
+        assert value == pytest.approx(run["by_hand"]["metrics"][key], abs=1e-6), key
 
 
 # -- the arguments -------------------------------------------------------------------------------------
