@@ -80,6 +80,67 @@ def test_corrupt_newest_checkpoint_falls_back_with_a_warning(tmp_path):
         accelerator.load_state(str(tmp_path / "checkpoints" / "checkpoint_1"))
 
 
+def _two_checkpoints_the_newest_corrupt(accelerator: Accelerator, model: torch.nn.Module, root: Path):
+    """checkpoint_0, then checkpoint_1 of other weights with one flipped byte in its weights file (the
+    file still parses; one weight is wrong); returns checkpoint_0's weight. Only the main process corrupts:
+    it is the one that verifies checksums, and the others must agree with it."""
+    accelerator.save_state()
+    before = model.weight.detach().clone()
+    with torch.no_grad():
+        model.weight.add_(1.0)
+    accelerator.save_state()
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        weights = root / "checkpoints" / "checkpoint_1" / "model.safetensors"
+        data = bytearray(weights.read_bytes())
+        data[-4] ^= 0xFF  # inside the last tensor's bytes
+        weights.write_bytes(bytes(data))
+    accelerator.wait_for_everyone()
+    return before
+
+
+def test_checksums_verified_while_reading_still_fall_back_over_what_was_read(tmp_path):
+    """Checksums are verified on a thread while the checkpoint is read (issue 29, item 2): a corrupt newest
+    checkpoint is read first, then the previous one is loaded over it, so nothing of the corrupt one is left;
+    named explicitly, it is an error that says the objects now hold corrupt contents."""
+    accelerator, model, _ = _accelerator(tmp_path, automatic_checkpoint_naming=True)
+    before = _two_checkpoints_the_newest_corrupt(accelerator, model, tmp_path)
+    with pytest.warns(
+        UserWarning, match=r"Skipped 1 newer checkpoint.*checkpoint_1: model.safetensors is corrupt"
+    ):
+        accelerator.load_state()
+    assert torch.equal(model.weight, before)  # checkpoint_0's, not checkpoint_1's corrupt read
+    assert accelerator.project_configuration.iteration == 1
+    with pytest.raises(
+        CheckpointError, match=r"model.safetensors is corrupt.*load another checkpoint before"
+    ):
+        accelerator.load_state(str(tmp_path / "checkpoints" / "checkpoint_1"))
+
+
+def _corrupt_newest_then_load(project_dir: str) -> dict:
+    accelerator, wrapped, _ = _accelerator(project_dir, automatic_checkpoint_naming=True)
+    model = accelerator.unwrap_model(wrapped)  # DDP on two processes
+    before = _two_checkpoints_the_newest_corrupt(accelerator, model, Path(project_dir))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        accelerator.load_state()
+    fell_back = torch.equal(model.weight, before)
+    try:
+        accelerator.load_state(str(Path(project_dir) / "checkpoints" / "checkpoint_1"))
+        explicit = "loaded"
+    except CheckpointError as error:
+        explicit = str(error)
+    return {"fell_back": fell_back, "explicit": explicit}
+
+
+def test_two_processes_agree_on_a_checksum_found_corrupt_while_reading(tmp_path):
+    from tests.helpers.multiprocess import run_distributed
+
+    for result in run_distributed(_corrupt_newest_then_load, 2, str(tmp_path), timeout=90):
+        assert result["fell_back"], result
+        assert "model.safetensors is corrupt" in result["explicit"], result
+
+
 def _rewrite_manifest_with_sha256(folder: Path) -> None:
     """Make ``folder``'s manifest look like one written before XXH3-128 (SHA-256 entries)."""
     from lockstep.checkpoint.layout import sha256_of

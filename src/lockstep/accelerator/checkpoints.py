@@ -37,6 +37,7 @@ from lockstep.checkpoint.async_writer import AsyncCheckpointWriter, join_every_w
 from lockstep.checkpoint.collective_save import (
     agree,
     choose_checkpoint,
+    choose_checkpoint_checksummed_while_read,
     load_checkpoint,
     raise_background_failure,
     save_checkpoint,
@@ -328,7 +329,47 @@ class CheckpointManager:
             input_dir = os.fspath(input_dir) if is_url(input_dir) else Path(input_dir)
         where = input_dir if input_dir is not None else root
         storage = self.storage(where) if where is not None else storage_for(".")
-        location = choose_checkpoint(self.state, input_dir, root, storage)
+        location, checksums = choose_checkpoint_checksummed_while_read(self.state, input_dir, root, storage)
+        try:
+            self._load_checksummed(storage, location, checksums)
+        except layout.CheckpointError as error:
+            if checksums is None or input_dir is not None:
+                raise
+            # The newest automatic checkpoint was corrupt: the newest whose checksums verify, verified first
+            # (the corrupt one is skipped with a warning), loaded over what was read.
+            logger.warning("%s Loading the newest checkpoint that verifies instead.", error)
+            location = choose_checkpoint(self.state, None, root, storage)
+            self._load_location(storage, location)
+        self.loaded_from = location
+        match = layout._AUTOMATIC_NAME.match(storage.name(location))
+        if self.project.automatic_checkpoint_naming and match:
+            self.project.iteration = int(match.group(1)) + 1
+
+    def _load_checksummed(
+        self,
+        storage: Any,
+        location: Any,
+        checksums: layout.ChecksumsOnAThread | layout.ChecksumsOnTheMainProcess | None,
+    ) -> None:
+        """Read ``location`` while the main process verifies its checksums (``checksums``); a corrupt file
+        raises :class:`CheckpointError` on every rank after the read (before a read error it caused)."""
+        read_error = None
+        try:
+            self._load_location(storage, location)
+        except Exception as error:  # raised on every rank together; a corrupt file explains it better
+            read_error = error
+        corrupt = checksums.result() if checksums is not None else None
+        try:
+            agree(self.state, corrupt, f"Verifying the checksums of {location}")
+        except layout.CheckpointError as error:
+            raise layout.CheckpointError(
+                f"{str(error).rstrip('.')}. It was read while its checksums were verified, so the model, optimizer and other "
+                "objects now hold its corrupt contents: load another checkpoint before training on."
+            ) from read_error
+        if read_error is not None:
+            raise read_error
+
+    def _load_location(self, storage: Any, location: Any) -> None:
         with contextlib.ExitStack() as stack:
             local: list[Path] = []
             error = None
@@ -338,10 +379,6 @@ class CheckpointManager:
                 error = failure
             agree(self.state, error, f"Reading the checkpoint {location}")
             self._load_from(local[0])
-        self.loaded_from = location
-        match = layout._AUTOMATIC_NAME.match(storage.name(location))
-        if self.project.automatic_checkpoint_naming and match:
-            self.project.iteration = int(match.group(1)) + 1
 
     def _load_from(self, folder: Path) -> None:
         """Restore every object from the local checkpoint folder ``folder``."""

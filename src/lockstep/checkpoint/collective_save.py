@@ -313,15 +313,47 @@ def choose_checkpoint(
     storage: CheckpointStorage | None = None,
 ) -> Location:
     """The folder to load, verified by the main process and agreed by all ranks."""
-    storage = storage or LocalStorage()
+    return _choose(state, input_dir, automatic_root, storage or LocalStorage(), checksums=True)
+
+
+def choose_checkpoint_checksummed_while_read(
+    state: PartialState,
+    input_dir: Location | None,
+    automatic_root: Location | None,
+    storage: CheckpointStorage,
+) -> tuple[Location, layout.ChecksumsOnAThread | layout.ChecksumsOnTheMainProcess | None]:
+    """:func:`choose_checkpoint` for a local checkpoint, whose checksums the main process verifies on a thread
+    while every rank reads it (the returned check, whose ``result()`` the other ranks get as None; None on
+    every rank where there is nothing to verify later: other storages verify before, checkpoints written by
+    Accelerate have no checksums). Presence and sizes are checked before, as always. The caller must agree
+    on the check's result after reading."""
+    if not isinstance(storage, LocalStorage):
+        return _choose(state, input_dir, automatic_root, storage, checksums=True), None
+    location = _choose(state, input_dir, automatic_root, storage, checksums=False)
+    if layout.written_by_accelerate(Path(location)):
+        return location, None
+    if not state.is_main_process:
+        return location, layout.ChecksumsOnTheMainProcess()
+    return location, layout.ChecksumsOnAThread(Path(location))
+
+
+def _choose(
+    state: PartialState,
+    input_dir: Location | None,
+    automatic_root: Location | None,
+    storage: CheckpointStorage,
+    *,
+    checksums: bool,
+) -> Location:
     choice: list[Any] = [None, None]
+    sizes_only = {} if checksums else {"checksums": False}  # LocalStorage's option
     if state.is_main_process:
         try:
             if input_dir is not None:
-                storage.check(input_dir)
+                storage.check(input_dir, **sizes_only)
                 choice[0] = str(input_dir)
             elif automatic_root is not None:
-                choice[0] = str(storage.newest_valid(automatic_root))
+                choice[0] = str(storage.newest_valid(automatic_root, **sizes_only))
             else:
                 raise ValueError(
                     "load_state() needs input_dir=, or a project_dir with "

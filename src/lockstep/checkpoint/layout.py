@@ -21,6 +21,7 @@ import mmap
 import os
 import re
 import shutil
+import threading
 import time
 import warnings
 from collections.abc import Callable, Collection, Sequence
@@ -279,6 +280,39 @@ def verify(folder: Path, *, checksums: bool = True, elsewhere: Collection[str] =
     return manifest
 
 
+class ChecksumsOnAThread:
+    """A checkpoint's checksums, verified on a thread while the checkpoint is read (which overlaps them: the
+    hash and the read release the GIL), instead of in a pass of their own before it.
+
+    ``result()`` waits and returns the :class:`CheckpointError` naming the corrupt file, or None.
+    """
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self._error: CheckpointError | None = None
+        self._thread = threading.Thread(target=self._verify, name="lockstep-checksums", daemon=True)
+        self._thread.start()
+
+    def _verify(self) -> None:
+        try:
+            verify(self.folder)
+        except CheckpointError as error:
+            self._error = error
+        except OSError as error:  # a file removed or unreadable meanwhile: the checkpoint cannot be trusted
+            self._error = CheckpointError(f"Checkpoint {self.folder} could not be verified: {error}")
+
+    def result(self) -> CheckpointError | None:
+        self._thread.join()
+        return self._error
+
+
+class ChecksumsOnTheMainProcess:
+    """The other ranks' side of :class:`ChecksumsOnAThread`: the main process verifies; they agree after."""
+
+    def result(self) -> None:
+        return None
+
+
 ACCELERATE_FILES = (
     "random_states_0.pkl",
     "model.safetensors",
@@ -316,10 +350,10 @@ def automatic_checkpoints(root: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
-def newest_valid_checkpoint(root: Path) -> Path:
+def newest_valid_checkpoint(root: Path, *, checksums: bool = True) -> Path:
     """The newest ``checkpoint_{i}`` under ``root`` whose manifest verifies, or that Accelerate's ``save_state``
     wrote (taken as ``load_state(input_dir)`` takes one: Accelerate's own ``load_state()`` picks the newest
-    folder); warns about broken newer ones.
+    folder); warns about broken newer ones. ``checksums=False`` checks presence and sizes only.
 
     Raises:
         FileNotFoundError: when there is no valid checkpoint at all.
@@ -327,7 +361,7 @@ def newest_valid_checkpoint(root: Path) -> Path:
 
     def check(folder: Path) -> None:
         if not written_by_accelerate(folder):
-            verify(folder)
+            verify(folder, checksums=checksums)
 
     return first_valid([folder for _, folder in reversed(automatic_checkpoints(root))], check, root)
 

@@ -86,12 +86,12 @@ class LocalStorage(CheckpointStorage):
     def seal(self, final: Location, *, world_size: int, step: int, latest: bool) -> None:
         layout.seal(_path(final), world_size=world_size, step=step, move_latest_pointer=latest)
 
-    def check(self, folder: Location) -> None:
+    def check(self, folder: Location, *, checksums: bool = True) -> None:
         if not layout.written_by_accelerate(_path(folder)):
-            layout.verify(_path(folder))
+            layout.verify(_path(folder), checksums=checksums)
 
-    def newest_valid(self, root: Location) -> Path:
-        return layout.newest_valid_checkpoint(_path(root))
+    def newest_valid(self, root: Location, *, checksums: bool = True) -> Path:
+        return layout.newest_valid_checkpoint(_path(root), checksums=checksums)
 
     def rotate(self, root: Location, total_limit: int | None) -> list[Location]:
         return list(layout.rotate(_path(root), total_limit))
