@@ -1,7 +1,8 @@
 """Every error a user of lockstep catches, importable without torch.
 
 Each error is also re-exported where it is raised (``lockstep.config.file.ConfigFileError``,
-``lockstep.checkpoint.CheckpointError``, ``lockstep.collectives.DistributedOperationException``), so either
+``lockstep.checkpoint.CheckpointError``, ``lockstep.collectives.DistributedOperationException``,
+``lockstep.backends.ft.ReplicaQuorumError``), so either
 import path works.
 """
 
@@ -24,6 +25,13 @@ class UnsafeCheckpointError(ValueError):
 
 class DistributedOperationException(RuntimeError):
     """A collective was called with inputs that differ across processes (debug mode's shape check)."""
+
+
+class ReplicaQuorumError(RuntimeError):
+    """A fault-tolerant replica group could not reach torchft's lighthouse or get a step's quorum in time.
+
+    Named apart from a hang of the group's own collectives: the message says which group, which lighthouse
+    and what to do, and lockstep's hang report does not replace it."""
 
 
 class CannotPadNestedTensorWarning(UserWarning):

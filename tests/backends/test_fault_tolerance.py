@@ -26,6 +26,7 @@ from lockstep.backends.ft import FaultToleranceConfig
 from lockstep.backends.registry import select_backend
 from lockstep.state import PartialState
 from tests.helpers import ft_worker
+from tests.helpers.ft_heal_worker import set_mean_gradients
 from tests.helpers.ft_lighthouse import lighthouse_process
 from tests.helpers.multiprocess import run_distributed
 
@@ -114,11 +115,7 @@ def _replay(
             model.zero_grad()
             ft_worker.loss_of(model, ft_worker.batch(group, step)).backward()
             grads.append([p.grad.clone() for p in model.parameters()])
-        for index, parameter in enumerate(model.parameters()):
-            total = grads[0][index]
-            for other in grads[1:]:
-                total = total + other[index]
-            parameter.grad = total / len(groups)
+        set_mean_gradients(model, grads)
         torch.nn.utils.clip_grad_norm_(list(model.parameters()), ft_worker.MAX_NORM)
         with torch.no_grad():
             for parameter in model.parameters():
@@ -302,6 +299,109 @@ def test_a_step_that_does_not_commit_leaves_weights_schedule_and_samples() -> No
             assert next(batches).tolist() == [[2.0, 3.0]] and loader.state_dict()["global_batches"] == 1
         finally:
             accelerator.backend.close()
+    finally:
+        server.shutdown()
+
+
+@_in_a_forked_child
+def test_an_evaluation_pass_joins_no_quorum_gathers_the_whole_set_and_refuses_training() -> None:
+    """With the model in eval mode a prepared loader is read whole inside the group, without the step's
+    quorum, and gather_for_metrics returns every sample once; a backward inside that pass is refused by name;
+    back in training mode, training continues at the loader's position."""
+    from torchft.coordination import LighthouseServer
+
+    from lockstep import Accelerator
+
+    server = LighthouseServer(bind="127.0.0.1:0", min_replicas=1)
+    try:
+        config = _config(num_replica_groups=1, lighthouse=server.address(), timeout=5, hostname="127.0.0.1")
+        accelerator = Accelerator(cpu=True, fault_tolerance=config)
+        backend = accelerator.backend
+        try:
+            net = torch.nn.Linear(2, 1)
+            optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+            samples = torch.arange(10.0).view(5, 2)
+            train = torch.utils.data.DataLoader(samples[:4], batch_size=1)
+            evaluation = torch.utils.data.DataLoader(samples, batch_size=2)
+            net, optimizer, train, evaluation = accelerator.prepare(net, optimizer, train, evaluation)
+            batches = iter(train)
+            accelerator.backward(net(next(batches)).sum())
+            optimizer.step()
+            optimizer.zero_grad()
+            step = backend.manager.current_step()
+            net.eval()
+            with torch.no_grad():
+                outputs = torch.cat([accelerator.gather_for_metrics(net(batch)) for batch in evaluation])
+                assert torch.equal(outputs, net(samples))
+            assert backend.manager.current_step() == step and not backend._quorum_started
+            with pytest.raises(RuntimeError, match="read as an evaluation pass.*Call model.train"):
+                for batch in evaluation:
+                    accelerator.backward(net(batch).sum())
+            net.train()
+            assert next(batches).tolist() == [[2.0, 3.0]]
+            accelerator.backward(net(torch.ones(1, 2)).sum())
+            optimizer.step()
+            assert backend.committed_steps == 2
+        finally:
+            backend.close()
+    finally:
+        server.shutdown()
+
+
+@_in_a_forked_child
+def test_the_trainers_evaluation_is_an_evaluation_pass_over_the_whole_set() -> None:
+    """The Trainer under fault tolerance evaluates in eval mode: every evaluation sample is predicted once,
+    no quorum is joined for it, and training continues afterwards (evaluation every 2 of 4 steps)."""
+    import tempfile
+
+    from torchft.coordination import LighthouseServer
+
+    from lockstep import Trainer, TrainingArguments
+    from tests.helpers.training import make_dataset, make_model
+
+    server = LighthouseServer(bind="127.0.0.1:0", min_replicas=1)
+    section = {
+        "replica_group": 0,
+        "num_replica_groups": 1,
+        "lighthouse": server.address(),
+        "quorum_timeout": 5,
+    }
+    seen: list[int] = []
+
+    def predicted(prediction: object) -> dict[str, float]:
+        seen.append(len(prediction.predictions))  # type: ignore[attr-defined]
+        return {"count": float(len(prediction.predictions))}  # type: ignore[attr-defined]
+
+    try:
+        with tempfile.TemporaryDirectory() as folder:
+            args = TrainingArguments(
+                output_dir=folder,
+                per_device_train_batch_size=4,
+                per_device_eval_batch_size=4,
+                max_steps=4,
+                eval_strategy="steps",
+                eval_steps=2,
+                save_strategy="no",
+                disable_tqdm=True,
+                report_to="none",
+                fault_tolerance=section,
+            )
+            trainer = Trainer(
+                make_model(seed=0),
+                args,
+                train_dataset=make_dataset(64),
+                eval_dataset=make_dataset(11, seed=1),
+                compute_loss_func=lambda outputs, labels, **_: torch.nn.functional.mse_loss(outputs, labels),
+                compute_metrics=predicted,
+            )
+            trainer.train()
+            backend = trainer.accelerator.backend
+            step = backend.manager.current_step()
+            metrics = trainer.evaluate()
+            assert backend.manager.current_step() == step and not backend._quorum_started
+            assert seen == [11, 11, 11] and metrics["eval_count"] == 11.0
+            assert backend.committed_steps == 4
+            backend.close()
     finally:
         server.shutdown()
 

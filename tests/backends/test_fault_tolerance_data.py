@@ -12,7 +12,8 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-from lockstep.backends.ft.data import QuorumDataLoader, quorum_loader
+from lockstep.backends.ft.data import GroupReading, QuorumDataLoader, quorum_loader
+from lockstep.collectives import gather_for_metrics_truncate
 
 NO_REFUSALS: dict[str, bool] = {}
 
@@ -115,9 +116,80 @@ def test_a_broken_off_iteration_starts_the_epoch_again_and_a_loaded_state_contin
         break
     assert next(iter(loader)).tolist() == [0, 1]
     loader.load_state_dict({"epoch": 0, "global_batches": 3})
-    assert [b.tolist() for b in loader] == [[6, 7]]
+    rest = []
+    for batch in loader:
+        rest.append(batch.tolist())
+        loader.steps.step_ended(True)
+    assert rest == [[6, 7]]
     with pytest.raises(ValueError, match=r"needs \['global_batches'\]"):
         loader.load_state_dict({"epoch": 0, "batches_yielded": 1})
+
+
+def _never_asked() -> tuple[int, int]:
+    raise AssertionError("an evaluation pass joined the step's quorum")
+
+
+def _group(data: DataLoader, processes: int, evaluating: list[bool]) -> list[QuorumDataLoader]:
+    """The loaders of one replica group's processes; ``evaluating[0]`` says whether models are in eval mode."""
+    return [
+        quorum_loader(
+            data,
+            quorum=_never_asked if evaluating[0] else _Step([0]).of(0),
+            groups=2 * processes,
+            device=None,
+            data_seed=None,
+            refusals=NO_REFUSALS,
+            reading=GroupReading(lambda: evaluating[0], process=p, processes=processes),
+        )
+        for p in range(processes)
+    ]
+
+
+def _gathered(loaders: list[QuorumDataLoader]) -> list[int]:
+    """What gather_for_metrics returns over a whole pass of one group's processes (their batches of each
+    round, in process order, the repeats of the last round cut)."""
+    out: list[int] = []
+    for batches in zip(*loaders, strict=True):
+        round_ids = torch.cat(batches)
+        if loaders[0].end_of_dataloader:
+            round_ids = gather_for_metrics_truncate(round_ids, loaders[0].remainder)
+        out += round_ids.tolist()
+    return out
+
+
+@pytest.mark.parametrize("processes", [1, 2, 3])
+def test_an_evaluation_pass_reads_the_whole_set_in_each_group_and_gathers_each_sample_once(
+    processes: int,
+) -> None:
+    data = DataLoader(torch.arange(11), batch_size=2)  # 6 batches, the last of one sample
+    evaluating = [True]
+    for _ in range(2):  # two groups: the same whole set, neither asks the quorum
+        loaders = _group(data, processes, evaluating)
+        assert _gathered(loaders) == list(range(11))
+        assert all(loader.end_of_dataloader for loader in loaders)
+        assert [loader.state_dict() for loader in loaders] == [{"epoch": 0, "global_batches": 0}] * processes
+
+
+def test_an_evaluation_pass_in_the_middle_of_training_leaves_the_training_position() -> None:
+    data = DataLoader(torch.arange(8), batch_size=2)
+    evaluating = [False]
+    (loader,) = _group(data, 1, evaluating)
+    training = iter(loader)
+    assert next(training).tolist() == [0, 1]
+    loader.steps.step_ended(True)
+    evaluating[0] = True
+    assert _gathered([loader]) == list(range(8))
+    assert loader.remainder == -1 and loader.state_dict() == {"epoch": 0, "global_batches": 1}
+    evaluating[0] = False
+    assert next(training).tolist() == [2, 3] and loader.remainder == -1
+
+
+def test_a_loader_read_to_its_end_without_a_step_in_training_mode_warns_once() -> None:
+    data = DataLoader(torch.arange(4), batch_size=2)
+    (loader,) = _group(data, 1, [False])
+    with pytest.warns(UserWarning, match=r"Call model.eval\(\) before an evaluation loop"):
+        assert len(list(loader)) == 2
+    list(loader)  # once per loader (warnings are errors in this suite)
 
 
 class _Stream(IterableDataset):

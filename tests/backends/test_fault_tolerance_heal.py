@@ -119,34 +119,16 @@ EPOCH = worker.epoch_batches(GROUPS, STEPS)
 
 
 def _committed(lines: list[dict]) -> dict[int, dict]:
-    return {line["step"]: line for line in lines if line["committed"]}
+    return worker.committed_lines(lines)
 
 
 def _step_batches(line: dict) -> list[int]:
     """The global batches a committed step used: its participants' ranks from the position on."""
-    return [line["consumed"] + rank for rank in range(line["participants"])]
+    return worker.step_batches(line, line["participants"])
 
 
 def _replay(lines: list[dict]) -> dict[str, torch.Tensor]:
-    """SGD with momentum over the committed steps: each on the averaged, clipped gradients of the global
-    batches its participants read, at the rate StepLR gives that step."""
-    model = worker.model(SEED)
-    optimizer = torch.optim.SGD(model.parameters(), lr=worker.LR, momentum=worker.MOMENTUM)
-    for step, line in sorted(_committed(lines).items()):
-        grads = []
-        for batch in _step_batches(line):
-            model.zero_grad()
-            worker.loss_of(model, torch.tensor(worker.batch_ids(batch % EPOCH))).backward()
-            grads.append([p.grad.clone() for p in model.parameters()])
-        for index, parameter in enumerate(model.parameters()):
-            total = grads[0][index]
-            for other in grads[1:]:
-                total = total + other[index]
-            parameter.grad = total / len(grads)
-        torch.nn.utils.clip_grad_norm_(list(model.parameters()), worker.MAX_NORM)
-        optimizer.param_groups[0]["lr"] = worker.LR * worker.GAMMA**step
-        optimizer.step()
-    return model.state_dict()
+    return worker.replay(lines, seed=SEED, epoch=EPOCH)
 
 
 def test_the_survivors_keep_their_processes_and_every_step(run: dict) -> None:

@@ -64,6 +64,48 @@ def loss_of(module: nn.Module, ids: torch.Tensor) -> torch.Tensor:
     return module(inputs_of(ids)).pow(2).mean()
 
 
+def committed_lines(lines: list[dict]) -> dict[int, dict]:
+    """The committed steps' lines of one process, by step."""
+    return {line["step"]: line for line in lines if line["committed"]}
+
+
+def step_batches(line: dict, readers: int) -> list[int]:
+    """The global batches a committed step used: one per reader (process of a participating group) from the
+    step's position on."""
+    return [line["consumed"] + rank for rank in range(readers)]
+
+
+def set_mean_gradients(net: nn.Module, grads: list[list[torch.Tensor]]) -> None:
+    """Give ``net``'s parameters the mean of the gradients in ``grads`` (one list per batch, in parameter
+    order), summed in that order."""
+    for index, parameter in enumerate(net.parameters()):
+        total = grads[0][index]
+        for other in grads[1:]:
+            total = total + other[index]
+        parameter.grad = total / len(grads)
+
+
+def replay(
+    lines: list[dict], *, seed: int, epoch: int, readers: str = "participants", processes: int = 1
+) -> dict[str, torch.Tensor]:
+    """SGD with momentum over the committed steps of ``lines``, written by hand: each step on the average of
+    the gradients of the global batches its readers (``line[readers]`` of them) read, clipped, at the rate
+    StepLR gives that step (a prepared scheduler steps once per process of the group, as Accelerate's)."""
+    net = model(seed)
+    optimizer = torch.optim.SGD(net.parameters(), lr=LR, momentum=MOMENTUM)
+    for step, line in sorted(committed_lines(lines).items()):
+        grads = []
+        for batch in step_batches(line, line[readers]):
+            net.zero_grad()
+            loss_of(net, torch.tensor(batch_ids(batch % epoch))).backward()
+            grads.append([p.grad.clone() for p in net.parameters()])
+        set_mean_gradients(net, grads)
+        torch.nn.utils.clip_grad_norm_(list(net.parameters()), MAX_NORM)
+        optimizer.param_groups[0]["lr"] = LR * GAMMA ** (step * processes)
+        optimizer.step()
+    return net.state_dict()
+
+
 def _wait_for(gate: Path, timeout: float = 90) -> None:
     deadline = time.monotonic() + timeout
     while not gate.exists():
@@ -128,6 +170,34 @@ def main(argv: list[str]) -> None:
     backend.close()
 
 
+def train_step(
+    accelerator: Any,
+    net: nn.Module,
+    optimizer: Any,
+    scheduler: Any,
+    loader: Any,
+    ids: torch.Tensor,
+    step: int,
+) -> dict[str, Any]:
+    """One step on the batch ``ids`` (clipped, then the schedule); its line: ``step`` (committed steps before
+    it), ``committed``, ``participants`` (groups), ``readers`` (processes that read a batch), ``ids`` and the
+    loader's draw."""
+    draw = loader.steps.last
+    accelerator.backward(loss_of(net, ids))
+    accelerator.clip_grad_norm_(net.parameters(), MAX_NORM)
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad()
+    return {
+        "step": step,
+        "committed": bool(optimizer.optimizer.committed),
+        "participants": accelerator.backend.participants,
+        "ids": ids.tolist(),
+        "readers": draw["participants"],  # the processes that read a batch this step
+        **{key: draw[key] for key in ("epoch", "consumed", "rank", "batch", "padded")},
+    }
+
+
 def _train(accelerator: Any, net: nn.Module, optimizer: Any, scheduler: Any, loader: Any, args: Any) -> int:
     """The loop until torchft's step count reaches ``args.steps`` (over epochs); returns the iterations run."""
     backend, gate = accelerator.backend, args.gate
@@ -137,19 +207,7 @@ def _train(accelerator: Any, net: nn.Module, optimizer: Any, scheduler: Any, loa
         if ids is None:  # the epoch ended: the next one
             batches = iter(loader)
             continue
-        draw = loader.steps.last
-        accelerator.backward(loss_of(net, ids))
-        accelerator.clip_grad_norm_(net.parameters(), MAX_NORM)
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad()
-        line = {
-            "step": step,
-            "committed": bool(optimizer.optimizer.committed),
-            "participants": backend.participants,
-            "ids": ids.tolist(),
-            **{key: draw[key] for key in ("epoch", "consumed", "rank", "batch", "padded")},
-        }
+        line = train_step(accelerator, net, optimizer, scheduler, loader, ids, step)
         with open(f"{args.out}.steps", "a") as progress:
             progress.write(json.dumps(line) + "\n")
         if args.project and line["committed"]:  # one step, one quorum: the same state on every group

@@ -64,8 +64,18 @@ def select_backend(
         parallelism_config=parallelism_config,
         plugins=tuple(plugins),
     )
+    return build_backend(request)
+
+
+def build_backend(request: BackendRequest, *, skip: tuple[str, ...] = ()) -> Backend:
+    """Build the first registered backend that applies to ``request``, leaving out those named in ``skip``
+    (a backend that layers itself over another, such as fault tolerance, builds the one beneath this way).
+
+    Raises:
+        RuntimeError: no registered backend applies.
+    """
     for spec in backend_specs():
-        if spec.applies(request):
+        if spec.name not in skip and spec.applies(request):
             backend = spec.build_backend(request)
             if not isinstance(backend, Backend):
                 raise TypeError(
@@ -167,4 +177,4 @@ def registered_backends() -> list[BackendSpec]:
     return backend_specs()
 
 
-__all__ = ["register_backend", "registered_backends", "select_backend", "unregister_backend"]
+__all__ = ["build_backend", "register_backend", "registered_backends", "select_backend", "unregister_backend"]

@@ -206,4 +206,5 @@ def _start_services(settings: Any, services: contextlib.ExitStack) -> None:
     for spec in sectioned_specs():
         section = getattr(settings, spec.config_section or "", None)
         if spec.add_on and spec.launch_service is not None and section is not None:
-            setattr(settings, spec.config_section, services.enter_context(spec.launch_service(dict(section))))
+            service = spec.launch_service(dict(section), settings)
+            setattr(settings, spec.config_section, services.enter_context(service))

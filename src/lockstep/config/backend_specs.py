@@ -138,11 +138,11 @@ class BackendSpec:
     add_on: bool = False
     """Its section is chosen by its switch or its flags, not by ``distributed_type``, and goes to the workers
     beside the distributed type's (fault tolerance: each replica group is an ordinary job)."""
-    launch_service: Callable[[dict[str, Any]], contextlib.AbstractContextManager[dict[str, Any]]] | None = (
-        None
-    )
+    launch_service: (
+        Callable[[dict[str, Any], Any], contextlib.AbstractContextManager[dict[str, Any]]] | None
+    ) = None
     """Runs beside the workers for the whole launch when its section is given (fault tolerance's lighthouse);
-    entered with the section, it yields the section the workers get."""
+    entered with the section and the launch settings, it yields the section the workers get."""
 
     @property
     def section_keys(self) -> dict[str, SettingKey]:

@@ -168,6 +168,28 @@ def global_batches(batch_sampler: Iterable[list[int]]) -> Sequence[Sequence[int]
     return [list(batch) for batch in batch_sampler]
 
 
+def process_share(
+    batches: Sequence[Sequence[int]],
+    batch_sampler: Any,
+    *,
+    process: int,
+    processes: int,
+    even_batches: bool = True,
+) -> RankBatches:
+    """Process ``process``'s batches of an epoch whose global batches are ``batches`` (from
+    ``batch_sampler``, whose ``batch_size`` and ``drop_last`` apply), dealt over ``processes`` as
+    :class:`BatchSamplerShard` deals them without ``split_batches``. Its ``remainder`` is the number of real
+    samples in the last round (what ``gather_for_metrics`` keeps of it)."""
+    spec = ShardSpec(
+        world_size=processes,
+        rank=process,
+        even_batches=even_batches,
+        drop_last=bool(getattr(batch_sampler, "drop_last", False)),
+        batch_size=getattr(batch_sampler, "batch_size", None),
+    )
+    return plan_epoch(batches, spec)
+
+
 class BatchSamplerShard(BatchSampler):
     """Wraps a batch sampler so that it yields one process's batches only (Accelerate's rules).
 

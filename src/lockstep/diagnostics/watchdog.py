@@ -36,6 +36,7 @@ from lockstep.diagnostics.hang_summary import HANG_EXIT_CODE, RankReport, hang_l
 from lockstep.diagnostics.records import write_error_record
 from lockstep.diagnostics.settings import WatchdogPlan
 from lockstep.diagnostics.stacks import format_all_threads, traceback_location, user_location
+from lockstep.errors import ReplicaQuorumError
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +44,10 @@ _STEP_HISTORY = 100
 
 
 def is_collective_timeout(error: BaseException) -> bool:
-    """Whether ``error`` is a process-group timeout (gloo's ``Timed out waiting``, NCCL's watchdog)."""
+    """Whether ``error`` is a process-group timeout (gloo's ``Timed out waiting``, NCCL's watchdog); a
+    fault-tolerant group's lost lighthouse or quorum is not (its own error says it)."""
+    if isinstance(error, ReplicaQuorumError):
+        return False
     text = str(error).lower()
     return "timed out" in text or "timeout" in text
 

@@ -463,6 +463,8 @@ def _validate_backend_section(s: LaunchSettings) -> None:
         "use_parallelism_config": s.use_parallelism_config,
         "num_processes": s.num_processes,
         "distributed_type": s.distributed_type,
+        "num_machines": s.num_machines,
+        "main_process_port": s.main_process_port,
     }
     for spec in sectioned_specs():
         section = getattr(s, spec.config_section or "", None)

@@ -10,7 +10,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from lockstep.accelerator import Accelerator
 from lockstep.rng import set_seed
+from lockstep.trainer._setup_checks import enable_gradient_checkpointing
+from lockstep.trainer.accelerator_factory import create_accelerator_and_postprocess
 from lockstep.trainer.arguments import TrainingArguments
 
 logger = logging.getLogger("lockstep.trainer")
@@ -111,3 +114,19 @@ def follow_kept_global_batch(args: TrainingArguments, accelerator: Any) -> None:
             kept,
         )
         args.gradient_accumulation_steps = kept
+
+
+def set_up_process(args: TrainingArguments, model: nn.Module) -> tuple[Accelerator, NEFTune | None]:
+    """Seeds, the model's own switches (cache, gradient checkpointing), the Accelerator the arguments
+    describe, TF32 and log levels: everything that sets up this process for the Trainer; and NEFTune's
+    embedding noise when asked for."""
+    seed_everything(args)
+    apply_use_cache(model, args)
+    enable_gradient_checkpointing(model, args)
+    accelerator = create_accelerator_and_postprocess(args, model)
+    apply_tf32(args)
+    apply_log_level(
+        args, is_main=accelerator.is_main_process, is_local_main=accelerator.is_local_main_process
+    )
+    alpha = args.neftune_noise_alpha
+    return accelerator, NEFTune(model, alpha) if alpha else None

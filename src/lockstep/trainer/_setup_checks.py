@@ -129,3 +129,13 @@ def _check_batch_metrics(args: TrainingArguments, compute_metrics: Any) -> None:
             f"{getattr(compute_metrics, '__name__', compute_metrics)!r} takes no compute_result. Add that parameter, "
             "or set batch_eval_metrics=False."
         )
+
+
+def checked_arguments(args: TrainingArguments | None, **inputs: Any) -> TrainingArguments:
+    """``args`` (default ``TrainingArguments()``), checked against the Trainer's other inputs
+    (:func:`check_inputs`)."""
+    args = args if args is not None else TrainingArguments()
+    if not isinstance(args, TrainingArguments):
+        raise TypeError(f"Trainer(args=...) got {type(args).__name__}; pass a lockstep.TrainingArguments.")
+    check_inputs(args, **inputs)
+    return args

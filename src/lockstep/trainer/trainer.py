@@ -45,7 +45,6 @@ from lockstep.trainer._num_items import MicroBatch
 from lockstep.trainer._step_plan import StepPlan, plan_steps, record_plan, resized_plan
 from lockstep.trainer._trainer_checkpoints import TrainerCheckpoints
 from lockstep.trainer._training_step import training_step_for
-from lockstep.trainer.accelerator_factory import create_accelerator_and_postprocess
 from lockstep.trainer.arguments import TrainingArguments
 from lockstep.trainer.callbacks import (
     CallbackHandler,
@@ -128,45 +127,21 @@ class Trainer:
             "callbacks": callbacks,
             "compute_loss_func": compute_loss_func,
         }
-        self.args = args if args is not None else TrainingArguments()
-        if not isinstance(self.args, TrainingArguments):
-            raise TypeError(
-                f"Trainer(args=...) got {type(self.args).__name__}; pass a lockstep.TrainingArguments."
-            )
-        _setup_checks.check_inputs(
-            self.args,
+        self.args = _setup_checks.checked_arguments(
+            args,
             train_dataset=train_dataset,
             eval_dataset=eval_dataset,
             optimizers=optimizers,
             compute_loss_func=compute_loss_func,
             compute_metrics=compute_metrics,
         )
-        _process_setup.seed_everything(self.args)
         self.model = model
-        _process_setup.apply_use_cache(model, self.args)
-        _setup_checks.enable_gradient_checkpointing(model, self.args)
-        self.accelerator = create_accelerator_and_postprocess(self.args, model)
-        _process_setup.apply_tf32(self.args)
-        _process_setup.apply_log_level(
-            self.args,
-            is_main=self.accelerator.is_main_process,
-            is_local_main=self.accelerator.is_local_main_process,
-        )
-        alpha = self.args.neftune_noise_alpha
-        self._neftune = _process_setup.NEFTune(model, alpha) if alpha else None
+        self.accelerator, self._neftune = _process_setup.set_up_process(self.args, model)
         self.train_dataset, self.eval_dataset = train_dataset, eval_dataset
         self.data_collator = data_collator
         self.compute_metrics, self.compute_loss_func = compute_metrics, compute_loss_func
         self.label_names = self.args.label_names or batches.default_label_names(model)
-        self._step = training_step_for(  # plain or pipelined, chosen once
-            self.accelerator,
-            model,
-            self.args,
-            label_names=self.label_names,
-            compute_loss_func=compute_loss_func,
-            # looked up at each call: a subclass, or code that sets trainer.compute_loss, may replace it
-            compute_loss=lambda model, batch, **kwargs: self.compute_loss(model, batch, **kwargs),
-        )
+        self._step = self._build_training_step(model, compute_loss_func)
         self._given_optimizers = (optimizers[0], optimizers[1])
         self.optimizer, self.lr_scheduler = optimizers
         self.model_wrapped: nn.Module | None = None
@@ -186,7 +161,26 @@ class Trainer:
         self._prepared = self._registered = False
         self._progress: ProgressBar | None = None
         self._losses = LossSums(self.accelerator.device, nan_inf_filter=self.args.logging_nan_inf_filter)
-        self._checkpoints = TrainerCheckpoints(
+        self._checkpoints = self._build_checkpoints()
+        self._step_learning_rate = 0.0
+        self.control = self._event("on_init_end")
+
+    def _build_training_step(
+        self, model: nn.Module, compute_loss_func: Callable[..., torch.Tensor] | None
+    ) -> Any:
+        """The training step, plain or pipelined, chosen once."""
+        return training_step_for(
+            self.accelerator,
+            model,
+            self.args,
+            label_names=self.label_names,
+            compute_loss_func=compute_loss_func,
+            # looked up at each call: a subclass, or code that sets trainer.compute_loss, may replace it
+            compute_loss=lambda model, batch, **kwargs: self.compute_loss(model, batch, **kwargs),
+        )
+
+    def _build_checkpoints(self) -> TrainerCheckpoints:
+        return TrainerCheckpoints(
             self.accelerator,
             self.args,
             self.state,
@@ -195,8 +189,6 @@ class Trainer:
             load_weights=lambda folder: self._step.load_weights(self.model_wrapped, folder),
             write_state=lambda folder: _transformers_format.write_trainer_state(folder, self.state),
         )
-        self._step_learning_rate = 0.0
-        self.control = self._event("on_init_end")
 
     def _build_loaders(self, model: nn.Module, data_collator: Any) -> TrainerLoaders:
         keep = batches.columns_to_keep(model, self.label_names) if self.args.remove_unused_columns else None

@@ -10,5 +10,6 @@ __getattr__, __all__ = lazy_exports(
     {
         "FaultToleranceConfig": "lockstep.backends.ft.config",
         "FaultTolerantBackend": "lockstep.backends.ft.backend",
+        "ReplicaQuorumError": "lockstep.errors",
     },
 )

@@ -1,6 +1,8 @@
 """Replica groups that average gradients through torchft's per-step quorum.
 
-Each replica group is one lockstep process holding a whole replica. Per optimizer step:
+Each replica group is an ordinary lockstep job of one or more processes, trained inside by the backend the
+settings choose without fault tolerance (one process, DDP or FSDP2: the *inner* backend); this backend is a
+layer over it that adds the step's quorum, the average across groups and the heal. Per optimizer step:
 
 1. the step's quorum is asked of the lighthouse and waited for (``Manager.start_quorum`` with
    ``use_async_quorum=False``): when the ``prepare`` call that holds the optimizer returns (the first step),
@@ -10,25 +12,26 @@ Each replica group is one lockstep process holding a whole replica. Per optimize
    torchft sends it the peer's models, optimizer and step count, and the Accelerator's loader positions,
    schedulers, registered objects and counters (:mod:`lockstep.accelerator.live_state`), so every group in
    the quorum computes a real gradient on the same weights and no group's batch is replaced by zeros;
-2. ``optimizer.step()`` all-reduces the gradients over the groups in the quorum (one flat buffer per dtype,
-   summed, divided by the participants), then asks every group whether the step commits
+2. ``optimizer.step()`` all-reduces the gradients over the groups in the quorum, after the inner backend
+   averaged them inside the group (one flat buffer per dtype, summed, divided by the participants; rank
+   ``r`` of each group with rank ``r`` of the others, on its own shard under FSDP2), then asks every
+   process of every group whether the step commits
    (``Manager.should_commit``): the optimizer steps only when it does, so all live groups apply the same
    averaged gradient or none do.
 
-Prepared loaders deal each step's global batches over that step's participants, and consume them only when
-the step commits (:mod:`lockstep.backends.ft.data`).
+Prepared loaders deal each step's global batches over that step's participants (over every process of
+each), and consume them only when the step commits (:mod:`lockstep.backends.ft.data`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
-import socket
-import warnings
 import weakref
-from collections.abc import Callable, Iterable
-from datetime import timedelta
-from typing import Any, final
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar, final
 
 import torch
 from torch import nn
@@ -36,87 +39,42 @@ from torch import nn
 from lockstep.backends.base import Backend, DataShard
 from lockstep.backends.capabilities import LiveRecovery, StepDataAssignment
 from lockstep.backends.ft.config import FaultToleranceConfig
-from lockstep.backends.ft.data import StepBatches, quorum_loader
-from lockstep.config.plugins import TorchDynamoPlugin
-from lockstep.precision import Precision
+from lockstep.backends.ft.data import GroupReading, StepBatches, quorum_loader
+from lockstep.backends.ft.manager import shut_down, start_manager
+from lockstep.backends.ft.optimizer import QuorumOptimizer, average_gradients
+from lockstep.errors import ReplicaQuorumError
 from lockstep.state import PartialState
+
+C = TypeVar("C")
 
 logger = logging.getLogger("lockstep.backends")
 PEER_KEY = "lockstep_peer"
 """The shared state that names the group a healing group received the others from."""
 
 
-def _manager(config: FaultToleranceConfig, address: str) -> Any:
-    """torchft's Manager for this group of one process, on a store of its own."""
-    # torchft 0.2.0's _ManagerLogger.warn calls the deprecated Logger.warn (torchft/manager.py) on every
-    # CPU quorum; under -W error that DeprecationWarning is raised inside the quorum, which torchft records
-    # as an error, and no step would ever commit. Scoped to that module and message.
-    warnings.filterwarnings(
-        "ignore", message="The 'warn' method is deprecated", category=DeprecationWarning, module="torchft"
-    )
-    from torch.distributed import TCPStore
-    from torchft.manager import Manager
-    from torchft.process_group import ProcessGroupGloo
-
-    timeout = timedelta(seconds=config.timeout)
-    hostname = config.hostname or socket.gethostname()
-    store = TCPStore(hostname, 0, is_master=True, wait_for_workers=False, timeout=timeout)
-    try:
-        manager = Manager(
-            pg=ProcessGroupGloo(timeout=timeout),
-            load_state_dict=None,
-            state_dict=None,
-            min_replica_size=config.min_replicas,
-            timeout=timeout,
-            quorum_timeout=timeout,
-            connect_timeout=timeout,
-            rank=0,
-            world_size=1,
-            store_addr=hostname,
-            store_port=store.port,
-            lighthouse_addr=address,
-            use_async_quorum=False,
-            replica_id=config.replica_id,
-            hostname=hostname,
-        )
-    except RuntimeError as error:
-        raise RuntimeError(
-            f"Replica group {config.replica_group} could not join the torchft lighthouse at {address} within "
-            f"{config.timeout:g} s: {error}. Check that the lighthouse runs and that this machine reaches it, "
-            "or raise FaultToleranceConfig(timeout=...)."
-        ) from error
-    manager._lockstep_store = store  # the store must outlive the manager, which connects to it by address
-    return manager
-
-
 @final
 class FaultTolerantBackend(Backend, LiveRecovery, StepDataAssignment):
-    """One replica per group; gradients averaged across the live groups of each step (torchft).
+    """A replica per group; gradients averaged across the live groups of each step (torchft).
 
     Args:
-        state: the process state (one process per replica group).
-        precision: the mixed-precision setting.
+        state: the process state (the processes of this replica group).
         config: which group this is and which lighthouse keeps the quorum.
-        dynamo_plugin: ``torch.compile`` settings.
+        inner: the backend that trains the replica inside the group (one process, DDP or FSDP2): it places,
+            wraps, synchronises, clips and checkpoints as without fault tolerance.
     """
 
-    def __init__(
-        self,
-        state: PartialState,
-        *,
-        precision: Precision,
-        config: FaultToleranceConfig,
-        dynamo_plugin: TorchDynamoPlugin | None = None,
-    ) -> None:
-        super().__init__(state, precision=precision, dynamo_plugin=dynamo_plugin)
-        self.distributed_type = state.distributed_type
+    def __init__(self, state: PartialState, *, config: FaultToleranceConfig, inner: Backend) -> None:
+        super().__init__(state, precision=inner.precision, dynamo_plugin=inner.dynamo_plugin)
+        self.inner = inner
+        self.distributed_type = inner.distributed_type
         self.config = config
-        self.manager = _manager(config, config.lighthouse_address())
-        self._finalizer = weakref.finalize(self, self.manager.shutdown, wait=False)
+        self.manager = start_manager(config, config.lighthouse_address(), state)
+        self._finalizer = weakref.finalize(self, shut_down, self.manager)
         self._quorum_started = False
         self._averaged = False
         self._models = 0
-        self._optimizer: _QuorumOptimizer | None = None
+        self._trained: weakref.WeakSet[nn.Module] = weakref.WeakSet()
+        self._optimizer: QuorumOptimizer | None = None
         self._step_end: dict[str, Callable[[], Any]] = {}
         self._loaders: list[StepBatches] = []
         self._at_step_end: dict[str, Any] = {}
@@ -125,16 +83,33 @@ class FaultTolerantBackend(Backend, LiveRecovery, StepDataAssignment):
         self.manager.register_state_dict_fn(PEER_KEY, self._note_heal, self._identity)
 
     def close(self) -> None:
-        """Leave the quorum and stop torchft's servers (also done when the backend is collected)."""
+        """Leave the quorum, stop torchft's servers and drop its process group (also done when the backend is
+        collected, or at exit)."""
         self._finalizer()
 
+    def capability(self, kind: type[C]) -> C | None:
+        """Live recovery and step-wise data are this layer's; everything else is the inner backend's."""
+        return self if isinstance(self, kind) else self.inner.capability(kind)
+
+    # -- data -------------------------------------------------------------------------------------
+    @property
+    def _processes(self) -> int:
+        return self.state.num_processes
+
     def data_shard(self) -> DataShard:
-        """The replica group among the groups the job starts with (prepared loaders deal each step's batches
-        over that step's participants instead: :meth:`prepare_data_loader`)."""
-        return DataShard(index=self.config.replica_group, count=self.config.num_replica_groups)
+        """This process among every process of the groups the job starts with (prepared loaders deal each
+        step's batches over that step's participants instead: :meth:`prepare_data_loader`)."""
+        processes = self._processes
+        return DataShard(
+            index=self.config.replica_group * processes + self.state.process_index,
+            count=self.config.num_replica_groups * processes,
+        )
+
+    def data_parallel_group(self) -> Any:
+        return self.inner.data_parallel_group()
 
     def prepare_data_loader(self, data_loader: Any, *, device: torch.device | None, config: Any) -> Any:
-        """A loader that reads, at each step, this group's global batch among the step's participants
+        """A loader that reads, at each step, this process's global batch among the step's participants
         (:mod:`lockstep.backends.ft.data`)."""
         refusals = {
             "DataLoaderConfiguration(split_batches=True)": config.split_batches,
@@ -143,32 +118,70 @@ class FaultTolerantBackend(Backend, LiveRecovery, StepDataAssignment):
         }
         loader = quorum_loader(
             data_loader,
-            quorum=self._quorum,
-            groups=self.config.num_replica_groups,
+            quorum=self._readers,
+            groups=self.config.num_replica_groups * self._processes,
             device=device,
             data_seed=config.data_seed,
             refusals=refusals,
+            reading=GroupReading(
+                evaluating=self._evaluating,
+                process=self.state.process_index,
+                processes=self._processes,
+                even_batches=config.even_batches,
+            ),
         )
         self._loaders.append(loader.steps)
         return loader
+
+    def _evaluating(self) -> bool:
+        """Every prepared model is in eval mode (and there is one): a loader read now is an evaluation pass.
+        A model counts as in eval mode when its wrapper or the module inside is (``unwrap_model(m).eval()``
+        leaves a DDP wrapper's flag as it was)."""
+        models = list(self._trained)
+        return bool(models) and not any(m.training and self.unwrap_model(m).training for m in models)
+
+    def _readers(self) -> tuple[int, int]:
+        """Join this step's quorum; the processes that read a batch this step (every process of each
+        participating group) and this process's place among them."""
+        participants, rank = self._quorum()
+        return participants * self._processes, rank * self._processes + self.state.process_index
 
     def _quorum(self) -> tuple[int, int]:
         """Join this step's quorum; the participants and this group's rank among them."""
         self._start_quorum()
         rank = self.manager.participating_rank()
         if rank is None:
-            raise RuntimeError(
+            raise ReplicaQuorumError(
                 f"Replica group {self.config.replica_group} is not among the participants of torchft's quorum "
                 f"at step {self.manager.current_step()}, so it has no share of the step's batches."
             )
         return self.manager.num_participants(), rank
 
+    # -- models and optimizers (the inner backend's, then shared with healing peers) --------------
+    def prepare_model(
+        self, model: nn.Module, *, device_placement: bool, evaluation_mode: bool = False
+    ) -> nn.Module:
+        prepared = self.inner.prepare_model(
+            model, device_placement=device_placement, evaluation_mode=evaluation_mode
+        )
+        if not evaluation_mode:
+            # A healing process receives the replica from the same rank of a live peer group; under FSDP2
+            # that is its own shard (DTensors, which torchft's transport carries as they are).
+            key = f"model_{self._models}"
+            self.manager.register_state_dict_fn(key, prepared.load_state_dict, prepared.state_dict)
+            self._models += 1
+            self._trained.add(prepared)
+            prepared.register_forward_pre_hook(self._before_forward)
+        return prepared
+
     def wrap_model(self, model: nn.Module) -> nn.Module:
-        # The whole replica lives in this process; a healing group receives it from a live peer.
-        self.manager.register_state_dict_fn(f"model_{self._models}", model.load_state_dict, model.state_dict)
-        self._models += 1
-        model.register_forward_pre_hook(self._before_forward)
-        return model
+        return self.inner.wrap_model(model)
+
+    def unwrap_model(self, model: nn.Module, *, keep_torch_compile: bool = True) -> nn.Module:
+        return self.inner.unwrap_model(model, keep_torch_compile=keep_torch_compile)
+
+    def full_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        return self.inner.full_state_dict(model)
 
     def _before_forward(self, module: nn.Module, args: Any) -> None:
         if module.training and torch.is_grad_enabled():
@@ -180,13 +193,49 @@ class FaultTolerantBackend(Backend, LiveRecovery, StepDataAssignment):
                 "Accelerator(fault_tolerance=...) steps one optimizer per replica group so far (each step is "
                 "one quorum and one commit); a second one was prepared. Put all parameters in one optimizer."
             )
+        optimizer = self.inner.prepare_optimizer(optimizer)
         self.manager.register_state_dict_fn("optimizer", optimizer.load_state_dict, optimizer.state_dict)
-        self._optimizer = _QuorumOptimizer(optimizer, self._synchronize)
+        self._optimizer = QuorumOptimizer(optimizer, self._synchronize)
         return self._optimizer
 
+    # -- the step ---------------------------------------------------------------------------------
+    def scale_for_accumulation(self, loss: torch.Tensor, steps: int) -> torch.Tensor:
+        return self.inner.scale_for_accumulation(loss, steps)
+
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        if any(loader.evaluation_pass for loader in self._loaders):
+            raise RuntimeError(
+                "accelerator.backward() ran while a prepared loader was read as an evaluation pass: every "
+                "prepared model was in eval mode when its iteration began, so each replica group reads the "
+                "whole set and no step of it may be trained. Call model.train() before iterating a "
+                "training loader."
+            )
         self._start_quorum()
-        super().backward(loss, **kwargs)
+        self.inner.backward(loss, **kwargs)
+
+    def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager:
+        return self.inner.no_sync(model)
+
+    def sync_next_backward(self, model: nn.Module) -> contextlib.AbstractContextManager:
+        return self.inner.sync_next_backward(model)
+
+    # -- checkpoints: the inner backend's, within each group ---------------------------------------
+    def model_state_dicts(self, models: Sequence[nn.Module]) -> list[dict[str, torch.Tensor] | None]:
+        return self.inner.model_state_dicts(models)
+
+    def optimizer_states(self, optimizers: Sequence[Any]) -> list[Any]:
+        return self.inner.optimizer_states(optimizers)
+
+    def pending_gradients(
+        self, models: Sequence[nn.Module], *, mid_accumulation: bool
+    ) -> dict[str, torch.Tensor]:
+        return self.inner.pending_gradients(models, mid_accumulation=mid_accumulation)
+
+    def read_model_states(self, models: Any, optimizers: Any, folder: Path) -> Any:
+        return self.inner.read_model_states(models, optimizers, folder)
+
+    def restore_gradients(self, models: Sequence[nn.Module], gradients: dict[str, torch.Tensor]) -> None:
+        self.inner.restore_gradients(models, gradients)
 
     @property
     def participants(self) -> int:
@@ -253,7 +302,7 @@ class FaultTolerantBackend(Backend, LiveRecovery, StepDataAssignment):
             self.manager.start_quorum()
         except Exception as error:  # torchft raises its RPC's TimeoutError or RuntimeError
             config = self.config
-            raise RuntimeError(
+            raise ReplicaQuorumError(
                 f"Replica group {config.replica_group} got no quorum from the torchft lighthouse at "
                 f"{config.lighthouse_address()} within {config.timeout:g} s ({type(error).__name__}: {error}): "
                 f"the lighthouse is down or unreachable, or fewer than min_replicas={config.min_replicas} "
@@ -269,14 +318,14 @@ class FaultTolerantBackend(Backend, LiveRecovery, StepDataAssignment):
         here, before the norm, instead of in ``optimizer.step()``."""
         if self._optimizer is not None:
             self._average(self._optimizer.trained_parameters())
-        return super().clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
+        return self.inner.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
 
     def _average(self, parameters: list[torch.Tensor]) -> None:
         if self._averaged:
             return
         self._start_quorum()
         for dtype in dict.fromkeys(p.dtype for p in parameters):
-            _average(self.manager, [p for p in parameters if p.dtype == dtype])
+            average_gradients(self.manager, [p for p in parameters if p.dtype == dtype])
         self._averaged = True
 
     def _synchronize(self, parameters: list[torch.Tensor]) -> bool:
@@ -290,72 +339,3 @@ class FaultTolerantBackend(Backend, LiveRecovery, StepDataAssignment):
         # Where a group that heals before the next step starts (also after a discarded step).
         self._at_step_end = {key: state_dict() for key, state_dict in self._step_end.items()}
         return committed
-
-
-def _average(manager: Any, parameters: list[torch.Tensor]) -> None:
-    """All-reduce one flat buffer of gradients (a missing gradient counts as zeros) and copy it back."""
-    for parameter in parameters:
-        if parameter.grad is None:
-            parameter.grad = torch.zeros_like(parameter)
-    flat = torch.cat([p.grad.detach().reshape(-1) for p in parameters])
-    manager.allreduce(flat).wait()
-    offset = 0
-    for parameter in parameters:
-        size = parameter.numel()
-        parameter.grad.copy_(flat[offset : offset + size].view_as(parameter.grad))
-        offset += size
-
-
-class _QuorumOptimizer(torch.optim.Optimizer):
-    """The user's optimizer, stepped only when the step's quorum commits (its state is the user's)."""
-
-    def __init__(self, optimizer: torch.optim.Optimizer, synchronize: Callable[[list[torch.Tensor]], bool]):
-        # No Optimizer.__init__: state and param_groups stay the wrapped optimizer's own objects.
-        self.optimizer = optimizer
-        self._synchronize = synchronize
-        self.committed: bool | None = None
-        """Whether the last step committed (None before the first)."""
-
-    @property
-    def state(self) -> Any:  # type: ignore[override]
-        return self.optimizer.state
-
-    @property
-    def param_groups(self) -> list[dict[str, Any]]:  # type: ignore[override]
-        return self.optimizer.param_groups
-
-    @property
-    def defaults(self) -> dict[str, Any]:  # type: ignore[override]
-        return self.optimizer.defaults
-
-    def add_param_group(self, param_group: dict[str, Any]) -> None:
-        self.optimizer.add_param_group(param_group)
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.optimizer.state_dict()
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.optimizer.load_state_dict(state_dict)
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        self.optimizer.zero_grad(set_to_none=set_to_none)
-
-    def step(self, closure: Callable[[], float] | None = None) -> Any:  # type: ignore[override]
-        if closure is not None:
-            raise ValueError(
-                "Accelerator(fault_tolerance=...) cannot step with a closure (one quorum per step)."
-            )
-        self.committed = self._synchronize(self.trained_parameters())
-        return self.optimizer.step() if self.committed else None
-
-    @property
-    def step_was_skipped(self) -> bool:
-        """The last step did not commit (the prepared optimizer and its schedulers read this)."""
-        return self.committed is False
-
-    def trained_parameters(self) -> list[torch.Tensor]:
-        """The parameters this optimizer updates, in its (every group's identical) order."""
-        return [p for group in self.optimizer.param_groups for p in group["params"] if p.requires_grad]
-
-    def __repr__(self) -> str:
-        return f"FaultTolerant({self.optimizer!r})"

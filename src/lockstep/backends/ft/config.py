@@ -18,7 +18,8 @@ class FaultToleranceConfig:
     """Train as one replica group of a fault-tolerant job: gradients are averaged across the live groups of
     each step (torchft's per-step quorum), and a group that dies leaves the others stepping.
 
-    Each replica group is an ordinary lockstep job; start one per group with its own ``replica_group``,
+    Each replica group is an ordinary lockstep job (one process, or several with DDP or FSDP2 inside the
+    group); start one per group with its own ``replica_group``,
     all pointing at the same lighthouse (``torchft_lighthouse --min_replicas 1 --bind [::]:29510``, or
     ``torchft.coordination.LighthouseServer`` from Python).
 

@@ -13,19 +13,27 @@ epoch is used by exactly one committed step, whichever groups come and go.
 The last step of an epoch can have fewer global batches left than participants: a group with none left reads
 one from the epoch's start (``padded`` in its draw record), as ``even_batches`` repeats samples across
 processes, so that every participant has a batch and none ends its epoch alone.
+
+An *evaluation pass* is an iteration that starts while every prepared model is in eval mode
+(``model.eval()``): no step of it is trained, so it is not dealt over a quorum. Each group reads the whole
+epoch, dealt over its own processes as a loader without fault tolerance deals it (``even_batches``, with
+``remainder`` set), so ``gather_for_metrics`` within the group returns every sample once, and a group lost
+meanwhile takes nothing from the others' metrics. The pass leaves the loader's position as it was.
 """
 
 from __future__ import annotations
 
 import logging
+import warnings
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any, final
 
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler
 
 from lockstep._nested import send_to_device
-from lockstep.data.samplers import SeedableRandomSampler, global_batches
+from lockstep.data.samplers import SeedableRandomSampler, global_batches, process_share
 from lockstep.state import GradientState
 
 logger = logging.getLogger("lockstep.backends")
@@ -37,6 +45,25 @@ Quorum = Callable[[], tuple[int, int]]
 """Joins the current step's quorum (once per step); returns (participants, this group's rank among them)."""
 
 
+@dataclass(frozen=True)
+class GroupReading:
+    """How a loader reads an evaluation pass inside its replica group.
+
+    Attributes:
+        evaluating: whether an iteration starting now is an evaluation pass (every prepared model in eval
+            mode).
+        process: this process's index in its group.
+        processes: the processes of the group.
+        even_batches: repeat samples from the epoch's start so that every process of the group reads as many
+            batches (``DataLoaderConfiguration(even_batches=...)``).
+    """
+
+    evaluating: Callable[[], bool] = lambda: False
+    process: int = 0
+    processes: int = 1
+    even_batches: bool = True
+
+
 @final
 class StepBatches:
     """The batch sampler of a fault-tolerant loader: each step's global batches over its participants.
@@ -45,6 +72,7 @@ class StepBatches:
         batch_sampler: the user's batch sampler (its order must be the same on every group).
         quorum: joins the step's quorum; (participants, rank).
         groups: the replica groups the job starts with (only for ``len``).
+        reading: how an evaluation pass is read inside the group.
 
     Attributes:
         groups: the replica groups the job starts with.
@@ -52,12 +80,21 @@ class StepBatches:
         consumed: global batches of that epoch consumed by committed steps.
         last: the last draw: ``epoch``, ``consumed``, ``participants``, ``rank``, ``batch`` (its global
             index), ``ids``, ``padded`` (a repeat from the epoch's start); None before the first.
+        evaluation_pass: an evaluation pass is being read.
+        remainder: real samples in the last round of the evaluation pass being read (-1 otherwise).
     """
 
-    def __init__(self, batch_sampler: Any, quorum: Quorum, groups: int) -> None:
+    def __init__(
+        self, batch_sampler: Any, quorum: Quorum, groups: int, reading: GroupReading | None = None
+    ) -> None:
         self.batch_sampler = batch_sampler
         self._quorum = quorum
         self.groups = groups
+        self.reading = GroupReading() if reading is None else reading
+        self.evaluation_pass = False
+        self.remainder = -1
+        self._steps_ended = 0
+        self._warned = False
         self.epoch = 0
         self.consumed = 0
         self.drawn = 0
@@ -89,17 +126,55 @@ class StepBatches:
         if committed:
             self.consumed += self.drawn * self.participants
         self.drawn = 0
+        self._steps_ended += 1
 
     def __iter__(self) -> Iterator[list[int]]:
+        if self.reading.evaluating():
+            yield from self._evaluation_pass()
+            return
         if (
             self._broken
         ):  # an earlier iteration was broken off: a new one starts the epoch, as a DataLoader does
             self.consumed, self.drawn, self._broken = 0, 0, False
-        self._broken = True
+        self._broken, self._steps_ended, self.remainder = True, 0, -1
+        read = 0
         while (ids := self._draw()) is not None:
+            read += 1
             yield ids
         self._broken = False
         self.epoch, self.consumed, self.drawn, self._order = self.epoch + 1, 0, 0, None
+        if read and self._steps_ended == 0:
+            self._warn_unstepped_pass()
+
+    def _evaluation_pass(self) -> Iterator[list[int]]:
+        """The whole epoch, dealt over this group's processes (see the module doc)."""
+        reading = self.reading
+        plan = process_share(
+            self._global(),
+            self.batch_sampler,
+            process=reading.process,
+            processes=reading.processes,
+            even_batches=reading.even_batches,
+        )
+        self.evaluation_pass, self.remainder, self.end = True, plan.remainder, False
+        try:
+            for index, ids in enumerate(plan):
+                self.end = index == len(plan) - 1
+                yield ids
+        finally:  # after the last batch's gather_for_metrics, before any other iteration's batch
+            self.evaluation_pass, self.remainder = False, -1
+
+    def _warn_unstepped_pass(self) -> None:
+        if self._warned:
+            return
+        self._warned = True
+        warnings.warn(
+            "A prepared loader of a fault-tolerant job was read to its end without an optimizer step while a "
+            "prepared model was in training mode, so it was dealt over the replica groups: each group read "
+            "only its share, and gather_for_metrics returns that share. Call model.eval() before an "
+            "evaluation loop: every group then reads the whole set and gathers all of it.",
+            stacklevel=3,
+        )
 
     def _draw(self) -> list[int] | None:
         if self.drawn == 0:
@@ -145,7 +220,6 @@ class QuorumDataLoader(DataLoader):
     """
 
     _step_observer: Any = None  # the step timer's hook (not timed here)
-    remainder = -1
 
     def __init__(
         self, dataset: Any, *, batches: StepBatches, device: torch.device | None, **settings: Any
@@ -158,6 +232,12 @@ class QuorumDataLoader(DataLoader):
     @property
     def gradient_state(self) -> GradientState:
         return GradientState()
+
+    @property
+    def remainder(self) -> int:
+        """Real samples in the last round of the evaluation pass being read (-1 otherwise: training steps
+        are dealt over the quorum, with no repeats to cut)."""
+        return self.steps.remainder
 
     def __iter__(self) -> Iterator[Any]:
         self.end_of_dataloader = False
@@ -209,9 +289,10 @@ def quorum_loader(
     device: torch.device | None,
     data_seed: int | None,
     refusals: dict[str, bool],
+    reading: GroupReading | None = None,
 ) -> QuorumDataLoader:
     """``data_loader`` as a :class:`QuorumDataLoader`; ``refusals`` maps a setting it cannot honour yet to
-    whether it was given.
+    whether it was given; ``reading`` says how an evaluation pass is read (default: never one).
 
     Raises:
         NotImplementedError: an iterable dataset, ``num_workers > 0`` or a refused setting.
@@ -241,7 +322,7 @@ def quorum_loader(
         for name in ("collate_fn", "pin_memory", "timeout", "generator", "pin_memory_device")
         if hasattr(data_loader, name)
     }
-    steps = StepBatches(batch_sampler, quorum, groups)
+    steps = StepBatches(batch_sampler, quorum, groups, reading)
     return QuorumDataLoader(data_loader.dataset, batches=steps, device=device, **settings)
 
 

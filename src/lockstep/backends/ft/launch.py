@@ -4,10 +4,12 @@ the launcher starts when none is given.
 Torch-free at import (the launcher reads the key table at start-up); the lighthouse imports torchft when it
 starts.
 
-One launch is one replica group (``--replica-group I --num-replica-groups N``); every group's launch points at
-the same lighthouse (``--lighthouse http://host:29510``). A launch without ``--lighthouse`` starts one in the
+One launch is one replica group (``--replica-group I --num-replica-groups N``) of one or more processes
+(``--num-processes``, DDP or ``--use-fsdp`` inside the group); every group's launch points at the same
+lighthouse (``--lighthouse http://host:29510``). A launch without ``--lighthouse`` starts one in the
 launcher for the duration of the launch, binds it to ``--lighthouse-port`` (default 29510) on every interface,
-prints its address, and gives it to its workers.
+prints its address, and gives it to its workers. ``--replica-group all`` starts every group on this machine,
+each as its own launch (:mod:`lockstep.backends.ft.all_groups`).
 """
 
 from __future__ import annotations
@@ -24,12 +26,29 @@ from lockstep.errors import UsageError
 SECTION = "fault_tolerance_config"
 DEFAULT_LIGHTHOUSE_PORT = 29510
 
+ALL_GROUPS = "all"
+"""``--replica-group all``: every replica group on this machine, each its own launch."""
+
+
+def _group_or_all(value: Any, key: str) -> int | str:
+    """A replica group's number (>= 0), or ``all``."""
+    if isinstance(value, str) and value.strip().lower() == ALL_GROUPS:
+        return ALL_GROUPS
+    try:
+        return checks.int_range(0)(value, key)
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"{key} must be a replica group's number (>= 0), or 'all' to start every group on this machine; "
+            f"got {value!r}"
+        ) from None
+
+
 FT_KEYS: tuple[SettingKey, ...] = (
     SettingKey(
         key="replica_group",
         field="replica_group",
-        check=checks.int_range(0),
-        help="this launch's replica group, from 0 (one launch per group)",
+        check=_group_or_all,
+        help="this launch's replica group, from 0 (one launch per group); all: every group on this machine",
         flag=True,
     ),
     SettingKey(
@@ -94,38 +113,77 @@ def config_from_section(section: Mapping[str, Any]) -> Any:
         raise ValueError(
             f"fault tolerance needs {names}: say which replica group this launch is, and how many the job has."
         )
+    if section["replica_group"] == ALL_GROUPS:
+        raise ValueError(
+            f"{SECTION}.replica_group='all' starts every group from `lockstep launch`; a process needs its own "
+            "group's number. Launch with `lockstep launch --replica-group all`, or pass a number."
+        )
     kwargs = {entry.field: section[entry.key] for entry in FT_KEYS if entry.field and entry.key in section}
     return FaultToleranceConfig(**kwargs)
 
 
 def check_section(section: dict[str, Any], launch: Mapping[str, Any]) -> None:
     """Refuse bad fault-tolerance settings before any process starts."""
-    if launch.get("distributed_type") in ("FSDP", "DEEPSPEED") or launch.get("use_parallelism_config"):
-        layout = (
-            "--use-parallelism-config" if launch.get("use_parallelism_config") else launch["distributed_type"]
-        )
+    if launch.get("distributed_type") == "DEEPSPEED" or launch.get("use_parallelism_config"):
+        layout = "--use-parallelism-config" if launch.get("use_parallelism_config") else "DeepSpeed"
         raise ValueError(
-            f"--fault-tolerance with {layout} is not supported yet: each replica group trains one plain "
-            "data-parallel replica. Drop one of the two."
-        )
-    processes = launch.get("num_processes")
-    if processes not in (None, 1):
-        raise ValueError(
-            f"--fault-tolerance with --num-processes {processes}: a replica group is one process so far. Start "
-            "one launch per replica group (--replica-group I), each with one process."
+            f"--fault-tolerance with {layout} is not supported yet: each replica group trains its replica on "
+            "one process, or on several with DDP or FSDP (--use-fsdp). Drop one of the two."
         )
     try:
+        if (
+            section.get("replica_group") is not None
+            and _group_or_all(section["replica_group"], "") == ALL_GROUPS
+        ):
+            check_every_group_here(launch)
+            section = {**section, "replica_group": 0}  # the rest is checked as for one group
         config_from_section(section)
     except (TypeError, ValueError) as error:
         raise ValueError(f"fault tolerance settings: {error}") from None
 
 
+def check_every_group_here(launch: Mapping[str, Any]) -> None:
+    """``--replica-group all`` runs every group on this one machine, each with a rendezvous port of its own."""
+    if int(launch.get("num_machines") or 1) > 1:
+        raise ValueError(
+            f"--replica-group all starts every replica group on this machine, and --num-machines is "
+            f"{launch['num_machines']}. Launch each group on its machines with its own --replica-group number."
+        )
+    if launch.get("main_process_port"):
+        raise ValueError(
+            f"--replica-group all starts one launch per group, each with a rendezvous port of its own, so one "
+            f"--main-process-port ({launch['main_process_port']}) cannot serve them all. Drop it: each group "
+            "takes a free port."
+        )
+
+
 @contextlib.contextmanager
-def lighthouse_for(section: dict[str, Any]) -> Iterator[dict[str, Any]]:
+def lighthouse_for(section: dict[str, Any], settings: Any = None) -> Iterator[dict[str, Any]]:
     """The section the workers get: as given with ``lighthouse``; else with the address of a lighthouse
-    started here for the duration of the launch (it waits for ``min_replicas`` groups)."""
+    started here for the duration of the launch (it waits for ``min_replicas`` groups).
+
+    With ``replica_group: all`` this launch runs every group as a launch of its own, each given its number
+    and the lighthouse, and ends with their exit code (``SystemExit``) instead of starting workers itself.
+    """
+    if str(section.get("replica_group")).lower() == ALL_GROUPS:
+        from lockstep.backends.ft import all_groups
+
+        own = all_groups.group_of_this_launch()
+        if own is not None:  # one of the launches started for `all`
+            yield {**section, "replica_group": own[0], "lighthouse": own[1]}
+            return
+        with _lighthouse(section) as address:
+            code = all_groups.run_every_group(int(section["num_replica_groups"]), address, settings)
+        raise SystemExit(code)
+    with _lighthouse(section) as address:
+        yield {**section, "lighthouse": address}
+
+
+@contextlib.contextmanager
+def _lighthouse(section: dict[str, Any]) -> Iterator[str]:
+    """The lighthouse's address: the given one; else one started here for the duration."""
     if section.get("lighthouse"):
-        yield section
+        yield str(section["lighthouse"])
         return
     try:
         from torchft.coordination import LighthouseServer
@@ -147,6 +205,6 @@ def lighthouse_for(section: dict[str, Any]) -> Iterator[dict[str, Any]]:
     address = server.address()
     print(f"lockstep launch: started the torchft lighthouse at {address}", file=sys.stderr, flush=True)
     try:
-        yield {**section, "lighthouse": address}
+        yield address
     finally:
         server.shutdown()

@@ -1,17 +1,21 @@
 """The fault-tolerant backend's vocabulary: ``Accelerator(fault_tolerance=FaultToleranceConfig(...))``, the
 ``fault_tolerance_config`` section and ``lockstep launch --fault-tolerance`` (:mod:`lockstep.backends.ft.launch`).
 
-Asked first (priority 5), so that a request that combines fault tolerance with a layout it does not
-support yet is refused by name instead of being trained by another backend.
+Asked first (priority 5): it builds the backend that trains each group inside (one process, DDP or FSDP2:
+whichever applies without fault tolerance) and layers itself over it; a request that combines fault
+tolerance with a layout it does not support yet (DeepSpeed, a ParallelismConfig) is refused by name instead
+of being trained by another backend.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from lockstep.backends.ft.launch import FT_KEYS, SECTION, check_section, config_from_section, lighthouse_for
 from lockstep.config.backend_specs import BackendRequest, BackendSpec, register_backend_spec
 
+NAME = "fault_tolerant"
 PIP_LINE = "pip install 'lockstep[ft]'  (or: pip install torchft==0.2.0 with your torch pinned)"
 
 
@@ -26,20 +30,13 @@ def _applies(request: BackendRequest) -> bool:
         "a ParallelismConfig (pipeline, tensor, context or sharded layouts)": (
             request.parallelism_config is not None
         ),
-        "FSDP (fsdp_plugin)": request.fsdp_plugin is not None,
     }
     for name, given in unsupported.items():
         if given:
             raise ValueError(
                 f"Accelerator(fault_tolerance=...) with {name} is not supported yet: each replica group trains "
-                "one plain data-parallel replica. Drop one of the two settings."
+                "its replica on one process, or on several with DDP or FSDP. Drop one of the two settings."
             )
-    if request.state.num_processes > 1:
-        raise ValueError(
-            f"Accelerator(fault_tolerance=...) found {request.state.num_processes} processes in replica group "
-            f"{config.replica_group}: replica groups of one process are supported so far. Start each group "
-            "as a single process (one per replica_group)."
-        )
     return True
 
 
@@ -53,19 +50,20 @@ def _build(request: BackendRequest) -> Any:
             f"Accelerator(fault_tolerance=...) trains on torchft, which is not installed: {PIP_LINE}."
         ) from error
     from lockstep.backends.ft.backend import FaultTolerantBackend
-    from lockstep.precision import precision_for
+    from lockstep.backends.registry import build_backend
 
-    return FaultTolerantBackend(
-        request.state,
-        precision=precision_for(request),
-        config=request.plugin_of(FaultToleranceConfig),
-        dynamo_plugin=request.dynamo_plugin,
+    config = request.plugin_of(FaultToleranceConfig)
+    # The group's own training (one process, DDP or FSDP2), chosen as it would be without fault tolerance.
+    inner = build_backend(
+        dataclasses.replace(request, plugins=tuple(p for p in request.plugins if p is not config)),
+        skip=(NAME,),
     )
+    return FaultTolerantBackend(request.state, config=config, inner=inner)
 
 
 SPEC = register_backend_spec(
     BackendSpec(
-        name="fault_tolerant",
+        name=NAME,
         summary="live fault tolerance: replica groups averaged through torchft's per-step quorum (pip install 'lockstep[ft]')",
         title="torchft",
         priority=5,
