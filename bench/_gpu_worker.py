@@ -1,5 +1,6 @@
 """Worker of gpu_check.sh: DDP and FSDP2 steps with NCCL and bf16 autocast, lockstep against hand-written
-loops in interleaved ABBA blocks; MFU from lockstep's accounting and by hand; the CUDA timing paths."""
+loops in interleaved ABBA blocks; MFU from lockstep's accounting and by hand; the CUDA timing paths; checkpoint
+save and load, and activation memory per policy (_gpu_memory_io.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from _gpu_memory_io import activation_figures, checkpoint_figures, print_memory_io
 from torch import nn
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.utils.flop_counter import FlopCounterMode
@@ -163,6 +165,12 @@ def main() -> None:
         result[kind] = compare(kind, device, args.blocks, args.steps)
         hand_flops_per_second = flops / (result[kind]["torch_ms"] / 1e3)
         result[kind]["hand_flops_per_second"] = hand_flops_per_second
+    result["checkpoint"] = checkpoint_figures(
+        device, args.out.parent / "gpu-checkpoints", width=2048, layers=12, repeats=3
+    )  # 50M parameters: 600 MB with AdamW's state
+    result["activations"] = activation_figures(
+        device, dim=DIM, depth=DEPTH, vocab=VOCAB, batch=BATCH, seq=SEQ, steps=5
+    )
     if dist.get_rank() == 0:
         from lockstep.throughput import device_peak_flops
 
@@ -175,6 +183,7 @@ def main() -> None:
                 f"ratio {figures['ratio']:.3f} (target {'<= 1.01' if kind == 'ddp' else '<= 1.02'}); "
                 f"MFU lockstep {figures['lockstep_step_stats'].get('mfu')}, by hand {figures['hand_mfu']}"
             )
+        print_memory_io(result["checkpoint"], result["activations"])
         args.out.write_text(json.dumps(result, indent=1) + "\n")
         print(f"wrote {args.out}")
     dist.barrier()

@@ -3,9 +3,10 @@
     .venv/bin/python bench/checkpoint_io.py [--params-millions 25]
 
 Prints MB/s for save_state and load_state of a model with Adam state (about 12 bytes per parameter on
-disk), the stall of a synchronous save, of a ``durable="background"`` save (files written, commit in the
-background) and of an asynchronous save, and the time from load_state_dict to the
-first batch when resuming a 1,000,000-sample shuffled loader at batch 10 and at batch 100,000.
+disk), beside ``dd`` reading the same files from the page cache and from the disk (the physical limits);
+the stall of a synchronous save, of a ``durable="background"`` save (files written, commit in the
+background) and of an asynchronous save; and the time from load_state_dict to the first batch when
+resuming a 1,000,000-sample shuffled loader at batch 10 and at batch 100,000.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import argparse
 import shutil
 import statistics
+import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -52,8 +54,21 @@ def build(params_millions: float) -> tuple[Accelerator, nn.Module, torch.optim.O
     return accelerator, model, optimizer
 
 
+def dd_read_seconds(folder: Path, direct: bool) -> float | None:
+    """Seconds ``dd`` takes to read every file of ``folder`` (4 MiB blocks): from the page cache (the files
+    were just written, so the bytes are in memory: the limit of a load on a warm machine), or with
+    ``iflag=direct`` from the disk itself (the limit of a cold load). None where direct reads are refused
+    (tmpfs, some overlay filesystems)."""
+    started = time.perf_counter()
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        command = ["dd", f"if={path}", "of=/dev/null", "bs=4M", *(["iflag=direct"] if direct else [])]
+        if subprocess.run(command, capture_output=True).returncode != 0:
+            return None
+    return time.perf_counter() - started
+
+
 def time_saves(accelerator: Accelerator, root: Path, repeats: int) -> dict[str, float]:
-    sync, background, async_stall, load = [], [], [], []
+    sync, background, async_stall, load, dd_cached, dd_disk = [], [], [], [], [], []
     size = 0
     for i in range(repeats):
         folder = root / f"sync_{i}"
@@ -64,6 +79,8 @@ def time_saves(accelerator: Accelerator, root: Path, repeats: int) -> dict[str, 
         started = time.perf_counter()
         accelerator.load_state(str(folder))
         load.append(time.perf_counter() - started)
+        dd_cached.append(dd_read_seconds(folder, direct=False))
+        dd_disk.append(dd_read_seconds(folder, direct=True))
         started = time.perf_counter()
         accelerator.save_state(str(root / f"background_{i}"), durable="background")
         background.append(time.perf_counter() - started)
@@ -80,6 +97,8 @@ def time_saves(accelerator: Accelerator, root: Path, repeats: int) -> dict[str, 
         "background": statistics.median(background),
         "load": statistics.median(load),
         "async_stall": statistics.median(async_stall),
+        "dd_cached": statistics.median(dd_cached),
+        "dd_disk": None if None in dd_disk else statistics.median(dd_disk),
     }
 
 
@@ -111,6 +130,15 @@ def main() -> None:
     )
     print(
         f"  load_state  {figures['load']:.2f} s  ({figures['mb'] / figures['load']:.0f} MB/s, checksums verified)"
+    )
+    disk = figures["dd_disk"]
+    print(
+        f"  dd reading the same files: {figures['mb'] / figures['dd_cached']:.0f} MB/s from the page cache, "
+        + (
+            f"{figures['mb'] / disk:.0f} MB/s from the disk (iflag=direct)"
+            if disk
+            else "direct reads refused here"
+        )
     )
     print(
         f"  training stall: synchronous {figures['save']:.2f} s, durable='background' {figures['background']:.2f} s "

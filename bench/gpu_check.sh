@@ -5,6 +5,7 @@
 #   - MFU from lockstep's throughput accounting (Accelerator(step_timing=True)), beside MFU computed by hand
 #     from the model's FLOPs and the hand-written loop's step time;
 #   - the CUDA timing paths (CUDA events of the step timer, the communication timer) on a real device.
+#   - checkpoint save/load against torch.save/torch.load, activation memory per policy (issue 29);
 # Prints the figures and writes them to bench/results/gpu-<date>.json. Without a CUDA device it says so
 # and exits 0 (nothing measured), so CI and CPU machines can call it.
 #     bash bench/gpu_check.sh            # uses .venv/bin/python, or $PYTHON

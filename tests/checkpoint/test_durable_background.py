@@ -228,3 +228,25 @@ def test_a_failed_seal_removes_the_published_folder_and_keeps_the_previous(tmp_p
     root = tmp_path / "checkpoints"
     assert sorted(p.name for p in root.iterdir()) == ["checkpoint_0", "latest"]
     assert layout.newest_valid_checkpoint(root) == root / "checkpoint_0"
+
+
+def test_no_file_is_fsynced_on_the_training_thread_and_every_file_is_in_the_background(tmp_path, monkeypatch):
+    """The weights were fsynced on the training thread (save_model_files' own fsync) while the other files
+    waited for the commit: on a 302 MB checkpoint the stall of a background-durable save was 0.36 s against
+    0.34 s for a synchronous one; 0.22-0.28 s with the weights' fsync left to the commit too."""
+    accelerator, _ = _training(tmp_path)
+    calls: list[tuple[str, str]] = []
+    real = os.fsync
+
+    def recorded(fd: int) -> None:
+        calls.append((threading.current_thread().name, os.path.basename(os.readlink(f"/proc/self/fd/{fd}"))))
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", recorded)
+    folder = Path(accelerator.save_state(durable="background"))
+    on_the_training_thread = [name for thread, name in calls if thread == threading.current_thread().name]
+    accelerator.wait_for_checkpoint()
+    assert on_the_training_thread == []  # (other threads: an earlier test's commit may still be running)
+    fsynced = {name for thread, name in calls if thread != threading.main_thread().name}
+    assert {path.name for path in folder.iterdir() if path.is_file()} - {layout.MANIFEST_NAME} <= fsynced
+    assert "model.safetensors" in fsynced and folder.name in fsynced

@@ -355,7 +355,8 @@ class CheckpointManager:
         raises :class:`CheckpointError` on every rank after the read (before a read error it caused)."""
         read_error = None
         try:
-            self._load_location(storage, location)
+            with checksums.reading() if checksums is not None else contextlib.nullcontext():
+                self._load_location(storage, location)
         except Exception as error:  # raised on every rank together; a corrupt file explains it better
             read_error = error
         corrupt = checksums.result() if checksums is not None else None

@@ -31,6 +31,7 @@ from typing import Any, TypeVar
 
 import xxhash
 
+from lockstep.checkpoint import single_pass
 from lockstep.errors import CheckpointError
 
 T = TypeVar("T")
@@ -248,7 +249,14 @@ def parse_manifest(text: str | bytes, folder: object) -> Manifest:
     )
 
 
-def verify(folder: Path, *, checksums: bool = True, elsewhere: Collection[str] = ()) -> Manifest:
+def verify(
+    folder: Path,
+    *,
+    checksums: bool = True,
+    elsewhere: Collection[str] = (),
+    hashed_when_read: Collection[str] = (),
+    manifest: Manifest | None = None,
+) -> Manifest:
     """Check that every file of the manifest is present with its size (and checksum).
 
     Args:
@@ -256,11 +264,13 @@ def verify(folder: Path, *, checksums: bool = True, elsewhere: Collection[str] =
         checksums: verify checksums too (not only sizes).
         elsewhere: files of the manifest not in ``folder``, checked by the caller (shards read straight
             from object storage).
+        hashed_when_read: files whose checksum the caller verifies as it reads them (sizes are checked).
+        manifest: the folder's manifest, when the caller read it already.
 
     Raises:
         CheckpointError: naming the first missing, truncated or corrupt file.
     """
-    manifest = read_manifest(folder)
+    manifest = read_manifest(folder) if manifest is None else manifest
     for name, facts in manifest.files.items():
         if name in elsewhere:
             continue
@@ -272,7 +282,7 @@ def verify(folder: Path, *, checksums: bool = True, elsewhere: Collection[str] =
             raise CheckpointError(
                 f"Checkpoint {folder}: {name} has {size} bytes but the manifest says {facts['size']} (truncated?)."
             )
-        mismatch = _checksum_mismatch(path, facts) if checksums else None
+        mismatch = _checksum_mismatch(path, facts) if checksums and name not in hashed_when_read else None
         if mismatch is not None:
             raise CheckpointError(
                 f"Checkpoint {folder}: {name} is corrupt (its {mismatch} checksum does not match the manifest)."
@@ -280,22 +290,44 @@ def verify(folder: Path, *, checksums: bool = True, elsewhere: Collection[str] =
     return manifest
 
 
-class ChecksumsOnAThread:
-    """A checkpoint's checksums, verified on a thread while the checkpoint is read (which overlaps them: the
-    hash and the read release the GIL), instead of in a pass of their own before it.
+_READ_IN_ONE_PASS = re.compile(r"(?:^|/)model(?:_\d+)?\.safetensors$|^optimizer(?:_\d+)?\.bin$")
+"""Manifest names of the files the loader hashes as it reads them (:mod:`lockstep.checkpoint.single_pass`):
+the models' safetensors files and the optimizers' files, most of a checkpoint's bytes."""
 
-    ``result()`` waits and returns the :class:`CheckpointError` naming the corrupt file, or None.
+
+class ChecksumsOnAThread:
+    """A checkpoint's checksums, verified while the checkpoint is read instead of in a pass of their own
+    before it: the loader hashes the model and optimizer files as it reads them (one pass over their bytes,
+    within :meth:`reading`), and a thread hashes the other files meanwhile.
+
+    ``result()`` waits and returns the :class:`CheckpointError` naming the corrupt file, or None. A file meant
+    to be hashed by the loader that it did not read that way is hashed then.
     """
 
     def __init__(self, folder: Path) -> None:
         self.folder = folder
         self._error: CheckpointError | None = None
+        self._checks = single_pass.ReadChecks(expected={})
+        try:
+            manifest = read_manifest(folder)
+        except CheckpointError as error:
+            self._error = error
+            manifest = None
+        self._manifest = manifest
+        self._deferred = {} if manifest is None else _read_in_one_pass(manifest)
+        self._checks.expected = {(folder / name).resolve(): digest for name, digest in self._deferred.items()}
         self._thread = threading.Thread(target=self._verify, name="lockstep-checksums", daemon=True)
         self._thread.start()
 
+    def reading(self) -> contextlib.AbstractContextManager[None]:
+        """The block reading the checkpoint, whose readers hash the deferred files."""
+        return single_pass.hashing_reads(self._checks)
+
     def _verify(self) -> None:
+        if self._error is not None:
+            return
         try:
-            verify(self.folder)
+            verify(self.folder, hashed_when_read=self._deferred, manifest=self._manifest)
         except CheckpointError as error:
             self._error = error
         except OSError as error:  # a file removed or unreadable meanwhile: the checkpoint cannot be trusted
@@ -303,11 +335,39 @@ class ChecksumsOnAThread:
 
     def result(self) -> CheckpointError | None:
         self._thread.join()
+        if self._error is None:
+            self._error = self._verify_deferred()
         return self._error
+
+    def _verify_deferred(self) -> CheckpointError | None:
+        for name, expected in self._deferred.items():
+            path = (self.folder / name).resolve()
+            try:
+                digest = self._checks.computed.get(path) or xxh3_128_of(path)
+            except OSError as error:
+                return CheckpointError(f"Checkpoint {self.folder} could not be verified: {error}")
+            if digest != expected:
+                return CheckpointError(
+                    f"Checkpoint {self.folder}: {name} is corrupt (its xxh3_128 checksum does not match the "
+                    "manifest)."
+                )
+        return None
+
+
+def _read_in_one_pass(manifest: Manifest) -> dict[str, str]:
+    """The manifest's files the loader hashes as it reads them -> their recorded XXH3-128 digests."""
+    return {
+        name: facts["xxh3_128"]
+        for name, facts in manifest.files.items()
+        if _READ_IN_ONE_PASS.search(name) and "xxh3_128" in facts
+    }
 
 
 class ChecksumsOnTheMainProcess:
     """The other ranks' side of :class:`ChecksumsOnAThread`: the main process verifies; they agree after."""
+
+    def reading(self) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
 
     def result(self) -> None:
         return None

@@ -34,6 +34,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
+from lockstep.checkpoint import single_pass
 from lockstep.checkpoint.safe_load import UnsafeCheckpointError, safe_torch_load
 
 __all__ = [
@@ -147,6 +148,7 @@ def save_model_files(
     max_shard_size: int | str = "10GB",
     safe_serialization: bool = True,
     metadata: dict[str, str] | None = None,
+    fsync: bool = True,
 ) -> list[Path]:
     """Write a state dict as weight files (and an index when there are several) into a folder.
 
@@ -163,6 +165,8 @@ def save_model_files(
         max_shard_size: the largest shard, in bytes of tensor data, as accepted by :func:`parse_size`.
         safe_serialization: write safetensors files; ``False`` writes ``torch.save`` ``.bin`` files.
         metadata: extra string metadata for each safetensors file (``{"format": "pt"}`` is always set).
+        fsync: make each file and the folder durable before returning. False hands the bytes to the OS only,
+            for a caller that makes the folder durable itself (a checkpoint's commit fsyncs every file).
 
     Returns:
         The weight files written, then the index if one was written.
@@ -186,10 +190,10 @@ def save_model_files(
         path = directory / file_name
         if safe_serialization:
             meta = {**file_metadata, TIED_KEY: json.dumps(aliases)} if aliases else file_metadata
-            _write_atomically(path, lambda tmp, t=tensors, m=meta: save_file(t, tmp, metadata=m))
+            _write_atomically(path, lambda tmp, t=tensors, m=meta: save_file(t, tmp, metadata=m), fsync=fsync)
         else:  # torch.save stores a storage once, so an alias next to its source costs nothing
             tensors.update({alias: tensors[source] for alias, source in aliases.items()})
-            _write_atomically(path, lambda tmp, t=tensors: _torch_save(t, tmp))
+            _write_atomically(path, lambda tmp, t=tensors: _torch_save(t, tmp), fsync=fsync)
         weight_map.update(dict.fromkeys(tensors, file_name))
         weight_map.update(dict.fromkeys(aliases, file_name))
         written.append(path)
@@ -200,9 +204,10 @@ def save_model_files(
             index["metadata"][TIED_KEY] = tied
         written.append(directory / layout.index)
         text = json.dumps(index, indent=2, sort_keys=True) + "\n"
-        _write_atomically(written[-1], lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+        _write_atomically(written[-1], lambda tmp: Path(tmp).write_text(text, encoding="utf-8"), fsync=fsync)
     _remove_stale(directory, keep={path.name for path in written})
-    _fsync_directory(directory)
+    if fsync:
+        _fsync_directory(directory)
     return written
 
 
@@ -303,8 +308,9 @@ def _torch_save(tensors: dict[str, torch.Tensor], path: Path) -> None:
         torch.save(tensors, handle)
 
 
-def _write_atomically(path: Path, write: Callable[[Path], object]) -> None:
-    """Let ``write`` fill a temporary file next to ``path``, fsync it, and rename it to ``path``."""
+def _write_atomically(path: Path, write: Callable[[Path], object], *, fsync: bool = True) -> None:
+    """Let ``write`` fill a temporary file next to ``path``, fsync it (unless told not to), and rename it to
+    ``path``."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
     try:
         # safetensors (like tempfile.mkstemp) creates files as 0600; give the file the mode that open()
@@ -314,8 +320,9 @@ def _write_atomically(path: Path, write: Callable[[Path], object]) -> None:
         write(tmp)
         if tmp.stat().st_mode & 0o777 != mode:
             os.chmod(tmp, mode)
-        with open(tmp, "rb+") as handle:
-            os.fsync(handle.fileno())
+        if fsync:
+            with open(tmp, "rb+") as handle:
+                os.fsync(handle.fileno())
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -459,14 +466,20 @@ def _read_weight_file(
         with safe_open(path, framework="pt", device=str(device)) as handle:
             tensors = {key: handle.get_tensor(key) for key in handle.keys()}
             metadata = handle.metadata() or {}
-        tied = json.loads(metadata.get(TIED_KEY, "{}"))
     except SafetensorError as error:
         raise ValueError(f"{path} is not a valid safetensors file: {error}") from None
+    return tensors, _tied_aliases(metadata, path)
+
+
+def _tied_aliases(metadata: Mapping[str, str], path: Path) -> dict[str, str]:
+    """The tied aliases a safetensors file's metadata records (alias name -> source name)."""
+    try:
+        tied = json.loads(metadata.get(TIED_KEY, "{}"))
     except json.JSONDecodeError as error:
         raise ValueError(f"{path}: metadata[{TIED_KEY!r}] is not valid JSON ({error}).") from None
     if not isinstance(tied, dict) or not all(isinstance(v, str) for v in tied.values()):
         raise ValueError(f"{path}: metadata[{TIED_KEY!r}] must map alias names to source names.")
-    return tensors, tied
+    return tied
 
 
 def _read_pickle(path: Path, device: str | torch.device) -> dict[str, torch.Tensor]:
@@ -514,16 +527,60 @@ def load_model_weights(model: torch.nn.Module, directory: str | Path, *, strict:
     Example:
         >>> load_model_weights(model, "out/model")  # doctest: +SKIP
     """
-    state_dict = load_model_files(directory)
-    if strict:
-        expected = model.state_dict().keys()
-        missing = [key for key in expected if key not in state_dict]
-        unexpected = [key for key in state_dict if key not in expected]
-        if missing or unexpected:
-            raise ValueError(
-                f"load_model_weights({type(model).__name__}, {str(directory)!r}): the files do not match "
-                f"the model. Missing from the files ({len(missing)}): {missing[:10]}. Unknown to the model "
-                f"({len(unexpected)}): {unexpected[:10]}. Load the weights of this architecture, or pass "
-                "strict=False to load the keys that match."
-            )
-    model.load_state_dict(state_dict, strict=strict)
+    path = _locate(Path(directory))
+    destinations = model.state_dict()
+
+    def check(saved: list[str]) -> None:
+        if strict:
+            _check_keys(model, directory, destinations, saved)
+
+    state_dict = _read_in_one_pass(path, destinations if _loads_plainly(model) else {}, check)
+    if state_dict is None:  # a .bin file, an index of shards, or a dtype the one-pass reader does not know
+        state_dict = load_model_files(path)
+        check(list(state_dict))
+    model.load_state_dict(state_dict, strict=strict)  # a tensor read in place is its destination: no copy
+
+
+def _read_in_one_pass(
+    path: Path, into: Mapping[str, torch.Tensor], check: Callable[[list[str]], None]
+) -> dict[str, torch.Tensor] | None:
+    """A safetensors file read in one pass (hashed as read), straight into ``into``'s tensors; its keys
+    (tied aliases included) go to ``check`` first, so a mismatch leaves them untouched. None for a file the
+    one-pass reader cannot read (nothing read then)."""
+    if not single_pass.readable_in_one_pass(path):
+        return None
+
+    def check_header(names: list[str], metadata: dict[str, str]) -> None:
+        check([*names, *_tied_aliases(metadata, path)])
+
+    try:
+        tensors, metadata = single_pass.read_safetensors(path, into, check=check_header)
+    except single_pass.NotReadableInOnePass:
+        return None
+    return _restore_tied(tensors, _tied_aliases(metadata, path), path)
+
+
+def _loads_plainly(model: torch.nn.Module) -> bool:
+    """Whether ``load_state_dict`` copies each saved tensor into the module tensor of the same name: no
+    module transforms the state dict as it loads (pre-hooks, its own ``_load_from_state_dict``), so reading
+    a file straight into those tensors is the same load."""
+    default = torch.nn.Module._load_from_state_dict
+    return all(
+        not module._load_state_dict_pre_hooks and type(module)._load_from_state_dict is default
+        for module in model.modules()
+    )
+
+
+def _check_keys(
+    model: torch.nn.Module, directory: str | Path, destinations: Mapping[str, Any], saved: list[str]
+) -> None:
+    present = set(saved)
+    missing = [key for key in destinations if key not in present]
+    unexpected = [key for key in saved if key not in destinations]
+    if missing or unexpected:
+        raise ValueError(
+            f"load_model_weights({type(model).__name__}, {str(directory)!r}): the files do not match "
+            f"the model. Missing from the files ({len(missing)}): {missing[:10]}. Unknown to the model "
+            f"({len(unexpected)}): {unexpected[:10]}. Load the weights of this architecture, or pass "
+            "strict=False to load the keys that match."
+        )

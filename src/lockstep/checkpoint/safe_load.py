@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from lockstep.checkpoint import single_pass
 from lockstep.errors import UnsafeCheckpointError
 
 _SAFE_LEAVES = (torch.Tensor, int, float, bool, str, bytes, type(None), torch.dtype, torch.device, torch.Size)
@@ -54,6 +55,8 @@ def safe_torch_load(
         ):
             # A raw pickle (not torch's zip format) makes torch warn about the protocol before refusing it.
             warnings.filterwarnings("ignore", message="Detected pickle protocol", category=UserWarning)
+            if str(map_location) == "cpu" and single_pass.expects(path):
+                return single_pass.load_torch_file(Path(path))
             return torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as error:
         first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__

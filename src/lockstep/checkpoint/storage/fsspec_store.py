@@ -415,7 +415,7 @@ _FAILURES = (
         "credentials in storage_options",
     ),
     (
-        ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "Forbidden", "403"),
+        ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "Forbidden", "(403)"),
         PermissionError,
         "refused these credentials. Check the key, the secret and the bucket's permissions",
     ),
@@ -443,7 +443,12 @@ def describe_failure(url: str, error: BaseException, seconds: float) -> OSError:
             f"Checkpoint storage {url!r}: the bucket {bucket!r} does not exist ({text}). Create it, or fix the "
             "project_dir / output_dir URL."
         )
-    for markers, kind, advice in _FAILURES:
-        if names & set(markers) or any(marker in text for marker in markers):
-            return kind(f"Checkpoint storage {url!r} {advice} (after {seconds:.1f} s: {text}).")
+    # The error's own class first: its text names the endpoint, whose port may read like a status code.
+    for matches in (
+        lambda markers: bool(names & set(markers)),
+        lambda markers: any(m in text for m in markers),
+    ):
+        for markers, kind, advice in _FAILURES:
+            if matches(markers):
+                return kind(f"Checkpoint storage {url!r} {advice} (after {seconds:.1f} s: {text}).")
     return OSError(f"Checkpoint storage {url!r} cannot be written (after {seconds:.1f} s: {text}).")
