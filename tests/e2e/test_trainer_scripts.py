@@ -3,14 +3,14 @@
 
 ``run_clm.py``, ``run_mlm.py``, ``run_swag.py``, ``run_glue.py``, ``run_ner.py``, ``run_classification.py`` and
 ``run_qa.py`` (with its ``Trainer`` subclass in ``trainer_qa.py``) and ``run_seq2seq_qa.py`` (with its
-``Seq2SeqTrainer`` subclass in ``trainer_seq2seq_qa.py``), ``run_qa_beam_search.py`` and ``run_translation.py``
-are transformers' files of ``4.56.0.dev0`` (``tests/e2e/trainer_scripts/README.md``),
+``Seq2SeqTrainer`` subclass in ``trainer_seq2seq_qa.py``), ``run_qa_beam_search.py``, ``run_translation.py`` and
+``run_summarization.py`` are transformers' files of ``4.56.0.dev0`` (``tests/e2e/trainer_scripts/README.md``),
 run with transformers 4.56.2: they read ``training_args.overwrite_output_dir``, which transformers 5 removed, so
 transformers.Trainer itself runs them only on 4.x (lockstep's ``TrainingArguments`` has the field on every
-version). They need ``datasets`` and ``evaluate``; the reference environment's ``examples`` folder holds
-versions that import with transformers 4.56.2's ``huggingface_hub`` (``dev/reference-examples.txt``).
-``evaluate.load("accuracy")``, ``("squad")``, ``("seqeval")`` and ``("sacrebleu")`` find the local modules of
-``trainer_scripts/metrics/``.
+version). They need ``datasets`` and ``evaluate`` (and ``nltk``: run_summarization.py); the reference
+environment's ``examples`` folder holds versions that import with transformers 4.56.2's ``huggingface_hub``
+(``dev/reference-examples.txt``). ``evaluate.load("accuracy")``, ``("squad")``, ``("seqeval")``,
+``("sacrebleu")`` and ``("rouge")`` find the local modules of ``trainer_scripts/metrics/``.
 
 Every script runs in CI (its time: see :data:`SCRIPT_NAMES`). Per script, three runs of 12 optimizer steps (global batch 8, a checkpoint every 5 steps):
 
@@ -32,6 +32,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -81,6 +82,10 @@ SCRIPTS = {  # name: (folder in transformers' examples/pytorch, sha256)
     "run_qa_beam_search.py": (
         "question-answering",
         "dca606075d3c14314f8bc3e8b9766fd5a5397fad60517b81bc6952dbf602da2c",
+    ),
+    "run_summarization.py": (
+        "summarization",
+        "0fa6d2ccb2c9df13c85562e6a625e480267aa94d8adec51655c64bbb5602c952",
     ),
 }
 LAST_IMPORT = "from transformers.trainer_utils import get_last_checkpoint\n"
@@ -137,6 +142,14 @@ CHANGES: dict[str, list[hf_examples.Change]] = {  # the import, and nothing else
             "the import",
         ),
     ],
+    "run_summarization.py": [
+        ("    Seq2SeqTrainer,\n    Seq2SeqTrainingArguments,\n", "", "the import"),
+        (
+            LAST_IMPORT,
+            LAST_IMPORT + "\nfrom lockstep import Seq2SeqTrainer, Seq2SeqTrainingArguments\n",
+            "the import",
+        ),
+    ],
     "run_qa_beam_search.py": [
         ("    TrainingArguments,\n", "", "the import"),
         (LAST_IMPORT, LAST_IMPORT + "\nfrom lockstep import TrainingArguments\n", "the import"),
@@ -166,6 +179,7 @@ def _copy_scripts(folder: Path, which: str) -> None:
         "squad",
         "seqeval",
         "sacrebleu",
+        "rouge",
     ):  # evaluate.load() looks in the working directory first
         (folder / metric).mkdir()
         source = FIXTURES / "metrics" / metric / f"{metric}.py"
@@ -179,7 +193,10 @@ QA_TRAIN, QA_VALIDATION = 96, 24
 SWAG_TRAIN, SWAG_VALIDATION = 96, 24
 GLUE_TRAIN, GLUE_VALIDATION = 96, 32  # also run_ner.py's
 # run_ner.py: 12 steps then learn the tags (f1 1.0; 0.0 at 1e-3); run_seq2seq_qa.py: see the README
-LEARNING_RATES = {"run_ner.py": "1e-2", "run_seq2seq_qa.py": "3e-2", "run_translation.py": "3e-2"}
+LEARNING_RATES = {
+    **{"run_ner.py": "1e-2", "run_seq2seq_qa.py": "3e-2", "run_translation.py": "3e-2"},
+    "run_summarization.py": "3e-2",
+}
 
 
 def _qa_examples(rng: random.Random, count: int, prefix: str) -> dict:
@@ -316,6 +333,28 @@ def _translation_rows(rng: random.Random, count: int) -> str:
     return "".join(lines)
 
 
+def _summarization_rows(rng: random.Random, count: int) -> str:
+    """JSON lines for run_summarization.py: two sentences, summarised by the first (a tiny T5 starts to copy it
+    in 12 steps)."""
+    lines = []
+    for _ in range(count):
+        first, second = hf_examples.sentence(rng), hf_examples.sentence(rng)
+        lines.append(json.dumps({"text": f"{first} {second}", "summary": first}) + "\n")
+    return "".join(lines)
+
+
+def _save_punkt(folder: Path) -> None:
+    """NLTK's Punkt sentence splitter with no learned abbreviations, collocations or sentence starters (its
+    rules alone: a sentence ends at ``.``, ``?`` or ``!`` before a space), where ``run_summarization.py`` looks:
+    it checks that ``tokenizers/punkt`` exists (and would download it otherwise) and splits the texts for
+    ROUGE-Lsum with ``nltk.sent_tokenize``, which reads ``tokenizers/punkt_tab/english``."""
+    (folder / "tokenizers" / "punkt").mkdir(parents=True)
+    english = folder / "tokenizers" / "punkt_tab" / "english"
+    english.mkdir(parents=True)
+    for name in ("collocations.tab", "sent_starters.txt", "abbrev_types.txt", "ortho_context.tab"):
+        (english / name).touch()
+
+
 NER_TAGS = ["B-OBJ", "B-SUBJ", "I-OBJ", "I-SUBJ", "O"]  # run_ner.py sorts the tags it finds
 
 
@@ -361,6 +400,10 @@ def offline(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (root / "translation_train.json").write_text(_translation_rows(rng, GLUE_TRAIN))
     (root / "translation_validation.json").write_text(_translation_rows(rng, GLUE_VALIDATION))
     _save_t5_model(root / "translation", words)
+    (root / "summarization_train.json").write_text(_summarization_rows(rng, GLUE_TRAIN))
+    (root / "summarization_validation.json").write_text(_summarization_rows(rng, GLUE_VALIDATION))
+    _save_t5_model(root / "summarization", words)
+    _save_punkt(root / "nltk_data")
     (root / "swag_train.json").write_text(_swag_examples(rng, SWAG_TRAIN))
     (root / "swag_validation.json").write_text(_swag_examples(rng, SWAG_VALIDATION))
     _save_bert_model(root / "swag", words, "MultipleChoice")
@@ -420,6 +463,13 @@ def _script_args(root: Path, script: str, output_dir: Path) -> list[str]:
             *("--validation_file", str(root / "translation_validation.json")),
             *("--max_source_length", "16", "--max_target_length", "16", "--predict_with_generate"),
         ]
+    elif script == "run_summarization.py":  # two sentences of 9 tokens, summarised by the first; greedy
+        data = [
+            *("--model_name_or_path", str(root / "summarization")),
+            *("--train_file", str(root / "summarization_train.json")),
+            *("--validation_file", str(root / "summarization_validation.json")),
+            *("--max_source_length", "24", "--max_target_length", "16", "--predict_with_generate"),
+        ]
     elif script == "run_qa_beam_search.py":
         data = [
             *("--model_name_or_path", str(root / "qa_beam_search"), "--max_seq_length", "48"),
@@ -456,6 +506,7 @@ def _env(root: Path, which: str) -> dict[str, str]:
         TRANSFORMERS_OFFLINE="1",
         HF_HOME=str(hub),
         HF_DATASETS_CACHE=str(hub / "datasets"),
+        NLTK_DATA=str(root / "nltk_data"),
         CUDA_VISIBLE_DEVICES="",
         OMP_NUM_THREADS="1",
         LOCKSTEP_HOME=str(root / "lockstep_home"),
@@ -509,11 +560,12 @@ class Runs:
 
 # CI's time: the six scripts' 18 two-process runs took 111 s of wall time and 190 s of CPU on this 2-core
 # machine when quiet (2026-12-04; under load 6-9 the first four took 546 s), so every script runs in CI;
-# the three runs of run_seq2seq_qa.py, run_translation.py and run_qa_beam_search.py take 20 s each.
+# the three runs of run_seq2seq_qa.py, run_translation.py, run_qa_beam_search.py and run_summarization.py
+# take 20-25 s each.
 SCRIPT_NAMES = [
     *("run_clm.py", "run_qa.py", "run_mlm.py", "run_swag.py"),
     *("run_glue.py", "run_ner.py", "run_classification.py", "run_seq2seq_qa.py", "run_translation.py"),
-    "run_qa_beam_search.py",
+    *("run_qa_beam_search.py", "run_summarization.py"),
 ]
 
 
@@ -544,6 +596,10 @@ METRICS = {  # what each script reports in all_results.json, besides speed and s
     "run_seq2seq_qa.py": ["epoch", "eval_exact_match", "eval_f1", "eval_loss", "train_loss"],
     "run_translation.py": ["epoch", "eval_bleu", "eval_gen_len", "eval_loss", "train_loss"],
     "run_qa_beam_search.py": ["epoch", "eval_exact_match", "eval_f1", "train_loss"],
+    "run_summarization.py": [
+        *("epoch", "eval_gen_len", "eval_loss", "train_loss"),
+        *("eval_rouge1", "eval_rouge2", "eval_rougeL", "eval_rougeLsum"),
+    ],
     "run_ner.py": [
         "epoch",
         "eval_accuracy",
@@ -578,7 +634,10 @@ def test_metrics_match_transformers_trainer(runs: Runs):
     theirs, ours = runs.reference.results(), runs.whole.results()
     print(runs.script, {key: (round(ours[key], 5), round(theirs[key], 5)) for key in METRICS[runs.script]})
     for key in METRICS[runs.script]:
-        assert ours[key] == pytest.approx(theirs[key], abs=0.01), (key, ours[key], theirs[key])
+        # train_loss: transformers' counts rank 0's own losses after the last log (steps 11-12 of 12, logged
+        # every 5), lockstep's the mean over every process (docs/how-to/trainer.md, the differences)
+        tolerance = 0.03 if key == "train_loss" else 0.01
+        assert ours[key] == pytest.approx(theirs[key], abs=tolerance), (key, ours[key], theirs[key])
 
 
 def test_resuming_from_a_mid_run_checkpoint_ends_bitwise_equal(runs: Runs):
@@ -590,6 +649,19 @@ def test_resuming_from_a_mid_run_checkpoint_ends_bitwise_equal(runs: Runs):
     for key in METRICS[runs.script]:
         if key != "train_loss":
             assert resumed.results()[key] == whole.results()[key], key
+
+
+def _metric_check(tmp_path: Path, code: str, *args: str) -> Any:
+    """The last line of ``code`` run with the scripts' environment (a local metric module's checks), as JSON."""
+    done = subprocess.run(
+        [sys.executable, "-c", code, *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=_env(tmp_path, "lockstep"),
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 SEQEVAL_CHECK = """
@@ -608,15 +680,7 @@ def test_the_local_seqeval_module_counts_entities_as_seqeval_does(tmp_path):
     """The IOB2 chunks and scores of lockstep's stand-in for the Hub's seqeval metric, on seqeval's own
     documented example (its README: precision 0.5, recall 0.5, F1 0.5 overall), with the scripts' evaluate."""
     module = str(FIXTURES / "metrics" / "seqeval" / "seqeval.py")
-    done = subprocess.run(
-        [sys.executable, "-c", SEQEVAL_CHECK, module],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=_env(tmp_path, "lockstep"),
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    report = json.loads(done.stdout.strip().splitlines()[-1])
+    report = _metric_check(tmp_path, SEQEVAL_CHECK, module)
     assert report["chunks"] == [[["MISC", 3, 5]], [["LOC", 1, 1], ["PER", 0, 0]]]
     results = report["results"]
     assert results["MISC"] == {"precision": 0.0, "recall": 0.0, "f1": 0.0, "number": 1}
@@ -658,16 +722,32 @@ def test_the_local_sacrebleu_module_scores_as_sacrebleu_does(tmp_path):
     sacrebleu's counts and scores exactly on 400 random corpora with punctuation, entities and digits, checked
     once with sacrebleu installed; CI has no sacrebleu)."""
     module = str(FIXTURES / "metrics" / "sacrebleu" / "sacrebleu.py")
-    done = subprocess.run(
-        [sys.executable, "-c", BLEU_CHECK, module, json.dumps(BLEU_CASES)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=_env(tmp_path, "lockstep"),
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    for result, (_, _, expected) in zip(
-        json.loads(done.stdout.strip().splitlines()[-1]), BLEU_CASES, strict=True
-    ):
+    results = _metric_check(tmp_path, BLEU_CHECK, module, json.dumps(BLEU_CASES))
+    for result, (_, _, expected) in zip(results, BLEU_CASES, strict=True):
         for key, value in expected.items():
             assert result[key] == pytest.approx(value, rel=1e-12, abs=1e-12), (key, result, expected)
+
+
+ROUGE_CHECK = """
+import importlib.util, json, sys
+spec = importlib.util.spec_from_file_location("rouge_module", sys.argv[1])
+module = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(module)
+rouge = module.Rouge()
+readme = rouge._compute(["The quick brown dog jumps on the log."], ["The quick brown fox jumps over the lazy dog"],
+                        use_stemmer=True)
+lin = rouge._compute(["w1 w2 w6 w7 w8\\nw1 w3 w8 w9 w5"], [["w1 w2 w3 w4 w5"]], rouge_types=["rougeLsum"])
+print(json.dumps({"readme": readme, "lin": lin}))
+"""
+
+
+def test_the_local_rouge_module_scores_as_rouge_score_does(tmp_path):
+    """lockstep's stand-in for the Hub's rouge metric (CI has no rouge_score): rouge_score's README example
+    (with the stemmer: ROUGE-1 F 0.70588, ROUGE-L F 0.58824) and the summary-level LCS example of Lin (2004),
+    section 3.2 (a reference sentence against two candidate sentences: union LCS of 4 tokens, recall 0.8,
+    precision 0.4)."""
+    module = str(FIXTURES / "metrics" / "rouge" / "rouge.py")
+    report = _metric_check(tmp_path, ROUGE_CHECK, module)
+    assert report["readme"]["rouge1"] == pytest.approx(0.7058823529411765, abs=1e-12)
+    assert report["readme"]["rougeL"] == pytest.approx(0.5882352941176471, abs=1e-12)
+    assert report["lin"] == {"rougeLsum": pytest.approx(2 * 0.4 * 0.8 / 1.2, abs=1e-12)}

@@ -196,7 +196,12 @@ def test_the_surface_matches_the_installed_transformers():
             if name.startswith("__") and name != "__init__":
                 continue
             assert hasattr(Seq2SeqTrainer, name), name
-            if name == "__init__":  # lockstep's takes the Trainer's arguments through *args, **kwargs
+            if name == "__init__":  # the Trainer's parameters (it passes them on), shown by its signature
+                from lockstep import Trainer
+
+                ours_init = inspect.signature(Seq2SeqTrainer.__init__).parameters
+                assert list(ours_init) == list(inspect.signature(Trainer.__init__).parameters)
+                assert {"model", "args", "processing_class", "compute_metrics"} <= set(ours_init)
                 continue
             expected = list(inspect.signature(getattr(transformers.Seq2SeqTrainer, name)).parameters)
             assert list(inspect.signature(getattr(Seq2SeqTrainer, name)).parameters) == expected, name

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import logging
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -123,7 +124,9 @@ class Seq2SeqTrainer(Trainer):
     """transformers' ``Seq2SeqTrainer``: the :class:`Trainer`, evaluating by ``model.generate`` when
     ``args.predict_with_generate`` is set. Takes the :class:`Trainer`'s arguments."""
 
+    @functools.wraps(Trainer.__init__, assigned=("__doc__",), updated=())
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # wraps: inspect.signature(Seq2SeqTrainer) and help() show the Trainer's parameters, not *args
         super().__init__(*args, **kwargs)
         self._gen_kwargs: dict[str, Any] = {}
         config = getattr(self.args, "generation_config", None)
