@@ -169,3 +169,57 @@ def test_quiet_reports_only_the_root_cause(tmp_path, capsys):
 def test_worker_settings_are_json():
     settings = _settings("--dynamo-backend", "eager", "--dynamo-mode", "max-autotune")
     assert json.loads(json.dumps(settings.worker_settings()))["dynamo_plugin"] == {"mode": "max-autotune"}
+
+
+def _agent_stopped_before_its_timer() -> None:
+    """The shape torch's agent fails with when SIGTERM lands between a metrics wrapper's entry and its
+    ``start = time.time()``: the wrapper's ``finally`` reads ``start`` while the signal's exception unwinds."""
+    import signal
+
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    def timer() -> float:
+        raise SignalException("Process 1 got signal: 15", sigval=signal.SIGTERM)
+
+    try:
+        start = timer()
+    finally:
+        print(start)  # unbound here, as in torch
+
+
+@pytest.mark.parametrize("raised_as", ["SignalException", "UnboundLocalError"])
+def test_a_stop_signal_exits_128_plus_the_signal_however_the_agent_raised_it(raised_as, monkeypatch, capsys):
+    import os
+
+    import torch.distributed.launcher.api as launcher_api
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    from lockstep.launcher.elastic import launch
+
+    def stopped(*args: object) -> None:
+        if raised_as == "SignalException":
+            raise SignalException("Process 1 got signal: 15", sigval=15)
+        _agent_stopped_before_its_timer()
+
+    monkeypatch.setattr(os, "environ", os.environ.copy())  # launch sets the workers' environment here
+    monkeypatch.setattr(launcher_api, "elastic_launch", lambda config, entry: stopped)
+    assert launch(_settings("--num-processes", "2"), "train.sh", [], no_python=True) == 143
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "lockstep launch: received SIGTERM; the workers were stopped."
+    )
+
+
+def test_an_agent_error_without_a_stop_signal_is_raised_as_it_is(monkeypatch):
+    import os
+
+    import torch.distributed.launcher.api as launcher_api
+
+    from lockstep.launcher.elastic import launch
+
+    def broken(*args: object) -> None:
+        raise RuntimeError("rendezvous closed")
+
+    monkeypatch.setattr(os, "environ", os.environ.copy())
+    monkeypatch.setattr(launcher_api, "elastic_launch", lambda config, entry: broken)
+    with pytest.raises(RuntimeError, match="rendezvous closed"):
+        launch(_settings("--num-processes", "2"), "train.sh", [], no_python=True)

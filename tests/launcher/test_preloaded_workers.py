@@ -74,8 +74,14 @@ def test_a_script_that_ends_with_os_exit_ends_the_launch_with_its_code(code):
         timeout=120,
         env=cli_env(**{preloaded.PRELOAD_WORKERS: "1"}),
     )
-    assert done.stdout.count(f"leaving with {code}") == 2, done.stderr
     assert (done.returncode == 0) is (code == 0), done.stderr
+    if code == 0:
+        assert done.stdout.count(f"leaving with {code}") == 2, done.stderr
+    else:  # the first worker to fail ends the launch: the other may be stopped before it prints
+        assert done.stdout.count(f"leaving with {code}") >= 1, done.stderr
+        assert re.search(rf"rank \d \(local rank \d, pid \d+\) exited with code {code}", done.stderr), (
+            done.stderr
+        )
 
 
 def test_a_second_launch_with_another_environment_gets_fresh_interpreters(monkeypatch):

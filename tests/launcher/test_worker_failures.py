@@ -2,6 +2,7 @@
 
 import json
 import time
+from pathlib import Path
 
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
@@ -61,3 +62,43 @@ def test_a_rank_the_agent_stopped_comes_after_the_cause_even_when_its_record_is_
     error = WorkerFailedError("training_function", reported)
     assert error.get_first_failure()[0] == 1
     assert str(error).splitlines()[1].startswith("rank 1 (local rank 1, pid 102)")
+
+
+def test_a_record_cut_off_by_the_agents_stop_leaves_no_half_written_error_file(tmp_path, monkeypatch):
+    """The agent stops the other ranks (SIGTERM, raised in a forked worker as torch's SignalException) while
+    one may be writing its record; torch's agent raises on a half-written file instead of reporting the
+    failures, so the record is written whole or not at all."""
+    import pytest
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    from lockstep.launcher import _worker
+
+    path = tmp_path / "attempt_0" / "0" / "error.json"
+    path.parent.mkdir(parents=True)
+    monkeypatch.setenv(_worker.ERROR_FILE_ENV, str(path))
+
+    written = Path.write_text
+
+    def stopped_halfway(self, text, *args, **kwargs):
+        written(self, text[:20])
+        raise SignalException("Process 1 got signal: 15", sigval=15)
+
+    monkeypatch.setattr(Path, "write_text", stopped_halfway)
+    with pytest.raises(SignalException):
+        _worker.write_error_file(ValueError("bad batch"))
+    assert not path.exists()
+    monkeypatch.undo()
+    monkeypatch.setenv(_worker.ERROR_FILE_ENV, str(path))
+    _worker.write_error_file(ValueError("bad batch"))
+    assert json.loads(path.read_text())["message"]["message"] == "ValueError: bad batch"
+    assert sorted(p.name for p in path.parent.iterdir() if not p.name.startswith(".")) == ["error.json"]
+
+
+def test_another_ranks_unreadable_record_is_left_out_instead_of_failing_the_report(tmp_path):
+    now = time.time()
+    attempt = tmp_path / "run" / "attempt_0"
+    cause = _record(attempt / "0", "KeyError: 'label'", now, 101)
+    (attempt / "1").mkdir()
+    (attempt / "1" / "error.json").write_text('{"message": {"mess')  # not lockstep's: written in pieces
+    reported = {0: ProcessFailure(local_rank=0, pid=101, exitcode=1, error_file=cause)}
+    assert with_every_recorded_failure(reported) == reported

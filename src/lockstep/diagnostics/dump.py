@@ -90,7 +90,7 @@ def write_dump(
     folder.mkdir(parents=True, exist_ok=True)
     recorder = flight_recorder_entries()
     text_path = folder / f"rank_{report.rank}.txt"
-    _write_atomically(text_path, render_text(report, world_size, entries, stacks, recorder))
+    write_atomically(text_path, render_text(report, world_size, entries, stacks, recorder))
     payload = {
         "report": report.to_dict(),
         "world_size": world_size,
@@ -98,11 +98,21 @@ def write_dump(
         "stacks": stacks,
         "flight_recorder": recorder,
     }
-    _write_atomically(folder / f"rank_{report.rank}.json", json.dumps(payload, indent=1, default=str))
+    write_atomically(folder / f"rank_{report.rank}.json", json.dumps(payload, indent=1, default=str))
     return text_path
 
 
-def _write_atomically(path: Path, text: str) -> None:
+def write_atomically(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` whole or not at all: a complete temporary file beside it is renamed over it
+    (a reader never sees half of it, even when the writer is stopped midway).
+
+    Raises:
+        OSError: the file could not be written (the temporary file is removed).
+    """
     staging = path.with_name(f".{path.name}.{os.getpid()}")
-    staging.write_text(text)
-    os.replace(staging, path)
+    try:
+        staging.write_text(text)
+        os.replace(staging, path)
+    except OSError:
+        staging.unlink(missing_ok=True)
+        raise

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
+from typing import Any
 
 from lockstep import _env
+from lockstep.diagnostics.dump import write_atomically
 from lockstep.diagnostics.hang_summary import MARKER
 
 
@@ -30,11 +33,22 @@ def write_error_record(line: str, *, printer: bool, location: str, dump_dir: str
             },
         }
     }
+    write_whole(path, record)  # on failure: the summary is printed and in the dump folder anyway
+
+
+def write_whole(path: str, record: dict[str, Any]) -> bool:
+    """Write ``record`` as JSON to ``path`` with :func:`~lockstep.diagnostics.dump.write_atomically`;
+    whether it was written.
+
+    When a rank fails, torch's agent stops the others (SIGTERM, raised in a worker as torch's
+    ``SignalException``, possibly in the middle of writing its record), then parses every stopped rank's
+    record; on half a record it raises instead of reporting the failures (torch 2.13).
+    """
     try:
-        with open(path, "w") as handle:
-            json.dump(record, handle)
+        write_atomically(Path(path), json.dumps(record))
     except OSError:
-        pass  # the summary is printed and in the dump folder anyway
+        return False
+    return True
 
 
 def hang_record(failure_message: object) -> dict | None:

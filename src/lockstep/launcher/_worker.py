@@ -17,7 +17,6 @@ import ctypes
 import importlib
 import importlib.util
 import io
-import json
 import os
 import runpy
 import signal
@@ -38,6 +37,8 @@ def write_error_file(error: BaseException) -> None:
     path = os.environ.get(ERROR_FILE_ENV)
     if not path:
         return
+    from lockstep.diagnostics.records import write_whole  # here: keeps the bootstrap's imports light
+
     where = _user_location(error)
     record = {
         "message": {
@@ -51,11 +52,7 @@ def write_error_file(error: BaseException) -> None:
             },
         }
     }
-    try:
-        with open(path, "w") as handle:
-            json.dump(record, handle)
-    except OSError:
-        pass  # reporting must never hide the user's own error
+    write_whole(path, record)  # on failure: reporting must never hide the user's own error
 
 
 def _user_location(error: BaseException) -> str:

@@ -50,9 +50,46 @@ def prepare_worker_environment(settings: LaunchSettings, environ: dict[str, str]
         environ["CUDA_VISIBLE_DEVICES"] = ""
 
 
+AGENT_LOGGER = "torch.distributed.elastic.agent.server.api"
+
+
 def quiet_agent_logs() -> None:
-    """Silence the agent's per-worker warnings and errors: our own report says it in a line per rank."""
+    """Silence the agent's per-worker warnings and errors (our own report says it in a line per rank), but
+    say when it restarts the workers (``--max-restarts``), which it logs only at INFO."""
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    import torch.distributed.elastic.agent.server.api  # noqa: F401  (it sets its logger's level on import)
+
+    agent = logging.getLogger(AGENT_LOGGER)
+    if not any(isinstance(handler, RestartNotice) for handler in agent.handlers):
+        agent.addHandler(RestartNotice())
+    agent.setLevel(logging.INFO)
+    agent.propagate = False  # its other lines stay silent
+
+
+class RestartNotice(logging.Handler):
+    """Prints one line on stderr when the elastic agent restarts the workers.
+
+    Example:
+        >>> import io, contextlib
+        >>> record = logging.LogRecord("agent", logging.INFO, "", 0,
+        ...     "[%s] Worker group %s. %s/%s attempts left; will restart worker group", ("default", "FAILED", 1, 1), None)
+        >>> with contextlib.redirect_stderr(io.StringIO()) as err:
+        ...     RestartNotice().handle(record)
+        True
+        >>> print(err.getvalue().strip())
+        lockstep launch: a worker failed; restarting all workers of this machine (restart 1 of 1).
+    """
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if not isinstance(record.msg, str) or "will restart worker group" not in record.msg:
+            return
+        if "attempts left" in record.msg and len(record.args or ()) == 4:
+            _, state, left, most = record.args  # type: ignore[misc]
+            why = "a worker failed" if state == "FAILED" else f"the workers were {str(state).lower()}"
+            line = f"{why}; restarting all workers of this machine (restart {int(most) - int(left) + 1} of {most})"
+        else:
+            line = "machines joined; restarting the workers with them"
+        print(f"lockstep launch: {line}.", file=sys.stderr, flush=True)
 
 
 def torch_launch_config(settings: LaunchSettings, *, start_method: str = "spawn") -> Any:
@@ -147,11 +184,28 @@ def launch(
         elastic_launch(torch_launch_config(settings, start_method=start_method), program)(*program_args)
     except ChildFailedError as error:
         return report_failures(error.failures, quiet=settings.quiet)
-    except SignalException as error:
-        name = signal.Signals(error.sigval).name
-        print(f"lockstep launch: received {name}; the workers were stopped.", file=sys.stderr)
-        return 128 + int(error.sigval)
+    except Exception as error:
+        stop = stopping_signal(error, SignalException)
+        if stop is None:
+            raise
+        print(f"lockstep launch: received {stop.name}; the workers were stopped.", file=sys.stderr)
+        return 128 + int(stop)
     return 0
+
+
+def stopping_signal(error: BaseException, signal_exception: type[BaseException]) -> signal.Signals | None:
+    """The signal that stopped the agent, where ``error`` is torch's ``SignalException`` or was raised while
+    handling one. torch's agent turns SIGTERM into that exception wherever its handler interrupts the agent;
+    landing between a metrics wrapper's entry and its timer it re-raises as an ``UnboundLocalError`` from
+    the wrapper's ``finally`` (the workers are still stopped by the agent's own ``finally``)."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        if isinstance(current, signal_exception):
+            return signal.Signals(current.sigval)  # type: ignore[attr-defined]
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None
 
 
 def describe_failure(rank: int, failure: Any) -> str:

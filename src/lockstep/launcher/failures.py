@@ -55,13 +55,20 @@ def with_every_recorded_failure(failures: dict[int, Any]) -> dict[int, Any]:
             other = rank - failure.local_rank + int(entry) if entry.isdigit() else None
             if other is None or other in found or not os.path.isfile(error_file):
                 continue
-            found[other] = _recorded_failure(int(entry), error_file)
+            recorded = _recorded_failure(int(entry), error_file)
+            if recorded is not None:
+                found[other] = recorded
     return found
 
 
-def _recorded_failure(local_rank: int, error_file: str) -> ProcessFailure:
-    """A rank known only from its record (it raised, and exits with code 1 right after writing it)."""
-    failure = ProcessFailure(local_rank=local_rank, pid=0, exitcode=1, error_file=error_file)
+def _recorded_failure(local_rank: int, error_file: str) -> ProcessFailure | None:
+    """A rank known only from its record (it raised, and exits with code 1 right after writing it); None
+    when the record cannot be read (written by something other than lockstep's worker, which writes it
+    whole): the failures already known are reported without it."""
+    try:
+        failure = ProcessFailure(local_rank=local_rank, pid=0, exitcode=1, error_file=error_file)
+    except (OSError, ValueError):  # torch parses the file as it builds the failure (JSONDecodeError)
+        return None
     message = failure.error_file_data.get("message")
     extra = message.get("extraInfo", {}) if isinstance(message, dict) else {}
     failure.pid = int(extra.get("lockstep_pid", 0))
