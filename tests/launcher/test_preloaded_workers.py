@@ -22,11 +22,11 @@ def _launch_and_read_facts(out: Path, **env: str) -> list[dict]:
     """Each rank's facts, read while the workers still run (their output is not held in a buffer),
     then the workers are let go and the exit handlers' markers are read."""
     environment = cli_env(**env)
-    environment.pop("PYTHONUNBUFFERED", None)  # the launch, not the environment, makes the output unbuffered
+    environment.pop("PYTHONUNBUFFERED", None)  # the launch, not the environment, sends each line at once
     launcher = lockstep_popen(
         "launch", "--num-processes", "2", str(SCRIPTS / "worker_facts.py"), str(out), env=environment
     )
-    text = ""  # two workers share the pipe: an unbuffered print's text and newline may interleave
+    text = ""  # two workers share the pipe; a read may end inside a line
     deadline = time.monotonic() + 90  # the workers wait for go up to 300 s
     assert launcher.stdout is not None
     while len(_records("FACTS", text)) < 2 and time.monotonic() < deadline and launcher.poll() is None:
