@@ -121,11 +121,11 @@ def time_tools(workload: str, blocks: int, steps: int, tools: list[str]) -> dict
     return {"seconds": times, "steps": {t: loop.steps[0] for t, loop in loops.items()}, "bytes": memory}
 
 
-def final_loss(tool: str, workload: str, *, shuffle: bool) -> dict:
-    """Train EQUAL_WORK_STEPS steps from the same seed, then the loss on a fixed batch of the data."""
+def final_loss(tool: str, workload: str, *, shuffle: bool, steps: int = EQUAL_WORK_STEPS) -> dict:
+    """Train ``steps`` steps from the same seed, then the loss on a fixed batch of the data."""
     loop = build(tool, workload, shuffle=shuffle)
     batches = endless(loop.loader)
-    timed_steps(loop, batches, EQUAL_WORK_STEPS)
+    timed_steps(loop, batches, steps)
     x, y = WORKLOADS[workload][1]()[:256]
     with torch.no_grad():
         loss = loss_of(loop.model, x, y).item()
@@ -138,13 +138,19 @@ def main() -> None:
     parser.add_argument("--blocks", type=int, default=12)
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--tools", default=",".join(TOOLS), help="a subset, in ABBA order (timing only)")
+    parser.add_argument("--equal-work-steps", type=int, default=EQUAL_WORK_STEPS)
     args = parser.parse_args()
     dist.init_process_group("gloo")
     tools = args.tools.split(",")
     result = time_tools(args.workload, args.blocks, args.steps, tools)
     if tools == list(TOOLS):
         result["equal_work"] = {
-            order: {tool: final_loss(tool, args.workload, shuffle=order == "shuffled") for tool in TOOLS}
+            order: {
+                tool: final_loss(
+                    tool, args.workload, shuffle=order == "shuffled", steps=args.equal_work_steps
+                )
+                for tool in TOOLS
+            }
             for order in ("in_order", "shuffled")
         }
     result["parameters"] = sum(p.numel() for p in WORKLOADS[args.workload][0]().parameters())

@@ -126,11 +126,12 @@ def measure_launch(repeats: int) -> dict:
     return measure("launch 2 processes (no-op)", "s", samples, load_average=[before, load()], notes=notes)
 
 
-def step_worker(workload: str, blocks: int, steps: int) -> tuple[dict, dict]:
+def step_worker(workload: str, blocks: int, steps: int, equal_work_steps: int) -> tuple[dict, dict]:
     before = load()
     launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
     command = [*launcher, "--master_port", str(free_port()), str(HERE / "_step_worker.py")]
-    raw = json_of([*command, "--workload", workload, "--blocks", str(blocks), "--steps", str(steps)])
+    sizes = ["--blocks", str(blocks), "--steps", str(steps), "--equal-work-steps", str(equal_work_steps)]
+    raw = json_of([*command, "--workload", workload, *sizes])
     titles = {
         "mlp": "DDP step, MLP (0.4M), 2 processes",
         "transformer": "DDP step, transformer (0.5M), 2 processes",
@@ -285,17 +286,27 @@ def machine() -> dict:
     }
 
 
-# repeats of import and launch; blocks x steps of each step measure; checkpoint size (M parameters), repeats
+# repeats of import and launch; blocks x steps of each step measure; steps of each equal-work run;
+# checkpoint size (M parameters), repeats
 SIZES = {
     "full": {
         "repeats": 7,
         "ddp": (20, 40),
         "transformer": (20, 20),
         "fsdp": (10, 10),
+        "equal_work_steps": 20,
         "params": 25.0,
         "io": 5,
     },
-    "quick": {"repeats": 2, "ddp": (2, 5), "transformer": (2, 3), "fsdp": (2, 2), "params": 1.0, "io": 2},
+    "quick": {
+        "repeats": 1,
+        "ddp": (2, 5),
+        "transformer": (2, 3),
+        "fsdp": (2, 2),
+        "equal_work_steps": 4,
+        "params": 1.0,
+        "io": 2,
+    },
 }
 
 
@@ -317,7 +328,7 @@ def run(sizes: dict, log: Callable[[str], None], groups: tuple[str, ...] = GROUP
         for workload, key in (("mlp", "ddp"), ("transformer", "transformer"), ("fsdp", "fsdp")):
             log(f"step time: {workload}")
             name = "fsdp" if workload == "fsdp" else f"ddp_{workload}"
-            measures[name], raw = step_worker(workload, *sizes[key])
+            measures[name], raw = step_worker(workload, *sizes[key], sizes["equal_work_steps"])
             checks["equal_work"][name] = equal_work_checks(workload, raw)
     if "checkpoints" in groups:
         log("checkpoints")
