@@ -313,7 +313,7 @@ def print_whole_lines() -> None:
     Workers run as ``python -u`` (as under torchrun), and an unbuffered ``print`` writes its text and its
     newline in two calls: two ranks sharing the launcher's terminal or pipe then merged lines ("LINE 1 ...
     LINE 0 ...", then an empty line), 860 to 3,864 of 6,000 lines in two runs of two ranks printing
-    3,000 lines each. Line-buffered streams that write through nothing in between send each line in
+    3,000 lines each. Line-buffered, a stream keeps a line's pieces until its end and sends the line in
     one write, which a pipe or terminal keeps whole (up to 4 KiB). A line still appears the moment it ends,
     and ``\r`` (progress bars) or ``flush()`` sends a partial one; text without an end waits for it.
     """
