@@ -66,10 +66,41 @@ notebook_launcher(zero3_function, num_processes=2)
 """
 
 
-def _run_notebook(*cells: str) -> list[str]:
+HELD_OUTPUT_LOCK_CELL = """
+import os
+import sys
+import threading
+import time
+from lockstep import notebook_launcher
+
+def printing_function():
+    print("PRINTED in a worker", flush=True)
+
+go, taken = threading.Event(), threading.Event()
+
+def send_output():  # as the kernel's IOPub thread takes the lock while it sends
+    while True:
+        go.wait()
+        go.clear()
+        with sys.stdout._buffer_lock:
+            taken.set()
+            time.sleep(0.5)
+
+def take_the_lock_for_the_fork():
+    taken.clear()
+    go.set()
+    taken.wait(5)
+
+threading.Thread(target=send_output, daemon=True).start()
+os.register_at_fork(before=take_the_lock_for_the_fork)  # every fork happens while the lock is taken
+notebook_launcher(printing_function, num_processes=2)
+"""
+
+
+def _run_notebook(*cells: str, timeout: int = 180) -> list[str]:
     notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(cell) for cell in cells])
     env_threads = os.environ.get("OMP_NUM_THREADS")
-    NotebookClient(notebook, timeout=180, kernel_name="python3").execute()
+    NotebookClient(notebook, timeout=timeout, kernel_name="python3").execute()
     assert os.environ.get("OMP_NUM_THREADS") == env_threads
     texts = []
     for cell in notebook.cells:
@@ -91,6 +122,14 @@ def test_notebook_launcher_in_a_real_kernel():
         and "KeyError" in failure_output
         and "missing column 'label'" in failure_output
     )
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_workers_forked_while_the_kernel_sends_output_can_print():
+    """Forked while another thread of the kernel holds its output stream's lock, the workers' prints
+    waited forever for it (the cell timed out); they get a free lock of their own."""
+    (output,) = _run_notebook(HELD_OUTPUT_LOCK_CELL, timeout=90)
+    assert output.count("PRINTED in a worker") == 2, output
 
 
 def _debug_launch(*args: str) -> dict:

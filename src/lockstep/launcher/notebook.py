@@ -12,6 +12,7 @@ import contextlib
 import functools
 import os
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any, NoReturn
 
@@ -47,6 +48,7 @@ def _fresh_process_entry(function: Callable[..., Any]) -> Callable[..., Any]:
         # Objects copied from the parent (a notebook, with threads of its own) are never collected here:
         # their finalizers could wait for locks that a parent thread held at the moment of the fork.
         gc.freeze()
+        _free_output_locks()
         PartialState._reset_state()
         GradientState._reset_state()
         try:
@@ -61,6 +63,20 @@ def _fresh_process_entry(function: Callable[..., Any]) -> Callable[..., Any]:
         return result
 
     return entry
+
+
+def _free_output_locks() -> None:
+    """Give a Jupyter kernel's output streams new locks in a forked worker.
+
+    ipykernel's ``sys.stdout``/``sys.stderr`` guard their buffers with a lock that the kernel's IOPub
+    thread takes while it sends output. A worker forked at that moment inherits the lock taken, by a thread
+    that does not exist in the worker, and its first ``print`` (or the report of its error) waited forever,
+    and with it the launch: a rank that failed in a notebook cell once hung the cell for the test's whole
+    180 s. The worker has one thread, so a new, free lock is the right state; other streams are untouched.
+    """
+    for stream in (sys.stdout, sys.stderr):
+        if hasattr(stream, "_buffer_lock"):
+            stream._buffer_lock = threading.RLock()  # type: ignore[union-attr]
 
 
 def _exit_after_failure(error: Exception) -> NoReturn:
