@@ -125,3 +125,48 @@ def test_the_server_preloads_the_libraries_a_script_imports_at_its_top(tmp_path)
 )
 def test_scripts_that_write_the_environment_at_their_top_get_fresh_interpreters(tmp_path, source):
     assert preloaded.libraries_to_preload(_script(tmp_path, source)) == []
+
+
+GC_FACTS = """
+import gc
+import json
+import os
+
+import torch
+
+
+def private_dirty_kib() -> int:
+    with open("/proc/self/smaps_rollup") as smaps:
+        return sum(int(line.split()[1]) for line in smaps if line.startswith("Private_Dirty:"))
+
+
+before = private_dirty_kib()
+gc.collect()
+facts = {"rank": int(os.environ["RANK"]), "dirtied_kib": private_dirty_kib() - before}
+facts.update(frozen=gc.get_freeze_count(), tracked=len(gc.get_objects()))
+print("GCFACTS " + json.dumps(facts))
+"""
+
+
+@pytest.mark.skipif(
+    not Path("/proc/self/smaps_rollup").exists(), reason="reads Linux's /proc/self/smaps_rollup"
+)
+def test_a_full_collection_in_a_forked_worker_leaves_the_servers_pages_shared(tmp_path):
+    """A full collection that walks the objects inherited from the server writes to each one's collector
+    header, copying their pages out of the memory the workers share: 61,128 KiB per worker before they
+    were frozen at the fork, 92 KiB after."""
+    done = lockstep(
+        "launch",
+        "--num-processes",
+        "2",
+        _script(tmp_path, GC_FACTS),
+        timeout=120,
+        env=cli_env(**{preloaded.PRELOAD_WORKERS: "1"}),
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    facts = _records("GCFACTS", done.stdout)
+    assert len(facts) == 2, done.stdout
+    for fact in facts:
+        assert fact["frozen"] > 100_000  # what the server imported: torch, torch._dynamo, lockstep
+        assert fact["tracked"] < 50_000  # what a collection walks: the worker's own objects
+        assert fact["dirtied_kib"] < 2048, fact

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import gc
 import importlib
 import importlib.util
 import io
@@ -237,10 +238,11 @@ def run(argv: list[str]) -> None:
 def run_forked(*argv: str) -> None:
     """:func:`run` in a worker that torch's agent forked from the launcher's preloaded server
     (:mod:`lockstep.launcher.preloaded`), made to behave as the fresh ``python -u`` interpreter it stands
-    for: a session of its own (a terminal's Ctrl-C reaches the launcher, which stops the workers),
-    output streams of its own (then written a line at a time by :func:`run`), and at the end what an
+    for: the server's objects out of its garbage collector's reach, a session of its own (a terminal's
+    Ctrl-C reaches the launcher, which stops the workers), output streams of its own (then written a line at a time by :func:`run`), and at the end what an
     interpreter's exit does and a multiprocessing child's ``os._exit`` skips: wait for the script's
     non-daemon threads, then run its ``atexit`` handlers."""
+    _leave_the_servers_objects_to_it()
     os.setsid()
     _report_success_before_os_exit(sys._getframe(1))
     _let_the_server_end_with_the_launcher()
@@ -270,6 +272,14 @@ def _report_success_before_os_exit(caller: FrameType | None) -> None:
         leave(code)
 
     os._exit = exit_reporting_success
+
+
+def _leave_the_servers_objects_to_it() -> None:
+    """Freeze what the server imported (:func:`gc.freeze`, as CPython's documentation advises for a process
+    forked without exec): the worker's full collections then never walk torch's objects, which a fresh
+    interpreter's would, nor write to each one's collector header, which copied the page it sits on out
+    of the memory the workers share with the server. Freezing moves a list head; nothing is copied."""
+    gc.freeze()
 
 
 def _let_the_server_end_with_the_launcher() -> None:

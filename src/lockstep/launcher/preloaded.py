@@ -6,8 +6,9 @@ for transformers, and keeps a private copy of those modules' memory. With ``LOCK
 ``lockstep launch`` instead asks torch's elastic agent to start the workers with multiprocessing's
 ``forkserver`` method, the server importing those libraries once: each worker is a fork of it, running
 the same bootstrap (``lockstep.launcher._worker``) as a fresh interpreter would, so the script still runs
-as ``__main__`` with its own ``sys.argv``, environment, session, unbuffered output, ``atexit`` handlers,
-numpy seed and error record (``_worker.run_forked``). Off by default: torchrun and ``accelerate launch``
+as ``__main__`` with its own ``sys.argv``, environment, session, output streams, ``atexit`` handlers,
+numpy seed and error record (``_worker.run_forked``); what the server imported stays out of the worker's
+garbage collection, so that its pages stay shared. Off by default: torchrun and ``accelerate launch``
 start fresh interpreters, and a fork can differ from one in ways no check here covers.
 
 The server imports :data:`BASE_MODULES` and those of :data:`FORK_SAFE_LIBRARIES` that the script imports at
