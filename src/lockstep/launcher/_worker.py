@@ -239,9 +239,10 @@ def run_forked(*argv: str) -> None:
     """:func:`run` in a worker that torch's agent forked from the launcher's preloaded server
     (:mod:`lockstep.launcher.preloaded`), made to behave as the fresh ``python -u`` interpreter it stands
     for: the server's objects out of its garbage collector's reach, a session of its own (a terminal's
-    Ctrl-C reaches the launcher, which stops the workers), output streams of its own (then written a line at a time by :func:`run`), and at the end what an
-    interpreter's exit does and a multiprocessing child's ``os._exit`` skips: wait for the script's
-    non-daemon threads, then run its ``atexit`` handlers."""
+    Ctrl-C reaches the launcher, which stops the workers), output streams of its own (then written a line
+    at a time by :func:`run`), and at the end what an interpreter's exit does and a multiprocessing
+    child's ``os._exit`` skips: wait for the script's non-daemon threads, then run its ``atexit``
+    handlers."""
     _leave_the_servers_objects_to_it()
     os.setsid()
     _report_success_before_os_exit(sys._getframe(1))
