@@ -60,8 +60,9 @@ def enable_fsdp_ram_efficient_loading() -> None:
         >>> os.environ["FSDP_CPU_RAM_EFFICIENT_LOADING"]
         'False'
 
-    Where the installed transformers cannot honour it (4.x without the accelerate package fails in
-    ``from_pretrained`` on every process), nothing is set and a warning says why: every process then reads the
+    Where the installed transformers cannot honour it (before 4.51, transformers fails in ``from_pretrained``
+    on every process unless its ``is_accelerate_available()`` finds an installed accelerate), nothing is set
+    and a warning says why: every process then reads the
     weights, and FSDP's ``cpu_ram_efficient_loading`` still sends the main process's weights at ``prepare``.
     """
     reason = why_transformers_cannot_load_on_main_only()

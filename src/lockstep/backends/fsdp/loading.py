@@ -32,8 +32,8 @@ def announce_main_process_loading() -> bool:
         return True
     _logger.info(
         "cpu_ram_efficient_loading: %s, so every process reads the pretrained weights in from_pretrained; "
-        "prepare() still gives every process the main process's weights. Install transformers>=5 (or "
-        "accelerate) for loading on the main process only.",
+        "prepare() still gives every process the main process's weights. Install transformers>=4.51 (or the "
+        "accelerate distribution transformers names) for loading on the main process only.",
         reason,
     )
     return False
