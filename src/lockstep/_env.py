@@ -315,6 +315,24 @@ def announce_rank0_loading() -> None:
     os.environ["FSDP_CPU_RAM_EFFICIENT_LOADING"] = "true"
 
 
+ACCELERATE_PREFIX = "ACCELERATE_"
+"""``accelerate launch`` hands its config file's keys to its workers as ``ACCELERATE_<KEY>`` variables
+(``dynamo_backend`` -> ``ACCELERATE_DYNAMO_BACKEND``); Accelerate's plugins fill the fields left unset from
+them, and lockstep's ``TorchDynamoPlugin`` does too."""
+
+
+def accelerate_variable(key: str, env: Mapping[str, str] | None = None) -> tuple[str, str | None]:
+    """The variable ``accelerate launch`` sets for the config key ``key``, and its value (None: unset or empty).
+
+    Example:
+        >>> accelerate_variable("dynamo_mode", {"ACCELERATE_DYNAMO_MODE": "max-autotune"})
+        ('ACCELERATE_DYNAMO_MODE', 'max-autotune')
+    """
+    env = os.environ if env is None else env
+    name = ACCELERATE_PREFIX + key.upper()
+    return name, env.get(name, "").strip() or None
+
+
 # Accelerate's ParallelismConfig defaults (set by `accelerate launch --parallelism_config_*` for its workers).
 PARALLELISM_CONFIG_PREFIX = "PARALLELISM_CONFIG_"
 USE_PARALLELISM_CONFIG = "ACCELERATE_USE_PARALLELISM_CONFIG"

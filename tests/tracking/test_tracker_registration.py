@@ -150,6 +150,67 @@ def test_registering_what_is_not_a_tracker_class_raises_a_type_error():
     assert "" not in LOGGER_TYPE_TO_CLASS and "all" not in LOGGER_TYPE_TO_CLASS
 
 
+def test_a_class_that_does_not_set_requires_logging_directory_is_refused_as_in_accelerate():
+    """Accelerate's base class has no default for the flag; lockstep's default (for tracker objects passed
+    to log_with) does not count when a class is registered by name."""
+
+    class NoFlagTracker(GeneralTracker):
+        name = "no-flag"
+
+        @property
+        def tracker(self) -> None:
+            return None
+
+    message = (
+        r"^register_tracker_class\(NoFlagTracker\) is invalid: it does not set requires_logging_directory, which "
+        r"tells log_with whether to build it with the logging folder\. Set the class attribute "
+        r"requires_logging_directory = True if the tracker needs a logging directory, or False otherwise\.$"
+    )
+    with pytest.raises(ValueError, match=message):
+        register_tracker_class(NoFlagTracker)
+    assert "no-flag" not in LOGGER_TYPE_TO_CLASS
+
+    class Inherited(MineTracker):  # set by a base of its own: accepted
+        name = "inherited"
+
+    register_tracker_class(Inherited)
+    assert LOGGER_TYPE_TO_CLASS["inherited"] is Inherited
+
+
+def test_a_registered_tracker_without_log_is_built_and_logs_nothing(tmp_path):
+    """Accelerate's base class defines ``log`` (doing nothing), so a tracker that only keeps its run's
+    configuration need not define it; lockstep's made it abstract and refused to build such a tracker."""
+
+    class ConfigOnlyTracker(GeneralTracker):
+        name = "config-only"
+        requires_logging_directory = True
+
+        def __init__(self, run_name: str, logging_dir: str, **kwargs: Any) -> None:
+            super().__init__()
+            self.run_name, self.logging_dir = run_name, logging_dir
+            self.config: dict[str, Any] = {}
+
+        @property
+        def tracker(self) -> dict[str, Any]:
+            return self.config
+
+        def store_init_configuration(self, values: dict[str, Any]) -> None:
+            self.config.update(values)
+
+    register_tracker_class(ConfigOnlyTracker)
+    accelerator = Accelerator(log_with="config-only", project_dir=str(tmp_path))
+    accelerator.init_trackers("dir_project", config={"lr": 0.5})
+    accelerator.log({"loss": 1.0}, step=0)
+    tracker = accelerator.get_tracker("config-only")
+    accelerator.end_training()
+    assert type(tracker) is ConfigOnlyTracker
+    assert (tracker.run_name, tracker.logging_dir, tracker.config) == (
+        "dir_project",
+        str(tmp_path),
+        {"lr": 0.5},
+    )
+
+
 def test_requires_logging_directory_is_honoured(tmp_path):
     register_tracker_class(FolderTracker)
     message = (

@@ -4,6 +4,8 @@ on first use (so that ``from lockstep import Accelerator`` does not import :mod:
 
 from __future__ import annotations
 
+import os
+import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -138,6 +140,7 @@ class CheckpointingView:
         """
         _refuse_model_kwargs("save_state", "save_model_func_kwargs", kwargs)
         checkpoints = self.manager  # built (and its modules imported) before the save is timed
+        output_dir = _main_process_folder(self._state, output_dir, "save_state")
         with self._step_timer.checkpoint():
             return checkpoints.save_state(output_dir, safe_serialization, async_save, durable)
 
@@ -155,7 +158,7 @@ class CheckpointingView:
         """Restore a checkpoint written by :meth:`save_state`; prepared dataloaders continue at the next
         unseen batch. Without ``input_dir``, loads the newest valid checkpoint of the project."""
         _refuse_model_kwargs("load_state", "load_kwargs / load_model_func_kwargs", kwargs)
-        self.manager.load_state(input_dir)
+        self.manager.load_state(_main_process_folder(self._state, input_dir, "load_state"))
 
     def register_for_checkpointing(self, *objects: Any) -> None:
         """Save and load these objects (anything with ``state_dict``/``load_state_dict``) with the state."""
@@ -195,6 +198,34 @@ class CheckpointingView:
         into ``model.safetensors`` instead. Every process calls it.
         """
         self.manager.save_model(model, save_directory, max_shard_size, safe_serialization)
+
+
+def _main_process_folder(state: PartialState, folder: Any, method: str) -> Any:
+    """``folder`` as the main process named it, on every rank (one small broadcast; as given on one process).
+
+    A checkpoint is one folder: every rank writes its files into the staging folder the main process creates,
+    and ``load_state`` reads the folder the main process names. Accelerate lets each process pass a folder of
+    its own (its tests give every rank a ``tempfile.TemporaryDirectory()``), where lockstep's save failed on the
+    other ranks (their staging folder did not exist). A process that named another folder now warns and uses
+    the main process's.
+    """
+    if folder is None or not state.use_distributed:
+        return folder
+    from lockstep.collectives import broadcast_object_list
+
+    named = [os.fspath(folder)]
+    broadcast_object_list(named, from_process=0)
+    if named[0] == os.fspath(folder):
+        return folder
+    warnings.warn(
+        f"{method}({os.fspath(folder)!r}) on process {state.process_index} of {state.num_processes}, where the "
+        f"main process passed {named[0]!r}: a checkpoint is one folder, the main process's (every process "
+        "writes its files there, and load_state reads the folder the main process names), so that one is "
+        "used. Pass every process the same folder.",
+        UserWarning,
+        stacklevel=3,
+    )
+    return named[0]
 
 
 def _refuse_model_kwargs(method: str, accelerate_name: str, kwargs: dict[str, Any]) -> None:

@@ -152,12 +152,15 @@ class ProcessView:
         others = [type(joinable).__name__ for joinable in joinables if not isinstance(joinable, Joinable)]
         if others:
             # torch's Join needs a join hook on each object: only DDP models and ZeroRedundancyOptimizer have
-            # one. Accelerate warns and runs the block without Join where joining is not supported.
+            # one. Accelerate warns, in the words kept here first, and runs the block without Join where
+            # joining is not supported (it joins DDP on GPUs only; lockstep on CPUs too).
             warnings.warn(
-                f"join_uneven_inputs() got {', '.join(others)}, which is not a DistributedDataParallel model "
-                "(nor another torch Joinable), so joining uneven inputs is not supported here and "
-                "join_uneven_inputs has no effect. Prepare the model with DDP, or give every process the same "
-                "number of batches (DataLoaderConfiguration(even_batches=True)).",
+                "Joining uneven inputs is only supported for multi-GPU training, as a result "
+                f"`join_uneven_inputs` will have no effect: it got {', '.join(others)}, which is not a "
+                "DistributedDataParallel model (nor another torch Joinable); lockstep joins DDP models, on "
+                "GPUs and on CPUs. Prepare the model with DDP, or give every process the same number of "
+                "batches (DataLoaderConfiguration(even_batches=True)).",
+                UserWarning,
                 stacklevel=3,
             )
             yield

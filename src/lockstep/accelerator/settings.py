@@ -286,8 +286,11 @@ def resolve_dynamo(
     from_launcher = backend is None
     if from_launcher:
         backend = launch.get("dynamo_backend")
-    if backend is None:
-        return None
+    if (
+        backend is None
+    ):  # accelerate launch's ACCELERATE_DYNAMO_* variables, read by the plugin as in Accelerate
+        plugin = TorchDynamoPlugin()
+        return plugin if plugin.enabled else None
     # The launcher's --dynamo_mode/--dynamo_use_* settings go with the launcher's backend only.
     settings = dict(launch.get("dynamo_plugin") or {}) if from_launcher else {}
     resolved = TorchDynamoPlugin(backend=backend, **settings)

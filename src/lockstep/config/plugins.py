@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from typing import Any
 
+from lockstep import _env
 from lockstep.config import checks
 from lockstep.config.enums import DynamoBackend
 from lockstep.config.keys import SettingKey, by_spelling, field_values
@@ -61,27 +62,42 @@ class GradientAccumulationPlugin:
 class TorchDynamoPlugin:
     """``torch.compile`` settings. The model is compiled before it is wrapped for DDP.
 
+    A field left unset (None) is read, as in Accelerate, from the variable ``accelerate launch`` sets for its
+    ``dynamo_config`` key (``ACCELERATE_DYNAMO_BACKEND``, ``ACCELERATE_DYNAMO_MODE``,
+    ``ACCELERATE_DYNAMO_USE_FULLGRAPH``, ``ACCELERATE_DYNAMO_USE_DYNAMIC``,
+    ``ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION``), else takes lockstep's default: no backend, no mode,
+    ``fullgraph=False``, ``dynamic=None``, no options, no regional compilation.
+
     Example:
         >>> plugin = TorchDynamoPlugin(backend="inductor", mode="max-autotune")
     """
 
-    backend: DynamoBackend | str = DynamoBackend.NO
+    backend: DynamoBackend | str | None = None
     """Compiler backend (``no`` disables compilation)."""
     mode: str | None = None
     """``default``, ``reduce-overhead``, ``max-autotune`` or ``max-autotune-no-cudagraphs``."""
-    fullgraph: bool = False
+    fullgraph: bool | None = None
     """Compile the whole model as one graph: a graph break is an error instead of a fallback to Python."""
     dynamic: bool | None = None
     """Trace with dynamic shapes (True), static shapes (False), or let torch decide (None)."""
-    options: dict[str, Any] = field(default_factory=dict)
+    options: dict[str, Any] | None = None
+    """Options for the backend (``torch.compile(options=...)``)."""
     disable: bool = False
-    use_regional_compilation: bool = False
+    use_regional_compilation: bool | None = None
     """Compile each repeated block (every ``nn.ModuleList`` of same-class modules, e.g. transformer layers)
     and the modules beside it separately instead of the whole model: the compiler traces one block and
     reuses it, so a deep model compiles much faster (Accelerate's regional compilation). lockstep compiles
     the blocks in place (``nn.Module.compile``): the prepared model keeps its parameter names."""
 
     def __post_init__(self) -> None:
+        for entry in DYNAMO_KEYS:  # unset fields: accelerate launch's variables, as Accelerate reads them
+            if getattr(self, entry.field) is None:
+                variable, raw = _env.accelerate_variable(entry.key)
+                if raw is not None:
+                    setattr(self, entry.field, entry.field_value(raw, variable))
+        for name, default in _UNSET.items():
+            if getattr(self, name) is None:
+                setattr(self, name, copy.deepcopy(default))
         self.backend = DynamoBackend.parse(self.backend, argument="TorchDynamoPlugin(backend=...)")
         modes = (None, *COMPILE_MODES)
         if self.mode not in modes:
@@ -98,14 +114,16 @@ class TorchDynamoPlugin:
         return values
 
     def to_kwargs(self) -> dict[str, Any]:
-        """The fields whose value differs from the default, as Accelerate's kwargs handlers return them;
-        like Accelerate, without ``use_regional_compilation``, which is no ``torch.compile`` argument.
+        """The fields whose value differs from the default (what a plugin built without arguments and without
+        the environment's variables holds), as Accelerate's kwargs handlers return them; like Accelerate,
+        without ``use_regional_compilation``, which is no ``torch.compile`` argument.
 
         Example:
             >>> TorchDynamoPlugin(backend="inductor", mode="max-autotune").to_kwargs()
             {'backend': 'inductor', 'mode': 'max-autotune'}
         """
-        default = type(self)().to_dict()
+        default = {f.name: _UNSET.get(f.name, f.default) for f in fields(self)}
+        default["backend"] = DynamoBackend.NO.value.lower()
         kwargs = {key: value for key, value in self.to_dict().items() if default[key] != value}
         kwargs.pop("use_regional_compilation", None)
         return kwargs
@@ -167,6 +185,15 @@ DYNAMO_KEYS: tuple[SettingKey, ...] = (
 ``--dynamo-backend`` sets the launcher's ``dynamo_backend`` directly (Accelerate's flag); the other flags
 set the launcher's ``dynamo_config`` section, as the file's keys do.
 """
+
+_UNSET: dict[str, Any] = {
+    "backend": DynamoBackend.NO,
+    "fullgraph": False,
+    "options": {},
+    "use_regional_compilation": False,
+}
+"""What a :class:`TorchDynamoPlugin` field left unset (and not set by the environment) becomes; ``mode`` and
+``dynamic`` stay None (torch's defaults)."""
 
 DYNAMO_PREFIX = "dynamo_"
 """The prefix of the ``dynamo_config`` keys."""

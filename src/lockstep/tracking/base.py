@@ -20,9 +20,13 @@ class GeneralTracker(ABC):
     that does not run on this process (``main_process_only`` on the other ranks) never opens anything.
     A tracker that opens everything in ``__init__`` keeps working: ``start()`` does nothing by default.
 
+    A subclass defines ``tracker``; ``log``, ``start``, ``store_init_configuration`` and ``finish`` do nothing
+    unless it overrides them (as in Accelerate).
+
     Attributes:
         name: the name ``get_tracker`` finds it by.
-        requires_logging_directory: whether it needs ``logging_dir`` (the project's logging folder).
+        requires_logging_directory: whether it needs ``logging_dir`` (the project's logging folder). A class
+            given to :func:`~lockstep.tracking.register_tracker_class` must set it itself.
         main_process_only: start and log on the main process only (the default; every built-in tracker
             does). False starts and logs it on every process.
         requires_packages: (lockstep) the modules it imports when it starts. ``log_with`` naming a
@@ -78,9 +82,12 @@ class GeneralTracker(ABC):
     def store_init_configuration(self, values: dict[str, Any]) -> None:  # noqa: B027 (optional hook)
         """Record the run's hyperparameters (called once by ``init_trackers``, after ``start``)."""
 
-    @abstractmethod
-    def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
-        """Record ``values`` (metric name -> number, or text) at ``step``."""
+    def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:  # noqa: B027
+        """Record ``values`` (metric name -> number, or text) at ``step``.
+
+        Does nothing unless overridden: as in Accelerate, whose base class defines it, a tracker that only
+        stores its configuration (or only starts a run) need not define ``log``.
+        """
 
     def finish(self) -> None:  # noqa: B027 (optional hook)
         """Flush and close (called by ``end_training``)."""

@@ -51,7 +51,8 @@ def register_tracker_class(tracker_class: type[GeneralTracker]) -> None:
     Raises:
         TypeError: ``tracker_class`` is not a ``GeneralTracker`` subclass (the error is a ``ValueError``
             too, which is what Accelerate raises).
-        ValueError: its ``name`` is empty, not text, or ``"all"``.
+        ValueError: its ``name`` is empty, not text, or ``"all"``; or it does not set
+            ``requires_logging_directory`` itself (the base class's default does not count, as in Accelerate).
 
     Example:
         >>> class PrintTracker(GeneralTracker):
@@ -81,6 +82,13 @@ def register_tracker_class(tracker_class: type[GeneralTracker]) -> None:
             f"register_tracker_class({tracker_class.__name__}) is invalid: its name is {name!r}, and log_with "
             "finds a tracker by its name. Set the class attribute name to a non-empty string other than 'all'."
         )
+    if not _sets_logging_flag(tracker_class):
+        raise ValueError(
+            f"register_tracker_class({tracker_class.__name__}) is invalid: it does not set "
+            "requires_logging_directory, which tells log_with whether to build it with the logging folder. "
+            "Set the class attribute requires_logging_directory = True if the tracker needs a logging "
+            "directory, or False otherwise."
+        )
     if name in LOGGER_TYPE_TO_CLASS:
         replaced = LOGGER_TYPE_TO_CLASS[name]
         warnings.warn(
@@ -90,6 +98,16 @@ def register_tracker_class(tracker_class: type[GeneralTracker]) -> None:
             stacklevel=2,
         )
     LOGGER_TYPE_TO_CLASS[name] = tracker_class
+
+
+def _sets_logging_flag(tracker_class: type[GeneralTracker]) -> bool:
+    """Whether ``tracker_class`` (or a base of it other than ``GeneralTracker``) sets
+    ``requires_logging_directory``: Accelerate's base class has no default for it."""
+    return any(
+        "requires_logging_directory" in vars(cls)
+        for cls in tracker_class.__mro__
+        if cls is not GeneralTracker
+    )
 
 
 def _path(tracker_class: type) -> str:

@@ -41,10 +41,30 @@ class ParallelMode(str, enum.Enum):
 
 # -- the process ------------------------------------------------------------------------------------
 def distributed_state(self: TrainingArguments) -> PartialState:
-    """The process state (created on first use from ``use_cpu``, ``ddp_backend`` and ``ddp_timeout``)."""
+    """The process state (created on first use from ``use_cpu``, ``ddp_backend`` and ``ddp_timeout``; with
+    ``accelerator_config`` ``use_configured_state``, the one the script created before, which must exist).
+
+    Raises:
+        ValueError: ``use_configured_state`` is true and no ``Accelerator`` or ``PartialState`` exists yet.
+    """
     from lockstep.state import PartialState
 
+    check_configured_state(self)
     return PartialState(cpu=self.use_cpu, backend=self.ddp_backend, timeout=ddp_timeout_delta(self))
+
+
+def check_configured_state(self: TrainingArguments) -> None:
+    """With ``accelerator_config`` ``use_configured_state``, refuse to go on before the script created its
+    ``Accelerator`` or ``PartialState`` (transformers' check, made where the devices are first needed: the
+    arguments' process facts, or the Trainer's Accelerator)."""
+    from lockstep.state import PartialState
+
+    if PartialState._context is None and getattr(self.accelerator_config, "use_configured_state", False):
+        raise ValueError(
+            "TrainingArguments(accelerator_config={'use_configured_state': True}) uses the Accelerator or "
+            "PartialState the script created before the arguments set up the devices, and there is none yet. "
+            "Create one first (PartialState() or Accelerator(...)), or leave use_configured_state false."
+        )
 
 
 def ddp_timeout_delta(self: TrainingArguments) -> timedelta:

@@ -127,11 +127,12 @@ def micro_batches(loader: Iterable[Any], counter: ItemCounter | None, steps: int
 @contextlib.contextmanager
 def counted_micro_step(accelerator: Any, model: nn.Module, micro: MicroBatch) -> Iterator[None]:
     """The accumulation context of a read-ahead cycle (``accelerate()`` would see the loader's end too early):
-    gradients synchronise on the cycle's last batch only; a counted loss is not divided by the steps."""
+    gradients synchronise on the cycle's last batch only (on every batch with the plugin's
+    ``sync_each_batch``, as ``accumulate`` does); a counted loss is not divided by the steps."""
     accelerator.sync_gradients = micro.last
     steps = accelerator.gradient_accumulation_steps
     with contextlib.ExitStack() as stack:
-        if not micro.last:
+        if not micro.last and not accelerator.gradient_state.sync_each_batch:
             stack.enter_context(accelerator.no_sync(model))
         if micro.num_items is not None:
             accelerator.gradient_accumulation_steps = 1

@@ -8,6 +8,8 @@ Example:
     >>> config = AcceleratorConfig.from_value({"even_batches": False})
     >>> config.even_batches, config.split_batches
     (False, False)
+    >>> AcceleratorConfig.from_value({"gradient_accumulation_kwargs": {"sync_each_batch": True}}).use_configured_state
+    False
 """
 
 from __future__ import annotations
@@ -18,11 +20,14 @@ from typing import Any
 
 from lockstep.trainer import _argument_parsers
 
+GRADIENT_ACCUMULATION_KEYS = ("num_steps", "adjust_scheduler", "sync_with_dataloader", "sync_each_batch")
+"""The keys ``gradient_accumulation_kwargs`` takes: ``GradientAccumulationPlugin``'s fields, as in transformers."""
+
 
 @dataclass(kw_only=True)
 class AcceleratorConfig:
-    """The Accelerator settings a ``Trainer`` can be given (transformers' ``AcceleratorConfig`` fields that
-    lockstep builds)."""
+    """The Accelerator settings a ``Trainer`` can be given: transformers' ``AcceleratorConfig`` fields, with its
+    defaults."""
 
     split_batches: bool = False
     """Cut each batch across the processes instead of giving every process a batch of its own."""
@@ -34,10 +39,22 @@ class AcceleratorConfig:
     """Shuffle with a sampler seeded by the data seed and the epoch (reproducible across runs)."""
     non_blocking: bool = False
     """Copy batches to the device asynchronously (needs ``dataloader_pin_memory``)."""
+    gradient_accumulation_kwargs: dict[str, Any] | None = None
+    """``GradientAccumulationPlugin`` settings: ``num_steps`` replaces ``gradient_accumulation_steps`` (which
+    must then be 1), ``sync_each_batch=True`` all-reduces gradients on every micro-batch (less memory, more
+    communication); ``adjust_scheduler`` and ``sync_with_dataloader`` are accepted and, as in transformers,
+    have no effect (the Trainer accumulates and steps its scheduler itself)."""
+    use_configured_state: bool = False
+    """Use the process state (``Accelerator`` or ``PartialState``) the script created before the arguments set
+    up the devices; without one that is an error. lockstep always shares an existing state, where
+    transformers' False resets it."""
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
+            if f.name == "gradient_accumulation_kwargs":
+                _check_accumulation_kwargs(value)
+                continue
             allowed = (bool, type(None)) if f.name == "dispatch_batches" else (bool,)
             if not isinstance(value, allowed):
                 raise ValueError(
@@ -73,3 +90,25 @@ class AcceleratorConfig:
     def to_dict(self) -> dict[str, Any]:
         """The settings as a plain dict."""
         return dataclasses.asdict(self)
+
+
+def _check_accumulation_kwargs(value: Any) -> None:
+    """``gradient_accumulation_kwargs``: None, or a dict of ``GradientAccumulationPlugin`` settings."""
+    where = "TrainingArguments(accelerator_config) gradient_accumulation_kwargs"
+    if value is None:
+        return
+    if not isinstance(value, dict):
+        raise ValueError(
+            f"{where}={value!r} is invalid: it must be a dict (a JSON object) of {', '.join(GRADIENT_ACCUMULATION_KEYS)}."
+        )
+    unknown = sorted(set(value) - set(GRADIENT_ACCUMULATION_KEYS))
+    if unknown:
+        raise ValueError(
+            f"{where} has unknown key(s) {unknown}; known keys: {', '.join(GRADIENT_ACCUMULATION_KEYS)}."
+        )
+    steps = value.get("num_steps", 1)
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"{where} num_steps={steps!r} is invalid: it must be an integer >= 1.")
+    for key in GRADIENT_ACCUMULATION_KEYS[1:]:
+        if key in value and not isinstance(value[key], bool):
+            raise ValueError(f"{where} {key}={value[key]!r} is invalid: it must be true or false.")

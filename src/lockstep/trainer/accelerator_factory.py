@@ -5,7 +5,8 @@ Accelerator settings (the counterpart of transformers' method of the same name):
 
 * gradient accumulation: the Trainer's ``gradient_accumulation_steps`` are given to the Accelerator
   explicitly, so a launcher's ``--gradient-accumulation-steps`` is not applied on top of them;
-* ``accelerator_config`` -> ``DataLoaderConfiguration`` (with ``non_blocking`` and the data seed);
+* ``accelerator_config`` -> ``DataLoaderConfiguration`` (with ``non_blocking`` and the data seed), and its
+  ``gradient_accumulation_kwargs`` -> the ``GradientAccumulationPlugin`` (:func:`accumulation_plugin`);
 * ``ddp_*`` -> ``DistributedDataParallelKwargs``; ``ddp_backend``/``ddp_timeout`` ->
   ``InitProcessGroupKwargs``; ``torch_compile*`` -> ``TorchDynamoPlugin``; ``fsdp``/``fsdp_config`` ->
   ``FullyShardedDataParallelPlugin``; ``deepspeed`` -> ``DeepSpeedPlugin`` (:mod:`lockstep.trainer.deepspeed_options`); ``report_to`` -> trackers;
@@ -42,6 +43,7 @@ from lockstep.config.backend_specs import (
 from lockstep.config.fsdp import FullyShardedDataParallelPlugin
 from lockstep.config.fsdp_keys import plugin_fields
 from lockstep.config.parallelism import ParallelismConfig
+from lockstep.trainer._arguments_api import check_configured_state
 from lockstep.trainer.accelerator_config import AcceleratorConfig
 from lockstep.trainer.arguments import TrainingArguments
 from lockstep.trainer.deepspeed_options import deepspeed_plugin_for
@@ -194,6 +196,39 @@ def check_accumulation(args: TrainingArguments, launch: Mapping[str, Any]) -> No
         )
 
 
+def accumulation_plugin(args: TrainingArguments) -> GradientAccumulationPlugin:
+    """``gradient_accumulation_steps`` with ``accelerator_config.gradient_accumulation_kwargs``, by transformers'
+    rule: a ``num_steps`` there replaces the steps (which must then be 1) in the arguments too;
+    ``sync_each_batch`` is passed on; ``adjust_scheduler`` and ``sync_with_dataloader`` have no effect (the
+    Trainer accumulates and steps its scheduler itself), which a warning says.
+
+    Raises:
+        ValueError: ``num_steps`` is given and ``gradient_accumulation_steps`` is more than 1.
+    """
+    config = args.accelerator_config
+    assert isinstance(config, AcceleratorConfig)  # TrainingArguments converted it
+    kwargs = dict(config.gradient_accumulation_kwargs or {})
+    if "num_steps" in kwargs and kwargs["num_steps"] != args.gradient_accumulation_steps:
+        if args.gradient_accumulation_steps > 1:
+            raise ValueError(
+                f"TrainingArguments(gradient_accumulation_steps={args.gradient_accumulation_steps}) and "
+                f"accelerator_config gradient_accumulation_kwargs num_steps={kwargs['num_steps']} both set the "
+                "accumulation steps, so which one is meant is unclear. Set one of them: leave "
+                "gradient_accumulation_steps at 1 to use num_steps, or drop num_steps."
+            )
+        args.gradient_accumulation_steps = kwargs["num_steps"]
+    ignored = [key for key in ("adjust_scheduler", "sync_with_dataloader") if key in kwargs]
+    if ignored:
+        logger.warning(
+            "accelerator_config gradient_accumulation_kwargs %s: no effect in the Trainer, which accumulates "
+            "and steps its scheduler itself (as in transformers).",
+            ", ".join(f"{key}={kwargs[key]}" for key in ignored),
+        )
+    return GradientAccumulationPlugin(
+        num_steps=args.gradient_accumulation_steps, sync_each_batch=kwargs.get("sync_each_batch", False)
+    )
+
+
 def create_accelerator_and_postprocess(
     args: TrainingArguments, model: nn.Module | None = None
 ) -> Accelerator:
@@ -203,15 +238,17 @@ def create_accelerator_and_postprocess(
         ValueError: DeepSpeed config values that contradict the arguments; FSDP activation checkpointing together with ``gradient_checkpointing``; a launcher
             config that contradicts the arguments.
     """
+    check_configured_state(args)
     launch = launcher_settings()  # the Accelerator's reading of what lockstep launch asked for
     check_launcher_agreement(args, launch)
+    accumulation = accumulation_plugin(args)  # may set gradient_accumulation_steps: before anything reads it
     check_accumulation(args, launch)
     fsdp_plugin = build_fsdp_plugin(args, model)
     _check_activation_checkpointing(args, fsdp_plugin)
     accelerator = Accelerator(
         mixed_precision=args.mixed_precision,
         cpu=args.use_cpu,
-        gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=args.gradient_accumulation_steps),
+        gradient_accumulation_plugin=accumulation,
         dataloader_config=dataloader_configuration(args),
         project_config=ProjectConfiguration(
             project_dir=args.output_dir,

@@ -294,7 +294,8 @@ class TrainingArguments:
         default=None,
         metadata={
             "help": "Dict, JSON text or JSON file: split_batches, dispatch_batches, even_batches, use_seedable_sampler, "
-            "non_blocking. Becomes an AcceleratorConfig (args.accelerator_config.even_batches)."
+            "non_blocking, gradient_accumulation_kwargs, use_configured_state. Becomes an AcceleratorConfig "
+            "(args.accelerator_config.even_batches)."
         },
     )
     parallelism_config: dict | str | None = field(
