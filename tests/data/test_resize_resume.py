@@ -20,11 +20,11 @@ import pytest
 import torch
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler, Sampler
 
-from lockstep import Accelerator, FullyShardedDataParallelPlugin
+from lockstep import Accelerator, DataLoaderConfiguration, FullyShardedDataParallelPlugin
 from lockstep.accelerator.elastic_resume import kept_accumulation
 from lockstep.data import prepare_data_loader, skip_first_batches
 from lockstep.data._sharding import IndexBatches, ShardSpec, plan_epoch, simulate_shard
-from lockstep.data.resize import Resize
+from lockstep.data.resize import Resize, repeated_samples
 from lockstep.report import read_run
 from lockstep.state import PartialState
 from lockstep.trainer._length_grouping import LengthGroupedSampler
@@ -332,17 +332,25 @@ def test_resized_weights_equal_a_single_process_replay_and_the_restart_lines(tmp
     assert sorted(real) == list(range(N))
     assert [m["accumulation"] for m in log] == [2] * 4 + [3] * 3 + [2] * 3
     assert [m["sync"] for m in log] == [False, True] * 2 + [False, False, True] + [False, True, True]
+    repeats = (
+        "; the epoch's last micro-step repeats {} samples from its start (even_batches), which are trained "
+        "twice: DataLoaderConfiguration(even_batches=False), with accelerator.join_uneven_inputs under DDP, "
+        "trains the rest of the epoch with each sample once"
+    )
     assert two["lines"] == [
         f"resumed on 2 processes from a checkpoint saved on 3: {first} after 2 optimizer steps, epoch 0, 24 of 50 samples of "
         "the epoch consumed; global batch kept at 12 samples per optimizer step (gradient_accumulation_steps "
         "2 -> 3, Accelerator(elastic_keep_global_batch=True))"
+        + repeats.format(2)  # 26 left, 4 per micro-step
     ]
     assert three["lines"] == [
         f"resumed on 3 processes from a checkpoint saved on 2: {second} after 3 optimizer steps, epoch 0, 36 of 50 samples of "
         "the epoch consumed; global batch follows the number of processes: 12 samples per optimizer step (6 per "
         "micro-step x 2 accumulation steps; it was 12); pass Accelerator(elastic_keep_global_batch=True) to "
-        "keep 12"
+        "keep 12" + repeats.format(4)
     ]
+    # what the line says is what the run did: the resumed epoch's last micro-step repeated 4 samples
+    assert sum(len(m["trained"]) - len(m["real"]) for m in three["log"]) == 4
     # The schedule follows the samples: 3 single-process steps of the script's (2 samples x 2 accumulation
     # steps) per optimizer step of 12 samples, while attempt two keeps 12 on 2 processes (2 would lag).
     assert [one["schedule"], two["schedule"], three["schedule"]] == [6, 9, 15]
@@ -354,6 +362,89 @@ def test_resized_weights_equal_a_single_process_replay_and_the_restart_lines(tmp
     assert difference <= TOLERANCE
     moved = max((a - b).abs().max().item() for a, b in zip(replayed, _model_and_optimizer()[0].parameters()))
     assert moved > 0.05  # the run did train
+
+
+def _train_uneven(load: str | None, save: str | None, micro_steps: int | None) -> dict[str, Any]:
+    """One attempt with ``even_batches=False`` under ``join_uneven_inputs``: each rank logs its own micro-batches
+    (their number differs at the epoch's end, where a rank without a batch joins)."""
+    records: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: records.append(record.getMessage())  # type: ignore[method-assign]
+    logging.getLogger("lockstep.checkpoint").addHandler(handler)
+    accelerator = Accelerator(
+        gradient_accumulation_steps=2, dataloader_config=DataLoaderConfiguration(even_batches=False)
+    )
+    model, optimizer = _model_and_optimizer()
+    model, optimizer, loader = accelerator.prepare(
+        model, optimizer, DataLoader(Points(), batch_size=2, shuffle=True)
+    )
+    if load is not None:
+        accelerator.load_state(load)
+    log: list[dict[str, Any]] = []
+    with accelerator.join_uneven_inputs([model]):
+        for batch in loader:
+            with accelerator.accumulate(model):
+                accelerator.backward(torch.nn.functional.mse_loss(model(batch["x"]), batch["y"]))
+                optimizer.step()
+                optimizer.zero_grad()
+            log.append({"ids": batch["id"].tolist(), "sync": accelerator.sync_gradients})
+            if micro_steps is not None and len(log) == micro_steps:
+                break
+    if save is not None:
+        accelerator.save_state(save)
+    logging.getLogger("lockstep.checkpoint").removeHandler(handler)
+    lines = [r for r in records if r.startswith("resumed on")]
+    return {"log": log, "weights": _full_weights(accelerator, model), "lines": lines}
+
+
+def _replay_per_sample(attempts: list[list[dict[str, Any]]]) -> list[torch.Tensor]:
+    """Each attempt's micro-steps on one process as DDP under join trains them: every rank's mean loss over
+    the attempt's number of processes (a joined rank adds nothing), divided by the 2 accumulation steps, so
+    every sample weighs as much as in a full micro-step."""
+    model, optimizer = _model_and_optimizer()
+    data = Points()
+    for ranks in attempts:
+        for step in range(max(len(rank["log"]) for rank in ranks)):
+            parts = [rank["log"][step] for rank in ranks if step < len(rank["log"])]
+            for part in parts:
+                x = torch.stack([data[i]["x"] for i in part["ids"]])
+                y = torch.stack([data[i]["y"] for i in part["ids"]])
+                (torch.nn.functional.mse_loss(model(x), y) / len(ranks) / 2).backward()
+            if parts[0]["sync"]:
+                optimizer.step()
+                optimizer.zero_grad()
+    return [p.detach() for p in model.parameters()]
+
+
+def test_uneven_batches_after_a_resize_train_each_sample_once_with_its_weight(tmp_path):
+    """The way the restart line names for an exact resized epoch: ``even_batches=False`` under
+    ``join_uneven_inputs``. 3 -> 2: 26 samples left in 13 batches of 2, 7 on rank 0 and 6 on rank 1; nothing
+    is repeated, and the weights equal a one-process replay that weighs every sample alike."""
+    saved = str(tmp_path / "a1")
+    one = run_distributed(_train_uneven, 3, None, saved, 4, timeout=180)
+    two = run_distributed(_train_uneven, 2, saved, None, None, timeout=180)
+    ids = [i for ranks in (one, two) for rank in ranks for micro in rank["log"] for i in micro["ids"]]
+    assert sorted(ids) == list(range(N))  # each sample once: no padding
+    assert [len(rank["log"]) for rank in two] == [7, 6]
+    assert len(two[0]["lines"]) == 1 and two[0]["lines"][0].endswith("to keep 12")  # says nothing repeats
+    replayed = _replay_per_sample([one, two])
+    difference = max((a - b).abs().max().item() for a, b in zip(two[0]["weights"], replayed, strict=True))
+    print(f"even_batches=False, 3 -> 2: largest difference from the per-sample replay: {difference:.3g}")
+    assert difference <= TOLERANCE
+
+
+def test_the_samples_a_resized_epoch_repeats_are_what_its_plan_deals():
+    for world, start, split, size in itertools.product((2, 3), range(13), (False, True), (2, 4)):
+        if split and size % world:
+            continue
+        batches = IndexBatches(range(N), size, drop_last=False)
+        remaining = sum(len(batch) for batch in list(batches)[start:])
+        dealt = 0
+        for rank in range(world):
+            spec = ShardSpec(world_size=world, rank=rank, batch_size=size, split_batches=split)
+            dealt += sum(len(batch) for batch in plan_epoch(batches, spec, start=start))
+        total = size if split else size * world
+        assert repeated_samples(remaining, total) == dealt - remaining, (world, start, split, size)
 
 
 def test_keeping_the_global_batch_refuses_a_division_that_is_not_exact():

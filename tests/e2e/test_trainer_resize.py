@@ -120,6 +120,11 @@ def test_a_killed_trainer_run_resumes_on_another_number_of_processes_with_every_
         f"the number of processes: {micro * ACCUMULATION} samples per optimizer step ({micro} per micro-step x "
         f"2 accumulation steps; it was {old_micro * ACCUMULATION})"
     ) in second.stderr, second.stderr[-3000:]
+    # The rest of epoch 0 ends in a micro-batch completed from the epoch's start (even_batches): the line says
+    # how many samples it repeats, which is what the run then trained (checked by _epochs below).
+    repeated = -(N - consumed) % micro
+    stated = f"the epoch's last micro-step repeats {repeated} samples from its start (even_batches)"
+    assert (stated in second.stderr) == (repeated > 0), (drawn, second.stderr[-3000:])
 
     killed, resumed = _steps(logs, 0, saved_on, saved), _steps(logs, 1, resumed_on, None)
     steps = killed + resumed

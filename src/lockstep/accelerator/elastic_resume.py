@@ -7,7 +7,15 @@ relaunches by hand on fewer machines. With ``Accelerator(elastic_keep_global_bat
 is kept by changing the accumulation steps, when the division is exact. Either way rank 0 logs one line::
 
     resumed on 2 processes from a checkpoint saved on 3: ckpt/checkpoint_4 at step 8, epoch 0, 24 of 50
-    samples consumed; global batch kept at 12 samples per optimizer step (gradient_accumulation_steps 2 -> 3)
+    samples consumed; global batch kept at 12 samples per optimizer step (gradient_accumulation_steps 2 -> 3);
+    the epoch's last micro-step repeats 2 samples from its start (even_batches), which are trained twice: ...
+
+The last part is there when the resumed epoch does not fill its last micro-step on the new number of
+processes: ``even_batches`` completes it with samples from the epoch's start (trained twice, where the run
+that saved the checkpoint may have trained each once). Training the rest of the epoch unevenly instead
+(``even_batches=False``, where the processes without a batch join, ``accelerator.join_uneven_inputs``) trains
+each sample once with the weight every other sample has; it is not the default, since a rank with no batch
+must join and batches of different sizes cannot be gathered.
 
 The learning-rate schedule follows the samples consumed: where the global batch follows the number of
 processes, Accelerate's rule (a prepared scheduler advances ``num_processes`` times per optimizer step)
@@ -22,7 +30,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from lockstep.accelerator.accumulation import GradientAccumulation
-from lockstep.data.resize import Resize
+from lockstep.data.resize import Resize, repeated_samples
 
 logger = logging.getLogger("lockstep.checkpoint")
 
@@ -114,6 +122,31 @@ def apply_resize(
     )
 
 
+def repeated_at_epoch_end(loader: Any, resize: Resize) -> int | None:
+    """Samples from the epoch's start that the resumed epoch's last micro-step repeats (0: none; None: it may,
+    how many is unknown, as for a stream): ``even_batches`` completes a short last step on the new number of
+    processes, where the run that saved the checkpoint may have had none to complete."""
+    pads = loader._pads_last_step() if hasattr(loader, "_pads_last_step") else None
+    if pads is False:
+        return 0
+    epoch_samples = loader._epoch_samples() if hasattr(loader, "_epoch_samples") else None
+    if pads is None or epoch_samples is None or resize.new_total_batch_size <= 0:
+        return None
+    return repeated_samples(epoch_samples - resize.samples_consumed, resize.new_total_batch_size)
+
+
+def _repeats(repeated: int | None) -> str:
+    """What the restart line says of the samples the resumed epoch repeats (nothing when it repeats none)."""
+    if repeated == 0:
+        return ""
+    count = "may repeat samples" if repeated is None else f"repeats {repeated} samples"
+    return (
+        f"; the epoch's last micro-step {count} from its start (even_batches), which are trained twice: "
+        "DataLoaderConfiguration(even_batches=False), with accelerator.join_uneven_inputs under DDP, trains "
+        "the rest of the epoch with each sample once"
+    )
+
+
 def restart_line(
     resize: Resize,
     *,
@@ -123,11 +156,13 @@ def restart_line(
     how: str,
     num_processes: int | None = None,
     optimizer_steps_known: bool = True,
+    repeated: int | None = 0,
 ) -> str:
     """The one line a resumed run on another number of processes logs (``num_processes``: the run's
     processes, when the loaders' data-parallel ranks are fewer, as under tensor parallelism). ``step`` is
     the optimizer steps taken when the checkpoint was saved; a checkpoint from before lockstep counted
-    them (``optimizer_steps_known=False``) gives the accumulation micro-steps instead."""
+    them (``optimizer_steps_known=False``) gives the accumulation micro-steps instead. ``repeated``: what
+    :func:`repeated_at_epoch_end` found, said at the end of the line."""
     of = f" of {epoch_samples}" if epoch_samples is not None else ""
     at = f"after {step} optimizer steps" if optimizer_steps_known else f"at step {step}"
     where = f"{resize.new_world} processes from a checkpoint saved on {resize.old_world}"
@@ -138,7 +173,7 @@ def restart_line(
         )
     return (
         f"resumed on {where}: {folder} {at}, epoch {resize.epoch}, {resize.samples_consumed}{of} samples of "
-        f"the epoch consumed; {how}"
+        f"the epoch consumed; {how}{_repeats(repeated)}"
     )
 
 
@@ -175,6 +210,7 @@ def after_resized_load(
         how=how,
         num_processes=num_processes,
         optimizer_steps_known=bool(saved_optimizer_steps),
+        repeated=repeated_at_epoch_end(loader, resize),
     )
     if is_main_process:
         logger.warning(line)

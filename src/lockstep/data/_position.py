@@ -215,6 +215,11 @@ class DataLoaderStateMixin:
         """Samples in the epoch of the original sampler (None when unknown)."""
         return None
 
+    def _pads_last_step(self) -> bool | None:
+        """Whether a short last step of an epoch is completed with samples from the epoch's start
+        (``even_batches``, an iterable dataset's last buffer); None when unknown."""
+        return None
+
     def _restores_own_stream(self, state_dict: Mapping[str, Any]) -> bool:
         """Whether the data source restores its own position from ``state_dict`` (a stateful dataset)."""
         return False

@@ -142,6 +142,9 @@ class DataLoaderDispatcher(DataLoader, DataLoaderStateMixin):
     def _on_begin(self) -> None:
         self.remainder = -1
 
+    def _pads_last_step(self) -> bool | None:
+        return self.even_batches and self._world > 1 and not self._drop_last
+
     # -- rank 0: reading the original loader --------------------------------------------------------
     def _global_batches(self, skip: int, resuming: bool) -> Iterator[tuple[Any, int, int]]:
         """On rank 0: (global batch, real samples, samples per process) for each step after ``skip``

@@ -123,6 +123,14 @@ class DataLoaderShard(DataLoader, DataLoaderStateMixin):
         sampler = getattr(self._shard(), "sampler", None)
         return len(sampler) if hasattr(sampler, "__len__") else None  # type: ignore[arg-type]
 
+    def _pads_last_step(self) -> bool | None:
+        shard = self._shard()
+        if shard is not None:
+            return shard.even_batches and not shard.drop_last
+        if isinstance(self.dataset, IterableDatasetShard):
+            return not self.dataset.drop_last
+        return False
+
     # -- iteration --------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
         skip = self._begin_epoch()

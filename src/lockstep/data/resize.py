@@ -122,3 +122,17 @@ def _rounded(position: int, saved_total: int, total: int | None) -> ResumePoint:
         stacklevel=4,
     )
     return ResumePoint(rounded)
+
+
+def repeated_samples(remaining: int, total: int) -> int:
+    """Samples from the epoch's start that its last step repeats when ``remaining`` real samples are dealt
+    ``total`` per step (all processes together) and the last step is completed to a full one (``even_batches``,
+    or an iterable dataset's last buffer): after a resize, samples the resumed run trains twice.
+
+    Example:
+        >>> repeated_samples(26, 4), repeated_samples(14, 6), repeated_samples(24, 12)
+        (2, 4, 0)
+    """
+    if remaining <= 0 or total <= 0:
+        return 0
+    return -remaining % total
