@@ -4,7 +4,7 @@
 
 Prints MB/s for save_state and load_state of a model with Adam state (about 12 bytes per parameter on
 disk), beside ``dd`` reading the same files from the page cache and from the disk (the physical limits);
-the stall of a synchronous save, of a ``durable="background"`` save (files written, commit in the
+the stall of a synchronous save, of a ``durable="background"`` save (folder final, fsync in the
 background) and of an asynchronous save; and the time from load_state_dict to the first batch when
 resuming a 1,000,000-sample shuffled loader at batch 10 and at batch 100,000.
 """

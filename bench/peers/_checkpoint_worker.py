@@ -88,11 +88,12 @@ class Checkpointer:
             self.accelerator.save_state(str(folder))
 
     def settle(self) -> None:
-        """Untimed, between a save and its load: lockstep's save returns once the files are in place and
-        seals them (fsync, checksums, manifest) on a thread while training goes on; wait for that here so
-        that the timed load does not include it. The other tools have nothing in flight."""
+        """Untimed, between a save and its load: lockstep's save returns with the checkpoint folder final
+        (files, checksums of the bytes written, manifest) and fsyncs it on a thread while training goes on;
+        wait for that here so that the timed load does not include it. The other tools fsync nothing and
+        have nothing in flight."""
         if self.tool == "lockstep":
-            self.accelerator.wait_for_everyone()
+            self.accelerator.wait_for_checkpoint()
 
     def save_async(self, folder: Path):
         """Start an asynchronous save; returns what :meth:`wait` needs."""

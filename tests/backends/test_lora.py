@@ -66,7 +66,6 @@ def _train(kind: str, out: str) -> dict[str, Any]:
     if accelerator.is_main_process:
         result["loaded"] = {folder: lora.load_adapter(Path(out) / folder) for folder in ADAPTER_FOLDERS}
     accelerator.save_state(str(Path(out) / "state"))
-    accelerator.wait_for_everyone()  # sealed: the manifest is listed too
     state = Path(out) / "state"
     result["state_files"] = {
         str(p.relative_to(state)): p.stat().st_size for p in state.rglob("*") if p.is_file()

@@ -321,7 +321,6 @@ def _save_with_lockstep_then_read_like_accelerate(world: int, folder: str) -> tu
     accelerator = _fsdp_accelerator("SHARDED_STATE_DICT")
     model, optimizer = _train_prepared(accelerator)
     accelerator.save_state(folder)
-    accelerator.wait_for_everyone()  # the default save commits in the background
     saved = {"params": full_params(model), "optimizer": _optimizer_state(model, optimizer)}
     # Accelerate's load_fsdp_model / load_fsdp_optimizer (FSDP2), on a model sharded by torch alone
     plain = _plain_fsdp_model(seed=7)
@@ -383,7 +382,6 @@ def _full_save_converted_then_read_like_accelerate(world: int, folder: str) -> t
     accelerator = _fsdp_accelerator("FULL_STATE_DICT")
     model, optimizer = _train_prepared(accelerator)
     accelerator.save_state(folder)
-    accelerator.wait_for_everyone()  # the default save commits in the background
     saved = {"params": full_params(model), "optimizer": _optimizer_state(model, optimizer)}
     # The conversion docs/how-to/checkpoints.md gives: Accelerate looks for the model in pytorch_model_fsdp.bin
     torch.save(load_model_files(folder), Path(folder) / "pytorch_model_fsdp.bin")

@@ -97,7 +97,6 @@ def test_a_lockstep_folder_without_its_manifest_is_still_refused(tmp_path):
     accelerator = Accelerator()
     model = accelerator.prepare(torch.nn.Linear(2, 2))
     folder = Path(accelerator.save_state(str(tmp_path / "ckpt")))
-    accelerator.wait_for_everyone()  # the default save commits in the background
     (folder / layout.MANIFEST_NAME).unlink()
     assert not layout.written_by_accelerate(folder)  # accelerator_state.json marks it as lockstep's
     with pytest.raises(layout.CheckpointError, match="has no manifest.json"):
@@ -139,7 +138,6 @@ def test_a_lockstep_checkpoint_has_the_files_accelerate_reads(tmp_path):
     optimizer.step()
     scheduler.step()
     folder = Path(accelerator.save_state(str(tmp_path / "ckpt")))
-    accelerator.wait_for_everyone()  # the default save commits in the background
 
     fresh = torch.nn.Linear(4, 3)
     load_model(fresh, folder / "model.safetensors")  # Accelerate's model loading

@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from lockstep.checkpoint import training_state
+from lockstep.checkpoint import hashed_write, training_state
 from lockstep.checkpoint.training_state import Snapshot, write_snapshot
 
 
@@ -56,14 +56,14 @@ def test_a_failed_write_is_raised_after_every_other_write_has_finished(tmp_path,
     def full_disk(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
-    real = training_state.save_file
+    real = hashed_write.write_safetensors
 
-    def slow_save_file(*args, **kwargs):
+    def slow_write_safetensors(*args, **kwargs):
         time.sleep(0.3)  # still writing when the other write fails
         return real(*args, **kwargs)
 
     monkeypatch.setattr(torch, "save", full_disk)
-    monkeypatch.setattr(training_state, "save_file", slow_save_file)
+    monkeypatch.setattr(hashed_write, "write_safetensors", slow_write_safetensors)
     with pytest.raises(OSError, match="No space left on device"):
         write_snapshot(_snapshot(), tmp_path)
     assert (tmp_path / "grads_0.safetensors").is_file()  # finished before the error was raised

@@ -65,7 +65,6 @@ def test_corrupt_newest_checkpoint_falls_back_with_a_warning(tmp_path):
     accelerator, _, _ = _accelerator(tmp_path, automatic_checkpoint_naming=True)
     accelerator.save_state()
     accelerator.save_state()
-    accelerator.wait_for_everyone()  # the default save commits in the background
     optimizer_file = tmp_path / "checkpoints" / "checkpoint_1" / "optimizer.bin"
     data = bytearray(optimizer_file.read_bytes())
     data[len(data) // 2] ^= 0xFF  # one flipped bit pattern
@@ -154,7 +153,6 @@ def _rewrite_manifest_with_sha256(folder: Path) -> None:
 def test_a_manifest_of_sha256_checksums_still_loads_and_still_catches_corruption(tmp_path):
     accelerator, model, _ = _accelerator()
     folder = Path(accelerator.save_state(str(tmp_path / "ckpt")))
-    accelerator.wait_for_everyone()  # the default save commits in the background
     manifest = json.loads((folder / "manifest.json").read_text())
     assert all(set(facts) == {"size", "xxh3_128"} for facts in manifest["files"].values())
     _rewrite_manifest_with_sha256(folder)
@@ -176,7 +174,6 @@ def test_a_manifest_of_sha256_checksums_still_loads_and_still_catches_corruption
 def test_a_manifest_entry_without_a_known_checksum_is_refused_by_name(tmp_path):
     accelerator, _, _ = _accelerator()
     folder = Path(accelerator.save_state(str(tmp_path / "ckpt")))
-    accelerator.wait_for_everyone()  # the default save commits in the background
     manifest = json.loads((folder / "manifest.json").read_text())
     manifest["files"]["optimizer.bin"] = {"size": manifest["files"]["optimizer.bin"]["size"], "blake9": "00"}
     (folder / "manifest.json").write_text(json.dumps(manifest))
@@ -187,7 +184,6 @@ def test_a_manifest_entry_without_a_known_checksum_is_refused_by_name(tmp_path):
 def test_truncated_and_missing_files_are_named(tmp_path):
     accelerator, _, _ = _accelerator()
     folder = Path(accelerator.save_state(str(tmp_path / "ckpt")))
-    accelerator.wait_for_everyone()  # the default save commits in the background
     weights = folder / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:-10])
     with pytest.raises(
@@ -214,7 +210,6 @@ def test_malicious_pickle_is_refused_and_does_not_run(tmp_path):
     MARKER.unlink(missing_ok=True)
     accelerator, _, _ = _accelerator()
     folder = Path(accelerator.save_state(str(tmp_path / "ckpt")))
-    accelerator.wait_for_everyone()  # the default save commits in the background
     optimizer_file = folder / "optimizer.bin"
     optimizer_file.write_bytes(pickle.dumps({"state": _Payload()}))
     manifest = json.loads((folder / "manifest.json").read_text())  # a forger can update the manifest too
@@ -232,7 +227,6 @@ def test_malicious_pickle_is_refused_and_does_not_run(tmp_path):
 def test_rotation_keeps_the_newest_and_moves_the_pointer(tmp_path):
     accelerator, _, _ = _accelerator(tmp_path, automatic_checkpoint_naming=True, total_limit=2)
     saved = [Path(accelerator.save_state()).name for _ in range(4)]
-    accelerator.wait_for_everyone()  # the default save commits in the background
     assert saved == ["checkpoint_0", "checkpoint_1", "checkpoint_2", "checkpoint_3"]
     root = tmp_path / "checkpoints"
     assert sorted(p.name for p in root.iterdir()) == ["checkpoint_2", "checkpoint_3", "latest"]
@@ -316,13 +310,11 @@ def test_hooks_see_models_and_may_take_over(tmp_path):
     handle = accelerator.register_save_state_pre_hook(save_hook)
     accelerator.register_load_state_pre_hook(load_hook)
     folder = Path(accelerator.save_state(str(tmp_path / "ckpt")))
-    accelerator.wait_for_everyone()  # the default save commits in the background
     assert not (folder / "model.safetensors").exists()
     accelerator.load_state(str(folder))
     assert calls == [("save", 1, 1, "ckpt", True), ("load", 1, "ckpt")]
     handle.remove()
     accelerator.save_state(str(tmp_path / "ckpt"))
-    accelerator.wait_for_everyone()  # the default save commits in the background
     assert len(calls) == 2 and (folder / "model.safetensors").exists()
 
 

@@ -215,7 +215,7 @@ def test_a_dtype_the_one_pass_reader_does_not_know_is_read_by_the_safetensors_li
     torch.manual_seed(0)
     saved = torch.nn.Linear(6, 3)
     save_model_files(saved.state_dict(), tmp_path / "model")
-    monkeypatch.delitem(single_pass._SAFETENSORS_DTYPES, "F32")
+    monkeypatch.delitem(single_pass.SAFETENSORS_DTYPES, "F32")
     with pytest.raises(single_pass.NotReadableInOnePass, match="'F32'"):
         single_pass.read_safetensors(tmp_path / "model" / "model.safetensors", {})
     model = torch.nn.Linear(6, 3)

@@ -1,11 +1,12 @@
-"""Kill -9 a process during its background commit (``save_state(durable="background")``) at seeded random
-moments; after each kill, the newest valid checkpoint must load and be the new one complete or the previous.
+"""Kill -9 a process during the background fsync of a ``save_state(durable="background")`` at seeded random
+moments after the call returned; after each kill, the newest valid checkpoint must load and be the new one
+complete or the previous (the folder is final at return, so it is the new one).
 
 Usage: kill_background_commit.py PROJECT_DIR KILLS SEED. Prints one JSON line: the outcome of every kill.
 
 Each kill is a forked child that saves checkpoint_1 and is killed by a timer thread ``delay`` seconds after
 ``save_state`` returned, the delays drawn uniformly over 1.5 times the commit's measured length (so that
-moments before, during and after the commit are all drawn).
+moments during and after the fsync are all drawn).
 """
 
 import json
@@ -48,7 +49,7 @@ def clear_second() -> None:
 
 
 def commit_seconds() -> float:
-    """The length of one background commit here (the writer thread's time)."""
+    """The length of one background fsync here (the writer thread's time)."""
     started = time.perf_counter()
     accelerator.save_state(durable="background")
     returned = time.perf_counter()

@@ -87,11 +87,6 @@ class CheckpointingView:
         if self._manager is not None:
             self._manager.wait()
 
-    def settle_commit(self) -> None:
-        """Every rank together: wait for a ``durable="background"`` save's commit, if one may be running."""
-        if self._manager is not None:
-            self._manager.settle_commit()
-
     def save(self, obj: Any, f: Any, safe_serialization: bool = False) -> None:
         """Save ``obj`` once per machine set-up (on the main process): torch.save or safetensors."""
         if not self._state.is_main_process:
@@ -119,14 +114,16 @@ class CheckpointingView:
         while the state is copied to CPU memory; the files are written in the background and the next save
         (or :meth:`wait_for_checkpoint`) waits for them. ``last_save_report`` says how long training stalled.
 
-        ``durable="background"`` (the default) returns once every rank's files are written (handed to the
-        operating system, as Accelerate's and torch's saves return) and renamed into ``output_dir``, and
-        seals them on a background thread: every file fsynced and checksummed, the manifest written,
-        ``latest`` moved, older checkpoints rotated. The checkpoint counts (``load_state`` takes it) only
-        once sealed, so a crash before leaves the previous one the newest valid checkpoint.
-        :meth:`wait_for_everyone`, :meth:`load_state`, the next ``save_state`` and :meth:`end_training` wait
-        for the seal first; a failure of it is raised on every rank there (and by ``should_stop``). A save
-        over an existing folder, and ``durable="sync"``, return only once the checkpoint is committed.
+        ``durable="background"`` (the default) returns on every rank with the checkpoint folder final: every
+        file written (handed to the operating system, as Accelerate's and torch's saves return), the manifest
+        (each file's checksum computed from the bytes as they were written), ``latest`` moved and older
+        checkpoints rotated out (``total_limit``). Only durability continues, on a thread: the fsync of every
+        file and folder, which changes nothing visible; the next ``save_state``, :meth:`load_state`,
+        :meth:`wait_for_checkpoint` and :meth:`end_training` wait for it, and its failure is raised on every
+        rank by them or by ``should_stop``. A crash of the machine before it ends can tear the new files: the
+        checksums then refuse them and ``load_state()`` takes the previous checkpoint (with
+        ``total_limit=1``, the one kept, the save fsyncs before it deletes the previous checkpoint).
+        ``durable="sync"``, and a save over an existing folder, fsync every file before the manifest.
 
         A peft model (adapters on a frozen base) is saved without its frozen base: its trainable parameters
         and buffers, and a fingerprint of the base that :meth:`load_state` checks before it loads the
@@ -145,7 +142,8 @@ class CheckpointingView:
             return checkpoints.save_state(output_dir, safe_serialization, async_save, durable)
 
     def wait_for_checkpoint(self) -> None:
-        """Block until a background (``async_save=True``) checkpoint is written and committed."""
+        """Block until a background (``async_save=True``) checkpoint is written and committed, and a
+        ``durable="background"`` one durable; raises their failure."""
         with self._step_timer.checkpoint():
             self.manager.wait()
 

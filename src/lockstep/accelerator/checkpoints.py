@@ -12,6 +12,7 @@ import contextlib
 import logging
 import os
 import time
+import warnings
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -35,6 +36,7 @@ from lockstep.backends.capabilities import Indexed, LiveRecovery, ShardedCheckpo
 from lockstep.checkpoint import frozen_base, layout
 from lockstep.checkpoint.async_writer import AsyncCheckpointWriter, join_every_writer
 from lockstep.checkpoint.collective_save import (
+    Rotation,
     agree,
     choose_checkpoint,
     choose_checkpoint_checksummed_while_read,
@@ -105,8 +107,6 @@ class CheckpointManager:
         self.save_hooks: OrderedDict[int, Callable[..., Any]] = OrderedDict()
         self.load_hooks: OrderedDict[int, Callable[..., Any]] = OrderedDict()
         self.writer = AsyncCheckpointWriter()
-        self.commit_pending = False
-        """A ``durable="background"`` save's commit may still run: ``settle_commit`` waits for it."""
         self.last_save: SaveReport | None = None
         self.loaded_from: Location | None = None
         """The checkpoint the last ``load_state`` restored."""
@@ -210,7 +210,6 @@ class CheckpointManager:
         for index, entry in left_out.items():
             if weights[index] is not None:
                 weights[index] = frozen_base.without_frozen(weights[index], entry)
-        limit = self.project.total_limit
         storage = self.storage(folder)
         # save_on_each_node is for node-local disks; an object store gets the shared files once.
         writes_shared = self._writes_shared_files() if storage.node_local else self.state.is_main_process
@@ -225,17 +224,23 @@ class CheckpointManager:
             safe_serialization=safe_serialization,
             writer=self.writer,
             background=async_save,
-            commit_in_background=durable == "background",
-            after_commit=(lambda: storage.rotate(storage.parent(folder), limit))
-            if automatic and writes_shared
-            else None,
+            fsync_in_background=durable == "background",
+            rotation=self._rotation(storage, folder) if automatic and writes_shared else None,
             save_shards=self._shard_writer(models, optimizers, set(left_out)),
         )
-        self.commit_pending = durable == "background" and not async_save
         if automatic:
             self.project.iteration += 1
         self._report(folder, time.monotonic() - started, nbytes, async_save)
         return str(folder)
+
+    def _rotation(self, storage: CheckpointStorage, folder: Location) -> Rotation:
+        """The deletion of the automatically named checkpoints beyond ``total_limit`` after saving ``folder``."""
+        limit = self.project.total_limit
+        root = storage.parent(folder)
+        return Rotation(
+            rotate=lambda within: storage.rotate(root, limit, within_seconds=within),
+            keeps_a_durable_checkpoint=limit is None or limit >= 2,
+        )
 
     def _frozen_bases(self, models: list[nn.Module]) -> dict[int, frozen_base.Entry]:
         """The models saved without their frozen base (peft models, unless ``save_frozen_base``), by index,
@@ -301,16 +306,8 @@ class CheckpointManager:
         )
 
     def wait(self) -> None:
-        """Wait for a background save to be committed (raises its error, if any)."""
+        """Wait for a background save to be committed, or made durable (raises its error, if any)."""
         self.writer.wait()
-
-    def settle_commit(self) -> None:
-        """Every rank together, after a ``durable="background"`` save: wait until its commit is done (and
-        raise its failure on every rank), so the checkpoint is in place, durable and rotated. A no-op
-        otherwise (an ``async_save`` stays in flight: ``wait_for_checkpoint`` is its wait)."""
-        if self.commit_pending:
-            self.commit_pending = False
-            raise_background_failure(self.state, self.writer)
 
     def raise_background_failure(self) -> None:
         """Every rank together: raise a failed background save's error on every rank (the training loop's
@@ -319,9 +316,14 @@ class CheckpointManager:
 
     # -- load -------------------------------------------------------------------------------------
     def load_state(self, input_dir: Any) -> None:
-        """Restore the chosen checkpoint on every rank together."""
-        # every rank's background save is committed before choosing (its failure raised on every rank), and
-        # any other Accelerator's of this process too
+        """Restore the chosen checkpoint on every rank together.
+
+        Without ``input_dir``, a newest checkpoint that turns out corrupt or holds a file that cannot be read
+        is replaced by the newest older one that verifies, loaded over what was read (a warning names the
+        file); a named one raises :class:`CheckpointError` saying so.
+        """
+        # every rank's background work is done before choosing (its failure raised on every rank), and any
+        # other Accelerator's of this process too
         raise_background_failure(self.state, self.writer)
         join_every_writer()
         root = self.automatic_root()
@@ -330,29 +332,37 @@ class CheckpointManager:
         where = input_dir if input_dir is not None else root
         storage = self.storage(where) if where is not None else storage_for(".")
         location, checksums = choose_checkpoint_checksummed_while_read(self.state, input_dir, root, storage)
-        try:
-            self._load_checksummed(storage, location, checksums)
-        except layout.CheckpointError as error:
-            if checksums is None or input_dir is not None:
-                raise
-            # The newest automatic checkpoint was corrupt: the newest whose checksums verify, verified first
-            # (the corrupt one is skipped with a warning), loaded over what was read.
-            logger.warning("%s Loading the newest checkpoint that verifies instead.", error)
-            location = choose_checkpoint(self.state, None, root, storage)
-            self._load_location(storage, location)
+        failure = self._read(storage, location, checksums)
+        while failure is not None:
+            if input_dir is not None:
+                raise _read_over(failure)
+            failed = location
+            try:
+                location = choose_checkpoint(self.state, None, root, storage, before=_number(storage, failed))
+            except FileNotFoundError:  # nothing older verifies: the failure is the answer
+                raise _read_over(failure) from None
+            if self.state.is_main_process:
+                warnings.warn(
+                    f"Skipped 1 newer checkpoint(s) that cannot be loaded, using {location}: {failure}",
+                    UserWarning,
+                    stacklevel=3,
+                )
+            failure = self._read(storage, location, None)  # (verified before it is read)
         self.loaded_from = location
         match = layout._AUTOMATIC_NAME.match(storage.name(location))
         if self.project.automatic_checkpoint_naming and match:
             self.project.iteration = int(match.group(1)) + 1
 
-    def _load_checksummed(
+    def _read(
         self,
         storage: Any,
         location: Any,
         checksums: layout.ChecksumsOnAThread | layout.ChecksumsOnTheMainProcess | None,
-    ) -> None:
-        """Read ``location`` while the main process verifies its checksums (``checksums``); a corrupt file
-        raises :class:`CheckpointError` on every rank after the read (before a read error it caused)."""
+    ) -> layout.CheckpointError | None:
+        """Read ``location`` into every object while the main process verifies its checksums (``checksums``,
+        when not verified before). Returns, on every rank alike, the :class:`CheckpointError` of a corrupt
+        file (which explains any error it caused) or of a file that could not be read, both naming it; other
+        errors (the objects do not match the checkpoint) are raised."""
         read_error = None
         try:
             with checksums.reading() if checksums is not None else contextlib.nullcontext():
@@ -363,12 +373,12 @@ class CheckpointManager:
         try:
             agree(self.state, corrupt, f"Verifying the checksums of {location}")
         except layout.CheckpointError as error:
-            raise layout.CheckpointError(
-                f"{str(error).rstrip('.')}. It was read while its checksums were verified, so the model, optimizer and other "
-                "objects now hold its corrupt contents: load another checkpoint before training on."
-            ) from read_error
+            return error
+        if isinstance(read_error, layout.CheckpointError):
+            return read_error
         if read_error is not None:
             raise read_error
+        return None
 
     def _load_location(self, storage: Any, location: Any) -> None:
         with contextlib.ExitStack() as stack:
@@ -455,3 +465,18 @@ class CheckpointManager:
                 safe_serialization=safe_serialization,
             )
         self.state.wait_for_everyone()
+
+
+def _read_over(failure: layout.CheckpointError) -> layout.CheckpointError:
+    """The error of a checkpoint that was read, in part, before it turned out corrupt or unreadable."""
+    return layout.CheckpointError(
+        f"{str(failure).rstrip('.')}. It was read (in part) before this was found, so the model, optimizer and "
+        "other objects may now hold its contents: load another checkpoint before training on."
+    )
+
+
+def _number(storage: CheckpointStorage, location: Location) -> int:
+    """``i`` of an automatically named ``checkpoint_{i}``."""
+    match = layout._AUTOMATIC_NAME.match(storage.name(location))
+    assert match is not None, location  # only automatically named checkpoints are chosen without a folder
+    return int(match.group(1))

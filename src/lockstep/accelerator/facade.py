@@ -84,9 +84,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 @answers_for("_tracking", TrackingView)
 @answers_for("_unconfigured", UnconfiguredFeatures)
 @answers_for("_collectives", CollectivesView)
-@answers_for(
-    "_saving", CheckpointingView, internal=("manager", "wait_if_started", "started_manager", "settle_commit")
-)
+@answers_for("_saving", CheckpointingView, internal=("manager", "wait_if_started", "started_manager"))
 class Accelerator:
     """Runs one ordinary training loop on one CPU, one GPU, many processes or many machines.
 
@@ -609,9 +607,8 @@ class Accelerator:
         return self.backend.full_state_dict(target)
 
     def wait_for_everyone(self) -> None:
-        """A barrier across all processes. After a ``save_state`` (``durable="background"``, the default) it
-        first waits, on every rank, for that checkpoint's commit, so the folder is in place for all."""
-        self._saving.settle_commit()
+        """A barrier across all processes. (A ``save_state`` needs none: it returns on every rank with the
+        checkpoint folder final; only its fsync may still run, on a thread.)"""
         self._process.wait_for_everyone()
 
     # -- memory and shutdown ----------------------------------------------------------------------

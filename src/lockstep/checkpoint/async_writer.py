@@ -1,9 +1,9 @@
 """Writing a checkpoint in the background while training continues.
 
 Training stops only while each rank copies its state to CPU memory (the snapshot). A background thread
-per rank then writes the files and drops a marker (``.rank_{r}.done`` or ``.rank_{r}.failed``) in the
-staging folder; the main process's thread waits for every rank's marker, then writes the manifest and
-commits exactly as a synchronous save does. The background threads use files, not collectives, so they
+per rank then writes the files and drops a marker (``.rank_{r}.done``, with the manifest entries of its
+files, or ``.rank_{r}.failed``) in the staging folder; the main process's thread waits for every rank's
+marker, then writes the manifest and commits exactly as a synchronous save does. The background threads use files, not collectives, so they
 never interleave with the training loop's collectives. The next save (or :meth:`AsyncCheckpointWriter.wait`)
 waits for the previous one and raises its error, if any.
 """
@@ -11,12 +11,14 @@ waits for the previous one and raises its error, if any.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 from lockstep.errors import CheckpointError
 
@@ -31,8 +33,9 @@ def failed_marker(staging: Path, rank: int) -> Path:
     return staging / f".rank_{rank}.failed"
 
 
-def wait_for_ranks(staging: Path, world_size: int, timeout: float) -> None:
-    """Block until every rank dropped its marker; raise if one failed or the wait times out."""
+def wait_for_ranks(staging: Path, world_size: int, timeout: float) -> dict[str, dict[str, Any]]:
+    """Block until every rank dropped its marker; raise if one failed or the wait times out. Returns the
+    manifest entries the ranks' markers carry (computed as their files were written), by file name."""
     deadline = time.monotonic() + timeout
     while True:
         failed = [r for r in range(world_size) if failed_marker(staging, r).exists()]
@@ -44,9 +47,11 @@ def wait_for_ranks(staging: Path, world_size: int, timeout: float) -> None:
             kind = CheckpointError if text.startswith(f"{CheckpointError.__name__}: ") else RuntimeError
             raise kind(f"rank {failed[0]} could not write its part of the checkpoint: {text}")
         if all(done_marker(staging, r).exists() for r in range(world_size)):
+            known: dict[str, dict[str, Any]] = {}
             for r in range(world_size):
+                known.update(_written_by(done_marker(staging, r)))
                 done_marker(staging, r).unlink()
-            return
+            return known
         if time.monotonic() > deadline:
             missing = [r for r in range(world_size) if not done_marker(staging, r).exists()]
             raise TimeoutError(f"ranks {missing} did not finish writing {staging} within {timeout:.0f} s")
@@ -118,8 +123,11 @@ def join_every_writer() -> None:
             thread.join()
 
 
-def rank_work(write: Callable[[], None], staging: Path, rank: int) -> Callable[[], None]:
-    """Wrap a rank's writes so that they always end with its marker."""
+def rank_work(
+    write: Callable[[], None], staging: Path, rank: int, written: Mapping[str, dict[str, Any]] | None = None
+) -> Callable[[], None]:
+    """Wrap a rank's writes so that they always end with its marker, which carries ``written`` (the manifest
+    entries of its files, filled by ``write``)."""
 
     def work() -> None:
         try:
@@ -127,9 +135,28 @@ def rank_work(write: Callable[[], None], staging: Path, rank: int) -> Callable[[
         except BaseException as error:
             _write_failed_marker(staging, rank, f"{type(error).__name__}: {error}\n{traceback.format_exc()}")
             raise
-        done_marker(staging, rank).touch()  # empty: a full disk still takes it
+        _write_done_marker(staging, rank, dict(written or {}))
 
     return work
+
+
+def _write_done_marker(staging: Path, rank: int, written: dict[str, dict[str, Any]]) -> None:
+    """The marker with the rank's manifest entries (renamed into place: never read half written); on a full
+    disk an empty one (creating a file takes no space there): its files are then hashed from the disk."""
+    marker = done_marker(staging, rank)
+    temporary = marker.with_name(marker.name + ".tmp")
+    try:
+        temporary.write_text(json.dumps(written))
+        os.replace(temporary, marker)
+    except OSError:
+        with contextlib.suppress(OSError):
+            temporary.unlink(missing_ok=True)
+        marker.touch()
+
+
+def _written_by(marker: Path) -> dict[str, dict[str, Any]]:
+    text = marker.read_text()
+    return json.loads(text) if text else {}
 
 
 def _write_failed_marker(staging: Path, rank: int, text: str) -> None:

@@ -6,9 +6,12 @@ The protocol (every rank calls these functions together):
 2. The main process writes the shared files, every rank its own RNG and gradient files; a sharding
    backend writes its shards (every rank together, through ``save_shards``).
 3. All ranks agree that every write succeeded (one small collective), so an error on one rank is
-   raised on every rank instead of leaving the others in a barrier.
-4. The main process writes the manifest, renames the folder into place and moves the ``latest`` pointer;
-   barrier.
+   raised on every rank instead of leaving the others in a barrier, and gather the manifest entries of
+   their files, checksummed as they were written (:mod:`lockstep.checkpoint.hashed_write`).
+4. The main process writes the manifest from those entries, renames the folder into place, moves the
+   ``latest`` pointer and rotates; barrier. Every rank returns with the checkpoint folder final. Either
+   every file was fsynced before the manifest, or (``fsync_in_background``) a thread fsyncs afterwards,
+   changing nothing visible.
 
 Loading: the main process picks the folder (the newest valid one when none is named) and verifies its
 manifest; the choice, or the error, is sent to every rank; then each rank restores its state, reading its
@@ -24,9 +27,10 @@ from typing import Any
 
 import torch
 
-from lockstep.checkpoint import layout
+from lockstep.checkpoint import layout, single_pass
 from lockstep.checkpoint.async_writer import AsyncCheckpointWriter, settle
 from lockstep.checkpoint.disk_space import out_of_space_error
+from lockstep.checkpoint.safe_load import UnsafeCheckpointError
 from lockstep.checkpoint.storage import CheckpointStorage, LocalStorage, Location
 from lockstep.checkpoint.training_state import (
     Snapshot,
@@ -149,6 +153,23 @@ class _SaveGuard:
         self.storage.discard(self.staging, main=self.commits)
 
 
+ROTATION_SECONDS = 0.2
+"""How long a ``durable="background"`` save spends deleting rotated-out checkpoints before it returns; what
+is left then (a slow file system) is deleted by its thread, already renamed away."""
+
+
+@dataclass(frozen=True)
+class Rotation:
+    """The deletion of older automatically named checkpoints that a save ends with, once committed."""
+
+    rotate: Callable[[float | None], object]
+    """Deletes them (within the given seconds, the rest renamed away; None: all now)."""
+    keeps_a_durable_checkpoint: bool
+    """Whether it keeps a checkpoint older than the new one (``total_limit`` of 2 or more). If not, a save
+    whose fsync runs in the background makes the new checkpoint durable before it deletes the older ones:
+    a power loss then never leaves no checkpoint."""
+
+
 def save_checkpoint(
     collect: Callable[[Path], TrainingObjects],
     final_dir: Location,
@@ -161,34 +182,36 @@ def save_checkpoint(
     safe_serialization: bool = True,
     writer: AsyncCheckpointWriter | None = None,
     background: bool = False,
-    commit_in_background: bool = False,
-    after_commit: Callable[[], None] | None = None,
+    fsync_in_background: bool = False,
+    rotation: Rotation | None = None,
     save_shards: Callable[[Path], None] | None = None,
 ) -> int:
     """Write a checkpoint to ``final_dir`` on every rank together; returns the bytes snapshotted.
 
     ``collect(staging)`` gives what the checkpoint holds, once the staging folder exists: the Accelerator's
     save hooks run there and may write files of their own into ``staging``, which are committed (and
-    covered by the manifest) with the rest. ``writer`` runs this process's background saves: the previous
-    one is waited for first, and its error raised on every rank; with ``background``, only the snapshot
-    happens now and the files are written and committed by ``writer``. With ``commit_in_background`` (and no
-    ``background``), the files are written now (handed to the OS) and ``writer`` makes them durable: fsync
-    of every file, manifest, rename, ``latest`` and rotation; the checkpoint counts only once committed.
-    ``save_shards(staging)`` is the backend's collective write of its own shards, done now in any case.
-    ``storage`` commits the staged files (default: a local folder).
+    covered by the manifest) with the rest. ``writer`` runs this process's background work: the previous
+    one is waited for first, and its error raised on every rank. With ``background``, only the snapshot
+    happens now and the files are written and committed by ``writer``. Otherwise every rank returns once the
+    checkpoint is committed: its files, the manifest (checksums of the bytes as written), ``latest`` and the
+    ``rotation``; with ``fsync_in_background`` nothing was fsynced then, and ``writer`` makes it durable,
+    which changes nothing visible (a save over an existing folder fsyncs before it returns all the same: the
+    new files cannot replace a committed checkpoint before they are durable). ``save_shards(staging)`` is the
+    backend's collective write of its own shards, done now in any case. ``storage`` commits the staged files
+    (default: a local folder).
 
     A failure on any rank (a full disk included) is raised on every rank, the staging folder is removed and
-    nothing is rotated: the previous checkpoint stays the newest valid one. A background save's failure is
-    raised, on every rank, by the next save (or ``writer.wait()``).
+    nothing is rotated: the previous checkpoint stays the newest valid one. A background failure is raised,
+    on every rank, by the next save (or ``writer.wait()``).
     """
     storage = storage or LocalStorage()
     if writer is not None:
         raise_background_failure(state, writer)
     background = background and writer is not None
-    if commit_in_background and not background and writer is not None:
-        # Saving over an existing folder cannot show the new files before they are durable without losing the
-        # old checkpoint to a crash: that save commits before it returns (decided by the main process for all).
-        commit_in_background = not _main_process_finds(state, storage, final_dir)
+    if fsync_in_background and (
+        background or writer is None or _main_process_finds(state, storage, final_dir)
+    ):
+        fsync_in_background = False  # (decided alike on every rank: the main process's view of the folder)
     # On an object store only the main process commits; on a (shared) folder every writer of shared files.
     commits = writes_shared_files and (storage.node_local or state.is_main_process)
     staged: list[Path] = []
@@ -198,89 +221,141 @@ def save_checkpoint(
         "Preparing the save",
     )
     guard = _SaveGuard(state=state, storage=storage, final_dir=final_dir, staging=staged[0], commits=commits)
+    snapshots = _snapshots(guard, collect, writes_shared_files, safe_serialization, copy=background)
+    if save_shards is not None:
+        # A collective (also when the rest is written in the background); DCP raises on every rank if one fails.
+        guard.collective(lambda: save_shards(guard.staging))
+    nbytes = sum(snap.nbytes() for snap in snapshots)
+    written: dict[str, dict[str, Any]] = {}
+
+    def write() -> None:
+        for snap in snapshots:
+            written.update(write_snapshot(snap, guard.staging))
+
+    work = storage.rank_writer(
+        guard.converting(write),
+        guard.staging,
+        final_dir,
+        state.process_index,
+        background=background,
+        written=written,
+    )
+    committer = _Committer(guard, step=step, move_latest_pointer=move_latest_pointer, rotation=rotation)
+    if writer is not None and background:
+        writer.start(
+            guard.in_background(work, guard.converting(lambda: committer.commit(ASYNC_TIMEOUT_SECONDS, {})))
+        )
+        return nbytes
+    guard.run(f"Saving the checkpoint {final_dir}", work)
+    known = _everyones(state, written)
+    if writer is None or not fsync_in_background:
+        guard.run(f"Committing the checkpoint {final_dir}", lambda: committer.commit(None, known))
+        return nbytes
+    durability: list[Callable[[], None] | None] = []
+    guard.run(
+        f"Committing the checkpoint {final_dir}",
+        lambda: durability.append(committer.commit_deferring_fsync(known)),
+    )
+    if durability[0] is not None:
+        writer.start(_durability(durability[0], final_dir))
+    return nbytes
+
+
+def _snapshots(
+    guard: _SaveGuard,
+    collect: Callable[[Path], TrainingObjects],
+    writes_shared_files: bool,
+    safe_serialization: bool,
+    *,
+    copy: bool,
+) -> list[Snapshot]:
+    """What this rank writes, collected (save hooks included) and snapshotted, agreed by every rank."""
+    final_dir, state = guard.final_dir, guard.state
     collected: list[TrainingObjects] = []
     guard.run(f"Collecting the state for {final_dir}", lambda: collected.append(collect(guard.staging)))
     snapshots: list[Snapshot] = []
 
     def snapshot() -> None:
         if writes_shared_files:
-            copy = background
             snapshots.append(snapshot_shared(collected[0], safe_serialization=safe_serialization, copy=copy))
         snapshots.append(snapshot_rank(collected[0], rank=state.process_index))
 
     guard.run(f"Saving the checkpoint {final_dir}", snapshot)
     guard.needed = sum(snap.tensor_bytes() for snap in snapshots)
-    if save_shards is not None:
-        # A collective (also when the rest is written in the background); DCP raises on every rank if one fails.
-        guard.collective(lambda: save_shards(guard.staging))
-
-    def commit(wait_seconds: float | None) -> None:
-        if commits:
-            storage.commit(
-                guard.staging,
-                final_dir,
-                world_size=state.num_processes,
-                step=step,
-                move_latest_pointer=move_latest_pointer,
-                wait_seconds=wait_seconds,
-            )
-            if after_commit is not None:  # rotation: only once the new checkpoint is committed
-                after_commit()
-
-    def write() -> None:
-        for snap in snapshots:
-            write_snapshot(snap, guard.staging)
-
-    work = storage.rank_writer(
-        guard.converting(write), guard.staging, final_dir, state.process_index, background=background
-    )
-    if writer is not None and background:
-        writer.start(guard.in_background(work, guard.converting(lambda: commit(ASYNC_TIMEOUT_SECONDS))))
-        return sum(snap.nbytes() for snap in snapshots)
-    guard.run(f"Saving the checkpoint {final_dir}", work)
-    seal = _sealing(storage, final_dir, world_size=state.num_processes, step=step, latest=move_latest_pointer)
-    after = after_commit or (lambda: None)  # rotation: only once the new checkpoint is committed
-    if writer is None or not commit_in_background:
-        guard.run(f"Committing the checkpoint {final_dir}", lambda: commit(None))
-        return sum(snap.nbytes() for snap in snapshots)
-    _publish_then_seal(guard, writer, commit=lambda: commit(None), seal=lambda: (seal(), after()))
-    return sum(snap.nbytes() for snap in snapshots)
+    return snapshots
 
 
-def _publish_then_seal(
-    guard: _SaveGuard,
-    writer: AsyncCheckpointWriter,
-    *,
-    commit: Callable[[], None],
-    seal: Callable[[], None],
-) -> None:
-    """The end of a ``durable="background"`` save, once every rank's files are written (agreed): the
-    committing process puts them in place and every rank returns once they are there (as the peers' saves
-    leave them); the thread then runs ``seal`` (the whole ``commit`` where they could not be put in place)."""
-    published: list[bool] = []
-    guard.run(
-        f"Saving the checkpoint {guard.final_dir}",
-        lambda: published.append(guard.commits and guard.storage.publish(guard.staging, guard.final_dir)),
-    )
-    if guard.commits:
-        finish = seal if published[0] else commit
-        writer.start(guard.in_background(lambda: None, guard.converting(finish), markers=False))
+def _everyones(state: PartialState, written: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Every rank's manifest entries of the files it wrote (one all-gather of a small dict)."""
+    if not state.use_distributed:
+        return dict(written)
+    merged: dict[str, dict[str, Any]] = {}
+    for part in gather_object([written]):
+        merged.update(part)
+    return merged
 
 
-def _sealing(
-    storage: CheckpointStorage, final_dir: Location, *, world_size: int, step: int, latest: bool
-) -> Callable[[], None]:
-    """The background half of a published save: seal ``final_dir``; if that fails, remove it (unsealed, it
-    never was a checkpoint, and the previous one stays the newest valid one)."""
+@dataclass
+class _Committer:
+    """The committing process's end of a save (the others' calls do nothing)."""
 
-    def seal() -> None:
+    guard: _SaveGuard
+    step: int
+    move_latest_pointer: bool
+    rotation: Rotation | None
+
+    def commit(self, wait_seconds: float | None, known: dict[str, dict[str, Any]]) -> None:
+        """Commit durably (manifest after every file's fsync), then rotate."""
+        guard = self.guard
+        if not guard.commits:
+            return
+        guard.storage.commit(
+            guard.staging,
+            guard.final_dir,
+            world_size=guard.state.num_processes,
+            step=self.step,
+            move_latest_pointer=self.move_latest_pointer,
+            wait_seconds=wait_seconds,
+            known=known,
+        )
+        if self.rotation is not None:  # only once the new checkpoint is committed
+            self.rotation.rotate(None)
+
+    def commit_deferring_fsync(self, known: dict[str, dict[str, Any]]) -> Callable[[], None] | None:
+        """Commit and rotate now, without fsync; returns the fsync to run on the thread (None: nothing left)."""
+        guard = self.guard
+        if not guard.commits:
+            return None
+        durability = guard.storage.commit_deferring_fsync(
+            guard.staging,
+            guard.final_dir,
+            world_size=guard.state.num_processes,
+            step=self.step,
+            move_latest_pointer=self.move_latest_pointer,
+            known=known,
+        )
+        if self.rotation is None:
+            return durability
+        if durability is not None and not self.rotation.keeps_a_durable_checkpoint:
+            durability()  # the older checkpoints go: the new one must survive a power loss first
+            durability = None
+        self.rotation.rotate(None if durability is None else ROTATION_SECONDS)
+        return durability
+
+
+def _durability(make_durable: Callable[[], None], final_dir: Location) -> Callable[[], None]:
+    """The thread's job after a commit that deferred its fsync; a failure says what it means."""
+
+    def run() -> None:
         try:
-            storage.seal(final_dir, world_size=world_size, step=step, latest=latest)
-        except BaseException:
-            storage.remove(final_dir)
-            raise
+            make_durable()
+        except OSError as error:
+            raise layout.CheckpointError(
+                f"Checkpoint {final_dir} is in place and loads, but making it durable failed ({error}): a power "
+                "loss may lose it. Check that disk before relying on this checkpoint."
+            ) from error
 
-    return seal
+    return run
 
 
 def _main_process_finds(state: PartialState, storage: CheckpointStorage, final_dir: Location) -> bool:
@@ -311,9 +386,12 @@ def choose_checkpoint(
     input_dir: Location | None,
     automatic_root: Location | None,
     storage: CheckpointStorage | None = None,
+    *,
+    before: int | None = None,
 ) -> Location:
-    """The folder to load, verified by the main process and agreed by all ranks."""
-    return _choose(state, input_dir, automatic_root, storage or LocalStorage(), checksums=True)
+    """The folder to load, verified by the main process and agreed by all ranks (``before``: the newest of
+    the ``checkpoint_{i}`` with ``i < before``)."""
+    return _choose(state, input_dir, automatic_root, storage or LocalStorage(), checksums=True, before=before)
 
 
 def choose_checkpoint_checksummed_while_read(
@@ -344,16 +422,19 @@ def _choose(
     storage: CheckpointStorage,
     *,
     checksums: bool,
+    before: int | None = None,
 ) -> Location:
     choice: list[Any] = [None, None]
-    sizes_only = {} if checksums else {"checksums": False}  # LocalStorage's option
+    options: dict[str, Any] = {} if checksums else {"checksums": False}  # LocalStorage's option
+    if before is not None:
+        options["before"] = before
     if state.is_main_process:
         try:
             if input_dir is not None:
-                storage.check(input_dir, **sizes_only)
+                storage.check(input_dir, **({} if checksums else {"checksums": False}))
                 choice[0] = str(input_dir)
             elif automatic_root is not None:
-                choice[0] = str(storage.newest_valid(automatic_root, **sizes_only))
+                choice[0] = str(storage.newest_valid(automatic_root, **options))
             else:
                 raise ValueError(
                     "load_state() needs input_dir=, or a project_dir with "
@@ -369,6 +450,23 @@ def _choose(
             raise _AGREED_ERRORS[kind](message)
         raise RuntimeError(f"{kind}: {message}")
     return Path(choice[0]) if storage.node_local else choice[0]
+
+
+def _unreadable(
+    folder: Path, error: Exception, failures: list[tuple[Path, BaseException]]
+) -> layout.CheckpointError | None:
+    """A checkpoint file that could not be read (torn, truncated, not what its name says) as the
+    :class:`CheckpointError` naming it, which a ``load_state()`` without a folder falls back from; None for
+    errors that are not a file's read (the objects do not match the checkpoint), and for a refused pickle."""
+    if isinstance(error, (layout.CheckpointError, UnsafeCheckpointError)):
+        return None
+    path = single_pass.failed_file(error, failures)
+    if path is None:
+        return None
+    name = path.relative_to(folder).as_posix() if path.is_relative_to(folder) else str(path)
+    return layout.CheckpointError(
+        f"Checkpoint {folder}: {name} cannot be read ({type(error).__name__}: {error})"
+    )
 
 
 def load_checkpoint(
@@ -394,9 +492,16 @@ def load_checkpoint(
     positions = not layout.written_by_accelerate(folder)
 
     def read() -> None:
-        result["models"] = read_models()
-        result["counters"] = load_shared_files(objects, folder, positions=positions)
-        result["rank"] = load_rank_files(folder, rank=state.process_index)
+        with single_pass.recording_read_failures() as failures:
+            try:
+                result["models"] = read_models()
+                result["counters"] = load_shared_files(objects, folder, positions=positions)
+                result["rank"] = load_rank_files(folder, rank=state.process_index)
+            except Exception as error:
+                unreadable = _unreadable(folder, error, failures)
+                if unreadable is None:
+                    raise
+                raise unreadable from error
 
     agree(state, _attempt(read), f"Loading the checkpoint {folder}")
     apply_models(result["models"])

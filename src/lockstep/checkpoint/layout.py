@@ -15,6 +15,7 @@ at about 30 GB/s it costs a save or a load of 300 MB some 10 ms where SHA-256 (a
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import mmap
@@ -24,7 +25,7 @@ import shutil
 import threading
 import time
 import warnings
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -138,23 +139,51 @@ def _fsync_path(path: Path) -> None:
         os.close(fd)
 
 
-def write_manifest(staging: Path, *, world_size: int, step: int) -> Manifest:
-    """Checksum every file in ``staging`` (after fsyncing it) and write the manifest last."""
+def write_manifest(
+    staging: Path,
+    *,
+    world_size: int,
+    step: int,
+    known: Mapping[str, dict[str, Any]] | None = None,
+    fsync: bool = True,
+) -> Manifest:
+    """Write the manifest of every file in ``staging``, last.
+
+    Args:
+        staging: the folder (a staging folder, or a checkpoint being committed in place).
+        world_size: the number of processes that saved.
+        step: the training step saved.
+        known: manifest entries computed from the bytes as they were written, by name in ``staging``
+            (:mod:`lockstep.checkpoint.hashed_write`): they are recorded as they are, so a file changed on
+            the disk since is caught when loading. Files without one (a save hook's, DCP shards) are hashed
+            from the disk now.
+        fsync: make every file durable first, and the manifest after. False leaves durability to
+            :func:`make_durable`.
+    """
+    known = known or {}
     files: dict[str, dict[str, Any]] = {}
     for path in sorted(p for p in staging.rglob("*") if p.is_file()):
-        _fsync_path(path)
-        files[path.relative_to(staging).as_posix()] = file_facts(path)
+        if fsync:
+            _fsync_path(path)
+        name = path.relative_to(staging).as_posix()
+        files[name] = dict(known[name]) if name in known else file_facts(path)
     manifest = Manifest(files=files, world_size=world_size, step=step, created=time.time())
     temporary = staging / f".{MANIFEST_NAME}.tmp"
     temporary.write_text(json.dumps(manifest.to_json(), indent=1))
-    _fsync_path(temporary)
+    if fsync:
+        _fsync_path(temporary)
     os.replace(temporary, staging / MANIFEST_NAME)
-    _fsync_path(staging)
+    if fsync:
+        _fsync_path(staging)
     return manifest
 
 
-def commit(staging: Path, final_dir: Path, *, move_latest_pointer: bool) -> None:
-    """Rename ``staging`` to ``final_dir`` atomically, then (optionally) point ``latest`` at it."""
+def commit(staging: Path, final_dir: Path, *, move_latest_pointer: bool, durable: bool = True) -> None:
+    """Rename ``staging`` to ``final_dir`` atomically, then (optionally) point ``latest`` at it.
+
+    ``durable=False`` makes no folder entry durable: the caller runs :func:`make_durable` afterwards (a
+    ``durable="background"`` save, on its thread).
+    """
     previous = None
     if final_dir.exists():  # saving over an older checkpoint: move it aside first, drop it after
         previous = final_dir.parent / f".{final_dir.name}.replaced"
@@ -162,47 +191,60 @@ def commit(staging: Path, final_dir: Path, *, move_latest_pointer: bool) -> None
             shutil.rmtree(previous)
         os.replace(final_dir, previous)
     os.replace(staging, final_dir)
-    _fsync_path(final_dir.parent)
+    if durable:
+        _fsync_path(final_dir.parent)
     with contextlib.suppress(OSError):  # another save may still be in progress there
         staging.parent.rmdir()
     if previous is not None:
         shutil.rmtree(previous, ignore_errors=True)
     if move_latest_pointer:
-        _move_latest_pointer(final_dir)
+        _move_latest_pointer(final_dir, durable=durable)
 
 
-def publish(staging: Path, final_dir: Path) -> bool:
-    """Rename ``staging`` to ``final_dir`` before its files are durable and before it has a manifest (it
-    is not a checkpoint until :func:`seal`); False, touching nothing, when ``final_dir`` exists or the rename
-    fails (the caller commits from ``staging`` instead)."""
-    if final_dir.exists():
-        return False
-    try:
-        os.replace(staging, final_dir)
-    except OSError:
-        return False
-    with contextlib.suppress(OSError):  # another save may still be in progress there
-        staging.parent.rmdir()
-    return True
+_FSYNC_UNSUPPORTED = (errno.EINVAL, errno.ENOTSUP, errno.ENOSYS, errno.EBADF)
+"""``fsync`` errors that mean the file system cannot fsync (some FUSE and network mounts), not a failed
+write: durability is then the file system's, as for a folder."""
 
 
-def seal(final_dir: Path, *, world_size: int, step: int, move_latest_pointer: bool) -> None:
-    """Make a published folder a committed checkpoint: every file fsynced and checksummed, the manifest
-    written last, the folder's entry made durable, then (optionally) ``latest`` moved to it."""
-    write_manifest(final_dir, world_size=world_size, step=step)
+def make_durable(final_dir: Path, names: Sequence[str]) -> None:
+    """fsync the files ``names`` of the committed checkpoint ``final_dir``, its folders and its parent (the
+    rename, ``latest`` and the rotation): the durability of a checkpoint committed with ``durable=False``.
+
+    It changes nothing anyone can see. A file or folder that is gone (deleted or moved by the user since)
+    is skipped: what happens to it is the user's.
+
+    Raises:
+        OSError: an fsync failed (an I/O error): the checkpoint may not survive a power loss.
+    """
+    folders = {final_dir}
+    for name in names:
+        path = final_dir / name
+        folders.update(parent for parent in path.parents if final_dir in parent.parents)
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            continue
+        try:
+            os.fsync(fd)
+        except OSError as error:
+            if error.errno not in _FSYNC_UNSUPPORTED:
+                raise
+        finally:
+            os.close(fd)
+    for folder in sorted(folders, key=lambda p: -len(p.parts)):  # the deepest first, then the parent
+        _fsync_path(folder)
     _fsync_path(final_dir.parent)
-    if move_latest_pointer:
-        _move_latest_pointer(final_dir)
 
 
-def _move_latest_pointer(final_dir: Path) -> None:
+def _move_latest_pointer(final_dir: Path, *, durable: bool = True) -> None:
     """Point ``latest`` at ``final_dir``. The checkpoint is committed already and loading finds the newest
     valid one without the pointer, so a pointer that cannot be written (a full disk) is a warning."""
     pointer = final_dir.parent / LATEST_POINTER
     temporary = final_dir.parent / f".{LATEST_POINTER}.tmp"
     try:
         temporary.write_text(final_dir.name + "\n")
-        _fsync_path(temporary)
+        if durable:
+            _fsync_path(temporary)
         os.replace(temporary, pointer)
     except OSError as error:
         temporary.unlink(missing_ok=True)
@@ -213,7 +255,8 @@ def _move_latest_pointer(final_dir: Path) -> None:
             stacklevel=4,
         )
         return
-    _fsync_path(final_dir.parent)
+    if durable:
+        _fsync_path(final_dir.parent)
 
 
 def read_manifest(folder: Path) -> Manifest:
@@ -410,10 +453,11 @@ def automatic_checkpoints(root: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
-def newest_valid_checkpoint(root: Path, *, checksums: bool = True) -> Path:
+def newest_valid_checkpoint(root: Path, *, checksums: bool = True, before: int | None = None) -> Path:
     """The newest ``checkpoint_{i}`` under ``root`` whose manifest verifies, or that Accelerate's ``save_state``
     wrote (taken as ``load_state(input_dir)`` takes one: Accelerate's own ``load_state()`` picks the newest
-    folder); warns about broken newer ones. ``checksums=False`` checks presence and sizes only.
+    folder); warns about broken newer ones. ``checksums=False`` checks presence and sizes only; ``before``
+    considers only ``checkpoint_{i}`` with ``i < before`` (those older than one that could not be loaded).
 
     Raises:
         FileNotFoundError: when there is no valid checkpoint at all.
@@ -423,7 +467,10 @@ def newest_valid_checkpoint(root: Path, *, checksums: bool = True) -> Path:
         if not written_by_accelerate(folder):
             verify(folder, checksums=checksums)
 
-    return first_valid([folder for _, folder in reversed(automatic_checkpoints(root))], check, root)
+    candidates = [
+        folder for index, folder in reversed(automatic_checkpoints(root)) if before is None or index < before
+    ]
+    return first_valid(candidates, check, root)
 
 
 def first_valid(newest_first: Sequence[T], check: Callable[[T], None], root: object) -> T:
@@ -453,12 +500,65 @@ def first_valid(newest_first: Sequence[T], check: Callable[[T], None], root: obj
     )
 
 
-def rotate(root: Path, total_limit: int | None) -> list[Path]:
-    """Delete the oldest automatically named checkpoints beyond ``total_limit``; returns what was deleted."""
+RENAMED_AWAY = ".{name}.deleting"
+"""What a rotated-out checkpoint is renamed to before its files are deleted: at once no longer a
+checkpoint, hidden, on the same file system."""
+
+
+def rotate(root: Path, total_limit: int | None, *, within_seconds: float | None = None) -> list[Path]:
+    """Delete the oldest automatically named checkpoints beyond ``total_limit``; returns what was deleted.
+
+    Each is renamed away first (:data:`RENAMED_AWAY`: one rename, the checkpoint is gone from the listing),
+    then its files are deleted. ``within_seconds`` bounds the time spent deleting: what is left then stays
+    renamed away for :func:`remove_renamed_away` (a ``durable="background"`` save's thread). Leftovers of a
+    save that crashed while deleting are deleted too.
+    """
     if total_limit is None:
         return []
     checkpoints = automatic_checkpoints(root)
     doomed = [folder for _, folder in checkpoints[: max(0, len(checkpoints) - total_limit)]]
     for folder in doomed:
-        shutil.rmtree(folder, ignore_errors=True)
+        away = root / RENAMED_AWAY.format(name=folder.name)
+        shutil.rmtree(away, ignore_errors=True)  # a leftover of a crashed save, of the same name
+        try:
+            os.replace(folder, away)
+        except OSError:
+            shutil.rmtree(
+                folder, ignore_errors=True
+            )  # it cannot be renamed (a mount point?): deleted in place
+    deadline = None if within_seconds is None else time.monotonic() + within_seconds
+    for away in _renamed_away(root):
+        if not _delete_until(away, deadline):
+            break
     return doomed
+
+
+def remove_renamed_away(root: Path) -> None:
+    """Delete what :func:`rotate` renamed away and left (gone already, or ``root`` itself gone: nothing)."""
+    for away in _renamed_away(root):
+        shutil.rmtree(away, ignore_errors=True)
+
+
+def _renamed_away(root: Path) -> list[Path]:
+    prefix, suffix = RENAMED_AWAY.split("{name}")
+    try:
+        return sorted(p for p in root.iterdir() if p.name.startswith(prefix) and p.name.endswith(suffix))
+    except OSError:
+        return []
+
+
+def _delete_until(folder: Path, deadline: float | None) -> bool:
+    """Delete ``folder``, file by file, until ``deadline`` (``time.monotonic()``); whether it is all gone."""
+    for parent, subfolders, names in os.walk(folder, topdown=False):
+        for name in names:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(parent, name))
+            if deadline is not None and time.monotonic() > deadline:
+                return False
+        for name in subfolders:
+            path = os.path.join(parent, name)
+            with contextlib.suppress(OSError):
+                os.unlink(path) if os.path.islink(path) else os.rmdir(path)
+    with contextlib.suppress(OSError):
+        os.rmdir(folder)
+    return True

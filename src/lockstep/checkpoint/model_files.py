@@ -34,7 +34,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from lockstep.checkpoint import single_pass
+from lockstep.checkpoint import hashed_write, single_pass
 from lockstep.checkpoint.safe_load import UnsafeCheckpointError, safe_torch_load
 
 __all__ = [
@@ -149,6 +149,7 @@ def save_model_files(
     safe_serialization: bool = True,
     metadata: dict[str, str] | None = None,
     fsync: bool = True,
+    written: dict[Path, dict[str, Any]] | None = None,
 ) -> list[Path]:
     """Write a state dict as weight files (and an index when there are several) into a folder.
 
@@ -167,6 +168,8 @@ def save_model_files(
         metadata: extra string metadata for each safetensors file (``{"format": "pt"}`` is always set).
         fsync: make each file and the folder durable before returning. False hands the bytes to the OS only,
             for a caller that makes the folder durable itself (a checkpoint's commit fsyncs every file).
+        written: when given, filled with each file's manifest entry (size and XXH3-128), by path, computed
+            from the bytes as they were written (:mod:`lockstep.checkpoint.hashed_write`).
 
     Returns:
         The weight files written, then the index if one was written.
@@ -182,7 +185,7 @@ def save_model_files(
     shards = _plan_shards(stored, max_bytes)
     directory = Path(save_directory)
     directory.mkdir(parents=True, exist_ok=True)
-    written: list[Path] = []
+    files: list[Path] = []
     weight_map: dict[str, str] = {}
     for file_name, keys in zip(layout.shard_names(len(shards)), shards):
         tensors = {key: stored[key] for key in keys}
@@ -190,25 +193,30 @@ def save_model_files(
         path = directory / file_name
         if safe_serialization:
             meta = {**file_metadata, TIED_KEY: json.dumps(aliases)} if aliases else file_metadata
-            _write_atomically(path, lambda tmp, t=tensors, m=meta: save_file(t, tmp, metadata=m), fsync=fsync)
+            write = _safetensors_writer(tensors, meta, hashed=written is not None)
         else:  # torch.save stores a storage once, so an alias next to its source costs nothing
             tensors.update({alias: tensors[source] for alias, source in aliases.items()})
-            _write_atomically(path, lambda tmp, t=tensors: _torch_save(t, tmp), fsync=fsync)
+            write = _torch_writer(tensors, hashed=written is not None)
+        facts = _write_atomically(path, write, fsync=fsync)
+        if written is not None:
+            written[path] = facts
         weight_map.update(dict.fromkeys(tensors, file_name))
         weight_map.update(dict.fromkeys(aliases, file_name))
-        written.append(path)
+        files.append(path)
     if len(shards) > 1:
         total_size = sum(_nbytes(tensor) for tensor in stored.values())
         index: dict[str, Any] = {"metadata": {"total_size": total_size}, "weight_map": weight_map}
         if tied:
             index["metadata"][TIED_KEY] = tied
-        written.append(directory / layout.index)
+        files.append(directory / layout.index)
         text = json.dumps(index, indent=2, sort_keys=True) + "\n"
-        _write_atomically(written[-1], lambda tmp: Path(tmp).write_text(text, encoding="utf-8"), fsync=fsync)
-    _remove_stale(directory, keep={path.name for path in written})
+        facts = _write_atomically(files[-1], lambda tmp: hashed_write.write_text(tmp, text), fsync=fsync)
+        if written is not None:
+            written[files[-1]] = facts
+    _remove_stale(directory, keep={path.name for path in files})
     if fsync:
         _fsync_directory(directory)
-    return written
+    return files
 
 
 def _file_metadata(metadata: dict[str, str] | None, safe_serialization: bool) -> dict[str, str]:
@@ -308,16 +316,32 @@ def _torch_save(tensors: dict[str, torch.Tensor], path: Path) -> None:
         torch.save(tensors, handle)
 
 
-def _write_atomically(path: Path, write: Callable[[Path], object], *, fsync: bool = True) -> None:
+def _safetensors_writer(
+    tensors: dict[str, torch.Tensor], metadata: dict[str, str], *, hashed: bool
+) -> Callable[[Path], Any]:
+    """Writes a safetensors file: through the hashing writer (returning its manifest entry) or safetensors'."""
+    if hashed:
+        return lambda tmp: hashed_write.write_safetensors(tensors, tmp, metadata)
+    return lambda tmp: save_file(tensors, tmp, metadata=metadata)
+
+
+def _torch_writer(tensors: dict[str, torch.Tensor], *, hashed: bool) -> Callable[[Path], Any]:
+    """Writes a ``.bin`` file: through the hashing writer (returning its manifest entry) or plainly."""
+    if hashed:
+        return lambda tmp: hashed_write.write_torch(tensors, tmp)
+    return lambda tmp: _torch_save(tensors, tmp)
+
+
+def _write_atomically(path: Path, write: Callable[[Path], Any], *, fsync: bool = True) -> Any:
     """Let ``write`` fill a temporary file next to ``path``, fsync it (unless told not to), and rename it to
-    ``path``."""
+    ``path``; returns what ``write`` returned."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
     try:
         # safetensors (like tempfile.mkstemp) creates files as 0600; give the file the mode that open()
         # gives under the current umask, read back from a file we create, since reading the umask changes it.
         tmp.touch()
         mode = tmp.stat().st_mode & 0o777
-        write(tmp)
+        result = write(tmp)
         if tmp.stat().st_mode & 0o777 != mode:
             os.chmod(tmp, mode)
         if fsync:
@@ -327,6 +351,7 @@ def _write_atomically(path: Path, write: Callable[[Path], object], *, fsync: boo
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+    return result
 
 
 def _remove_stale(directory: Path, keep: set[str]) -> None:
@@ -463,7 +488,7 @@ def _read_weight_file(
             f"load_model_files({str(path)!r}): expected a .safetensors, .bin or .index.json file."
         )
     try:
-        with safe_open(path, framework="pt", device=str(device)) as handle:
+        with single_pass.reading(path), safe_open(path, framework="pt", device=str(device)) as handle:
             tensors = {key: handle.get_tensor(key) for key in handle.keys()}
             metadata = handle.metadata() or {}
     except SafetensorError as error:

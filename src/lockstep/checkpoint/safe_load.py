@@ -52,6 +52,7 @@ def safe_torch_load(
         with (
             warnings.catch_warnings(),
             torch.serialization.safe_globals(_numpy_array_globals() if numpy else []),
+            single_pass.reading(path),
         ):
             # A raw pickle (not torch's zip format) makes torch warn about the protocol before refusing it.
             warnings.filterwarnings("ignore", message="Detected pickle protocol", category=UserWarning)

@@ -60,6 +60,49 @@ def hashing_reads(checks: ReadChecks) -> Iterator[None]:
         _ACTIVE.reset(token)
 
 
+_FAILED_READS: ContextVar[list[tuple[Path, BaseException]] | None] = ContextVar(
+    "lockstep_failed_reads", default=None
+)
+
+
+@contextlib.contextmanager
+def recording_read_failures() -> Iterator[list[tuple[Path, BaseException]]]:
+    """Within the block, the checkpoint readers record each file they fail to read with the error: the
+    loader then names the file (:func:`failed_file`). Outside one, they raise as they always did."""
+    failures: list[tuple[Path, BaseException]] = []
+    token = _FAILED_READS.set(failures)
+    try:
+        yield failures
+    finally:
+        _FAILED_READS.reset(token)
+
+
+@contextlib.contextmanager
+def reading(path: Path | str) -> Iterator[None]:
+    """The read of ``path`` (its bytes and their parsing, not what the caller checks of them): an error
+    escaping it is recorded where :func:`recording_read_failures` is active, then raised unchanged."""
+    try:
+        yield
+    except Exception as error:
+        failures = _FAILED_READS.get()
+        if failures is not None:
+            failures.append((Path(path), error))
+        raise
+
+
+def failed_file(error: BaseException, failures: list[tuple[Path, BaseException]]) -> Path | None:
+    """The file whose read raised ``error``, or an error ``error`` was raised from (None: not a read)."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        for path, failure in failures:
+            if failure is current:
+                return path
+        current = current.__cause__ or current.__context__
+    return None
+
+
 def expects(path: Path | str) -> bool:
     """Whether the current load wants ``path`` hashed as it is read."""
     checks = _ACTIVE.get()
@@ -263,7 +306,7 @@ def _tensors(value: Any) -> Iterator[torch.Tensor]:
 
 
 # -- safetensors files -------------------------------------------------------------------------------------
-_SAFETENSORS_DTYPES = {
+SAFETENSORS_DTYPES = {
     "F64": torch.float64,
     "F32": torch.float32,
     "F16": torch.float16,
@@ -338,10 +381,10 @@ def _entries(path: Path, header: Mapping[str, Any]) -> list[_Entry]:
     for name, info in header.items():
         if name == "__metadata__":
             continue
-        if isinstance(info, dict) and info.get("dtype") not in _SAFETENSORS_DTYPES:
+        if isinstance(info, dict) and info.get("dtype") not in SAFETENSORS_DTYPES:
             raise NotReadableInOnePass(f"{path}: {name!r} has dtype {info.get('dtype')!r}.")
         try:
-            dtype = _SAFETENSORS_DTYPES[info["dtype"]]
+            dtype = SAFETENSORS_DTYPES[info["dtype"]]
             begin, end = (int(x) for x in info["data_offsets"])
             shape = [int(x) for x in info["shape"]]
         except (KeyError, TypeError, ValueError):
@@ -385,26 +428,37 @@ def read_safetensors(
     """
     reader = HashedReader(path, hashing=expects(path))  # other ranks read without hashing
     try:
-        header = _parse_header(path, reader.read_bytes(8), reader.read_bytes)
-        entries = _entries(path, header)
+        with reading(path):
+            header = _parse_header(path, reader.read_bytes(8), reader.read_bytes)
+            entries = _entries(path, header)
         if check is not None:
             check([entry.name for entry in entries], _metadata(header))
-        data_start = reader.position
-        tensors: dict[str, torch.Tensor] = {}
-        for entry in entries:
-            gap = data_start + entry.begin - reader.position
-            if gap < 0:
-                raise ValueError(f"{path} is not a valid safetensors file: {entry.name!r} overlaps another.")
-            reader.read_bytes(gap)
-            destination = destinations.get(entry.name)
-            fits = destination is not None and _fits(destination, entry)
-            target = destination.detach() if fits else torch.empty(entry.shape, dtype=entry.dtype)
-            if target.numel():
-                reader.read_into(memoryview(target.reshape(-1).view(torch.uint8).numpy()))
-            tensors[entry.name] = target
-        reader.finish()
+        with reading(path):
+            tensors = _read_entries(path, reader, entries, destinations)
     except EOFError as error:
         raise ValueError(f"{path} is not a valid safetensors file: {error}") from None
     finally:
         reader.close()
     return tensors, _metadata(header)
+
+
+def _read_entries(
+    path: Path, reader: HashedReader, entries: list[_Entry], destinations: Mapping[str, torch.Tensor]
+) -> dict[str, torch.Tensor]:
+    """The tensors of a safetensors file whose header ``reader`` has read (into their destinations where
+    they fit), and the rest of the file hashed."""
+    data_start = reader.position
+    tensors: dict[str, torch.Tensor] = {}
+    for entry in entries:
+        gap = data_start + entry.begin - reader.position
+        if gap < 0:
+            raise ValueError(f"{path} is not a valid safetensors file: {entry.name!r} overlaps another.")
+        reader.read_bytes(gap)
+        destination = destinations.get(entry.name)
+        fits = destination is not None and _fits(destination, entry)
+        target = destination.detach() if fits else torch.empty(entry.shape, dtype=entry.dtype)
+        if target.numel():
+            reader.read_into(memoryview(target.reshape(-1).view(torch.uint8).numpy()))
+        tensors[entry.name] = target
+    reader.finish()
+    return tensors

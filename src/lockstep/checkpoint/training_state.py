@@ -29,8 +29,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
+from lockstep.checkpoint import hashed_write, single_pass
 from lockstep.checkpoint.model_files import holds_model_files, save_model_files
 from lockstep.checkpoint.rng import RNG_FILE, capture_rng_state, derive_rng_state, restore_rng_state, rng_file
 from lockstep.checkpoint.safe_load import check_loadable, safe_torch_load
@@ -206,45 +207,61 @@ order: a thread costs more than it saves there)."""
 WRITER_THREADS = 4
 
 
-def write_snapshot(snap: Snapshot, folder: Path) -> None:
+def write_snapshot(snap: Snapshot, folder: Path) -> dict[str, dict[str, Any]]:
     """Write a snapshot's files into ``folder`` (a checkpoint's staging folder), handing the bytes to the OS:
     the checkpoint's commit makes every file durable (now or in the background), the weights included.
+    Returns each file's manifest entry by its name in ``folder``, its checksum computed from the bytes as
+    they were written (:mod:`lockstep.checkpoint.hashed_write`), never read back from the disk.
 
     The files are independent, so a large snapshot writes them on up to :data:`WRITER_THREADS` threads
-    (safetensors' writer and torch's storage writes release the GIL: the weights and the optimizer state of
-    a 302 MB checkpoint took 165 ms together against 188 ms one after the other). Every write finishes
+    (the writers release the GIL while the bytes are hashed and written: the weights and the optimizer state
+    of a 302 MB checkpoint took 165 ms together against 188 ms one after the other). Every write finishes
     before an error is raised, so nothing writes into a staging folder that is being removed."""
     writes = _file_writes(snap, folder)
     if len(writes) < 2 or snap.tensor_bytes() < PARALLEL_WRITE_BYTES:
-        for write in writes:
-            write()
-        return
-    with ThreadPoolExecutor(min(WRITER_THREADS, len(writes)), thread_name_prefix="lockstep-save") as pool:
-        futures = [pool.submit(write) for write in writes]
-    for future in futures:
-        future.result()  # the first failure, raised once every write has finished
+        results = [write() for write in writes]
+    else:
+        with ThreadPoolExecutor(min(WRITER_THREADS, len(writes)), thread_name_prefix="lockstep-save") as pool:
+            futures = [pool.submit(write) for write in writes]
+        results = [future.result() for future in futures]  # the first failure, raised once every write ended
+    return {
+        path.relative_to(folder).as_posix(): facts for written in results for path, facts in written.items()
+    }
 
 
-def _file_writes(snap: Snapshot, folder: Path) -> list[Callable[[], object]]:
-    """One call per file (or weight folder) of ``snap``, largest first."""
-    sized: list[tuple[int, Callable[[], object]]] = []
+def _file_writes(snap: Snapshot, folder: Path) -> list[Callable[[], dict[Path, dict[str, Any]]]]:
+    """One call per file (or weight folder) of ``snap``, largest first; each returns the manifest entries of
+    what it wrote, by path."""
+    sized: list[tuple[int, Callable[[], dict[Path, dict[str, Any]]]]] = []
     for subfolder, state_dict in snap.models:
         sized.append(
             (
                 sum(_tensor_bytes(t) for t in state_dict.values()),
-                lambda sd=state_dict, sub=subfolder: save_model_files(
-                    sd, folder / sub, safe_serialization=snap.safe_serialization, fsync=False
-                ),
+                lambda sd=state_dict, sub=subfolder: _model_files(sd, folder / sub, snap.safe_serialization),
             )
         )
     for name, value in snap.torch_files:
-        sized.append((_tensor_bytes(value), lambda v=value, n=name: torch.save(v, folder / n)))
+        path = folder / name
+        sized.append((_tensor_bytes(value), lambda v=value, p=path: {p: hashed_write.write_torch(v, p)}))
     for name, tensors in snap.safetensors_files:
         size = sum(_tensor_bytes(t) for t in tensors.values())
-        sized.append((size, lambda t=tensors, n=name: save_file(t, str(folder / n))))
+        path = folder / name
+        sized.append((size, lambda t=tensors, p=path: {p: hashed_write.write_safetensors(_contiguous(t), p)}))
     for name, value in snap.json_files:
-        sized.append((0, lambda v=value, n=name: (folder / n).write_text(json.dumps(v, indent=1))))
+        path = folder / name
+        sized.append((0, lambda v=value, p=path: {p: hashed_write.write_text(p, json.dumps(v, indent=1))}))
     return [write for _, write in sorted(sized, key=lambda entry: -entry[0])]
+
+
+def _model_files(state_dict: dict[str, torch.Tensor], folder: Path, safe: bool) -> dict[Path, dict[str, Any]]:
+    written: dict[Path, dict[str, Any]] = {}
+    save_model_files(state_dict, folder, safe_serialization=safe, fsync=False, written=written)
+    return written
+
+
+def _contiguous(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Tensors as ``safetensors.torch.save_file`` takes them: contiguous (a copy only where they are not)."""
+    return {name: tensor.contiguous() for name, tensor in tensors.items()}
 
 
 def load_shared_files(objects: TrainingObjects, folder: Path, *, positions: bool = True) -> dict[str, Any]:
@@ -267,7 +284,10 @@ def load_shared_files(objects: TrainingObjects, folder: Path, *, positions: bool
     for index, obj in enumerate(objects.custom):
         obj.load_state_dict(_custom_state(folder, index, obj))
     counters_path = folder / ACCELERATOR_STATE
-    return json.loads(counters_path.read_text()) if counters_path.is_file() else {}
+    if not counters_path.is_file():
+        return {}
+    with single_pass.reading(counters_path):
+        return json.loads(counters_path.read_text())
 
 
 def _custom_state(folder: Path, index: int, obj: Any) -> Any:
@@ -318,7 +338,10 @@ def load_rank_files(folder: Path, *, rank: int) -> RankFiles:
         return RankFiles(gradients=None, step=int(state["step"]) if "step" in state else None)
     step = restore_rng_state(safe_torch_load(path, numpy=True))
     gradients_path = folder / f"grads_{rank}.safetensors"
-    return RankFiles(gradients=load_file(str(gradients_path)) if gradients_path.is_file() else {}, step=step)
+    if not gradients_path.is_file():
+        return RankFiles(gradients={}, step=step)
+    with single_pass.reading(gradients_path):
+        return RankFiles(gradients=load_file(str(gradients_path)), step=step)
 
 
 def _saved_rng_files(folder: Path) -> list[Path]:

@@ -15,8 +15,9 @@ import abc
 import contextlib
 import os
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 Location = str | os.PathLike
 """A checkpoint's folder: a local path, or a URL."""
@@ -68,10 +69,18 @@ class CheckpointStorage(abc.ABC):
 
     @abc.abstractmethod
     def rank_writer(
-        self, write: Callable[[], None], staging: Path, final: Location, rank: int, *, background: bool
+        self,
+        write: Callable[[], None],
+        staging: Path,
+        final: Location,
+        rank: int,
+        *,
+        background: bool,
+        written: Mapping[str, dict[str, Any]] | None = None,
     ) -> Callable[[], None]:
         """``write`` (this rank's files into ``staging``) plus whatever makes them reach ``final`` and tells
-        the committing process that this rank is done."""
+        the committing process that this rank is done. ``written`` is filled by ``write`` with the manifest
+        entries of its files, computed as they were written: the manifest records those."""
 
     @abc.abstractmethod
     def commit(
@@ -83,36 +92,56 @@ class CheckpointStorage(abc.ABC):
         step: int,
         move_latest_pointer: bool,
         wait_seconds: float | None,
+        known: Mapping[str, dict[str, Any]] | None = None,
     ) -> None:
-        """Write the manifest last and make ``final`` a committed checkpoint (the committing process).
+        """Write the manifest last and make ``final`` a committed, durable checkpoint (the committing process).
 
         Args:
             wait_seconds: how long to wait for the other ranks' files (None: they are known to be done).
+            known: every rank's manifest entries computed as its files were written, by file name.
         """
 
-    def publish(self, staging: Path, final: Location) -> bool:
-        """Move the written files from ``staging`` to ``final`` before they are durable (a
-        ``durable="background"`` save, once every rank has written), so that the caller finds them there
-        when ``save_state`` returns; :meth:`seal` later makes ``final`` a checkpoint. False when this storage
-        cannot (the whole commit then runs later, from ``staging``)."""
-        return False
-
-    def seal(self, final: Location, *, world_size: int, step: int, latest: bool) -> None:
-        """Make a published ``final`` durable and a committed checkpoint: manifest last, then ``latest``."""
-        raise NotImplementedError(f"{type(self).__name__} publishes nothing, so it has nothing to seal.")
+    def commit_deferring_fsync(
+        self,
+        staging: Path,
+        final: Location,
+        *,
+        world_size: int,
+        step: int,
+        move_latest_pointer: bool,
+        known: Mapping[str, dict[str, Any]],
+    ) -> Callable[[], None] | None:
+        """Make ``final`` the committed checkpoint now, manifest last, ``latest`` moved, without waiting for
+        the disk; returns what makes it durable (fsync), which changes nothing visible and runs on a thread
+        (a ``durable="background"`` save), or None when it is durable already. This default commits
+        durably (an object store's upload is durable when it returns)."""
+        self.commit(
+            staging,
+            final,
+            world_size=world_size,
+            step=step,
+            move_latest_pointer=move_latest_pointer,
+            wait_seconds=None,
+            known=known,
+        )
+        return None
 
     @abc.abstractmethod
     def check(self, folder: Location) -> None:
         """Raise a ``CheckpointError`` unless ``folder`` is a committed checkpoint (or one Accelerate wrote)."""
 
     @abc.abstractmethod
-    def newest_valid(self, root: Location) -> Location:
-        """The newest ``checkpoint_{i}`` under ``root`` that :meth:`check` accepts; warns about newer broken
-        ones. Raises ``FileNotFoundError`` when there is none."""
+    def newest_valid(self, root: Location, *, before: int | None = None) -> Location:
+        """The newest ``checkpoint_{i}`` under ``root`` that :meth:`check` accepts (only ``i < before`` when
+        given); warns about newer broken ones. Raises ``FileNotFoundError`` when there is none."""
 
     @abc.abstractmethod
-    def rotate(self, root: Location, total_limit: int | None) -> list[Location]:
-        """Delete the oldest ``checkpoint_{i}`` beyond ``total_limit``; returns what was deleted."""
+    def rotate(
+        self, root: Location, total_limit: int | None, *, within_seconds: float | None = None
+    ) -> list[Location]:
+        """Delete the oldest ``checkpoint_{i}`` beyond ``total_limit``; returns what was deleted. Each stops
+        counting at once; ``within_seconds`` bounds the time spent deleting (the rest may be left to
+        :meth:`commit_deferring_fsync`'s durability work)."""
 
     @abc.abstractmethod
     def readable(self, folder: Location) -> contextlib.AbstractContextManager[Path]:

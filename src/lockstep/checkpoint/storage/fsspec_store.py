@@ -32,7 +32,7 @@ import tempfile
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -192,12 +192,19 @@ class FsspecStorage(CheckpointStorage):
         shutil.rmtree(staging.parent, ignore_errors=True)  # every process's own temporary folder
 
     def rank_writer(
-        self, write: Callable[[], None], staging: Path, final: Location, rank: int, *, background: bool
+        self,
+        write: Callable[[], None],
+        staging: Path,
+        final: Location,
+        rank: int,
+        *,
+        background: bool,
+        written: Mapping[str, dict[str, Any]] | None = None,
     ) -> Callable[[], None]:
         def work() -> None:
             try:
                 write()
-                facts = self._upload(staging, str(final))
+                facts = self._upload(staging, str(final), written or {})
                 self.fs.pipe_file(self.join(final, DONE_MARKER.format(rank=rank)), json.dumps(facts).encode())
             except BaseException as error:
                 with contextlib.suppress(Exception):
@@ -209,11 +216,17 @@ class FsspecStorage(CheckpointStorage):
 
         return work
 
-    def _upload(self, staging: Path, final: str) -> dict[str, dict[str, Any]]:
-        """Upload every file of ``staging`` (concurrently where the backend can); returns their facts."""
+    def _upload(
+        self, staging: Path, final: str, written: Mapping[str, dict[str, Any]]
+    ) -> dict[str, dict[str, Any]]:
+        """Upload every file of ``staging`` (concurrently where the backend can); returns their manifest
+        entries: ``written``'s (computed as the files were written), the others' hashed now."""
         files = sorted(p for p in staging.rglob("*") if p.is_file())
         names = [p.relative_to(staging).as_posix() for p in files]
-        facts = {name: layout.file_facts(path) for name, path in zip(names, files)}
+        facts = {
+            name: dict(written[name]) if name in written else layout.file_facts(path)
+            for name, path in zip(names, files)
+        }
         if files:
             self.fs.put([str(p) for p in files], [self.join(final, name) for name in names])
         return facts
@@ -227,7 +240,9 @@ class FsspecStorage(CheckpointStorage):
         step: int,
         move_latest_pointer: bool,
         wait_seconds: float | None,
+        known: Mapping[str, dict[str, Any]] | None = None,
     ) -> None:
+        # `known` travelled in each rank's marker already (see rank_writer): the markers are what counts here
         final = str(final)
         files = self._gather_markers(final, world_size, 60.0 if wait_seconds is None else wait_seconds)
         manifest = layout.Manifest(files=files, world_size=world_size, step=step, created=time.time())
@@ -313,10 +328,15 @@ class FsspecStorage(CheckpointStorage):
         ]
         return sorted((int(match.group(1)), folder) for match, folder in found if match)
 
-    def newest_valid(self, root: Location) -> str:
-        return layout.first_valid([folder for _, folder in reversed(self.automatic(root))], self.check, root)
+    def newest_valid(self, root: Location, *, before: int | None = None) -> str:
+        candidates = [
+            folder for index, folder in reversed(self.automatic(root)) if before is None or index < before
+        ]
+        return layout.first_valid(candidates, self.check, root)
 
-    def rotate(self, root: Location, total_limit: int | None) -> list[Location]:
+    def rotate(
+        self, root: Location, total_limit: int | None, *, within_seconds: float | None = None
+    ) -> list[Location]:
         if total_limit is None:
             return []
         checkpoints = self.automatic(root)

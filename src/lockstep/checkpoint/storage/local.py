@@ -1,7 +1,8 @@
-"""Checkpoints in a local (or shared, POSIX) folder: today's protocol, unchanged.
+"""Checkpoints in a local (or shared, POSIX) folder.
 
 Staging folder next to the destination, manifest written last, one atomic ``os.replace``, then the
-``latest`` pointer (see :mod:`lockstep.checkpoint.layout`). ``file://`` URLs land here too: they are
+``latest`` pointer (see :mod:`lockstep.checkpoint.layout`); every fsync before the manifest, or all of them
+after the commit on a thread (:meth:`LocalStorage.commit_deferring_fsync`). ``file://`` URLs land here too: they are
 local folders, where the atomic rename is the stronger guarantee.
 """
 
@@ -9,8 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 from lockstep.checkpoint import layout
 from lockstep.checkpoint.async_writer import rank_work, wait_for_ranks
@@ -60,10 +62,18 @@ class LocalStorage(CheckpointStorage):
                 staging.parent.rmdir()
 
     def rank_writer(
-        self, write: Callable[[], None], staging: Path, final: Location, rank: int, *, background: bool
+        self,
+        write: Callable[[], None],
+        staging: Path,
+        final: Location,
+        rank: int,
+        *,
+        background: bool,
+        written: Mapping[str, dict[str, Any]] | None = None,
     ) -> Callable[[], None]:
-        # Synchronous saves agree through a collective; background ones through marker files.
-        return rank_work(write, staging, rank) if background else write
+        # Synchronous saves agree through a collective (which carries `written`); background ones through
+        # marker files (which carry it).
+        return rank_work(write, staging, rank, written) if background else write
 
     def commit(
         self,
@@ -74,27 +84,46 @@ class LocalStorage(CheckpointStorage):
         step: int,
         move_latest_pointer: bool,
         wait_seconds: float | None,
+        known: Mapping[str, dict[str, Any]] | None = None,
     ) -> None:
+        known = dict(known or {})
         if wait_seconds is not None:
-            wait_for_ranks(staging, world_size, timeout=wait_seconds)
-        layout.write_manifest(staging, world_size=world_size, step=step)
+            known.update(wait_for_ranks(staging, world_size, timeout=wait_seconds))
+        layout.write_manifest(staging, world_size=world_size, step=step, known=known)
         layout.commit(staging, _path(final), move_latest_pointer=move_latest_pointer)
 
-    def publish(self, staging: Path, final: Location) -> bool:
-        return layout.publish(staging, _path(final))
+    def commit_deferring_fsync(
+        self,
+        staging: Path,
+        final: Location,
+        *,
+        world_size: int,
+        step: int,
+        move_latest_pointer: bool,
+        known: Mapping[str, dict[str, Any]],
+    ) -> Callable[[], None] | None:
+        final = _path(final)
+        manifest = layout.write_manifest(staging, world_size=world_size, step=step, known=known, fsync=False)
+        layout.commit(staging, final, move_latest_pointer=move_latest_pointer, durable=False)
+        names = [*manifest.files, layout.MANIFEST_NAME]
 
-    def seal(self, final: Location, *, world_size: int, step: int, latest: bool) -> None:
-        layout.seal(_path(final), world_size=world_size, step=step, move_latest_pointer=latest)
+        def make_durable() -> None:
+            layout.make_durable(final, names)
+            layout.remove_renamed_away(final.parent)  # what a slow rotation left
+
+        return make_durable
 
     def check(self, folder: Location, *, checksums: bool = True) -> None:
         if not layout.written_by_accelerate(_path(folder)):
             layout.verify(_path(folder), checksums=checksums)
 
-    def newest_valid(self, root: Location, *, checksums: bool = True) -> Path:
-        return layout.newest_valid_checkpoint(_path(root), checksums=checksums)
+    def newest_valid(self, root: Location, *, checksums: bool = True, before: int | None = None) -> Path:
+        return layout.newest_valid_checkpoint(_path(root), checksums=checksums, before=before)
 
-    def rotate(self, root: Location, total_limit: int | None) -> list[Location]:
-        return list(layout.rotate(_path(root), total_limit))
+    def rotate(
+        self, root: Location, total_limit: int | None, *, within_seconds: float | None = None
+    ) -> list[Location]:
+        return list(layout.rotate(_path(root), total_limit, within_seconds=within_seconds))
 
     def readable(self, folder: Location) -> contextlib.AbstractContextManager[Path]:
         return as_local(_path(folder))
