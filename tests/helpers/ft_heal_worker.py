@@ -1,18 +1,18 @@
 """One replica group of a fault-tolerant job that trains on a prepared loader, run as its own process by
 tests/backends/test_fault_tolerance_heal.py.
 
-    python -m tests.helpers.ft_heal_worker GROUP GROUPS LIGHTHOUSE STEPS OUT SEED [--gate PATH --gate-after STEP]
+    python -m tests.helpers.ft_heal_worker GROUP GROUPS LIGHTHOUSE STEPS OUT SEED [--pause SECONDS]
         [--project DIR]
 
 Trains ``nn.Linear(4, 2)`` initialised from SEED (a relaunched group gets another seed: only a real heal
 brings it to its peers' weights) with SGD and momentum, a StepLR schedule and gradient clipping, on a
 prepared loader of sample ids (:func:`inputs_of` turns ids into inputs), until torchft's step count reaches
-STEPS, over epochs of :func:`epoch_batches` global batches. Writes ``OUT.ready`` once it has joined the lighthouse, right before ``prepare`` (where it joins the quorum), a JSON line per loop
+STEPS, over epochs of :func:`epoch_batches` global batches. Writes a JSON line per loop
 iteration to ``OUT.steps`` (``step``: committed steps before it, ``committed``, ``participants``, ``ids``, and the loader's draw:
 ``epoch``, ``consumed`` global batches before the step, this group's ``rank`` among the participants, the
 global ``batch`` it read and whether it was ``padded``),
-and at the end the weights, its pid and its heal record to ``OUT`` (``torch.save``). With GATE, it waits
-after the iteration that starts at step STEP until the file PATH exists (the test's relaunched group is up).
+and at the end the weights, its pid and its heal record to ``OUT`` (``torch.save``). It waits ``--pause``
+seconds after each step (default 0.1).
 With ``--project``, it resumes from the project's newest checkpoint at start and saves one after every step;
 a lost lighthouse's error (and the step it stopped at) goes to ``OUT.error``.
 """
@@ -20,7 +20,6 @@ a lost lighthouse's error (and the step it stopped at) goes to ``OUT.error``.
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
 import sys
@@ -106,14 +105,6 @@ def replay(
     return net.state_dict()
 
 
-def _wait_for(gate: Path, timeout: float = 90) -> None:
-    deadline = time.monotonic() + timeout
-    while not gate.exists():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{gate} did not appear within {timeout} s")
-        time.sleep(0.01)
-
-
 def _arguments(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     for name in ("group", "groups"):
@@ -122,8 +113,7 @@ def _arguments(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("steps", type=int)
     parser.add_argument("out")
     parser.add_argument("seed", type=int)
-    parser.add_argument("--gate", type=Path)
-    parser.add_argument("--gate-after", type=int, default=-1)
+    parser.add_argument("--pause", type=float, default=PAUSE, help="seconds to wait after each step")
     parser.add_argument("--timeout", type=float, default=20.0, help="FaultToleranceConfig(timeout=...)")
     parser.add_argument("--project", help="save the state after every step there; resume from it at start")
     return parser.parse_args(argv)
@@ -150,11 +140,6 @@ def main(argv: list[str]) -> None:
     optimizer = torch.optim.SGD(net.parameters(), lr=LR, momentum=MOMENTUM)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=GAMMA)
     loader = DataLoader(torch.arange(BATCH * epoch_batches(args.groups, args.steps)), batch_size=BATCH)
-    # What prepare() imports on first use (about 1.5 s here), so that it joins right after the ready file.
-    for module in ("lockstep.data.prepare", "torch._dynamo"):
-        importlib.import_module(module)
-
-    Path(f"{out}.ready").touch()
     net, optimizer, loader, scheduler = accelerator.prepare(net, optimizer, loader, scheduler)
     backend = accelerator.backend
     resumed = accelerator.resume_from_latest_checkpoint() if args.project else None
@@ -200,7 +185,7 @@ def train_step(
 
 def _train(accelerator: Any, net: nn.Module, optimizer: Any, scheduler: Any, loader: Any, args: Any) -> int:
     """The loop until torchft's step count reaches ``args.steps`` (over epochs); returns the iterations run."""
-    backend, gate = accelerator.backend, args.gate
+    backend = accelerator.backend
     iterations, batches = 0, iter(loader)
     while (step := backend.committed_steps) < args.steps:
         ids = next(batches, None)
@@ -213,9 +198,7 @@ def _train(accelerator: Any, net: nn.Module, optimizer: Any, scheduler: Any, loa
         if args.project and line["committed"]:  # one step, one quorum: the same state on every group
             accelerator.save_state()
         iterations += 1
-        time.sleep(PAUSE)  # leaves the test time to kill a group between two steps
-        if gate is not None and step == args.gate_after:
-            _wait_for(gate)
+        time.sleep(args.pause)  # leaves a test time to act between two steps (lose the lighthouse)
     return iterations
 
 

@@ -47,10 +47,7 @@ class LiveTrainingState:
         return {"dataloaders": [dl.state_dict() for dl in self._loaders()]}
 
     def load_positions(self, state: dict[str, Any]) -> None:
-        loaders = self._loaders()
-        _check_same("prepared dataloaders", len(state["dataloaders"]), len(loaders))
-        for loader, position in zip(loaders, state["dataloaders"], strict=True):
-            loader.load_state_dict(position)
+        self._load_in_order("dataloaders", "prepared dataloaders", self._loaders(), state["dataloaders"])
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -62,18 +59,30 @@ class LiveTrainingState:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         _load_each("prepared schedulers", self.prepared.schedulers, state["schedulers"])
-        _load_each("objects registered for checkpointing", self.prepared.custom, state["custom"])
+        self._load_in_order(
+            "custom", "objects registered for checkpointing", self.prepared.custom, state["custom"]
+        )
         if self.scaler is not None and state["scaler"] is not None:
             self.scaler.load_state_dict(state["scaler"])
         self.accumulation.step = int(state["step"])
+
+    def _load_in_order(self, kind: str, what: str, targets: Sequence[Any], states: Sequence[Any]) -> None:
+        """Load ``states`` into ``targets`` in order; states beyond this process's objects wait for the ones it
+        adds later (a Trainer registers its state after ``prepare``, where a returning group heals)."""
+        if len(states) < len(targets):
+            _check_same(what, len(states), len(targets))
+        for target, state in zip(targets, states, strict=False):
+            target.load_state_dict(state)
+        self.prepared.awaiting[kind] = list(states[len(targets) :])
 
 
 def _check_same(what: str, peer: int, here: int) -> None:
     if peer != here:
         raise ValueError(
             f"This replica group healed from a live peer that has {peer} {what}, and it has {here} when it "
-            "joined: every group must prepare the same objects, and prepare its dataloaders and schedulers in "
-            "the same prepare() call as its optimizer (a group joins the running job when that call returns)."
+            "joined: every group must prepare and register the same objects in the same order, and prepare its "
+            "training dataloaders and schedulers in the prepare() call of its optimizer or before it (a group "
+            "joins the running job when that call returns; objects registered later take the peer's state then)."
         )
 
 

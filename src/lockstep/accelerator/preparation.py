@@ -237,7 +237,7 @@ class Preparer:
         if assignment is not None:  # fault tolerance: each step's batches over that step's replicas
             device = self.state.device if self._placement(device_placement) else None
             prepared = assignment.prepare_data_loader(data_loader, device=device, config=config)
-            self.prepared.dataloaders.append(prepared)
+            self.prepared.add_dataloader(prepared)
             return prepared
         shard = self.backend.data_shard()
         if shard.count != self.state.num_processes and _dispatches(
@@ -263,6 +263,6 @@ class Preparer:
             non_blocking=config.non_blocking,
             use_stateful_dataloader=config.use_stateful_dataloader,
         )
-        self.prepared.dataloaders.append(prepared)
+        self.prepared.add_dataloader(prepared)
         self.watch(prepared)
         return prepared

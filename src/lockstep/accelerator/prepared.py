@@ -25,6 +25,10 @@ class PreparedObjects:
     dataloaders: list[Any] = field(default_factory=list)
     custom: list[Any] = field(default_factory=list)
     """Objects with ``state_dict``/``load_state_dict`` saved and loaded with the training state."""
+    awaiting: dict[str, list[Any]] = field(default_factory=dict)
+    """States that a live peer sent (a fault-tolerant heal) for dataloaders and registered objects this
+    process had not prepared or registered yet, by list (``dataloaders``, ``custom``): the next ones added
+    take them, in order."""
 
     def has_model(self, model: nn.Module) -> bool:
         return any(model is prepared for prepared in self.models)
@@ -58,7 +62,18 @@ class PreparedObjects:
                 "each object through its state_dict() and load_state_dict(): wrap these in a class that provides "
                 "both (a model or optimizer passed to prepare() is saved without registering it)."
             )
-        self.custom.extend(objects)
+        for obj in objects:
+            self._add("custom", obj)
+
+    def add_dataloader(self, dataloader: Any) -> None:
+        """Add a prepared dataloader."""
+        self._add("dataloaders", dataloader)
+
+    def _add(self, kind: str, obj: Any) -> None:
+        getattr(self, kind).append(obj)
+        waiting = self.awaiting.get(kind)
+        if waiting:  # a live peer's state, received before this process added the object
+            obj.load_state_dict(waiting.pop(0))
 
     def forget_prepared(self) -> None:
         """Drop the references to prepared objects (registered objects stay registered)."""

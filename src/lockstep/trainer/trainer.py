@@ -450,6 +450,10 @@ class Trainer:
         tokens = torch.zeros((), dtype=torch.int64, device=accelerator.device)
         _, replicas = _process_setup.data_parallel_share(accelerator)
         steps = self.args.gradient_accumulation_steps
+        if hasattr(
+            self._train_loader, "set_epoch"
+        ):  # as transformers does; a healed replica group meets here
+            self._train_loader.set_epoch(epoch)
         for micro_batch in self._step.micro_batches(self._train_loader, steps):
             batch = micro_batch.batch
             if micro == 0:

@@ -48,7 +48,11 @@ def _options(*, full: bool, broadcast: bool = False) -> Any:
 
 
 def _inner(optimizer: Any) -> torch.optim.Optimizer:
-    return getattr(optimizer, "optimizer", optimizer)
+    """The torch optimizer under the wrappers (the prepared optimizer, a fault-tolerant group's quorum step):
+    torch's state-dict helpers may step it once to create its state, which must not be a training step."""
+    while hasattr(optimizer, "optimizer"):
+        optimizer = optimizer.optimizer
+    return optimizer
 
 
 def _model(model: nn.Module) -> nn.Module:

@@ -40,6 +40,7 @@ from lockstep.backends.base import Backend, DataShard
 from lockstep.backends.capabilities import LiveRecovery, StepDataAssignment
 from lockstep.backends.ft.config import FaultToleranceConfig
 from lockstep.backends.ft.data import GroupReading, StepBatches, quorum_loader
+from lockstep.backends.ft.job_start import JobStart
 from lockstep.backends.ft.manager import shut_down, start_manager
 from lockstep.backends.ft.optimizer import QuorumOptimizer, average_gradients
 from lockstep.errors import ReplicaQuorumError
@@ -70,6 +71,14 @@ class FaultTolerantBackend(Backend, LiveRecovery, StepDataAssignment):
         self.config = config
         self.manager = start_manager(config, config.lighthouse_address(), state)
         self._finalizer = weakref.finalize(self, shut_down, self.manager)
+        self._job_start: JobStart | None = JobStart(
+            group=config.replica_group,
+            groups=config.num_replica_groups,
+            address=config.lighthouse_address(),
+            timeout=config.timeout,
+            process=state.process_index,
+            processes=state.num_processes,
+        )
         self._quorum_started = False
         self._averaged = False
         self._models = 0
@@ -267,7 +276,7 @@ class FaultTolerantBackend(Backend, LiveRecovery, StepDataAssignment):
         return self._at_step_end[key] if key in self._at_step_end else self._step_end[key]()
 
     def join(self) -> None:
-        self._start_quorum()
+        self._start_quorum(training=False)
 
     def saved_progress(self) -> dict[str, int]:
         return {key: int(value) for key, value in self.manager.state_dict().items()}
@@ -295,12 +304,38 @@ class FaultTolerantBackend(Backend, LiveRecovery, StepDataAssignment):
             peer["step"],
         )
 
-    def _start_quorum(self) -> None:
+    def _start_quorum(self, *, training: bool = True) -> None:
+        """Join this step's quorum (healing first when behind); a group that starts at step 0 follows the
+        job's start rules (:mod:`lockstep.backends.ft.job_start`), so that the job keeps one history.
+        ``training=False``: the quorum ``prepare`` joins (see :meth:`JobStart.may_train`)."""
         if self._quorum_started:
             return
+        start = self._job_start
+        if start is not None and self.manager.current_step() == 0:
+            if start.history_step is None:
+                start.wait_for_groups()
+            if not start.may_ask(training=training):  # prepare's quorum, with nothing to heal from yet
+                return
+        if not self._request_quorum(start, training):
+            return
+        while start is not None and not (verdict := start.may_train(self.manager, training=training)):
+            if verdict is None or not self._request_quorum(start, training):
+                return  # prepare's quorum: only groups at step 0 (or none) while the job has a history
+        if self.manager.current_step() > 0:  # it stands in the job's history: the start rules are done
+            self._job_start = None
+        self._quorum_started = True
+
+    def _request_quorum(self, start: JobStart | None = None, training: bool = True) -> bool:
+        """Ask for this step's quorum; False when a group at step 0 got none because the job's history has no
+        live group left, in ``prepare`` (a training step ends the process then: :meth:`JobStart.no_quorum`)."""
         try:
-            self.manager.start_quorum()
+            with contextlib.ExitStack() as receiving:  # a heal here loads the loaders' positions from a peer
+                for loader in self._loaders:
+                    receiving.enter_context(loader.receiving_from_peer())
+                self.manager.start_quorum()
         except Exception as error:  # torchft raises its RPC's TimeoutError or RuntimeError
+            if start is not None and self.manager.current_step() == 0 and start.no_quorum(training=training):
+                return False
             config = self.config
             raise ReplicaQuorumError(
                 f"Replica group {config.replica_group} got no quorum from the torchft lighthouse at "
@@ -309,7 +344,7 @@ class FaultTolerantBackend(Backend, LiveRecovery, StepDataAssignment):
                 "groups are alive. Restart the lighthouse, then the groups (each resumes with "
                 "accelerator.resume_from_latest_checkpoint()); or raise FaultToleranceConfig(timeout=...)."
             ) from error
-        self._quorum_started = True
+        return True
 
     def clip_grad_norm_(
         self, parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float = 2.0

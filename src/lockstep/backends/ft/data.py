@@ -14,6 +14,14 @@ The last step of an epoch can have fewer global batches left than participants: 
 one from the epoch's start (``padded`` in its draw record), as ``even_batches`` repeats samples across
 processes, so that every participant has a batch and none ends its epoch alone.
 
+The loop that reads the loader has an epoch of its own: ``set_epoch(e)`` names it, else each iteration
+counts one from where the first began. A group that heals from a live peer takes the peer's epoch and
+position, usually far ahead of its own loop (a relaunched group's loop starts at epoch 0 while the job is in
+epoch 112). So an iteration of a loop epoch that the job's history has passed reads nothing, with a warning,
+and the loop epoch that meets the history continues from the healed position: the ordinary loop
+``for epoch in range(num_epochs): [train_dl.set_epoch(epoch)]; for batch in train_dl: ...`` trains, on a
+healed group, exactly the batches its peers still train, and ends with them.
+
 An *evaluation pass* is an iteration that starts while every prepared model is in eval mode
 (``model.eval()``): no step of it is trained, so it is not dealt over a quorum. Each group reads the whole
 epoch, dealt over its own processes as a loader without fault tolerance deals it (``even_batches``, with
@@ -23,6 +31,7 @@ meanwhile takes nothing from the others' metrics. The pass leaves the loader's p
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -76,8 +85,10 @@ class StepBatches:
 
     Attributes:
         groups: the replica groups the job starts with.
-        epoch: the epoch read now (or next).
+        epoch: the epoch read now (or next): the job's history, the same on every group.
         consumed: global batches of that epoch consumed by committed steps.
+        loop_epoch: the epoch of the loop that reads this loader (``set_epoch``, else counted per iteration;
+            None before the first): an iteration with ``loop_epoch < epoch`` reads nothing.
         last: the last draw: ``epoch``, ``consumed``, ``participants``, ``rank``, ``batch`` (its global
             index), ``ids``, ``padded`` (a repeat from the epoch's start); None before the first.
         evaluation_pass: an evaluation pass is being read.
@@ -103,8 +114,11 @@ class StepBatches:
         self.rank = 0
         self.end = False
         self.last: dict[str, Any] | None = None
+        self.loop_epoch: int | None = None
         self._order: tuple[int, Sequence[Sequence[int]]] | None = None
         self._broken = False
+        self._from_peer = False
+        self._skips_reported = -1
 
     def _global(self) -> Sequence[Sequence[int]]:
         """The epoch's global batches (drawn once per epoch, seeded by the epoch)."""
@@ -132,6 +146,11 @@ class StepBatches:
         if self.reading.evaluating():
             yield from self._evaluation_pass()
             return
+        if self.loop_epoch is None:
+            self.loop_epoch = self.epoch
+        if self.loop_epoch < self.epoch:  # the history passed this loop epoch (a healed group)
+            self._skip_loop_epoch()
+            return
         if (
             self._broken
         ):  # an earlier iteration was broken off: a new one starts the epoch, as a DataLoader does
@@ -143,8 +162,39 @@ class StepBatches:
             yield ids
         self._broken = False
         self.epoch, self.consumed, self.drawn, self._order = self.epoch + 1, 0, 0, None
+        self.loop_epoch += 1
         if read and self._steps_ended == 0:
             self._warn_unstepped_pass()
+
+    def set_loop_epoch(self, epoch: int) -> None:
+        """The loop reads epoch ``epoch`` next (``set_epoch``): ahead of the history, the history jumps there
+        (from its start); at the history's epoch, it continues where the history stands (a resumed or healed
+        position); behind it, the iteration reads nothing."""
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise ValueError(f"set_epoch({epoch!r}) is invalid: pass the loop's epoch, an int >= 0.")
+        self.loop_epoch = epoch
+        if epoch > self.epoch:
+            self.epoch, self.consumed, self.drawn, self._broken = epoch, 0, 0, False
+
+    def _skip_loop_epoch(self) -> None:
+        assert self.loop_epoch is not None
+        if self._skips_reported != self.epoch:  # once per heal, not once per skipped epoch
+            self._skips_reported = self.epoch
+            passed = (
+                f"{self.loop_epoch}"
+                if self.loop_epoch == self.epoch - 1
+                else f"{self.loop_epoch}-{self.epoch - 1}"
+            )
+            logger.warning(
+                "this replica group stands at epoch %d of the job (it healed from a live peer) while the loop "
+                "reading this loader is at epoch %d: the others trained epochs %s already, so the loop's "
+                "iterations for them read nothing here, and its epoch %d continues where the job stands",
+                self.epoch,
+                self.loop_epoch,
+                passed,
+                self.epoch,
+            )
+        self.loop_epoch += 1
 
     def _evaluation_pass(self) -> Iterator[list[int]]:
         """The whole epoch, dealt over this group's processes (see the module doc)."""
@@ -204,8 +254,25 @@ class StepBatches:
         return {"epoch": self.epoch, "global_batches": self.consumed}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """The position of a checkpoint (the loop resumes with it), or, while :meth:`receiving_from_peer`,
+        of a live peer (the loop keeps its own epoch; one that has not begun counts from this group's epoch
+        before the heal)."""
+        if self._from_peer:
+            if self.loop_epoch is None:
+                self.loop_epoch = self.epoch
+        else:
+            self.loop_epoch = None
         self.epoch, self.consumed, self.drawn = int(state["epoch"]), int(state["global_batches"]), 0
         self._broken = False  # the next iteration continues from there
+
+    @contextlib.contextmanager
+    def receiving_from_peer(self) -> Iterator[None]:
+        """While inside, a loaded position is a live peer's (a heal), not a checkpoint's."""
+        self._from_peer = True
+        try:
+            yield
+        finally:
+            self._from_peer = False
 
 
 @final
@@ -250,8 +317,10 @@ class QuorumDataLoader(DataLoader):
             self.gradient_state._remove_dataloader(self)
 
     def set_epoch(self, epoch: int) -> None:
-        """Read epoch ``epoch`` next, from its start."""
-        self.steps.epoch, self.steps.consumed, self.steps.drawn = epoch, 0, 0
+        """The loop reads epoch ``epoch`` next: an epoch ahead of the job's history starts there; the
+        history's own epoch continues where it stands (after a resume or a heal); an epoch the history passed
+        reads nothing (:meth:`StepBatches.set_loop_epoch`)."""
+        self.steps.set_loop_epoch(epoch)
 
     @property
     def iteration(self) -> int:
