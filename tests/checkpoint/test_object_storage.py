@@ -1,7 +1,8 @@
 """Checkpoints on object storage: memory:// units, and a real S3 API on loopback (moto in server mode).
 
-Save, rotate and resume bitwise (2 gloo processes); a writer killed mid-upload leaves the previous checkpoint
-the newest valid one; a dead endpoint, a missing bucket or missing credentials fail before training, fast.
+Save, rotate and resume bitwise (2 gloo processes); a writer killed mid-upload (rank 0 alone, or rank 1 of 2
+while rank 0 lives on) leaves the previous checkpoint the newest valid one; a dead endpoint, a missing bucket
+or missing credentials fail before training, fast.
 """
 
 import contextlib
@@ -346,6 +347,56 @@ def test_a_writer_killed_mid_upload_leaves_the_previous_checkpoint(s3_endpoint, 
         "optimizer.bin",
         "random_states_0.pkl",
     ]
+
+
+@pytest.mark.distributed
+def test_a_rank_killed_inside_its_upload_leaves_no_manifest_however_long_rank_0_lives(s3_endpoint, s3_url):
+    """tests/scripts/upload_and_die_on_rank_1.py: 2 processes, rank 1 SIGKILLed inside the upload of a
+    background save before any of its files arrived; rank 0 lives on and looks for the markers after rank 1
+    died. Rank 1 wrote no done marker (it writes it only once its files are uploaded), so rank 0 never
+    writes the manifest and checkpoint_0 stays the newest valid one."""
+    port = free_port()
+    script = str(SCRIPTS / "upload_and_die_on_rank_1.py")
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, script, s3_url],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=REPO,
+            env=cli_env(
+                **s3_endpoint,
+                RANK=str(rank),
+                LOCAL_RANK=str(rank),
+                WORLD_SIZE="2",
+                LOCAL_WORLD_SIZE="2",
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=str(port),
+                OMP_NUM_THREADS="1",
+            ),
+        )
+        for rank in range(2)
+    ]
+    (out0, err0), (_, err1) = (rank.communicate(timeout=120) for rank in ranks)
+    assert ranks[1].returncode == -9, err1[-3000:]
+    assert ranks[0].returncode == 0, err0[-3000:]
+    root = f"{s3_url}/checkpoints"
+    assert out0.splitlines()[-1] == (
+        "RuntimeError: The previous asynchronous checkpoint save failed: ranks [1] did not finish uploading "
+        f"{root}/checkpoint_1 within 0 s"
+    )
+    assert _names(_s3(), f"{root}/checkpoint_1") == [  # rank 0's part; nothing of rank 1's, no manifest
+        ".rank_0.done",
+        "accelerator_state.json",
+        "grads_0.safetensors",
+        "model.safetensors",
+        "optimizer.bin",
+        "random_states_0.pkl",
+    ]
+    with pytest.warns(
+        UserWarning, match=rf"Skipped 1 newer.*using {root}/checkpoint_0: .*checkpoint_1 has no manifest"
+    ):
+        assert storage_for(root).newest_valid(root) == f"{root}/checkpoint_0"
 
 
 def test_an_async_save_uploads_in_the_background(s3_url):
