@@ -24,6 +24,9 @@ from torch.utils.data import Dataset
 
 VOCAB, PAD, EOS, LENGTH = 24, 0, 1, 5  # content tokens 2..23
 UNEVEN = 11  # predicted on 2 processes in batches of 4: the last global batch holds 3 examples and filler
+GENERATION_MAX_LENGTH = 6
+"""Shorter than an answer (the decoder start, LENGTH tokens, EOS: 7 columns), so an evaluation that honours it
+generates this many columns (``token_accuracy``'s ``generated_length``) and one that ignores it more."""
 
 SETTINGS = {
     "max_steps": 16,
@@ -35,7 +38,7 @@ SETTINGS = {
     "logging_steps": 8,
     "save_strategy": "no",
     "predict_with_generate": True,
-    "generation_max_length": 9,
+    "generation_max_length": GENERATION_MAX_LENGTH,
     "generation_num_beams": 2,
     "seed": 0,
     "report_to": "none",
@@ -82,11 +85,19 @@ def tiny_t5() -> Any:
 
 
 def token_accuracy(prediction: Any) -> dict[str, float]:
-    """Generated tokens equal to the target's, and whole sequences right (the decoder start token dropped)."""
-    generated = np.asarray(prediction.predictions)[:, 1 : LENGTH + 2]
+    """Generated tokens equal to the target's, and whole sequences right (the decoder start token dropped);
+    ``generated_length``: the columns generated, up to the last one any row holds a token in (the predictions
+    are padded with PAD to 20 columns)."""
+    predictions = np.asarray(prediction.predictions)
+    generated = predictions[:, 1 : LENGTH + 2]
     target = np.asarray(prediction.label_ids)[:, : LENGTH + 1]
     right = generated == target
-    return {"token_accuracy": float(right.mean()), "sequence_accuracy": float(right.all(axis=1).mean())}
+    written = np.flatnonzero((predictions != PAD).any(axis=0))
+    return {
+        "token_accuracy": float(right.mean()),
+        "sequence_accuracy": float(right.all(axis=1).mean()),
+        "generated_length": float(written[-1] + 1 if len(written) else 0),
+    }
 
 
 def train(which: str, output_dir: str, extra: dict[str, Any]) -> dict[str, Any]:

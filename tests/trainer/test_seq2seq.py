@@ -3,9 +3,10 @@ evaluated by generation (beam search) with both, on one and two processes, and w
 
 The runs are ``tests/trainer/seq2seq_parity_run.py`` (both trainers in one interpreter, lockstep first).
 Checked: every evaluation's metrics and loss, the predictions (generated ids) and the final weights equal
-transformers'; on a prediction set that does not fill the last global batch lockstep returns each example
-once and the metrics of a one-process pass over it, where transformers' Seq2SeqTrainer (which gathers with
-``accelerator.gather``) returns the filler rows too; FSDP2 generates what DDP generates.
+transformers'; every evaluation generates ``generation_max_length`` columns (the run's is shorter than an
+answer, so it binds); on a prediction set that does not fill the last global batch lockstep returns each
+example once and the metrics of a one-process pass over it, where transformers' Seq2SeqTrainer (which gathers
+with ``accelerator.gather``) returns the filler rows too; FSDP2 generates what DDP generates.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ pytest.importorskip("transformers")
 
 MODULE = "tests.trainer.seq2seq_parity_run"
 UNEVEN = 11  # seq2seq_parity_run.UNEVEN
+GENERATION_MAX_LENGTH = 6  # seq2seq_parity_run.GENERATION_MAX_LENGTH
 
 
 def _runs(folder: Path, processes: int, extra: str | None = None) -> dict[str, dict]:
@@ -55,6 +57,8 @@ def _largest_difference(a: list[float], b: list[float]) -> float:
 
 def _assert_same_run(ours: dict, theirs: dict, weights: float) -> None:
     assert len(ours["evaluations"]) == len(theirs["evaluations"]) == 2  # eval_steps 8 of 16 steps
+    # generation_max_length (seq2seq_parity_run.GENERATION_MAX_LENGTH) bounds what evaluation generates
+    assert [e["eval_generated_length"] for e in ours["evaluations"]] == [GENERATION_MAX_LENGTH] * 2
     for mine, reference in zip(ours["evaluations"], theirs["evaluations"], strict=True):
         assert mine.keys() == reference.keys()
         for key, value in mine.items():
@@ -105,7 +109,7 @@ def test_zero3_generates_each_example_once_as_a_one_batch_pass(tmp_path):
     run also passed.)"""
     pytest.importorskip("deepspeed")
     run = _runs(tmp_path, 2, json.dumps({"deepspeed": ZERO3}))["lockstep"]
-    assert len(run["evaluations"]) == 2
+    assert [e["eval_generated_length"] for e in run["evaluations"]] == [GENERATION_MAX_LENGTH] * 2
     assert run["uneven"]["predictions"] == run["by_hand"]["predictions"]
     for key, value in run["uneven"]["metrics"].items():
         assert value == pytest.approx(run["by_hand"]["metrics"][key], abs=1e-6), key
