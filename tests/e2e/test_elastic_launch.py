@@ -1,6 +1,7 @@
 """An elastic job: `lockstep launch --num-machines 1:2` on two launchers over loopback (standing for two
 machines), one of them lost (its launcher and workers killed with SIGKILL mid-run): the survivor's workers
-restart on the smaller world, resume from the newest checkpoint, and the job ends with exit 0."""
+restart on the smaller world, resume from the newest checkpoint, and the job ends with exit 0, its steps
+having read every sample of each epoch once."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import pytest
 
 from tests.helpers.cli import REPO, cli_env, lockstep
 from tests.helpers.multiprocess import free_port
-from tests.helpers.resume import resumed_lines
+from tests.helpers.resume import assert_each_sample_once_per_epoch, resumed_lines, trained_ids
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
@@ -86,6 +87,9 @@ def test_a_lost_machine_leaves_the_survivor_training_alone_to_the_end(tmp_path):
     last = resumed_lines(stdout)[-1]
     assert last.attempt == worlds[-1][0] and last.step >= 6 and last.folder != "None", stdout[-3000:]
     assert int(progress.read_text()) == STEPS
+    steps = trained_ids(tmp_path / "run", 64)  # each attempt's steps up to where the next one resumed
+    assert len(steps) == STEPS
+    assert_each_sample_once_per_epoch(steps, 64)  # each attempt resumed at the sample after its checkpoint
 
 
 def test_bad_machine_ranges_are_refused_before_any_process_starts():

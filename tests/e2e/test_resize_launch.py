@@ -7,7 +7,9 @@ by torch.distributed.checkpoint.
 What the conversion restores (master weights and Adam moments bit-equal, the next steps within 1e-6 of an
 unresized continuation) is checked in tests/backends/test_deepspeed_resize.py, and every sample once with
 the weights of a replay in tests/data/test_resize_resume.py; this test checks the path a user takes: the
-launcher, a killed job's leftovers, `resume_from_latest_checkpoint()`, the restart line.
+launcher, a killed job's leftovers, `resume_from_latest_checkpoint()`, the restart line, and that the steps
+the weights were trained on read every sample of an epoch once (the resumed job continues the epoch where the
+checkpoint left it, on its new number of processes).
 """
 
 from __future__ import annotations
@@ -16,7 +18,13 @@ import pytest
 
 from tests.helpers.cli import SCRIPTS, lockstep
 from tests.helpers.optional import requires
-from tests.helpers.resume import draw_step, last_checkpoint_before, resumed_lines
+from tests.helpers.resume import (
+    assert_each_sample_once_per_epoch,
+    draw_step,
+    last_checkpoint_before,
+    resumed_lines,
+    trained_ids,
+)
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
@@ -58,4 +66,7 @@ def test_a_sharded_job_killed_on_three_processes_continues_on_two(tmp_path, layo
     samples = f"epoch {saved // per_epoch}, {12 * (saved % per_epoch)} of 64 samples of the epoch consumed"
     assert line in second.stderr and samples in second.stderr, (drawn, second.stderr[-3000:])
     assert int((project / "progress").read_text()) == STEPS
+    steps = trained_ids(project, 64)  # the killed job's steps up to the checkpoint, then the resumed job's
+    assert len(steps) == STEPS, drawn
+    assert_each_sample_once_per_epoch(steps, 64)  # resumed at the sample after the checkpoint's last
     assert not list((project / "checkpoints").glob("*.universal"))  # the conversion was deleted

@@ -77,6 +77,52 @@ def preempt(launch: list[str], script: str, project: Path, stop_after: int) -> t
     return int(progress.read_text()), str(project / "checkpoints" / latest), stdout
 
 
+def trained_ids(project: Path, samples: int) -> list[list[int]]:
+    """Each step's sample ids (every process's, padding left out) that the job's weights were trained on, from
+    the ``ids.jsonl`` lines tests/scripts/resumable_train.py appends, attempt after attempt: a resumed
+    attempt's first line (step ``s``) replaces what the attempt before logged from step ``s`` on.
+
+    Checks on the way that an attempt resumed mid-epoch reads the rest of that epoch, in order, as the attempt
+    before read it after the same checkpoint: the epoch's order is the same on any number of processes, only
+    its cut into steps differs. (The next epoch is drawn anew: on one process from torch's global generator,
+    as a plain DataLoader does, whose state depends on the steps taken.)
+
+    Args:
+        project: the script's PROJECT_DIR.
+        samples: the samples of an epoch.
+    """
+    steps: list[list[int]] = []
+    redone: list[int] = []  # the rest of the epoch, as the attempt before read it after the checkpoint
+    for number, line in enumerate((project / "ids.jsonl").read_text().splitlines()):
+        record = json.loads(line)
+        step, ids = record["step"], record["ids"]
+        assert step - 1 <= len(steps), f"line {number}: step {step} logged after step {len(steps)}"
+        if step - 1 < len(steps):  # a new attempt, resumed after step - 1
+            rest = -sum(len(earlier) for earlier in steps[: step - 1]) % samples
+            redone = [i for earlier in steps[step - 1 :] for i in earlier][:rest]
+            del steps[step - 1 :]
+        again, redone = redone[: len(ids)], redone[len(ids) :]
+        assert ids[: len(again)] == again, (
+            f"line {number}: step {step} read {ids}, where the attempt before read {again} after the same "
+            "checkpoint"
+        )
+        steps.append(ids)
+    return steps
+
+
+def assert_each_sample_once_per_epoch(steps: list[list[int]], samples: int) -> None:
+    """Every epoch of ``samples`` ids (the steps' ids, in order) holds each sample once; the last epoch, cut
+    short by the end of training, holds distinct ones."""
+    ids = [i for step in steps for i in step]
+    for start in range(0, len(ids), samples):
+        epoch = ids[start : start + samples]
+        where = f"epoch {start // samples} (ids {start} to {start + len(epoch) - 1} of {len(ids)})"
+        if len(epoch) == samples:
+            assert sorted(epoch) == list(range(samples)), f"{where}: {epoch}"
+        else:
+            assert len(set(epoch)) == len(epoch), f"{where} repeats samples: {epoch}"
+
+
 def checkpoint_folder(project: Path, index: int) -> str:
     return str(project / "checkpoints" / f"checkpoint_{index}")
 

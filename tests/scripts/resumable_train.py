@@ -2,8 +2,10 @@
 
 Usage: resumable_train.py PROJECT_DIR [--steps N] [--save-every K] [--die-at STEP] [--step-delay S] [--seed S]
     [--optimizer sgd|adamw]
-Rank 0 writes PROJECT_DIR/progress (the number of finished steps) after every step and, at the end,
-prints `PARAMS [...]`. With --die-at, rank 1 kills itself with SIGKILL at that step on the first attempt.
+Rank 0 writes PROJECT_DIR/progress (the number of finished steps) after every step, appends the step's
+sample ids (every process's, without the even_batches padding) to PROJECT_DIR/ids.jsonl as
+`{"step": N, "ids": [...]}` (read by tests.helpers.resume.trained_ids) and, at the end, prints `PARAMS [...]`.
+With --die-at, rank 1 kills itself with SIGKILL at that step on the first attempt.
 Attempt k of an elastic job seeds torch with S + k (S defaults to 0): a restarted attempt starts from other
 weights, dropout masks and data order, so only a real resume reaches the weights of an uninterrupted run.
 """
@@ -52,7 +54,10 @@ accelerator = Accelerator(
     )
 )
 generator = torch.Generator().manual_seed(1)
-data = TensorDataset(torch.randn(64, 6, generator=generator), torch.randn(64, 1, generator=generator))
+samples = torch.arange(64)  # each sample's id, logged per step
+data = TensorDataset(
+    samples, torch.randn(64, 6, generator=generator), torch.randn(64, 1, generator=generator)
+)
 model = nn.Sequential(nn.Linear(6, 16), nn.Dropout(0.1), nn.Tanh(), nn.Linear(16, 1))
 if args.optimizer == "adamw":
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
@@ -71,15 +76,18 @@ zero = f" zero {plugin.zero_stage}" if plugin is not None else ""
 accelerator.print(f"attempt {attempt} distributed {accelerator.distributed_type.value}{zero}")
 
 while progress.done < args.steps:
-    for x, y in train_dl:
+    for ids, x, y in train_dl:
         loss = nn.functional.mse_loss(model(x), y)
         accelerator.backward(loss)
         optimizer.step()
         optimizer.zero_grad()
         progress.done += 1
+        trained = accelerator.gather_for_metrics(ids).tolist()  # every rank: a collective
         time.sleep(args.step_delay)
         if accelerator.is_main_process:
             (Path(args.project_dir) / "progress").write_text(str(progress.done))
+            with open(Path(args.project_dir) / "ids.jsonl", "a") as log:  # one write(): whole lines
+                log.write(json.dumps({"step": progress.done, "ids": trained}) + "\n")
         if progress.done == args.die_at and accelerator.process_index == 1 and attempt == 0:
             os.kill(os.getpid(), signal.SIGKILL)
         if accelerator.should_stop:  # preemption: every rank stops at the same step
