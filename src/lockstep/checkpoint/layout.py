@@ -539,10 +539,13 @@ def remove_renamed_away(root: Path) -> None:
         shutil.rmtree(away, ignore_errors=True)
 
 
+_RENAMED_AWAY_NAME = re.compile(r"^\.checkpoint_\d+\.deleting$")
+
+
 def _renamed_away(root: Path) -> list[Path]:
-    prefix, suffix = RENAMED_AWAY.split("{name}")
+    """The checkpoints :func:`rotate` renamed away under ``root`` (none when ``root`` is gone)."""
     try:
-        return sorted(p for p in root.iterdir() if p.name.startswith(prefix) and p.name.endswith(suffix))
+        return sorted(p for p in root.iterdir() if _RENAMED_AWAY_NAME.match(p.name))
     except OSError:
         return []
 
