@@ -41,12 +41,25 @@ def test_a_peer_state_moves_positions_schedulers_and_the_counter() -> None:
 
 
 def test_a_peer_with_other_objects_is_refused_with_the_reason() -> None:
-    peer, _ = _state(loaders=1, schedulers=1)
-    here, _ = _state(loaders=0, schedulers=1)
+    peer, _ = _state(loaders=0, schedulers=1)
+    here, _ = _state(loaders=1, schedulers=1)
     with pytest.raises(
-        ValueError, match=r"healed from a live peer that has 1 prepared dataloaders, and it has 0"
+        ValueError, match=r"healed from a live peer that has 0 prepared dataloaders, and it has 1"
     ):
         here.load_positions(peer.positions())
     here, _ = _state(loaders=1, schedulers=0)
-    with pytest.raises(ValueError, match=r"has 1 prepared schedulers, and it has 0 .* same prepare\(\) call"):
+    with pytest.raises(
+        ValueError,
+        match=r"has 1 prepared schedulers, and it has 0 .* prepare\(\) call of its optimizer or before",
+    ):
         here.load_state_dict(peer.state_dict())
+
+
+def test_a_loader_prepared_after_the_heal_takes_the_peer_s_position_then() -> None:
+    peer, peer_objects = _state(loaders=1, schedulers=0)
+    batches = iter(peer_objects.dataloaders[0])
+    next(batches), next(batches)
+    here, objects = _state(loaders=0, schedulers=0)
+    here.load_positions(peer.positions())  # the heal, before this process prepared its loader
+    objects.add_dataloader(prepare_data_loader(DataLoader(list(range(8)), batch_size=2)))
+    assert [batch.tolist() for batch in objects.dataloaders[0]] == [[4, 5], [6, 7]]

@@ -137,7 +137,8 @@ class CheckpointingView:
         """
         _refuse_model_kwargs("save_state", "save_model_func_kwargs", kwargs)
         checkpoints = self.manager  # built (and its modules imported) before the save is timed
-        output_dir = _main_process_folder(self._state, output_dir, "save_state")
+        each_node = self._project.save_on_each_node
+        output_dir = _main_process_folder(self._state, output_dir, "save_state", each_node=each_node)
         with self._step_timer.checkpoint():
             return checkpoints.save_state(output_dir, safe_serialization, async_save, durable)
 
@@ -156,7 +157,10 @@ class CheckpointingView:
         """Restore a checkpoint written by :meth:`save_state`; prepared dataloaders continue at the next
         unseen batch. Without ``input_dir``, loads the newest valid checkpoint of the project."""
         _refuse_model_kwargs("load_state", "load_kwargs / load_model_func_kwargs", kwargs)
-        self.manager.load_state(_main_process_folder(self._state, input_dir, "load_state"))
+        each_node = self._project.save_on_each_node
+        self.manager.load_state(
+            _main_process_folder(self._state, input_dir, "load_state", each_node=each_node)
+        )
 
     def register_for_checkpointing(self, *objects: Any) -> None:
         """Save and load these objects (anything with ``state_dict``/``load_state_dict``) with the state."""
@@ -198,8 +202,10 @@ class CheckpointingView:
         self.manager.save_model(model, save_directory, max_shard_size, safe_serialization)
 
 
-def _main_process_folder(state: PartialState, folder: Any, method: str) -> Any:
-    """``folder`` as the main process named it, on every rank (one small broadcast; as given on one process).
+def _main_process_folder(state: PartialState, folder: Any, method: str, *, each_node: bool = False) -> Any:
+    """``folder`` as the main process named it, on every rank (one small collective; as given on one process);
+    with ``each_node`` (``ProjectConfiguration(save_on_each_node=True)``: node-local disks, where each node's
+    folder may have another path), as the main process of this node named it.
 
     A checkpoint is one folder: every rank writes its files into the staging folder the main process creates,
     and ``load_state`` reads the folder the main process names. Accelerate lets each process pass a folder of
@@ -209,17 +215,22 @@ def _main_process_folder(state: PartialState, folder: Any, method: str) -> Any:
     """
     if folder is None or not state.use_distributed:
         return folder
-    from lockstep.collectives import broadcast_object_list
+    from lockstep.collectives import broadcast_object_list, gather_object
 
-    named = [os.fspath(folder)]
-    broadcast_object_list(named, from_process=0)
+    if each_node:  # ranks are contiguous per node: this node's main process is its first rank
+        named = [gather_object([os.fspath(folder)])[state.process_index - state.local_process_index]]
+        main = f"the main process of its node (process {state.process_index - state.local_process_index})"
+    else:
+        named = [os.fspath(folder)]
+        broadcast_object_list(named, from_process=0)
+        main = "the main process"
     if named[0] == os.fspath(folder):
         return folder
     warnings.warn(
-        f"{method}({os.fspath(folder)!r}) on process {state.process_index} of {state.num_processes}, where the "
-        f"main process passed {named[0]!r}: a checkpoint is one folder, the main process's (every process "
-        "writes its files there, and load_state reads the folder the main process names), so that one is "
-        "used. Pass every process the same folder.",
+        f"{method}({os.fspath(folder)!r}) on process {state.process_index} of {state.num_processes}, where {main} "
+        f"passed {named[0]!r}: a checkpoint is one folder, the main process's (every process writes its files "
+        "there, and load_state reads the folder the main process names), so that one is used. Pass every "
+        "process the same folder.",
         UserWarning,
         stacklevel=3,
     )

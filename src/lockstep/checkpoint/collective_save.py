@@ -247,7 +247,7 @@ def save_checkpoint(
         )
         return nbytes
     guard.run(f"Saving the checkpoint {final_dir}", work)
-    known = _everyones(state, written)
+    known = _everyones(state, written, writes_shared_files)
     if writer is None or not fsync_in_background:
         guard.run(f"Committing the checkpoint {final_dir}", lambda: committer.commit(None, known))
         return nbytes
@@ -285,13 +285,21 @@ def _snapshots(
     return snapshots
 
 
-def _everyones(state: PartialState, written: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Every rank's manifest entries of the files it wrote (one all-gather of a small dict)."""
+def _everyones(
+    state: PartialState, written: dict[str, dict[str, Any]], writes_shared_files: bool
+) -> dict[str, dict[str, Any]]:
+    """Every rank's manifest entries of the files it wrote (one all-gather of a small dict). When several
+    ranks write the shared files (``save_on_each_node``: a copy on each node's own disk), the entries of this
+    node's ranks only: each node's folder holds its own copy and its own ranks' files."""
     if not state.use_distributed:
         return dict(written)
+    node = state.process_index - state.local_process_index  # ranks are contiguous per node
+    parts = gather_object([(node, writes_shared_files, written)])
+    each_node = sum(1 for _, shared, _ in parts if shared) > 1
     merged: dict[str, dict[str, Any]] = {}
-    for part in gather_object([written]):
-        merged.update(part)
+    for part_node, _, entries in parts:
+        if not each_node or part_node == node:
+            merged.update(entries)
     return merged
 
 
