@@ -33,7 +33,9 @@ from torch.utils.data import DataLoader
 
 LR = 0.5
 MOMENTUM = 0.9
-GAMMA = 0.8
+GAMMA = 0.995
+"""StepLR's factor per scheduler step: the rate still moves the weights after a thousand steps (a heal's
+later steps must count in the comparison with the replay), and a scheduler off by one step shows."""
 MAX_NORM = 0.05
 """Small enough that every step clips: the norm must be that of the averaged gradient."""
 BATCH = 2
