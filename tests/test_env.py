@@ -1,6 +1,6 @@
 import pytest
 
-from lockstep._env import first_slurm_host, launch_settings, read_cluster_environment
+from lockstep._env import launch_settings, read_cluster_environment
 
 
 def test_single_process_without_launcher_variables():
@@ -26,6 +26,7 @@ def test_torchrun_variables():
 
 def test_slurm_variables_derive_master_from_node_list():
     env = {
+        "SLURM_JOB_ID": "4242",
         "SLURM_PROCID": "5",
         "SLURM_LOCALID": "1",
         "SLURM_NTASKS": "8",
@@ -62,13 +63,6 @@ def test_mpi_variables(env, expected):
     cluster = read_cluster_environment(env)
     assert cluster.source == "mpi"
     assert (cluster.rank, cluster.world_size, cluster.local_rank, cluster.local_world_size) == expected
-
-
-@pytest.mark.parametrize(
-    ("nodelist", "host"), [("node1", "node1"), ("a[1-3]", "a1"), ("gpu[007,009]", "gpu007")]
-)
-def test_first_slurm_host(nodelist, host):
-    assert first_slurm_host(nodelist) == host
 
 
 def test_impossible_rank_is_a_clear_error():

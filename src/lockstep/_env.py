@@ -2,18 +2,20 @@
 
 Launchers describe the process topology through environment variables: torchrun / the elastic
 agent (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ...), SLURM (``SLURM_PROCID``, ...) and the MPI
-implementations (``OMPI_COMM_WORLD_*``, ``PMI_*``). :func:`read_cluster_environment` turns whichever
-is present into one :class:`ClusterEnvironment`; nothing else in lockstep looks at these variables.
+implementations (``OMPI_COMM_WORLD_*``, ``PMI_*``). Each is read by its class in :mod:`lockstep.clusters`
+(which ``lockstep launch`` reads too); :func:`read_cluster_environment` asks them and returns one
+:class:`ClusterEnvironment`.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
+
+from lockstep.clusters import ClusterEnvironment, cluster_environments
+from lockstep.clusters.torchrun import RAY_RAYLET_PID
 
 # lockstep's own variables.
 LOCKSTEP_DEBUG = "LOCKSTEP_DEBUG"
@@ -38,159 +40,34 @@ large libraries) once, instead of starting each as a fresh interpreter (``lockst
 FORK_LAUNCHED = "FORK_LAUNCHED"
 """Set to 1 by ``notebook_launcher`` for the processes it forks (Accelerate's variable)."""
 
-# torchrun / torch elastic.
-RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE = "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"
-MASTER_ADDR, MASTER_PORT = "MASTER_ADDR", "MASTER_PORT"
-GROUP_RANK = "GROUP_RANK"
-RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
-
 # Accelerate's device override; Ray Train sets it in each worker to the device it assigned that worker.
 ACCELERATE_TORCH_DEVICE = "ACCELERATE_TORCH_DEVICE"
 
-# Ray: set in every process Ray starts (tasks, actors, Ray Train's workers).
-RAY_RAYLET_PID = "RAY_RAYLET_PID"
-
-# SLURM.
-SLURM_PROCID, SLURM_LOCALID, SLURM_NTASKS = "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS"
-SLURM_NODEID, SLURM_NODELIST = "SLURM_NODEID", "SLURM_JOB_NODELIST"
-SLURM_NTASKS_PER_NODE = "SLURM_NTASKS_PER_NODE"
-
-# Open MPI, then MPICH / Intel MPI (PMI).
-OMPI_RANK, OMPI_SIZE = "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"
-OMPI_LOCAL_RANK, OMPI_LOCAL_SIZE = "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"
-PMI_RANK, PMI_SIZE = "PMI_RANK", "PMI_SIZE"
-MPI_LOCALRANKID, MPI_LOCALNRANKS = "MPI_LOCALRANKID", "MPI_LOCALNRANKS"
-
-DEFAULT_MASTER_ADDR = "127.0.0.1"
-DEFAULT_MASTER_PORT = 29500
-
-
-@dataclass(frozen=True)
-class ClusterEnvironment:
-    """Who this process is, as the launcher that started it described it.
-
-    Attributes:
-        source: which launcher the values came from: ``torchrun``, ``ray`` (Ray Train's TorchTrainer, which
-            publishes torchrun's variables), ``slurm``, ``mpi`` or ``single``.
-        rank: global rank of this process.
-        local_rank: rank of this process on its machine.
-        world_size: number of processes in the job.
-        local_world_size: number of processes on this machine.
-        master_addr: address of the rendezvous host (rank 0).
-        master_port: port of the rendezvous store.
-        restart_count: how many times the elastic agent restarted the workers (0 on the first try).
-    """
-
-    source: str
-    rank: int = 0
-    local_rank: int = 0
-    world_size: int = 1
-    local_world_size: int = 1
-    master_addr: str = DEFAULT_MASTER_ADDR
-    master_port: int = DEFAULT_MASTER_PORT
-    restart_count: int = 0
-
-    @property
-    def uses_env_rendezvous(self) -> bool:
-        """True when torchrun (or Ray Train) already published ``MASTER_ADDR``/``RANK``... for ``env://``."""
-        return self.source in ("torchrun", "ray")
-
-
-def _int(env: Mapping[str, str], name: str, default: int | None = None) -> int:
-    raw = env.get(name)
-    if raw is None or raw == "":
-        if default is None:
-            raise ValueError(f"Environment variable {name} is required here but is not set.")
-        return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise ValueError(
-            f"Environment variable {name}={raw!r} is invalid: it must be an integer. "
-            "Check the launcher that started this process."
-        ) from None
-
-
-def first_slurm_host(nodelist: str) -> str:
-    """The first host of a SLURM node list such as ``gpu[03-05,07],cpu1`` (here ``gpu03``)."""
-    match = re.match(r"([^,\[]+)(\[([^\]]+)\])?", nodelist.strip())
-    if not match:
-        raise ValueError(f"{SLURM_NODELIST}={nodelist!r} is not a SLURM node list.")
-    prefix, _, ranges = match.groups()
-    if not ranges:
-        return prefix
-    first = ranges.split(",")[0].split("-")[0]
-    return f"{prefix}{first}"
-
-
-def _from_torchrun(env: Mapping[str, str]) -> ClusterEnvironment:
-    world_size = _int(env, WORLD_SIZE)
-    return ClusterEnvironment(
-        source="ray" if RAY_RAYLET_PID in env else "torchrun",
-        rank=_int(env, RANK),
-        local_rank=_int(env, LOCAL_RANK, 0),
-        world_size=world_size,
-        local_world_size=_int(env, LOCAL_WORLD_SIZE, world_size),
-        master_addr=env.get(MASTER_ADDR, DEFAULT_MASTER_ADDR),
-        master_port=_int(env, MASTER_PORT, DEFAULT_MASTER_PORT),
-        restart_count=_int(env, RESTART_COUNT, 0),
-    )
-
-
-def _from_slurm(env: Mapping[str, str]) -> ClusterEnvironment:
-    world_size = _int(env, SLURM_NTASKS)
-    per_node_raw = env.get(SLURM_NTASKS_PER_NODE, "")
-    per_node = int(per_node_raw.split("(")[0]) if per_node_raw.split("(")[0].isdigit() else world_size
-    nodelist = env.get(SLURM_NODELIST)
-    return ClusterEnvironment(
-        source="slurm",
-        rank=_int(env, SLURM_PROCID),
-        local_rank=_int(env, SLURM_LOCALID, 0),
-        world_size=world_size,
-        local_world_size=per_node,
-        master_addr=env.get(MASTER_ADDR) or (first_slurm_host(nodelist) if nodelist else DEFAULT_MASTER_ADDR),
-        master_port=_int(env, MASTER_PORT, DEFAULT_MASTER_PORT),
-    )
-
-
-def _from_mpi(env: Mapping[str, str]) -> ClusterEnvironment:
-    if OMPI_RANK in env:
-        rank, world_size = _int(env, OMPI_RANK), _int(env, OMPI_SIZE)
-        local_rank, local_size = _int(env, OMPI_LOCAL_RANK, 0), _int(env, OMPI_LOCAL_SIZE, world_size)
-    else:
-        rank, world_size = _int(env, PMI_RANK), _int(env, PMI_SIZE)
-        local_rank, local_size = _int(env, MPI_LOCALRANKID, 0), _int(env, MPI_LOCALNRANKS, world_size)
-    return ClusterEnvironment(
-        source="mpi",
-        rank=rank,
-        local_rank=local_rank,
-        world_size=world_size,
-        local_world_size=local_size,
-        master_addr=env.get(MASTER_ADDR, DEFAULT_MASTER_ADDR),
-        master_port=_int(env, MASTER_PORT, DEFAULT_MASTER_PORT),
-    )
-
 
 def read_cluster_environment(env: Mapping[str, str] | None = None) -> ClusterEnvironment:
-    """Detect the launcher from the environment and return the topology it describes.
+    """This process's place in the job, from the first registered cluster environment that started it.
 
-    torchrun wins over SLURM (``srun torchrun ...`` sets both), SLURM over MPI. torchrun's variables in a
-    process that Ray started come from Ray Train's TorchTrainer (source ``ray``).
+    The environments (:mod:`lockstep.clusters`, the classes ``lockstep launch`` reads the machines with)
+    are asked in order: Kubeflow's older operator (one process per pod), torchrun (and Ray Train, source
+    ``ray``), MPI, SLURM, then any registered with :func:`lockstep.clusters.register_cluster_environment`
+    at its priority. torchrun wins over SLURM and MPI (``srun torchrun ...`` sets both), MPI over SLURM
+    (``mpirun`` inside a SLURM job). Outside all of them the process is alone (source ``single``).
 
     Args:
         env: the environment to read; ``os.environ`` when omitted.
+
+    Raises:
+        ValueError: a malformed variable (a ``UsageError`` naming it), or a rank outside the world size.
 
     Example:
         >>> read_cluster_environment({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1"}).rank
         1
     """
     env = os.environ if env is None else env
-    if RANK in env and WORLD_SIZE in env:
-        cluster = _from_torchrun(env)
-    elif SLURM_PROCID in env and SLURM_NTASKS in env:
-        cluster = _from_slurm(env)
-    elif OMPI_RANK in env or PMI_RANK in env:
-        cluster = _from_mpi(env)
+    for kind in cluster_environments():
+        cluster = kind(env).process()
+        if cluster is not None:
+            break
     else:
         return ClusterEnvironment(source="single")
     if not 0 <= cluster.rank < cluster.world_size:

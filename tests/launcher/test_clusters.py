@@ -14,9 +14,10 @@ import pytest
 
 from lockstep.cli.launch_flags import add_launch_flags, given_flags
 from lockstep.cli.main import main
+from lockstep.clusters import expand_hostlist
 from lockstep.config.file import ClusterConfig
 from lockstep.errors import UsageError
-from lockstep.launcher.clusters import detect_cluster, expand_hostlist
+from lockstep.launcher.clusters import detect_cluster
 from lockstep.launcher.elastic import prepare_worker_environment
 from lockstep.launcher.settings import LaunchSettings, resolve
 

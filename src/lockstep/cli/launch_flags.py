@@ -29,7 +29,6 @@ from lockstep.config.keys import SettingKey, flag_keys
 from lockstep.config.parallelism_keys import PARALLELISM_KEYS
 from lockstep.config.plugins import DYNAMO_KEYS
 from lockstep.errors import UsageError
-from lockstep.launcher.clusters import CLUSTER_CHOICES
 from lockstep.launcher.settings import machine_count, parse_rdzv_conf
 
 Flag = tuple[tuple[str, ...], dict[str, Any]]
@@ -131,9 +130,10 @@ LAUNCH_FLAGS: list[Flag] = [
     (
         ("--cluster",),
         {
-            "choices": CLUSTER_CHOICES,
+            "metavar": "{auto,none,NAME}",
             "help": "read the job's machines, machine rank, address and port from the cluster's variables: "
-            "auto (default) detects SLURM, Kubeflow, MPI, LSF or PBS; none reads none; a name reads only it",
+            "auto (default) detects SLURM, Kubeflow, MPI, LSF, PBS or a registered environment; none reads none; "
+            "a name (slurm, kubeflow, mpi, lsf, pbs, or a registered one's) reads only it",
         },
     ),
     (

@@ -18,6 +18,7 @@ import sys
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from lockstep.clusters import DetectedCluster
 from lockstep.config.backend_specs import sectioned_specs, spec_for_distributed_type
 from lockstep.config.enums import DistributedType, DynamoBackend, PrecisionType
 from lockstep.config.plugins import dynamo_fields
@@ -28,7 +29,6 @@ from lockstep.config.topology import (
     is_plain,
 )
 from lockstep.errors import UsageError
-from lockstep.launcher.clusters import DetectedCluster
 from lockstep.launcher.clusters.merge import apply_cluster
 
 DEFAULT_SOURCE = "default"

@@ -1,17 +1,10 @@
 """What a cluster tells ``lockstep launch`` about the job: machines, this machine's rank, machine 0's address
 and a port every machine agrees on.
 
-One module per environment, each with ``NAME``, ``detect(environ)`` and ``read(environ, hostname)``:
-:mod:`~lockstep.launcher.clusters.kubeflow` (``PET_*``, and the older operator's ``RANK``/``WORLD_SIZE``
-per pod), :mod:`~lockstep.launcher.clusters.mpi` (Open MPI, MPICH, Intel MPI),
-:mod:`~lockstep.launcher.clusters.slurm`, :mod:`~lockstep.launcher.clusters.lsf` and
-:mod:`~lockstep.launcher.clusters.pbs`. They are asked in that order: the launcher that started this process
-(torchrun's ``PET_*`` defaults, ``mpirun``) before the scheduler that allocated the machines, since
-``mpirun`` inside a SLURM job describes the launchers and SLURM only the allocation.
-
-Every environment describes launchers, one per machine: a scheduler starting one task per *process* is
-refused with the command to use instead. A port not given is derived from the job id
-(``10000 + id % 20000``), so every machine computes the same one.
+The environments are the registered :mod:`lockstep.clusters` classes (the ones the workers read too); this
+module asks their launcher's view (:meth:`~lockstep.clusters.Cluster.machines`), in their order, or only the
+one ``--cluster`` names, and :mod:`~lockstep.launcher.clusters.merge` puts the answer into the launch
+settings.
 
 Example:
     >>> env = {"SLURM_JOB_ID": "731", "SLURM_STEP_ID": "0", "SLURM_NNODES": "2", "SLURM_NODEID": "1",
@@ -24,19 +17,18 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from types import ModuleType
 
+from lockstep.clusters import DetectedCluster, cluster_environments
 from lockstep.errors import UsageError
-from lockstep.launcher.clusters import kubeflow, lsf, mpi, pbs, slurm
-from lockstep.launcher.clusters._base import DetectedCluster
-from lockstep.launcher.clusters.hostlist import expand_hostlist
 
-__all__ = ["CLUSTER_CHOICES", "ENVIRONMENTS", "DetectedCluster", "detect_cluster", "expand_hostlist"]
+__all__ = ["cluster_choices", "detect_cluster"]
 
-ENVIRONMENTS: tuple[ModuleType, ...] = (kubeflow, mpi, slurm, lsf, pbs)
-"""The environments, in the order they are asked."""
-CLUSTER_CHOICES = ("auto", "none", *(module.NAME for module in ENVIRONMENTS))
-"""What ``--cluster`` accepts: detect (``auto``), read none, or read only the one named."""
+
+def cluster_choices() -> tuple[str, ...]:
+    """What ``--cluster`` accepts: detect (``auto``), read none, or read only the registered environment named
+    (those with a launcher's view)."""
+    names = (cluster.name for cluster in cluster_environments() if cluster.describes_machines())
+    return ("auto", "none", *names)
 
 
 def detect_cluster(
@@ -57,18 +49,20 @@ def detect_cluster(
     if choice == "none":
         return None
     if choice != "auto":
-        module = next((m for m in ENVIRONMENTS if m.NAME == choice), None)
-        if module is None:
-            raise UsageError(f"--cluster {choice!r} is invalid: use one of {', '.join(CLUSTER_CHOICES)}.")
-        if not module.detect(environ):
+        kind = next((c for c in cluster_environments() if c.name == choice and c.describes_machines()), None)
+        if kind is None:
+            raise UsageError(f"--cluster {choice!r} is invalid: use one of {', '.join(cluster_choices())}.")
+        cluster = kind(environ, hostname=hostname).machines()
+        if cluster is None:
             raise UsageError(
                 f"--cluster {choice}: this process is not in a {choice} job (its variables are not set). "
                 "Run it inside the job, or drop --cluster to detect the environment."
             )
-        return _checked(module.read(environ, hostname))
-    for module in ENVIRONMENTS:
-        if module.detect(environ):
-            return _checked(module.read(environ, hostname))
+        return _checked(cluster)
+    for kind in cluster_environments():
+        cluster = kind(environ, hostname=hostname).machines()
+        if cluster is not None:
+            return _checked(cluster)
     return None
 
 

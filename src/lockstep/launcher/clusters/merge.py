@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from lockstep.clusters import DetectedCluster
 from lockstep.errors import UsageError
-from lockstep.launcher.clusters._base import DetectedCluster
 
 CLUSTER_FIELDS = (
     ("num_machines", "num_machines", "--num-machines"),

@@ -1,9 +1,10 @@
-"""What every cluster environment hands the launcher, and the small readers they share."""
+"""The small readers every cluster environment shares: a variable as text or a number, the port a job id
+implies, host files and host lists, launchers numbered by a process launcher."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from lockstep.errors import UsageError
@@ -14,60 +15,6 @@ JOB_PORT_SPAN = 20000
 ephemeral range (32768+), so no machine's outgoing connections take it first."""
 MASTER_ADDR, MASTER_PORT = "MASTER_ADDR", "MASTER_PORT"
 """torch's variables: when a job script exports them, they win over what the scheduler implies."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class DetectedCluster:
-    """The job as a scheduler or cluster launcher describes it to the launcher of one machine.
-
-    A value that is None is not known from the environment: the flag (or the launcher's default) decides,
-    or, where ``missing`` has a hint for it, a job of several machines cannot be formed without the flag.
-    """
-
-    name: str
-    """``slurm``, ``kubeflow``, ``lsf``, ``pbs`` or ``mpi``."""
-    title: str
-    """How messages name it: ``SLURM``, ``Kubeflow PyTorchJob``, ``Open MPI`` ..."""
-    num_machines: int
-    """Machines (nodes, pods) taking part, one launcher on each."""
-    machine_rank: int | None = None
-    """Rank of this machine; None where the rendezvous assigns it (c10d) or the environment cannot tell."""
-    main_address: str | None = None
-    """Address of machine 0 (the rendezvous host)."""
-    main_port: int | None = None
-    """Rendezvous port on machine 0, the same on every machine."""
-    processes_per_machine: int | None = None
-    """Workers on each machine, where the environment says it."""
-    cpus_per_machine: int | None = None
-    """Cores this machine gives the job (the workers' threads share them)."""
-    rdzv_backend: str | None = None
-    """``c10d`` where the environment asks for torch's elastic rendezvous."""
-    sources: Mapping[str, str] = field(default_factory=dict)
-    """Where each value came from: field name -> ``VARIABLE=value`` (or the rule that derived it)."""
-    strict: frozenset[str] = frozenset({"num_machines", "machine_rank"})
-    """Fields a flag may not contradict: the job is laid out this way whatever the flag says."""
-    missing: Mapping[str, str] = field(default_factory=dict)
-    """For a value the environment cannot give: what the user can pass instead."""
-
-    def rows(self) -> list[tuple[str, str, str]]:
-        """(field, value, source) of every value known, for ``lockstep env``."""
-        names = (
-            "num_machines",
-            "machine_rank",
-            "main_address",
-            "main_port",
-            "processes_per_machine",
-            "cpus_per_machine",
-            "rdzv_backend",
-        )
-        rows = []
-        for name in names:
-            value = getattr(self, name)
-            if value is not None:
-                rows.append((name, str(value), self.sources.get(name, "")))
-            elif name in self.missing:
-                rows.append((name, "unknown", self.missing[name]))
-        return rows
 
 
 def text(environ: Mapping[str, str], name: str) -> str | None:
@@ -98,7 +45,7 @@ def integer(name: str, value: str, *, minimum: int = 0) -> int:
     if number is None or number < minimum:
         raise UsageError(
             f"{name}={value!r} is invalid: it must be an integer >= {minimum}. It is set by the cluster's "
-            f"launcher; unset it or correct it before running lockstep launch."
+            "scheduler or launcher: correct or unset it, or check how the job was started."
         )
     return number
 

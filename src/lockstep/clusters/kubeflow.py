@@ -15,8 +15,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from lockstep.clusters._variables import MASTER_ADDR, MASTER_PORT, integer, text
+from lockstep.clusters.base import Cluster, ClusterEnvironment, DetectedCluster
 from lockstep.errors import UsageError
-from lockstep.launcher.clusters._base import MASTER_ADDR, MASTER_PORT, DetectedCluster, integer, text
 
 NAME, TITLE, LEGACY_TITLE = "kubeflow", "Kubeflow PyTorchJob", "Kubeflow PyTorchJob (older operator)"
 NNODES, NODE_RANK, NPROC_PER_NODE = "PET_NNODES", "PET_NODE_RANK", "PET_NPROC_PER_NODE"
@@ -29,9 +30,47 @@ TORCHRUN_DEFAULT_ADDR, TORCHRUN_DEFAULT_PORT = "127.0.0.1", 29500
 NPROC_KEYWORDS = ("auto", "gpu", "cpu")
 
 
-def detect(environ: Mapping[str, str]) -> bool:
-    """The operator's ``PET_*`` variables, or the older operator's per-pod ``RANK``/``WORLD_SIZE``."""
-    return _has_pet(environ) or _is_legacy(environ)
+class KubeflowCluster(Cluster):
+    """A Kubeflow PyTorchJob: its pods' launchers (``PET_*``, or the older operator's per-pod variables),
+    and, under the older operator, the one process each pod runs (``python train.py``).
+
+    Example:
+        >>> pod = {"KUBERNETES_SERVICE_HOST": "10.0.0.1", "MASTER_ADDR": "job-master-0", "MASTER_PORT": "23456",
+        ...        "WORLD_SIZE": "3", "RANK": "2"}
+        >>> place = KubeflowCluster(pod).process()
+        >>> place.rank, place.world_size, place.local_rank, place.local_world_size
+        (2, 3, 0, 1)
+    """
+
+    name, title, priority = NAME, TITLE, 10
+
+    def machines(self) -> DetectedCluster | None:
+        """The job the PyTorchJob describes (``hostname`` is unused: pods are numbered by the operator).
+
+        Raises:
+            UsageError: a malformed variable, or an elastic node range.
+        """
+        if _has_pet(self.environ):
+            return _read_pet(self.environ)
+        return _read_legacy(self.environ) if _is_legacy(self.environ) else None
+
+    def process(self) -> ClusterEnvironment | None:
+        """Under the older operator, this pod's one process: its pod's rank among the pods; None otherwise
+        (``PET_*`` are torchrun's defaults: the processes torchrun starts read torchrun's variables).
+
+        Raises:
+            UsageError: a malformed variable.
+        """
+        if not _is_legacy(self.environ):
+            return None
+        pods = _read_legacy(self.environ)
+        return ClusterEnvironment(
+            source=NAME,
+            rank=pods.machine_rank or 0,
+            world_size=pods.num_machines,
+            master_addr=pods.main_address or TORCHRUN_DEFAULT_ADDR,
+            master_port=pods.main_port or TORCHRUN_DEFAULT_PORT,
+        )
 
 
 def _has_pet(environ: Mapping[str, str]) -> bool:
@@ -43,15 +82,6 @@ def _is_legacy(environ: Mapping[str, str]) -> bool:
     torchrun's worker variables: a shell that merely exported them elsewhere is not taken for a job."""
     given = all(text(environ, name) for name in (MASTER_ADDR, WORLD_SIZE, RANK, KUBERNETES))
     return given and not any(name in environ for name in (LOCAL_RANK, ELASTIC_RUN_ID))
-
-
-def read(environ: Mapping[str, str], hostname: str | None = None) -> DetectedCluster:
-    """The job the PyTorchJob describes (``hostname`` is unused: pods are numbered by the operator).
-
-    Raises:
-        UsageError: a malformed variable, or an elastic node range.
-    """
-    return _read_pet(environ) if _has_pet(environ) else _read_legacy(environ)
 
 
 def _read_pet(environ: Mapping[str, str]) -> DetectedCluster:

@@ -13,10 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from lockstep.errors import UsageError
-from lockstep.launcher.clusters._base import (
+from lockstep.clusters._variables import (
     MASTER_ADDR,
-    DetectedCluster,
     LauncherNumbering,
     host_layout,
     main_port,
@@ -25,6 +23,8 @@ from lockstep.launcher.clusters._base import (
     text,
     unique_hosts,
 )
+from lockstep.clusters.base import Cluster, DetectedCluster
+from lockstep.errors import UsageError
 
 NAME, TITLE = "lsf", "LSF"
 JOB_ID, HOSTFILE, RANKFILE = "LSB_JOBID", "LSB_DJOB_HOSTFILE", "LSB_DJOB_RANKFILE"
@@ -38,26 +38,29 @@ JSRUN = LauncherNumbering(
 )
 
 
-def detect(environ: Mapping[str, str]) -> bool:
-    return text(environ, JOB_ID) is not None
+class LsfCluster(Cluster):
+    """An LSF job: its launchers, one per host (LSF's tasks are not read as processes)."""
 
+    name, title, priority = NAME, TITLE, 50
 
-def read(environ: Mapping[str, str], hostname: str | None = None) -> DetectedCluster:
-    """The job LSF describes; ``hostname`` (default: this machine's) places this machine among its hosts.
+    def machines(self) -> DetectedCluster | None:
+        """The job LSF describes; ``hostname`` (default: this machine's) places this machine among its hosts.
 
-    Raises:
-        UsageError: a malformed variable, an unreadable host file, no host list at all, or several
-            launchers on one host under ``jsrun``.
-    """
-    if text(environ, JSRUN.size) is not None:
-        values, sources, missing = _read_jsrun(environ)
-    else:
-        hosts, described = _hosts(environ)
-        values, sources, missing = host_layout(hosts, described, hostname, environ)
-    if values["num_machines"] > 1:
-        port, source = main_port(environ, JOB_ID)
-        values["main_port"], sources["main_port"] = port, source
-    return DetectedCluster(name=NAME, title=TITLE, sources=sources, missing=missing, **values)
+        Raises:
+            UsageError: a malformed variable, an unreadable host file, no host list at all, or several
+                launchers on one host under ``jsrun``.
+        """
+        if text(self.environ, JOB_ID) is None:
+            return None
+        if text(self.environ, JSRUN.size) is not None:
+            values, sources, missing = _read_jsrun(self.environ)
+        else:
+            hosts, described = _hosts(self.environ)
+            values, sources, missing = host_layout(hosts, described, self.hostname, self.environ)
+        if values["num_machines"] > 1:
+            port, source = main_port(self.environ, JOB_ID)
+            values["main_port"], sources["main_port"] = port, source
+        return DetectedCluster(name=NAME, title=TITLE, sources=sources, missing=missing, **values)
 
 
 def _hosts(environ: Mapping[str, str]) -> tuple[list[str], str]:

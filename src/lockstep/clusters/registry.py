@@ -1,0 +1,117 @@
+"""The registered cluster environments, asked in order by the launcher and by every process.
+
+The built-ins register themselves through :func:`register_cluster_environment`, the function user code calls
+too; an installed package adds its own through the ``lockstep.cluster_environments`` entry-point group (each
+entry point names a :class:`~lockstep.clusters.base.Cluster` subclass, or a module that registers on import).
+Entry points are read on first use (the first :func:`cluster_environments` call), not at import.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from lockstep.clusters.base import Cluster
+from lockstep.clusters.kubeflow import KubeflowCluster
+from lockstep.clusters.lsf import LsfCluster
+from lockstep.clusters.mpi import MpiCluster
+from lockstep.clusters.pbs import PbsCluster
+from lockstep.clusters.slurm import SlurmCluster
+from lockstep.clusters.torchrun import TorchElasticCluster
+
+logger = logging.getLogger("lockstep.clusters")
+
+ENTRY_POINT_GROUP = "lockstep.cluster_environments"
+"""The entry-point group an installed package registers its cluster environments under."""
+C = TypeVar("C", bound=type[Cluster])
+_REGISTERED: dict[str, type[Cluster]] = {}
+_discovered = False
+
+
+def register_cluster_environment(cluster: C, *, replace: bool = False) -> C:
+    """Have ``lockstep launch`` and every process read the environment ``cluster`` describes (usable as a
+    class decorator).
+
+    Environments are asked in increasing ``priority`` (the built-ins: Kubeflow 10, torchrun 20, MPI 30,
+    SLURM 40, LSF 50, PBS 60; a class that keeps the default 0 is asked first). The launcher takes the first
+    whose :meth:`~lockstep.clusters.base.Cluster.machines` answers, and ``--cluster NAME`` names one; a
+    process takes the first whose :meth:`~lockstep.clusters.base.Cluster.process` answers.
+
+    Args:
+        cluster: a subclass of :class:`~lockstep.clusters.base.Cluster` with a ``name``.
+        replace: replace an environment registered under the same name (a built-in too).
+
+    Raises:
+        TypeError: ``cluster`` is not a ``Cluster`` subclass.
+        ValueError: its name is empty, ``auto`` or ``none``, or registered already without ``replace``.
+
+    Example:
+        >>> from lockstep.clusters import Cluster, ClusterEnvironment
+        >>> @register_cluster_environment
+        ... class Lab(Cluster):
+        ...     name, title = "lab", "the lab's scheduler"
+        ...     def process(self) -> ClusterEnvironment | None:
+        ...         rank = self.environ.get("LAB_RANK")
+        ...         return None if rank is None else ClusterEnvironment(source="lab", rank=int(rank), world_size=4)
+        >>> from lockstep._env import read_cluster_environment
+        >>> read_cluster_environment({"LAB_RANK": "2"}).rank
+        2
+        >>> unregister_cluster_environment("lab")
+    """
+    if not (isinstance(cluster, type) and issubclass(cluster, Cluster)):
+        shown = getattr(cluster, "__name__", None) or repr(cluster)
+        raise TypeError(
+            f"register_cluster_environment({shown}) is invalid: it takes a subclass of "
+            "lockstep.clusters.Cluster (the class, not an instance)."
+        )
+    name = cluster.name
+    if not isinstance(name, str) or not name or name in ("auto", "none"):
+        raise ValueError(
+            f"register_cluster_environment({cluster.__name__}) is invalid: its name is {name!r}; set the class's "
+            "name to a word of its own (not 'auto' or 'none', which --cluster uses)."
+        )
+    taken = _REGISTERED.get(name)
+    if taken is not None and taken is not cluster and not replace:
+        raise ValueError(
+            f"A cluster environment named {name!r} is registered already ({taken.__module__}.{taken.__qualname__}); "
+            "pick another name, or pass replace=True."
+        )
+    _REGISTERED[name] = cluster
+    return cluster
+
+
+def unregister_cluster_environment(name: str) -> None:
+    """Remove a registered environment (tests, notebooks that redefine one); unknown names are ignored."""
+    _REGISTERED.pop(name, None)
+
+
+def cluster_environments() -> list[type[Cluster]]:
+    """Every registered environment, in the order they are asked (entry points are read on the first call)."""
+    _discover()
+    return sorted(_REGISTERED.values(), key=lambda cluster: (cluster.priority, cluster.name))
+
+
+def _discover() -> None:
+    global _discovered
+    if _discovered:
+        return
+    _discovered = True
+    from importlib.metadata import entry_points
+
+    for entry in _entry_points(entry_points):
+        loaded = entry.load()
+        if isinstance(loaded, type):
+            register_cluster_environment(loaded)
+
+
+def _entry_points(entry_points: Callable[..., Any]) -> list[Any]:
+    try:
+        return list(entry_points(group=ENTRY_POINT_GROUP))
+    except Exception as error:  # a broken installed distribution must not stop lockstep
+        logger.warning("Could not read the %s entry points: %s", ENTRY_POINT_GROUP, error)
+        return []
+
+
+for _built_in in (KubeflowCluster, TorchElasticCluster, MpiCluster, SlurmCluster, LsfCluster, PbsCluster):
+    register_cluster_environment(_built_in)
