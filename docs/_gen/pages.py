@@ -207,30 +207,36 @@ def environment_variables() -> dict[str, str]:
 
 
 def cluster_variables() -> dict[str, list[str]]:
-    """Scheduler -> the environment variables its detector in lockstep/launcher/clusters/ reads."""
+    """Environment -> the environment variables its class in lockstep/clusters/ names (module-level
+    constants); the rendezvous variables every environment honours come from ``_variables.py``."""
     result: dict[str, list[str]] = {}
-    for path in sorted((PACKAGE / "launcher" / "clusters").glob("[a-z]*.py")):
+    for path in sorted((PACKAGE / "clusters").glob("*.py")):
         tree = ast.parse(path.read_text())
+        assigns = [node for node in tree.body if isinstance(node, ast.Assign)]
+        named = [
+            node
+            for node in assigns
+            if not {getattr(t, "id", "") for t in ast.walk(node.targets[0])} & {"NAME", "TITLE", "__all__"}
+        ]
         names = sorted(
             {
-                node.value
-                for node in ast.walk(tree)
-                if isinstance(node, ast.Constant)
-                and isinstance(node.value, str)
-                and _ENV_NAME.match(node.value)
-                and "_" in node.value
+                constant.value
+                for node in named
+                for constant in ast.walk(node.value)
+                if isinstance(constant, ast.Constant)
+                and isinstance(constant.value, str)
+                and _ENV_NAME.match(constant.value)
             }
         )
         title = next(
             (
                 node.value.elts[1].value
-                for node in tree.body
-                if isinstance(node, ast.Assign)
-                and isinstance(node.value, ast.Tuple)
+                for node in assigns
+                if isinstance(node.value, ast.Tuple)
                 and [getattr(t, "id", "") for t in getattr(node.targets[0], "elts", [])][:2]
                 == ["NAME", "TITLE"]
             ),
-            path.stem,
+            "every environment, when the job script exports them" if path.stem == "_variables" else path.stem,
         )
         if names:
             result[title] = names
@@ -256,12 +262,15 @@ def environment_page() -> str:
     lines += [f"| `{name}` | {_cell(text)} |" for name, text in others.items()]
     lines += [
         "",
-        "## Read to detect a cluster",
+        "## Read by the cluster environments",
         "",
-        "`lockstep launch` alone reads the machines, this machine's rank and machine 0's address from these "
-        "(see [Several machines and clusters](../how-to/clusters.md); `--cluster none` ignores them).",
+        "One class per environment (`lockstep/clusters/`) reads these: `lockstep launch` the machines, this "
+        "machine's rank and machine 0's address; each process its rank, world size and rendezvous when the "
+        "environment started it itself (`srun python train.py`) (see "
+        "[Several machines and clusters](../how-to/clusters.md); `--cluster none` makes `lockstep launch` "
+        "ignore them).",
         "",
-        "| Scheduler | Variables |",
+        "| Environment | Variables |",
         "|---|---|",
     ]
     lines += [
