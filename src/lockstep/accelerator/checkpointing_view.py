@@ -56,9 +56,7 @@ class CheckpointingView:
         self._accumulation = accumulation
         self._step_timer = step_timer
         self._manager: CheckpointManager | None = None
-        from lockstep.checkpoint.storage import is_url
-
-        if is_url(project.project_dir):
+        if not _stays_local(project.project_dir):
             self.manager  # noqa: B018 -- an object store is checked now, before training, not at the first save
 
     @property
@@ -200,6 +198,20 @@ class CheckpointingView:
         into ``model.safetensors`` instead. Every process calls it.
         """
         self.manager.save_model(model, save_directory, max_shard_size, safe_serialization)
+
+
+def _stays_local(project_dir: Any) -> bool:
+    """Whether ``project_dir`` is unset or a folder its storage writes in place: nothing to check before
+    training. A storage that cannot be built is not: the checkpoint manager raises that, on every process
+    together."""
+    if project_dir is None:
+        return True
+    from lockstep.checkpoint.storage import storage_for
+
+    try:
+        return storage_for(project_dir).local
+    except (ImportError, ValueError, OSError):
+        return False
 
 
 def _main_process_folder(state: PartialState, folder: Any, method: str, *, each_node: bool = False) -> Any:

@@ -45,7 +45,7 @@ from lockstep.checkpoint.collective_save import (
     save_checkpoint,
 )
 from lockstep.checkpoint.model_files import save_model_files
-from lockstep.checkpoint.storage import CheckpointStorage, Location, is_url, storage_for
+from lockstep.checkpoint.storage import CheckpointStorage, Location, storage_for, store_key
 from lockstep.checkpoint.training_state import TrainingObjects
 from lockstep.config.project import ProjectConfiguration
 from lockstep.state import PartialState
@@ -111,25 +111,29 @@ class CheckpointManager:
         self.loaded_from: Location | None = None
         """The checkpoint the last ``load_state`` restored."""
         self._storages: dict[str, CheckpointStorage] = {}
-        if is_url(project.project_dir):
-            self._probe(str(project.project_dir))
+        if project.project_dir is not None:
+            self._probe(project.project_dir)
 
     def storage(self, location: Location) -> CheckpointStorage:
         """The storage serving ``location`` (one per URL scheme and bucket, built on first use)."""
-        key = str(location).split("/", 3)[:3] if is_url(location) else ["local"]
-        name = "/".join(key)
-        if name not in self._storages:
-            self._storages[name] = storage_for(location)
-        return self._storages[name]
+        key = store_key(location)
+        if key not in self._storages:
+            self._storages[key] = storage_for(location)
+        return self._storages[key]
 
-    def _probe(self, url: str) -> None:
-        """Every process checks now, before training, that it can write ``url`` (bounded in time)."""
+    def _probe(self, location: Location) -> None:
+        """Every process checks now, before training, that it can write ``location`` (bounded in time),
+        unless its storage is a local folder. A storage that cannot be built (a missing fsspec backend, an
+        unknown scheme) fails here too, on every process together."""
         error: BaseException | None = None
         try:
-            self.storage(url).probe()
+            storage = self.storage(location)
+            if storage.local:  # decided alike on every process: the same location, the same storage
+                return
+            storage.probe()
         except (OSError, ImportError, ValueError) as failure:
             error = failure
-        agree(self.state, error, f"Checking the checkpoint storage {url}")
+        agree(self.state, error, f"Checking the checkpoint storage {os.fspath(location)}")
 
     def add_hook(self, hooks: dict[int, Callable[..., Any]], hook: Callable[..., Any]) -> RemovableHandle:
         handle = RemovableHandle(hooks)
@@ -158,7 +162,7 @@ class CheckpointManager:
                 "save_state() needs output_dir=, or ProjectConfiguration(automatic_checkpoint_naming=True) with a "
                 "project_dir to name checkpoints project_dir/checkpoints/checkpoint_{i}."
             )
-        return (os.fspath(output_dir) if is_url(output_dir) else Path(output_dir)), False
+        return self.storage(output_dir).location(output_dir), False
 
     # -- what -------------------------------------------------------------------------------------
     def _shared_objects(self) -> TrainingObjects:
@@ -328,7 +332,7 @@ class CheckpointManager:
         join_every_writer()
         root = self.automatic_root()
         if input_dir is not None:
-            input_dir = os.fspath(input_dir) if is_url(input_dir) else Path(input_dir)
+            input_dir = self.storage(input_dir).location(input_dir)
         where = input_dir if input_dir is not None else root
         storage = self.storage(where) if where is not None else storage_for(".")
         location, checksums = choose_checkpoint_checksummed_while_read(self.state, input_dir, root, storage)

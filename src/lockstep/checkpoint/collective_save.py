@@ -457,7 +457,7 @@ def _choose(
         if kind in _AGREED_ERRORS:
             raise _AGREED_ERRORS[kind](message)
         raise RuntimeError(f"{kind}: {message}")
-    return Path(choice[0]) if storage.node_local else choice[0]
+    return storage.location(choice[0])
 
 
 def _unreadable(

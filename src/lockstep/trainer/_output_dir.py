@@ -2,7 +2,8 @@
 the model card), where ``output_dir`` may be an fsspec URL (``s3://bucket/run``).
 
 Checkpoints go through :mod:`lockstep.checkpoint.storage` (staging, manifest last). These files are not
-checkpoints: on a URL they are written into a temporary local folder, then uploaded under the URL, as
+checkpoints: the storage of ``output_dir`` gives a local folder for them (:meth:`CheckpointStorage.writable
+<lockstep.checkpoint.storage.base.CheckpointStorage.writable>`): on a URL a temporary one, uploaded under the URL, as
 transformers users upload ``output_dir`` to the Hub. ``Path("s3://bucket/run")`` would instead be the local
 folder ``s3:/bucket/run``, where nobody looks for them.
 """
@@ -10,12 +11,10 @@ folder ``s3:/bucket/run``, where nobody looks for them.
 from __future__ import annotations
 
 import contextlib
-import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from lockstep.checkpoint import is_url, storage_for
+from lockstep.checkpoint import storage_for
 
 
 @contextlib.contextmanager
@@ -32,21 +31,5 @@ def writable(output_dir: str, *, upload: bool = True, fetch: tuple[str, ...] = (
         >>> with writable("memory://run/out") as folder:  # doctest: +SKIP
         ...     (folder / "all_results.json").write_text("{}")  # uploaded to memory://run/out/all_results.json
     """
-    if not is_url(output_dir):
-        yield Path(str(output_dir).removeprefix("file://"))
-        return
-    storage = storage_for(output_dir)
-    filesystem = storage.fs  # type: ignore[attr-defined]  # a URL's storage is an FsspecStorage
-    temporary = Path(tempfile.mkdtemp(prefix="lockstep-output-"))
-    try:
-        for name in fetch:
-            remote = storage.join(output_dir, name)
-            if storage.exists(remote):
-                filesystem.get(str(remote), str(temporary / name))
-        yield temporary
-        files = sorted(path for path in temporary.rglob("*") if path.is_file())
-        if upload and files:
-            remote_names = [str(storage.join(output_dir, p.relative_to(temporary).as_posix())) for p in files]
-            filesystem.put([str(p) for p in files], remote_names)
-    finally:
-        shutil.rmtree(temporary, ignore_errors=True)
+    with storage_for(output_dir).writable(output_dir, upload=upload, fetch=fetch) as folder:
+        yield folder

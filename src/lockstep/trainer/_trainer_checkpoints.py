@@ -8,7 +8,7 @@ from pathlib import Path
 
 from lockstep import checkpoint
 from lockstep.accelerator import Accelerator
-from lockstep.checkpoint import CheckpointStorage, Location, is_url, out_of_space_error, storage_for
+from lockstep.checkpoint import CheckpointStorage, Location, out_of_space_error, storage_for
 from lockstep.trainer import _checkpoint_folders
 from lockstep.trainer._loss_sums import LossSums
 from lockstep.trainer.arguments import TrainingArguments
@@ -57,7 +57,7 @@ class TrainerCheckpoints:
 
     def location(self, folder: str | Path) -> Location:
         """A checkpoint folder given as text: a URL stays one, anything else is a ``Path``."""
-        return str(folder) if is_url(folder) else Path(folder)
+        return storage_for(folder).location(folder)
 
     def folder(self) -> Location:
         """The folder of the current step's checkpoint."""

@@ -1,4 +1,5 @@
-"""Where checkpoints live: a local folder (atomic renames) or any fsspec URL (uploads, manifest last).
+"""Where checkpoints live: a local folder (atomic renames), any fsspec URL (uploads, manifest last), or a
+storage registered for a URL scheme (:func:`register_storage`, or a ``lockstep.storages`` entry point).
 
 Example:
     >>> from lockstep.checkpoint.storage import storage_for
@@ -10,31 +11,29 @@ Example:
 
 from __future__ import annotations
 
-import os
-import re
-from typing import Any
-
 from lockstep.checkpoint.storage.base import CheckpointStorage, Location
 from lockstep.checkpoint.storage.local import LocalStorage
+from lockstep.checkpoint.storage.registry import (
+    ENTRY_POINT_GROUP,
+    StorageFactory,
+    register_storage,
+    registered_storages,
+    scheme_of,
+    storage_for,
+    store_key,
+    unregister_storage,
+)
 
-_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
-
-
-def is_url(location: Location | None) -> bool:
-    """Whether ``location`` is a URL that needs fsspec (``file://`` stays a local folder)."""
-    if location is None:
-        return False
-    text = os.fspath(location)
-    return isinstance(text, str) and bool(_URL.match(text)) and not text.startswith("file://")
-
-
-def storage_for(location: Location, storage_options: dict[str, Any] | None = None) -> CheckpointStorage:
-    """The storage serving ``location``: local folders (and ``file://``) or an fsspec file system."""
-    if not is_url(location):
-        return LocalStorage()
-    from lockstep.checkpoint.storage.fsspec_store import FsspecStorage
-
-    return FsspecStorage(os.fspath(location), storage_options)
-
-
-__all__ = ["CheckpointStorage", "LocalStorage", "Location", "is_url", "storage_for"]
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "CheckpointStorage",
+    "LocalStorage",
+    "Location",
+    "StorageFactory",
+    "register_storage",
+    "registered_storages",
+    "scheme_of",
+    "storage_for",
+    "store_key",
+    "unregister_storage",
+]

@@ -6,7 +6,9 @@ checkpoint (an atomic rename on a local disk, an upload with the manifest last o
 how a committed checkpoint is found, checked, read back and rotated.
 
 A location is a ``Path`` for local folders and a URL string (``s3://bucket/run/checkpoints/checkpoint_3``)
-for object stores; every method takes either.
+for object stores; every method takes either. What the rest of lockstep needs to know about a location it
+asks its storage (:attr:`CheckpointStorage.local`, :meth:`CheckpointStorage.location`, ...): nothing outside
+this folder looks at a URL's scheme.
 """
 
 from __future__ import annotations
@@ -29,6 +31,15 @@ class CheckpointStorage(abc.ABC):
     node_local: bool = True
     """Whether every process of a machine sees the same staging folder (False: each process stages in a
     private temporary folder and uploads its own files)."""
+
+    local: bool = False
+    """Whether locations are folders of this machine's file system, written and read in place (``Path``
+    objects): nothing to check before training. False: every process checks, before training, that it can
+    reach and write the storage (:meth:`probe`)."""
+
+    def location(self, text: Location) -> Location:
+        """``text`` spelled as this storage's locations are: the URL string (a local storage: a ``Path``)."""
+        return os.fspath(text)
 
     @abc.abstractmethod
     def join(self, root: Location, name: str) -> Location:
@@ -127,8 +138,9 @@ class CheckpointStorage(abc.ABC):
         return None
 
     @abc.abstractmethod
-    def check(self, folder: Location) -> None:
-        """Raise a ``CheckpointError`` unless ``folder`` is a committed checkpoint (or one Accelerate wrote)."""
+    def check(self, folder: Location, *, accelerate_layout: bool = True) -> None:
+        """Raise a ``CheckpointError`` unless ``folder`` is a committed checkpoint (or, with
+        ``accelerate_layout``, one Accelerate's ``save_state`` wrote, which has no manifest)."""
 
     @abc.abstractmethod
     def newest_valid(self, root: Location, *, before: int | None = None) -> Location:
@@ -146,6 +158,19 @@ class CheckpointStorage(abc.ABC):
     @abc.abstractmethod
     def readable(self, folder: Location) -> contextlib.AbstractContextManager[Path]:
         """A context giving a local folder with ``folder``'s files, checksums verified."""
+
+    @abc.abstractmethod
+    def writable(
+        self, folder: Location, *, upload: bool = True, fetch: tuple[str, ...] = ()
+    ) -> contextlib.AbstractContextManager[Path]:
+        """A context giving a local folder standing for ``folder``, for files that are not checkpoints (the
+        Trainer's final model, metrics, model card): what is written there is in ``folder`` once the block
+        ends without an error.
+
+        Args:
+            upload: whether this process puts what it wrote into ``folder`` (the process that writes).
+            fetch: files of ``folder`` to find in the local folder first, where they exist (to be updated).
+        """
 
 
 @contextlib.contextmanager

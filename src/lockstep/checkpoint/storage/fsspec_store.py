@@ -102,6 +102,7 @@ class FsspecStorage(CheckpointStorage):
     """
 
     node_local = False
+    local = False
 
     def __init__(self, url: str, storage_options: dict[str, Any] | None = None) -> None:
         self.url = url
@@ -289,8 +290,10 @@ class FsspecStorage(CheckpointStorage):
         except Exception as error:
             raise describe_failure(location, error, time.monotonic() - started) from error
 
-    def check(self, folder: Location) -> None:
-        """Manifest present and every file it lists there with its size (checksums: when read)."""
+    def check(self, folder: Location, *, accelerate_layout: bool = True) -> None:
+        """Manifest present and every file it lists there with its size (checksums: when read). A folder
+        Accelerate wrote (no manifest) is refused whatever ``accelerate_layout`` says: on an object store
+        a missing manifest is what an unfinished upload looks like."""
         with self._described(str(folder)):
             self._check(str(folder))
 
@@ -369,6 +372,26 @@ class FsspecStorage(CheckpointStorage):
             manifest = layout.verify(local, elsewhere=shards)
             with _remote_shards(self, folder, local, manifest, sizes, shards):
                 yield local
+        finally:
+            shutil.rmtree(temporary, ignore_errors=True)
+
+    @contextlib.contextmanager
+    def writable(
+        self, folder: Location, *, upload: bool = True, fetch: tuple[str, ...] = ()
+    ) -> Iterator[Path]:
+        """A temporary folder whose files are uploaded under ``folder`` when the block ends without an error
+        (``fetch``: files of ``folder`` downloaded into it first, where they exist)."""
+        temporary = Path(tempfile.mkdtemp(prefix="lockstep-output-"))
+        try:
+            for name in fetch:
+                remote = self.join(folder, name)
+                if self.exists(remote):
+                    self.fs.get(remote, str(temporary / name))
+            yield temporary
+            files = sorted(path for path in temporary.rglob("*") if path.is_file())
+            if upload and files:
+                remote_names = [self.join(folder, path.relative_to(temporary).as_posix()) for path in files]
+                self.fs.put([str(path) for path in files], remote_names)
         finally:
             shutil.rmtree(temporary, ignore_errors=True)
 

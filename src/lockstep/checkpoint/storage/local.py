@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import shutil
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,10 @@ class LocalStorage(CheckpointStorage):
     """Checkpoints in folders of the local file system (which may be a shared one: NFS, Lustre, ...)."""
 
     node_local = True
+    local = True
+
+    def location(self, text: Location) -> Path:
+        return _path(text)
 
     def join(self, root: Location, name: str) -> Path:
         return _path(root) / name
@@ -113,8 +117,8 @@ class LocalStorage(CheckpointStorage):
 
         return make_durable
 
-    def check(self, folder: Location, *, checksums: bool = True) -> None:
-        if not layout.written_by_accelerate(_path(folder)):
+    def check(self, folder: Location, *, accelerate_layout: bool = True, checksums: bool = True) -> None:
+        if not (accelerate_layout and layout.written_by_accelerate(_path(folder))):
             layout.verify(_path(folder), checksums=checksums)
 
     def newest_valid(self, root: Location, *, checksums: bool = True, before: int | None = None) -> Path:
@@ -127,3 +131,10 @@ class LocalStorage(CheckpointStorage):
 
     def readable(self, folder: Location) -> contextlib.AbstractContextManager[Path]:
         return as_local(_path(folder))
+
+    @contextlib.contextmanager
+    def writable(
+        self, folder: Location, *, upload: bool = True, fetch: tuple[str, ...] = ()
+    ) -> Iterator[Path]:
+        """The folder itself: its files are written in place."""
+        yield _path(folder)
