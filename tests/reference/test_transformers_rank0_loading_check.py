@@ -29,7 +29,7 @@ pytestmark = [pytest.mark.slow]
 CHECK = """
 import json, os, sys, tempfile
 import torch.distributed as dist
-from lockstep.utils.imports import why_transformers_cannot_load_on_main_only
+from lockstep.backends.fsdp.loading import why_transformers_cannot_load_on_main_only
 
 reason = why_transformers_cannot_load_on_main_only()
 import transformers

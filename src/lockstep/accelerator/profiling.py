@@ -18,8 +18,7 @@ from pathlib import Path
 
 import torch.profiler
 
-from lockstep.config.kwargs import ProfileKwargs
-from lockstep.utils.constants import PROFILE_PATTERN_NAME
+from lockstep.config.kwargs import PROFILE_PATTERN_NAME, ProfileKwargs
 
 
 def trace_path(output_trace_dir: str | Path, process_index: int) -> Path:

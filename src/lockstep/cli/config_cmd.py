@@ -17,14 +17,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import warnings
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from lockstep.cli._errors import UsageError
+from lockstep.cli._errors import UsageError, warnings_as_lines
 from lockstep.cli.config_update import register_update
 from lockstep.cli.explain import register_explain
 from lockstep.config.answers import parse_choice, parse_int, parse_text, parse_yes_no
@@ -146,25 +144,13 @@ def _write(config: ClusterConfig, path: Path) -> None:
     print(f"{'Replaced' if existed else 'Wrote'} {path}: {config.summary()}")
 
 
-@contextmanager
-def _warnings_as_lines(command: str) -> Iterator[None]:
-    """Show warnings (e.g. ignored keys) as ``lockstep config: warning: ...`` lines, not source dumps."""
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        try:
-            yield
-        finally:
-            for warning in caught:
-                print(f"lockstep {command}: warning: {warning.message}", file=sys.stderr)
-
-
 # --- validate ----------------------------------------------------------------------------------------
 
 
 def run_validate(args: argparse.Namespace) -> int:
     """``lockstep config validate FILE``: exit 0 and a summary, or exit 2 and the problem."""
     try:
-        with _warnings_as_lines("config"):
+        with warnings_as_lines("config"):
             config = load_config_file(args.file)
     except ConfigFileError as error:
         raise UsageError(str(error)) from None

@@ -13,7 +13,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from lockstep.cli._errors import UsageError
+from lockstep.cli._errors import UsageError, warnings_as_lines
 
 
 def register_update(actions: Any) -> None:
@@ -42,7 +42,6 @@ def _file_keys(path: Path) -> set[str]:
 
 def run_update(args: argparse.Namespace) -> int:
     """Load the file with defaults filled in and write it back; exit 2 if it does not load."""
-    from lockstep.cli.config_cmd import _warnings_as_lines
     from lockstep.config.file import ConfigFileError, default_config_path, load_config_file, save_config_file
 
     given = getattr(args, "config_file", None)
@@ -51,7 +50,7 @@ def run_update(args: argparse.Namespace) -> int:
         hint = "check the path" if given else "pass --config-file, or run `lockstep config` to write one"
         raise UsageError(f"no config file at {path}: {hint}.")
     try:
-        with _warnings_as_lines("config update"):
+        with warnings_as_lines("config update"):
             config = load_config_file(path)
         before = _file_keys(path)
     except ConfigFileError as error:

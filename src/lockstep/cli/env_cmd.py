@@ -41,11 +41,11 @@ def environment_report(config_file: str | None = None) -> list[tuple[str, str]]:
     import torch
     import torch.distributed as dist
 
-    import lockstep
+    from lockstep._version import __version__
     from lockstep.config.file import default_config_path
 
     lines = [
-        ("lockstep", lockstep.__version__),
+        ("lockstep", __version__),
         ("Python", sys.version.split()[0]),
         ("Platform", platform.platform()),
         ("torch", torch.__version__),

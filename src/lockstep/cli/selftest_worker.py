@@ -17,7 +17,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from lockstep import Accelerator
+from lockstep.accelerator import Accelerator
 from lockstep.collectives import gather_object
 from lockstep.rng import synchronize_rng_states
 

@@ -12,10 +12,31 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from lockstep.config.deepspeed_plugin import DeepSpeedPlugin
+
+class ZeroThreeSettings(Protocol):
+    """What building under ZeRO-3 reads of a :class:`~lockstep.config.deepspeed_plugin.DeepSpeedPlugin`.
+
+    A protocol rather than the plugin class, so that this module sits below the plugin, which calls it:
+    no import circle, not even for type checking.
+    """
+
+    deepspeed_config: dict[str, Any]
+    zero3_init_flag: bool | None
+    transformer_moe_cls_names: str | None
+
+    @property
+    def stage(self) -> int: ...
+
+    def is_zero3(self) -> bool: ...
+
+    def is_offload(self) -> bool: ...
+
+    def is_zero3_init_enabled(self) -> bool: ...
+
+    def get_value(self, ds_key_long: str, default: Any = None) -> Any: ...
+
 
 _transformers_configs: list[Any] = []
 """transformers keeps only a weak reference to the config that switches ZeRO-3 construction on."""
@@ -25,7 +46,7 @@ class _ConfigForTransformers:
     """What transformers asks of the DeepSpeed config it holds a weak reference to (its own
     ``HfDeepSpeedConfig`` requires Accelerate to be installed, so lockstep hands it this instead)."""
 
-    def __init__(self, plugin: DeepSpeedPlugin) -> None:
+    def __init__(self, plugin: ZeroThreeSettings) -> None:
         self.config = _without_auto(plugin.deepspeed_config)
         self._plugin = plugin
 
@@ -39,7 +60,7 @@ class _ConfigForTransformers:
         return self._plugin.get_value(ds_key_long, default)
 
 
-def tell_transformers(plugin: DeepSpeedPlugin) -> None:
+def tell_transformers(plugin: ZeroThreeSettings) -> None:
     """Switch transformers' ZeRO-3 construction on (``zero3_init_flag``) or off; no-op without transformers."""
     try:
         from transformers.integrations import deepspeed as hf_deepspeed
@@ -55,7 +76,7 @@ def tell_transformers(plugin: DeepSpeedPlugin) -> None:
 
 
 @contextlib.contextmanager
-def zero3_init_context(plugin: DeepSpeedPlugin, *, enable: bool) -> Iterator[None]:
+def zero3_init_context(plugin: ZeroThreeSettings, *, enable: bool) -> Iterator[None]:
     """Accelerate's ``zero3_init_context_manager``: inside, transformers builds models sharded when
     ``enable`` (and not when not), whatever the plugin's ``zero3_init_flag``."""
     previous = plugin.zero3_init_flag
@@ -68,7 +89,7 @@ def zero3_init_context(plugin: DeepSpeedPlugin, *, enable: bool) -> Iterator[Non
         tell_transformers(plugin)
 
 
-def zero3_init(plugin: DeepSpeedPlugin) -> contextlib.AbstractContextManager:
+def zero3_init(plugin: ZeroThreeSettings) -> contextlib.AbstractContextManager:
     """A context in which ``nn.Module`` construction partitions every parameter across processes
     (``deepspeed.zero.Init``); for ZeRO-3 only.
 
@@ -99,7 +120,7 @@ def _without_auto(config: dict[str, Any]) -> dict[str, Any]:
     return stripped
 
 
-def set_moe_leaves(plugin: DeepSpeedPlugin, model: Any) -> None:
+def set_moe_leaves(plugin: ZeroThreeSettings, model: Any) -> None:
     """Make the ``transformer_moe_cls_names`` layers ZeRO-3 leaf modules (gathered as a whole).
 
     Raises:

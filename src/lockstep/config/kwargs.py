@@ -151,6 +151,8 @@ PROFILER_ACTIVITIES = ("cpu", "cuda", "xpu", "mtia", "hpu")
 """The ``ProfileKwargs.activities`` names (torch's ``ProfilerActivity`` members, lower-cased)."""
 _SCHEDULE_KEYS = ("wait", "warmup", "active", "repeat", "skip_first", "skip_first_wait")
 _REQUIRED_SCHEDULE_KEYS = ("wait", "warmup", "active")
+PROFILE_PATTERN_NAME = "profile_{suffix}.json"
+"""Accelerate's name pattern for profiler traces: one per process in ``ProfileKwargs.output_trace_dir``."""
 
 
 @dataclass(kw_only=True)

@@ -12,6 +12,7 @@ from typing import Any
 
 from lockstep.config.activation_policy import parse_activation_policy
 from lockstep.trainer import _argument_parsers
+from lockstep.trainer._optimizer_menu import check_optim, optimizer_kwargs
 from lockstep.trainer.accelerator_config import AcceleratorConfig
 from lockstep.trainer.fsdp_options import normalize_fsdp_config, parse_fsdp_options
 
@@ -28,8 +29,6 @@ TOKENS_SEEN = ("no", "all", "non_padding")
 MULTIPROCESSING_CONTEXTS = ("fork", "spawn", "forkserver")
 METRICS_INPUTS = ("inputs", "loss")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-OPTIMIZERS = ("adamw_torch", "adamw_torch_fused", "adafactor", "sgd", "adagrad", "rmsprop")
-"""The ``optim`` choices built on torch alone."""
 LR_SCHEDULER_TYPES = (
     "linear",
     "cosine",
@@ -319,8 +318,6 @@ def check_optimization(args: TrainingArguments) -> None:
             "(5 is the paper's usual value), or None to turn NEFTune off."
         )
     args.lr_scheduler_type = _check_schedule(args)
-    from lockstep.trainer._optimizer_menu import check_optim, optimizer_kwargs
-
     args.optim = check_optim(args.optim)
     optimizer_kwargs(args.optim, args.optim_args)  # a malformed or unknown key fails now, not at train()
 

@@ -7,7 +7,9 @@ themselves are built in :mod:`lockstep.trainer.optimizers`.
 from __future__ import annotations
 
 from lockstep.trainer import _argument_parsers
-from lockstep.trainer._arguments_post_init import OPTIMIZERS
+
+OPTIMIZERS = ("adamw_torch", "adamw_torch_fused", "adafactor", "sgd", "adagrad", "rmsprop")
+"""The ``optim`` choices built on torch alone."""
 
 _BNB = "bitsandbytes"
 NEEDS_PACKAGE: dict[str, str] = {

@@ -226,12 +226,12 @@ def _hyperparameters(self: Trainer) -> list[str]:
 def _versions() -> list[str]:
     import torch
 
-    import lockstep
+    from lockstep._version import __version__
 
     lines = [
         "## Framework versions",
         "",
-        f"- lockstep {lockstep.__version__}",
+        f"- lockstep {__version__}",
         f"- PyTorch {torch.__version__}",
     ]
     return [*lines, f"- Python {platform.python_version()}"]

@@ -26,11 +26,11 @@ from lockstep.trainer._arguments_post_init import (
     DDP_BACKENDS,
     LOG_LEVELS,
     LR_SCHEDULER_TYPES,
-    OPTIMIZERS,
     SAMPLING_STRATEGIES,
     STRATEGIES,
 )
 from lockstep.trainer._field_status import check_not_built
+from lockstep.trainer._optimizer_menu import OPTIMIZERS
 from lockstep.trainer._transformers_version import DEFAULT_OPTIM
 from lockstep.trainer.accelerator_config import AcceleratorConfig
 

@@ -37,7 +37,6 @@ __all__ = [
     "get_mixed_precision_context_manager",
     "get_non_persistent_buffers",
     "id_tensor_storage",
-    "is_peft_model",
     "named_module_tensors",
     "retie_parameters",
     "set_module_tensor_to_device",
@@ -428,15 +427,6 @@ def get_grad_scaler(distributed_type: Any = None, **kwargs: Any) -> torch.amp.Gr
     scaler, so every distributed type gets the same one.
     """
     return torch.amp.GradScaler(PartialState().device.type, **kwargs)
-
-
-def is_peft_model(model: nn.Module) -> bool:
-    """Whether ``model``, unwrapped from DDP and ``torch.compile``, is a ``peft.PeftModel`` (peft is not
-    imported: a peft model exists only where its user imported peft)."""
-    from lockstep._peft import is_peft_model as is_peft
-    from lockstep.utils.other import extract_model_from_parallel
-
-    return is_peft(extract_model_from_parallel(model))
 
 
 def set_module_tensor_to_device(

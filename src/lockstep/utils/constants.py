@@ -20,6 +20,7 @@ from lockstep.checkpoint.model_files import (
     WEIGHTS_INDEX_NAME,
     WEIGHTS_NAME,
 )
+from lockstep.config.kwargs import PROFILE_PATTERN_NAME
 
 __all__ = [
     "MITA_PROFILING_AVAILABLE_PYTORCH_VERSION",
@@ -57,8 +58,6 @@ SCALER_NAME = "scaler.pt"
 """The fp16 GradScaler's state file."""
 RNG_STATE_NAME = "random_states"
 """Stem of the per-rank random state files (``random_states_0.pkl``...)."""
-PROFILE_PATTERN_NAME = "profile_{suffix}.json"
-"""Accelerate's name pattern for profiler traces."""
 WEIGHTS_PATTERN_NAME = "pytorch_model{suffix}.bin"
 """Name pattern of sharded ``.bin`` weights (``suffix`` is ``-00001-of-00002``)."""
 SAFE_WEIGHTS_PATTERN_NAME = "model{suffix}.safetensors"

@@ -27,11 +27,11 @@ from typing import Any
 from torch import nn
 
 from lockstep import _env
+from lockstep.backends.fsdp.loading import why_transformers_cannot_load_on_main_only
 from lockstep.checkpoint.collective_save import agree
 from lockstep.checkpoint.model_files import save_model_files
 from lockstep.state import PartialState
 from lockstep.utils._tied_weights import ensure_weights_retied
-from lockstep.utils.imports import why_transformers_cannot_load_on_main_only
 
 __all__ = [
     "disable_fsdp_ram_efficient_loading",
@@ -101,7 +101,7 @@ def _state_dict_type(fsdp_plugin: Any, caller: str) -> str:
 
 def _adapter_only(model: nn.Module, adapter_only: bool) -> bool:
     """Accelerate's ``adapter_only``: it applies to peft models only (others are saved whole)."""
-    from lockstep.utils._model_tensors import is_peft_model
+    from lockstep.utils.other import is_peft_model
 
     return adapter_only and is_peft_model(model)
 

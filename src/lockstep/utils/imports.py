@@ -22,7 +22,6 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import torch
-from packaging.version import Version
 
 from lockstep.utils.versions import compare_versions, is_torch_version
 
@@ -536,12 +535,12 @@ def deepspeed_required(func: F) -> F:
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         # Here, not at the top: lockstep.state is not needed to ask what is installed.
-        from lockstep.config.topology import is_deepspeed
         from lockstep.state import AcceleratorState
 
         if AcceleratorState.is_set_up():
-            distributed_type = AcceleratorState().distributed_type
-            if not is_deepspeed(distributed_type):
+            state = AcceleratorState()
+            distributed_type = state.distributed_type
+            if not state.uses_deepspeed:
                 raise ValueError(
                     f"{func.__qualname__}() needs DeepSpeed, and the Accelerator is set up for "
                     f"{distributed_type.value}. Pass Accelerator(deepspeed_plugin=DeepSpeedPlugin(...)) to train "
@@ -551,44 +550,3 @@ def deepspeed_required(func: F) -> F:
         return func(*args, **kwargs)
 
     return wrapper  # type: ignore[return-value]
-
-
-_TRANSFORMERS_LOADS_WITHOUT_ACCELERATE = (4, 51)
-"""transformers 4.51 removed ``low_cpu_mem_usage`` (``from_pretrained`` pops it), the path on which it asked for
-accelerate when only the main process reads the weights (measured: 4.50.3 refuses without accelerate, 4.56.2
-loads)."""
-
-
-def why_transformers_cannot_load_on_main_only() -> str | None:
-    """Why the installed transformers cannot read pretrained weights on the main process only (None: it can,
-    or transformers is not installed and nothing reads the announcement).
-
-    transformers before 4.51 takes that path (``low_cpu_mem_usage``) only where its own
-    ``is_accelerate_available()`` says yes, an installed distribution of accelerate at its minimum version or
-    later, and otherwise fails in ``from_pretrained`` on every process. transformers itself is asked: an
-    ``accelerate`` module that imports (an import shim, a source folder on the path) is not enough for it.
-    From 4.51 on (``low_cpu_mem_usage`` gone), and in transformers 5, it needs nothing more.
-    """
-    try:
-        version = importlib.metadata.version("transformers")
-    except importlib.metadata.PackageNotFoundError:
-        return None
-    if Version(version).release[:2] >= _TRANSFORMERS_LOADS_WITHOUT_ACCELERATE:
-        return None
-    from transformers.utils import import_utils
-
-    if import_utils.is_accelerate_available():
-        return None
-    minimum = getattr(import_utils, "ACCELERATE_MIN_VERSION", None)
-    needed = f"accelerate>={minimum}" if minimum else "accelerate"
-    found = _version("accelerate")
-    if found is not None:
-        what = f"accelerate {found} is installed"
-    elif _installed("accelerate"):
-        what = "an accelerate module imports here, but no accelerate distribution is installed (no version)"
-    else:
-        what = "accelerate is not installed"
-    return (
-        f"transformers {version} reads the weights on the main process only through {needed}, and its "
-        f"is_accelerate_available() says no: {what}"
-    )

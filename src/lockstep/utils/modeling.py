@@ -48,12 +48,12 @@ from lockstep.utils._model_tensors import (
     get_mixed_precision_context_manager,
     get_non_persistent_buffers,
     id_tensor_storage,
-    is_peft_model,
     named_module_tensors,
     retie_parameters,
     set_module_tensor_to_device,
 )
 from lockstep.utils.offload import load_offloaded_weight
+from lockstep.utils.other import is_peft_model
 
 __all__ = [
     "align_module_device",

@@ -31,6 +31,7 @@ from packaging.version import Version
 from torch import nn
 
 from lockstep._regional_compilation import compile_regions, compile_regions_in_place, is_compiled_in_place
+from lockstep.backends.wrappers import module_wrappers
 from lockstep.config.file import ClusterConfig, default_config_path, save_config_file
 from lockstep.errors import UnsafeCheckpointError
 from lockstep.precision import parse_mixed_precision, remove_forward_wrapper
@@ -51,6 +52,7 @@ __all__ = [
     "get_pretty_name",
     "has_compiled_regions",
     "is_compiled_module",
+    "is_peft_model",
     "is_port_in_use",
     "load",
     "merge_dicts",
@@ -141,15 +143,6 @@ def get_model_tp_size(model: nn.Module) -> int | None:
     return getattr(distributed, "tp_size", None)
 
 
-def _distributed_wrappers() -> tuple[type, ...]:
-    wrappers: tuple[type, ...] = (nn.parallel.DistributedDataParallel, nn.DataParallel)
-    if torch.distributed.is_available():
-        from torch.distributed.fsdp import FullyShardedDataParallel
-
-        wrappers += (FullyShardedDataParallel,)
-    return wrappers
-
-
 def _regionally_compiled_original(model: nn.Module) -> nn.Module | None:
     """The model ``compile_regions`` copied ``model`` from (kept as a plain attribute), if it did."""
     original = model.__dict__.get("_orig_mod")
@@ -200,7 +193,7 @@ def extract_model_from_parallel(
         >>> extract_model_from_parallel(torch.nn.DataParallel(inner)) is inner
         True
     """
-    wrappers = _distributed_wrappers()
+    wrappers = module_wrappers()
     inner, compiled = _strip(model, wrappers)
     if recursive:
         _unwrap_children(inner, wrappers)
@@ -211,6 +204,14 @@ def extract_model_from_parallel(
     if compiled._orig_mod is inner or not is_compiled_module(compiled):
         return compiled
     return type(compiled)(inner, compiled.dynamo_ctx)
+
+
+def is_peft_model(model: nn.Module) -> bool:
+    """Whether ``model``, unwrapped from DDP and ``torch.compile``, is a ``peft.PeftModel`` (peft is not
+    imported: a peft model exists only where its user imported peft)."""
+    from lockstep._peft import is_peft_model as is_peft
+
+    return is_peft(extract_model_from_parallel(model))
 
 
 def get_module_children_bottom_up(model: nn.Module, return_fqns: bool = False) -> list[Any]:

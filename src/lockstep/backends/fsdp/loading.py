@@ -8,6 +8,8 @@ sends each process its part of the main process's weights. Buffers that are not 
 
 from __future__ import annotations
 
+import importlib.metadata
+import importlib.util
 import logging
 
 import torch
@@ -16,9 +18,66 @@ from torch import nn
 
 from lockstep import _env
 from lockstep.state import PartialState
-from lockstep.utils.imports import why_transformers_cannot_load_on_main_only
 
 _logger = logging.getLogger(__name__)
+
+
+def _version(distribution: str) -> str | None:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _importable(module: str) -> bool:
+    """Whether ``module`` can be found (not imported)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a parent package that fails to import, or a broken __spec__
+        return False
+
+
+_TRANSFORMERS_LOADS_WITHOUT_ACCELERATE = (4, 51)
+"""transformers 4.51 removed ``low_cpu_mem_usage`` (``from_pretrained`` pops it), the path on which it asked for
+accelerate when only the main process reads the weights (measured: 4.50.3 refuses without accelerate, 4.56.2
+loads)."""
+
+
+def why_transformers_cannot_load_on_main_only() -> str | None:
+    """Why the installed transformers cannot read pretrained weights on the main process only (None: it can,
+    or transformers is not installed and nothing reads the announcement).
+
+    transformers before 4.51 takes that path (``low_cpu_mem_usage``) only where its own
+    ``is_accelerate_available()`` says yes, an installed distribution of accelerate at its minimum version or
+    later, and otherwise fails in ``from_pretrained`` on every process. transformers itself is asked: an
+    ``accelerate`` module that imports (an import shim, a source folder on the path) is not enough for it.
+    From 4.51 on (``low_cpu_mem_usage`` gone), and in transformers 5, it needs nothing more.
+    """
+    try:
+        version = importlib.metadata.version("transformers")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    from packaging.version import Version
+
+    if Version(version).release[:2] >= _TRANSFORMERS_LOADS_WITHOUT_ACCELERATE:
+        return None
+    from transformers.utils import import_utils
+
+    if import_utils.is_accelerate_available():
+        return None
+    minimum = getattr(import_utils, "ACCELERATE_MIN_VERSION", None)
+    needed = f"accelerate>={minimum}" if minimum else "accelerate"
+    found = _version("accelerate")
+    if found is not None:
+        what = f"accelerate {found} is installed"
+    elif _importable("accelerate"):
+        what = "an accelerate module imports here, but no accelerate distribution is installed (no version)"
+    else:
+        what = "accelerate is not installed"
+    return (
+        f"transformers {version} reads the weights on the main process only through {needed}, and its "
+        f"is_accelerate_available() says no: {what}"
+    )
 
 
 def announce_main_process_loading() -> bool:

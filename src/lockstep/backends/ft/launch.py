@@ -24,6 +24,8 @@ from lockstep.config.keys import SettingKey
 from lockstep.errors import UsageError
 
 SECTION = "fault_tolerance_config"
+PIP_LINE = "pip install 'lockstep[ft]'  (or: pip install torchft==0.2.0 with your torch pinned)"
+"""How to install torchft, in the errors of the launcher and of ``Accelerator(fault_tolerance=...)``."""
 DEFAULT_LIGHTHOUSE_PORT = 29510
 
 ALL_GROUPS = "all"
@@ -188,8 +190,6 @@ def _lighthouse(section: dict[str, Any]) -> Iterator[str]:
     try:
         from torchft.coordination import LighthouseServer
     except ImportError as error:
-        from lockstep.backends.ft.spec import PIP_LINE
-
         raise UsageError(
             f"--fault-tolerance starts torchft's lighthouse, and torchft is missing: {PIP_LINE}."
         ) from error

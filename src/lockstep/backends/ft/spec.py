@@ -12,11 +12,17 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from lockstep.backends.ft.launch import FT_KEYS, SECTION, check_section, config_from_section, lighthouse_for
+from lockstep.backends.ft.launch import (
+    FT_KEYS,
+    PIP_LINE,
+    SECTION,
+    check_section,
+    config_from_section,
+    lighthouse_for,
+)
 from lockstep.config.backend_specs import BackendRequest, BackendSpec, register_backend_spec
 
 NAME = "fault_tolerant"
-PIP_LINE = "pip install 'lockstep[ft]'  (or: pip install torchft==0.2.0 with your torch pinned)"
 
 
 def _applies(request: BackendRequest) -> bool:

@@ -22,8 +22,8 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner
 from torch.futures import Future
 
+from lockstep.checkpoint.dcp_metadata import METADATA_FILE, RemoteFolder, SafeMetadataReading
 from lockstep.checkpoint.layout import CHECKSUMS
-from lockstep.checkpoint.safe_dcp import METADATA_FILE, RemoteFolder, SafeMetadataReading
 from lockstep.errors import CheckpointError
 
 try:
