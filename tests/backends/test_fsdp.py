@@ -173,6 +173,11 @@ def test_plugin_validation_and_config_section():
         FullyShardedDataParallelPlugin(auto_wrap_policy="EVERYTHING")
     with pytest.raises(ValueError, match="state_dict_type"):
         FullyShardedDataParallelPlugin(state_dict_type="LOCAL")
+    # the same answer as the config file's key (tests/config/test_file.py), and Accelerate's under FSDP2
+    with pytest.raises(
+        ValueError, match=r"state_dict_type\) is 'local_state_dict', which is not supported: LOCAL"
+    ):
+        FullyShardedDataParallelPlugin(state_dict_type="local_state_dict")
     with pytest.warns(UserWarning, match="limit_all_gathers"):
         FullyShardedDataParallelPlugin(limit_all_gathers=True)
     plugin = FullyShardedDataParallelPlugin.from_config_section(

@@ -292,7 +292,12 @@ def test_unset_values_are_left_out_of_the_file(tmp_path):
         ),
         (
             "fsdp_config:\n  fsdp_state_dict_type: HALF\n",
-            r"fsdp_config.fsdp_state_dict_type must be one of SHARDED_STATE_DICT, FULL_STATE_DICT, LOCAL_STATE_DICT",
+            r"fsdp_config.fsdp_state_dict_type must be one of SHARDED_STATE_DICT, FULL_STATE_DICT, got 'HALF'",
+        ),
+        (  # refused as the plugin refuses it (and Accelerate under FSDP2), not accepted and failing later
+            "fsdp_config:\n  fsdp_version: 2\n  fsdp_state_dict_type: LOCAL_STATE_DICT\n",
+            r"fsdp_config.fsdp_state_dict_type is 'LOCAL_STATE_DICT', which is not supported: LOCAL_STATE_DICT is "
+            r"FSDP1's, and lockstep runs FSDP2.*Use SHARDED_STATE_DICT",
         ),
         (
             "deepspeed_config:\n  zero_stage: 4\n",

@@ -22,14 +22,19 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from lockstep.config.activation_policy import ActivationPolicy, parse_activation_policy
-from lockstep.config.fsdp_keys import FSDP1_RESHARD, LEGACY_FIELDS, WRAP_POLICIES, plugin_kwargs
+from lockstep.config.fsdp_keys import (
+    FSDP1_RESHARD,
+    LEGACY_FIELDS,
+    WRAP_POLICIES,
+    plugin_kwargs,
+    state_dict_type,
+)
 
 if TYPE_CHECKING:  # torch is imported where it is used, so that the command line starts fast
     from torch import nn
 
 logger = logging.getLogger("lockstep.fsdp")
 
-STATE_DICT_TYPES = ("SHARDED_STATE_DICT", "FULL_STATE_DICT")
 _FSDP1_SHARDING = FSDP1_RESHARD
 # The FSDP1-only keys of the table (lockstep.config.fsdp_keys), and two FSDP1 fields no config file sets.
 _FSDP1_ONLY = (*LEGACY_FIELDS, "state_dict_config", "optim_state_dict_config")
@@ -157,7 +162,9 @@ class FullyShardedDataParallelPlugin:
                 f"FullyShardedDataParallelPlugin(min_num_params={self.min_num_params!r}) is invalid: it must be "
                 "an integer >= 0."
             )
-        self.state_dict_type = _choice("state_dict_type", self.state_dict_type, STATE_DICT_TYPES)
+        self.state_dict_type = state_dict_type(
+            self.state_dict_type, "FullyShardedDataParallelPlugin(state_dict_type)"
+        )
         policy = parse_activation_policy(
             self.activation_checkpointing, owner="FullyShardedDataParallelPlugin(activation_checkpointing)"
         )

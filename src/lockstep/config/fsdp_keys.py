@@ -33,7 +33,9 @@ WRAP_POLICIES = ("TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP")
 """The ``auto_wrap_policy`` names."""
 FSDP1_RESHARD = {"FULL_SHARD": True, "SHARD_GRAD_OP": False}
 """The FSDP1 sharding strategies that FSDP2 expresses, as ``reshard_after_forward``."""
-_STATE_DICT_TYPES = ("SHARDED_STATE_DICT", "FULL_STATE_DICT", "LOCAL_STATE_DICT")
+STATE_DICT_TYPES = ("SHARDED_STATE_DICT", "FULL_STATE_DICT")
+"""The ``state_dict_type`` names FSDP2 has: FSDP1's ``LOCAL_STATE_DICT`` is refused, as Accelerate 1.15
+refuses it under FSDP2 (lockstep runs FSDP2 whatever ``fsdp_version`` says)."""
 _PREFETCH = ("BACKWARD_PRE", "BACKWARD_POST", "NO_PREFETCH")
 
 
@@ -44,6 +46,24 @@ def _reshard_flag(value: bool | str, key: str) -> bool:
     if value in FSDP1_RESHARD:
         return FSDP1_RESHARD[value]
     raise ValueError(f"{key} must be true or false (or FULL_SHARD / SHARD_GRAD_OP), got {value!r}")
+
+
+def state_dict_type(value: Any, key: str) -> str:
+    """A checked ``state_dict_type`` (any case, or torch's enum member) as its name: the config file's key
+    and the plugin's field both go through here, so that they accept and refuse the same values.
+
+    Example:
+        >>> state_dict_type("full_state_dict", "fsdp_state_dict_type")
+        'FULL_STATE_DICT'
+    """
+    text = value if isinstance(value, str) else getattr(value, "name", value)
+    if str(text).strip().upper() == "LOCAL_STATE_DICT":
+        raise ValueError(
+            f"{key} is {value!r}, which is not supported: LOCAL_STATE_DICT is FSDP1's, and lockstep runs "
+            "FSDP2, which has none (Accelerate refuses it under FSDP2 too). Use SHARDED_STATE_DICT (each "
+            "process saves its shards) or FULL_STATE_DICT (one whole state dict)."
+        )
+    return checks.choice(*STATE_DICT_TYPES)(value, key)
 
 
 def _name_list(value: str | list[str], key: str) -> list[str]:
@@ -88,7 +108,7 @@ FSDP_KEYS: tuple[SettingKey, ...] = (
     SettingKey(
         key="fsdp_state_dict_type",
         field="state_dict_type",
-        check=checks.choice(*_STATE_DICT_TYPES),
+        check=state_dict_type,
         help="how checkpoints store the model: SHARDED_STATE_DICT or FULL_STATE_DICT",
         flag=True,
     ),
