@@ -101,11 +101,3 @@ class FlopCounting:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
-
-    def step_flops(self, elements: int) -> float | None:
-        """FLOPs of a step with ``elements`` padded input elements, scaled from the counted step."""
-        if self.flops is None:
-            return None
-        if elements > 0 and self.elements > 0:
-            return self.flops * elements / self.elements
-        return float(self.flops)
