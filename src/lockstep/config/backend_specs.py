@@ -217,19 +217,6 @@ def backend_specs() -> list[BackendSpec]:
     return sorted(_REGISTRY.specs.values(), key=lambda spec: (spec.priority, spec.name))
 
 
-def spec_named(name: str) -> BackendSpec:
-    """The backend registered as ``name``.
-
-    Raises:
-        ValueError: no such backend, naming those that exist.
-    """
-    for spec in backend_specs():
-        if spec.name == name:
-            return spec
-    names = ", ".join(spec.name for spec in backend_specs())
-    raise ValueError(f"No backend is registered as {name!r}; the registered ones are: {names}.")
-
-
 def spec_for_distributed_type(distributed_type: str | DistributedType | None) -> BackendSpec | None:
     """The backend a config file's ``distributed_type`` means, or None (unset, unknown or not built)."""
     if distributed_type is None:
