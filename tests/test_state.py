@@ -79,3 +79,26 @@ def test_fork_launched_says_whether_the_notebook_launcher_forked_this_process(mo
     monkeypatch.setattr(launcher_api, "elastic_launch", fake_elastic_launch)
     notebook._run_forked(print, (), num_processes=2, settings={})
     assert seen == ["1"] and "FORK_LAUNCHED" not in os.environ  # set for the workers only
+
+
+def test_the_state_answers_what_accelerate_asks_of_its_distributed_type():
+    """The one reader of the distributed-type table outside config/ (tests/test_architecture_spellings.py):
+    the Accelerator's ``multi_device``/``is_fsdp2``, ``deepspeed_required`` and ``prepare`` ask the state."""
+    state = AcceleratorState(cpu=True)
+    assert (state.multi_device, state.is_fsdp2, state.uses_deepspeed, state.is_plain) == (
+        False,
+        False,
+        False,
+        True,
+    )
+    state.distributed_type = "DEEPSPEED"
+    assert (state.multi_device, state.is_fsdp2, state.uses_deepspeed, state.is_plain) == (
+        False,
+        False,
+        True,
+        False,
+    )
+    state.distributed_type = "FSDP"
+    assert (state.is_fsdp2, state.uses_deepspeed, state.is_plain) == (True, False, False)
+    state.distributed_type = "MULTI_GPU"  # one process: not multi-device, as Accelerate's Accelerator says
+    assert (state.multi_device, state.is_plain) == (False, False)

@@ -73,14 +73,9 @@ def check_adapters_not_added_after_prepare(model: nn.Module, prepared: Sequence[
     if not is_peft_model(model):
         return
     inner = model.get_base_model()
-    from torch.distributed.fsdp import FSDPModule
-    from torch.nn.parallel import DistributedDataParallel
+    from lockstep.backends.wrappers import is_distributed_module
 
-    wrapped = [
-        m
-        for m in inner.modules()
-        if any(m is p for p in prepared) or isinstance(m, DistributedDataParallel | FSDPModule)
-    ]
+    wrapped = [m for m in inner.modules() if any(m is p for p in prepared) or is_distributed_module(m)]
     if wrapped:
         raise RuntimeError(
             f"prepare() got a peft model whose base model ({type(wrapped[0]).__name__}) was prepared already: "

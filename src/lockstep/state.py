@@ -214,6 +214,38 @@ class PartialState:
     def use_distributed(self) -> bool:
         return self.num_processes > 1
 
+    # -- what Accelerate asks of the distributed type: the one place outside config/ that reads its table ----
+    @property
+    def multi_device(self) -> bool:
+        """Whether the processes are data parallel over accelerator devices, one per process (DDP on GPUs,
+        XPUs or MPS): Accelerate's ``Accelerator.multi_device``. False on one process, for DDP on CPUs and for
+        sharded training."""
+        from lockstep.config import topology
+
+        return self.use_distributed and topology.is_multi_device(self.distributed_type)
+
+    @property
+    def is_fsdp2(self) -> bool:
+        """Whether models are sharded with FSDP2 (lockstep's FSDP is always FSDP2)."""
+        from lockstep.config import topology
+
+        return topology.is_fsdp2(self.distributed_type)
+
+    @property
+    def uses_deepspeed(self) -> bool:
+        """Whether the distributed type is DeepSpeed's: what Accelerate's ``deepspeed_required`` asks."""
+        from lockstep.config import topology
+
+        return topology.is_deepspeed(self.distributed_type)
+
+    @property
+    def is_plain(self) -> bool:
+        """Whether nothing beyond the process count was asked for (distributed type NO): no plugin, no
+        layout, one process."""
+        from lockstep.config import topology
+
+        return topology.is_plain(self.distributed_type)
+
     @property
     def debug(self) -> bool:
         """Whether collectives first check that every rank passes tensors of the same shapes and dtypes."""
@@ -442,13 +474,6 @@ class AcceleratorState(PartialState):
     def fsdp_plugin(self) -> Any:
         """The ``FullyShardedDataParallelPlugin`` of the FSDP backend, or None when models are not sharded."""
         return self._ctx.accelerator_settings.get("fsdp_plugin") if self.is_fsdp2 else None
-
-    @property
-    def is_fsdp2(self) -> bool:
-        """Whether models are sharded with FSDP2 (lockstep's FSDP is always FSDP2)."""
-        from lockstep.config.topology import is_fsdp2
-
-        return is_fsdp2(self.distributed_type)
 
     @property
     def use_ipex(self) -> bool:

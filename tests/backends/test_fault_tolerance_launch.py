@@ -15,12 +15,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
 from lockstep.cli.main import main
-from lockstep.trainer.accelerator_factory import fault_tolerance_for
+from lockstep.config.backend_specs import add_on_arguments
 from lockstep.trainer.arguments import TrainingArguments
 from tests.helpers.cli import REPO, cli_env, lockstep
 from tests.helpers.ft_lighthouse import lighthouse_process
@@ -88,6 +89,11 @@ def test_the_config_file_section_is_checked_like_the_flags(
     )
     assert main(["launch", "--config-file", str(config), str(script)]) == 2
     assert "min_replicas=2, num_replica_groups=1" in capsys.readouterr().err
+
+
+def fault_tolerance_for(args: TrainingArguments) -> Any:
+    """The ``Accelerator(fault_tolerance=...)`` the Trainer passes for ``args``."""
+    return add_on_arguments(lambda field: getattr(args, field))["fault_tolerance"]
 
 
 def test_the_trainer_field_takes_the_sections_keys() -> None:

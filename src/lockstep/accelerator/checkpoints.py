@@ -67,10 +67,6 @@ class SaveReport:
     asynchronous: bool
 
 
-LIVE_PROGRESS = "fault_tolerance"
-"""The counters' entry of a fault-tolerant backend's progress (:class:`LiveRecovery`)."""
-
-
 class CheckpointManager:
     """Saves and loads the training state of one Accelerator.
 
@@ -176,7 +172,7 @@ class CheckpointManager:
             counters[OPTIMIZER_STEPS_COUNTER] = [o.steps_taken for o in optimizers]
         live = self.backend.capability(LiveRecovery)
         if live is not None:  # fault tolerance: torchft's committed steps, so a full restart continues them
-            counters[LIVE_PROGRESS] = live.saved_progress()
+            counters[live.progress_key] = live.saved_progress()
         return TrainingObjects(
             schedulers=list(self.prepared.schedulers),
             dataloaders=list(self.prepared.dataloaders),
@@ -428,8 +424,8 @@ class CheckpointManager:
             if hasattr(optimizer, "steps_taken"):
                 optimizer.steps_taken = int(taken)
         live = self.backend.capability(LiveRecovery)
-        if live is not None and LIVE_PROGRESS in counters:
-            live.load_saved_progress(counters[LIVE_PROGRESS])
+        if live is not None and live.progress_key in counters:
+            live.load_saved_progress(counters[live.progress_key])
         script_steps = self.accumulation.num_steps  # before a resize changes it to keep the global batch
         line = after_resized_load(
             self.prepared.dataloaders,

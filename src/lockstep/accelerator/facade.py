@@ -60,7 +60,7 @@ from lockstep.accelerator.tracking_view import TrackingView
 from lockstep.accelerator.unconfigured import UnconfiguredFeatures
 from lockstep.backends.capabilities import NO_PIPELINE, C, JointPreparation, PipelineSchedule
 from lockstep.backends.registry import select_backend
-from lockstep.config.backend_specs import argument_plugins, launched_plugin
+from lockstep.config.backend_specs import argument_plugins, launched_add_ons
 from lockstep.config.dataloader import DataLoaderConfiguration
 from lockstep.config.enums import DistributedType, PrecisionType
 from lockstep.config.kwargs import AutocastKwargs, ProfileKwargs
@@ -235,9 +235,10 @@ class Accelerator:
 
     def _build_backend(self, fault_tolerance: Any = None) -> Backend:
         handlers = self.settings.handlers
-        if fault_tolerance is None:  # lockstep launch --fault-tolerance (its section)
-            fault_tolerance = launched_plugin(launcher_settings(), "fault_tolerance")
-        backend_plugins = handlers.backend_plugins + argument_plugins(fault_tolerance=fault_tolerance)
+        given = argument_plugins(fault_tolerance=fault_tolerance)
+        if fault_tolerance is None:  # lockstep launch --fault-tolerance (an add-on backend's section)
+            given = launched_add_ons(launcher_settings())
+        backend_plugins = handlers.backend_plugins + given
         layout = self.settings.parallelism_config
         if layout is not None:
             build_layout(layout, self.state)

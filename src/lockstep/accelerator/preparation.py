@@ -22,7 +22,6 @@ from lockstep.accelerator.scheduler import AcceleratedScheduler
 from lockstep.accelerator.settings import AcceleratorSettings
 from lockstep.backends.base import Backend
 from lockstep.backends.capabilities import JointlyPrepared, JointPreparation, StepDataAssignment
-from lockstep.config import topology
 from lockstep.data import prepare_data_loader
 from lockstep.state import PartialState
 
@@ -47,7 +46,7 @@ def has_device_map(model: nn.Module) -> bool:
 
 
 def _check_trainable_here(model: nn.Module, state: PartialState) -> None:
-    if has_device_map(model) and not topology.is_plain(state.distributed_type):
+    if has_device_map(model) and not state.is_plain:
         raise ValueError(
             f"Cannot prepare {type(model).__name__} for {state.distributed_type} training on "
             f"{state.num_processes} process(es): it was loaded with a device_map (e.g. device_map='auto') that "

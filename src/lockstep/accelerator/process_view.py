@@ -22,7 +22,6 @@ from typing import Any, TypeVar
 
 import torch
 
-from lockstep.config import topology
 from lockstep.state import PartialState
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -76,12 +75,12 @@ class ProcessView:
     def multi_device(self) -> bool:
         """True for data parallel over accelerator devices, one per process (DDP on GPUs, XPUs or MPS); False
         on one process, for DDP on CPUs and for sharded training, as in Accelerate."""
-        return self.state.use_distributed and topology.is_multi_device(self.state.distributed_type)
+        return self.state.multi_device
 
     @property
     def is_fsdp2(self) -> bool:
         """Whether models are sharded with FSDP2 (``fully_shard``); lockstep's FSDP is always FSDP2."""
-        return topology.is_fsdp2(self.state.distributed_type)
+        return self.state.is_fsdp2
 
     @property
     def deepspeed_plugin(self) -> Any:

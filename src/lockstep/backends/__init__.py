@@ -18,6 +18,7 @@ __getattr__, __all__ = lazy_exports(
         "BackendSpec": "lockstep.config.backend_specs",
         "Capability": "lockstep.backends.capabilities",
         "ContextParallel": "lockstep.backends.capabilities",
+        "GatheredForward": "lockstep.backends.capabilities",
         "JointPreparation": "lockstep.backends.capabilities",
         "LiveRecovery": "lockstep.backends.capabilities",
         "PipelineSchedule": "lockstep.backends.capabilities",

@@ -24,6 +24,9 @@ capability                    what it does                                      
                               schedulers, counters) from a live peer too
 :class:`StepDataAssignment`   builds the prepared dataloaders itself: each       fault tolerant (torchft)
                               step's batches dealt over that step's replicas
+:class:`GatheredForward`      parameters are sharded over processes and each     FSDP, N-D, pipeline,
+                              forward gathers them (generation must then run     DeepSpeed
+                              on every process until all have finished)
 ============================  =================================================  ==========================
 """
 
@@ -35,7 +38,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import torch
 from torch import nn
@@ -167,6 +170,9 @@ class LiveRecovery(Capability):
     group that heals reads its first batch where its peers stand.
     """
 
+    progress_key: ClassVar[str]
+    """The entry of a checkpoint's counters that holds :meth:`saved_progress` (the backend names it)."""
+
     @abstractmethod
     def share_training_state(
         self,
@@ -229,3 +235,18 @@ class StepDataAssignment(Capability):
     def prepare_data_loader(self, data_loader: Any, *, device: torch.device | None, config: Any) -> Any:
         """The prepared loader for the user's ``data_loader`` (batches moved to ``device`` unless None), under
         the Accelerator's ``DataLoaderConfiguration`` ``config``."""
+
+
+class GatheredForward(Capability):
+    """Parameters are sharded over processes and each forward gathers them from every process (FSDP2's
+    ``fully_shard``, ZeRO-3): a process cannot run a forward alone."""
+
+    @abstractmethod
+    def gathers_in_forward(self, model: nn.Module) -> bool:
+        """Whether a forward of ``model`` gathers parameters from every process (then every process must keep
+        generating until all have finished: ``synced_gpus``)."""
+
+    @abstractmethod
+    def root_parameters_gathered(self, model: nn.Module) -> contextlib.AbstractContextManager:
+        """A block in which the parameters sharded with ``model``'s root are whole: code that calls submodules
+        directly (``generate`` calls the encoder) bypasses the root's forward, which would gather them."""

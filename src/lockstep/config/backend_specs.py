@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import importlib.util
+import json
 import logging
 import pkgutil
 from collections.abc import Callable, Iterable, Mapping
@@ -275,6 +276,54 @@ def launched_plugin(launch: Mapping[str, Any], argument: str) -> Any:
     if spec.plugin_from_section is None:
         return None
     return spec.plugin_from_section(dict(launch.get(spec.config_section or "") or {}))
+
+
+def launched_add_ons(launch: Mapping[str, Any]) -> tuple[Any, ...]:
+    """The plugins of the add-on backends (fault tolerance) whose sections ``lockstep launch`` (its flags and
+    config file) gives: what an ``Accelerator`` given none of their keywords trains with.
+
+    Example:
+        >>> launched_add_ons({"distributed_type": "MULTI_CPU"})
+        ()
+    """
+    found = (
+        launched_plugin(launch, spec.accelerator_argument)
+        for spec in backend_specs()
+        if spec.add_on and spec.accelerator_argument
+    )
+    return tuple(plugin for plugin in found if plugin is not None)
+
+
+def add_on_arguments(values: Callable[[str], Any]) -> dict[str, Any]:
+    """The ``Accelerator`` keywords of the add-on backends that take a ``TrainingArguments`` field, each with
+    its plugin: ``values(field)`` is the field's value, a plugin object or a dict of the backend's config
+    section (JSON text too), built into its plugin here; None stays None.
+
+    Raises:
+        ValueError: a field's text is not JSON.
+
+    Example:
+        >>> add_on_arguments(lambda field: None)
+        {'fault_tolerance': None}
+    """
+    arguments = {}
+    for spec in backend_specs():
+        if not (spec.add_on and spec.trainer_argument and spec.accelerator_argument):
+            continue
+        value = values(spec.trainer_argument)
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except ValueError as error:
+                raise ValueError(
+                    f"TrainingArguments({spec.trainer_argument}={values(spec.trainer_argument)!r}) is not JSON "
+                    f"({error}): pass a dict of its {spec.config_section} keys "
+                    f"({', '.join(entry.key for entry in spec.keys)})."
+                ) from None
+        if isinstance(value, Mapping) and spec.plugin_from_section is not None:
+            value = spec.plugin_from_section(dict(value))
+        arguments[spec.accelerator_argument] = value
+    return arguments
 
 
 def sectioned_specs() -> list[BackendSpec]:

@@ -22,6 +22,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from lockstep.backends.ddp.backend import syncs_gradients_in_backward
+
 
 class ExposedCommunication:
     """Marks the last gradient of each synchronising DDP backward.
@@ -39,11 +41,7 @@ class ExposedCommunication:
 
     def before_backward(self, models: Sequence[nn.Module]) -> bool:
         """Prepare for a backward; returns whether any DDP model synchronises gradients in it."""
-        syncing = [
-            m
-            for m in models
-            if isinstance(m, nn.parallel.DistributedDataParallel) and m.require_backward_grad_sync
-        ]
+        syncing = [m for m in models if syncs_gradients_in_backward(m)]
         self._fired, self._fired_param = None, None
         for model in syncing:
             if id(model) not in self._last_param:

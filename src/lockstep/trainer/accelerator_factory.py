@@ -16,7 +16,6 @@ Accelerator settings (the counterpart of transformers' method of the same name):
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Mapping
 from datetime import timedelta
@@ -35,7 +34,7 @@ from lockstep.config import (
     TorchDynamoPlugin,
 )
 from lockstep.config.backend_specs import (
-    backend_specs,
+    add_on_arguments,
     launched_plugin,
     sectioned_specs,
     spec_for_distributed_type,
@@ -120,25 +119,6 @@ def dynamo_plugin(args: TrainingArguments) -> TorchDynamoPlugin | None:
     return TorchDynamoPlugin(backend=args.torch_compile_backend or "inductor", mode=args.torch_compile_mode)
 
 
-def fault_tolerance_for(args: TrainingArguments) -> Any:
-    """``args.fault_tolerance`` as the Accelerator takes it: a dict (or JSON text) of the config section's keys
-    is built by the backend that claims the field (its errors name the key); anything else is passed on."""
-    value = args.fault_tolerance
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except ValueError as error:
-            raise ValueError(
-                f"TrainingArguments(fault_tolerance={args.fault_tolerance!r}) is not JSON ({error}): pass a dict "
-                'such as {"replica_group": 0, "num_replica_groups": 2}.'
-            ) from None
-    if not isinstance(value, Mapping):
-        return value
-    spec = next(s for s in backend_specs() if s.trainer_argument == "fault_tolerance")
-    assert spec.plugin_from_section is not None
-    return spec.plugin_from_section(dict(value))
-
-
 def build_fsdp_plugin(args: TrainingArguments, model: nn.Module | None) -> Any:
     """The FSDP plugin for ``args.fsdp`` (None without it)."""
     if not args.fsdp:
@@ -166,7 +146,7 @@ def check_launcher_agreement(args: TrainingArguments, launch: Mapping[str, Any])
                 f"asks for {spec.title}. Remove {spec.trainer_argument} from the arguments or change the launcher's "
                 "config."
             )
-    if not args.fsdp or launched_plugin(launch, "fsdp_plugin") is None:
+    if not args.fsdp or launched_plugin(launch, launched.accelerator_argument or "") is None:
         return
     ours = fsdp_plugin_kwargs(args.fsdp, args.fsdp_config, no_split_modules=["?"])  # type: ignore[arg-type]
     theirs = plugin_fields(launch.get(launched.config_section or "") or {})
@@ -262,7 +242,7 @@ def create_accelerator_and_postprocess(
         dynamo_plugin=dynamo_plugin(args),
         fsdp_plugin=fsdp_plugin,
         deepspeed_plugin=deepspeed_plugin_for(args, _world_size()),
-        fault_tolerance=fault_tolerance_for(args),
+        **add_on_arguments(lambda field: getattr(args, field)),
         elastic_keep_global_batch=args.elastic_keep_global_batch,
         parallelism_config=parallelism_config_for(args, model),
         log_with=list(args.report_to) or None,  # type: ignore[arg-type]

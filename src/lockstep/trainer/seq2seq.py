@@ -23,7 +23,7 @@ import contextlib
 import copy
 import functools
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +31,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from lockstep.backends import GatheredForward
 from lockstep.trainer._evaluation import PredictionOutput
 from lockstep.trainer.arguments import TrainingArguments
 from lockstep.trainer.trainer import Trainer
@@ -197,7 +198,7 @@ class Seq2SeqTrainer(Trainer):
             key: value for key, value in (gen_kwargs or self._gen_kwargs).items() if value is not None
         }
         gen_kwargs.setdefault("synced_gpus", self._generation_is_collective())
-        with _root_parameters_gathered(self.model):
+        with self._root_parameters_gathered():
             generated = self.model.generate(**_generation_inputs(inputs), **gen_kwargs)
         width = self._padded_width()
         labels = inputs.get("labels")
@@ -206,12 +207,15 @@ class Seq2SeqTrainer(Trainer):
     def _generation_is_collective(self) -> bool:
         """Whether each forward gathers parameters from every process (FSDP2, ZeRO-3): then every process
         must keep generating until all have finished (``synced_gpus``)."""
-        from torch.distributed.fsdp import FSDPModule
+        gathered = self.accelerator.capability(GatheredForward)
+        return gathered is not None and gathered.gathers_in_forward(self.model)
 
-        if any(isinstance(module, FSDPModule) for module in self.model.modules()):
-            return True
-        plugin = getattr(self.accelerator.state, "deepspeed_plugin", None)
-        return plugin is not None and getattr(plugin, "zero_stage", None) == 3
+    def _root_parameters_gathered(self) -> contextlib.AbstractContextManager:
+        """The parameters sharded with the model's root gathered meanwhile (FSDP2): ``generate`` calls
+        submodules (the encoder) directly, not the root's forward, whose hook would gather them; without this
+        the embedding meets a sharded weight."""
+        gathered = self.accelerator.capability(GatheredForward)
+        return contextlib.nullcontext() if gathered is None else gathered.root_parameters_gathered(self.model)
 
     def _padded_width(self) -> int:
         """The width transformers pads generated ids and labels to (0: no padding)."""
@@ -249,24 +253,6 @@ class Seq2SeqTrainer(Trainer):
                 "nor model.config has a pad_token_id. Pass processing_class=tokenizer or set model.config.pad_token_id."
             )
         return int(pad)
-
-
-@contextlib.contextmanager
-def _root_parameters_gathered(model: nn.Module) -> Iterator[None]:
-    """The parameters that FSDP2 shards with the root module (embeddings, often) gathered meanwhile.
-
-    ``generate`` calls submodules (the encoder) directly, not the root's forward, whose hook would gather them:
-    without this the embedding meets a sharded weight. The inner ``fully_shard`` blocks gather as they run."""
-    from torch.distributed.fsdp import FSDPModule
-
-    if not isinstance(model, FSDPModule):
-        yield
-        return
-    model.unshard()
-    try:
-        yield
-    finally:
-        model.reshard()
 
 
 def _generation_inputs(inputs: Any) -> dict[str, Any]:

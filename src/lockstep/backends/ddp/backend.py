@@ -19,6 +19,12 @@ from lockstep.precision import Precision
 from lockstep.state import PartialState
 
 
+def syncs_gradients_in_backward(model: nn.Module) -> bool:
+    """Whether ``model`` is a DDP model that all-reduces its gradients in its next backward (not under
+    ``no_sync``): what :mod:`lockstep.throughput.comm` times."""
+    return isinstance(model, nn.parallel.DistributedDataParallel) and model.require_backward_grad_sync
+
+
 def _comm_hook(
     hook_type: DDPCommunicationHookType, wrapper_type: DDPCommunicationHookType
 ) -> tuple[Any, bool]:

@@ -9,6 +9,7 @@ cycle). Checkpoints are the engine's own files (:mod:`.checkpoint`), inside lock
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Collection, Iterable, Sequence
 from pathlib import Path
 from typing import Any, final
@@ -17,7 +18,12 @@ import torch
 from torch import nn
 
 from lockstep.backends.base import Backend, Indexed
-from lockstep.backends.capabilities import JointlyPrepared, JointPreparation, ShardedCheckpointIO
+from lockstep.backends.capabilities import (
+    GatheredForward,
+    JointlyPrepared,
+    JointPreparation,
+    ShardedCheckpointIO,
+)
 from lockstep.backends.deepspeed import auto, checkpoint, universal
 from lockstep.backends.deepspeed.loading import check_fp16_supported, import_deepspeed
 from lockstep.backends.deepspeed.placeholders import DummyOptim, DummyScheduler
@@ -32,7 +38,7 @@ _LRScheduler = torch.optim.lr_scheduler.LRScheduler
 
 
 @final
-class DeepSpeedBackend(Backend, JointPreparation, ShardedCheckpointIO):
+class DeepSpeedBackend(Backend, JointPreparation, ShardedCheckpointIO, GatheredForward):
     """ZeRO through DeepSpeed engines, one per ``prepare`` call that holds a model.
 
     Args:
@@ -70,6 +76,15 @@ class DeepSpeedBackend(Backend, JointPreparation, ShardedCheckpointIO):
     def active_plugin(self) -> DeepSpeedPlugin:
         """The selected plugin (the first one unless ``select_deepspeed_plugin`` chose another)."""
         return next((p for p in self.plugins.values() if p.selected), next(iter(self.plugins.values())))
+
+    # -- parameters gathered in forward (ZeRO-3) -----------------------------------------------------
+    def gathers_in_forward(self, model: nn.Module) -> bool:
+        """Whether the selected plugin partitions the parameters (ZeRO stage 3): each forward gathers them."""
+        return self.active_plugin.zero_stage == 3
+
+    def root_parameters_gathered(self, model: nn.Module) -> contextlib.AbstractContextManager:
+        """Nothing to do: ZeRO-3 gathers each submodule's parameters in its own forward hooks."""
+        return contextlib.nullcontext()
 
     # -- preparing model, optimizer and scheduler together -------------------------------------------
     def prepare_together(

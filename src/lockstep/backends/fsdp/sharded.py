@@ -27,7 +27,7 @@ from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, OffloadPolicy, 
 
 from lockstep._peft import guard_sharded
 from lockstep.backends.base import Backend, Indexed
-from lockstep.backends.capabilities import ShardedCheckpointIO
+from lockstep.backends.capabilities import GatheredForward, ShardedCheckpointIO
 from lockstep.backends.fsdp import checkpoint as shards
 from lockstep.backends.fsdp.clipping import clip_sharded_gradients
 from lockstep.backends.fsdp.loading import announce_main_process_loading
@@ -42,7 +42,7 @@ from lockstep.state import PartialState
 checkpoint_logger = logging.getLogger("lockstep.checkpoint")
 
 
-class ShardedBackend(Backend, ShardedCheckpointIO):
+class ShardedBackend(Backend, ShardedCheckpointIO, GatheredForward):
     """The sharding state and the FSDP2 parts of the backend interface; abstract: a subclass says over which
     mesh it shards (:attr:`mesh`) and how it wraps a model (:meth:`wrap_model`).
 
@@ -194,6 +194,24 @@ class ShardedBackend(Backend, ShardedCheckpointIO):
         if not isinstance(target, FSDPModule):
             return target.state_dict()
         return gathered_state_dict(target)
+
+    # -- parameters gathered in forward ----------------------------------------------------------------
+    def gathers_in_forward(self, model: nn.Module) -> bool:
+        """Whether ``fully_shard`` sharded ``model`` or a submodule: each forward gathers their parameters."""
+        return any(isinstance(module, FSDPModule) for module in model.modules())
+
+    @contextlib.contextmanager
+    def root_parameters_gathered(self, model: nn.Module) -> Iterator[None]:
+        """The parameters that FSDP2 shards with the root module (embeddings, often) gathered meanwhile; the
+        inner ``fully_shard`` blocks gather as they run."""
+        if not isinstance(model, FSDPModule):
+            yield
+            return
+        model.unshard()
+        try:
+            yield
+        finally:
+            model.reshard()
 
     # -- checkpoints ------------------------------------------------------------------------------
     @property

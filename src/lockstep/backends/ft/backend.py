@@ -257,6 +257,9 @@ class FaultTolerantBackend(Backend, LiveRecovery, StepDataAssignment):
         return self.manager.current_step()
 
     # -- healing (LiveRecovery) ------------------------------------------------------------------
+    progress_key = "fault_tolerance"
+    """Where a checkpoint's counters hold torchft's committed steps (:meth:`saved_progress`)."""
+
     def share_training_state(
         self,
         key: str,
