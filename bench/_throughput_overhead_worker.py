@@ -2,8 +2,9 @@
 
 The three variants train the very same prepared model, optimizer and loader (separate copies differ by
 a few percent on their own on a busy 2-core machine: memory placement, cache): between blocks of steps
-the Accelerator's step timer is swapped for the do-nothing one and back. Each block starts a new pass
-over the loader, because a loader picks up its timer when an iteration starts.
+the Accelerator's step timer is swapped for the do-nothing one and back (and taken off its step hooks).
+Each block starts a new pass over the loader, because a loader runs the step hooks it has when an iteration
+starts.
 """
 
 from __future__ import annotations
@@ -61,7 +62,10 @@ class Loop:
     def switch(self, variant: str) -> None:
         on = variant != "off"
         self.accelerator._step_timer = self.timer if on else NullStepTimer()
-        self.loader._step_observer = self.optimizer._step_observer = self.timer if on else None
+        hooks = self.accelerator._step_hooks
+        hooks.remove(self.timer)
+        if on:
+            hooks.add(self.timer)
         self.accelerator.trackers = self.trackers if variant == "on+jsonl" else []
 
     def timed_steps(self, steps: int) -> tuple[float, float]:
@@ -133,10 +137,10 @@ def accounting_cost_us(
     )
     batches = [(torch.zeros(64, 256), torch.zeros(64, dtype=torch.long))] * repeats
     started = time.thread_time()
-    for _ in timer.time_batches(batches):
-        with timer.backward():
+    for _ in timer.batches(batches):
+        with timer.around_backward():
             pass
-        with timer.optimizer_step(None):
+        with timer.around_optimizer_step(None):
             pass
     return (time.thread_time() - started) / repeats * 1e6
 

@@ -88,6 +88,7 @@ BELOW_FACADE = (
     "lockstep.utils",
     "lockstep.big_modeling",
     "lockstep.hooks",
+    "lockstep.step_hooks",
 )
 FORBIDDEN_IMPORTS += [
     (

@@ -408,7 +408,8 @@ def test_step_timing_is_off_by_default_and_says_how_to_switch_it_on():
     _, optimizer, loader = accelerator.prepare(
         nn.Linear(2, 1), torch.optim.SGD(nn.Linear(2, 1).parameters(), lr=0.1), DataLoader(range(4))
     )
-    assert optimizer._step_observer is None and loader._step_observer is None
+    assert list(accelerator._step_hooks) == []  # the timer is not among the step hooks
+    assert optimizer._step_hooks is accelerator._step_hooks and loader._step_hooks is accelerator._step_hooks
     with pytest.raises(
         RuntimeError, match=r"step timing on, and it is off .*Accelerator\(step_timing=True\)"
     ):
@@ -536,11 +537,11 @@ def test_device_clock_marks_are_read_once_per_step_after_waiting_for_its_end():
         clock=clock,
     )
     batches = [(torch.zeros(BATCH, FEATURES),)] * 3
-    for _ in timer.time_batches(batches):
+    for _ in timer.batches(batches):
         time.sleep(0.01)
-        with timer.backward():
+        with timer.around_backward():
             time.sleep(0.01)
-        with timer.optimizer_step("the optimizer"):
+        with timer.around_optimizer_step("the optimizer"):
             time.sleep(0.005)
         figures = timer.stats
         assert sum(figures[key] for key in PHASE_KEYS) == pytest.approx(figures["time/step"])

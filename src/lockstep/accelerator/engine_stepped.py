@@ -13,6 +13,7 @@ from typing import Any
 
 from lockstep.accelerator.optimizer import AcceleratedOptimizer
 from lockstep.accelerator.scheduler import AcceleratedScheduler
+from lockstep.step_hooks import StepHooks
 
 
 class DeepSpeedOptimizerWrapper(AcceleratedOptimizer):
@@ -20,18 +21,17 @@ class DeepSpeedOptimizerWrapper(AcceleratedOptimizer):
 
     Args:
         optimizer: the engine's optimizer (a ZeRO optimizer wrapping the torch one).
-        on_step: called on every real step (the hang watchdog's progress note).
+        step_hooks: the Accelerator's step hooks, run around every real step (the hang watchdog, the step
+            timer).
     """
 
-    def __init__(self, optimizer: Any, *, on_step: Callable[[], None] | None = None) -> None:
-        super().__init__(optimizer, device_placement=False, scaler=None, on_step=on_step)
+    def __init__(self, optimizer: Any, *, step_hooks: StepHooks | None = None) -> None:
+        super().__init__(optimizer, device_placement=False, scaler=None, step_hooks=step_hooks)
 
     def zero_grad(self, set_to_none: bool | None = None) -> None:
         return None  # the engine zeroes the gradients after its step
 
     def _synchronized_step(self, closure: Callable[[], float] | None) -> Any:
-        if self._on_step is not None:
-            self._on_step()
         self._is_overflow = bool(getattr(self.optimizer, "overflow", False))
         return None
 

@@ -70,6 +70,7 @@ from lockstep.data import skip_first_batches as _skip_first_batches
 from lockstep.memory import release_memory
 from lockstep.precision import Precision, remove_forward_wrapper
 from lockstep.state import AcceleratorState, GradientState
+from lockstep.step_hooks import StepHook, StepHooks
 from lockstep.throughput.build import build_step_timer
 
 if TYPE_CHECKING:
@@ -219,10 +220,9 @@ class Accelerator:
         )
         self._live = share_live_state(self.backend, self._prepared, self._accumulation)  # fault tolerance
         self._preemption = PreemptionWatcher(preemption_signals, preemption_grace_period)
+        self._step_hooks = self._build_step_hooks()
         self._preparer = self._build_preparer(
-            device_placement=device_placement,
-            step_scheduler_with_optimizer=step_scheduler_with_optimizer,
-            on_optimizer_step=self._start_hang_watchdog(),
+            device_placement=device_placement, step_scheduler_with_optimizer=step_scheduler_with_optimizer
         )
 
     # -- build steps ------------------------------------------------------------------------------
@@ -275,26 +275,49 @@ class Accelerator:
             logging_active=lambda: self._trackers.active,
         )
 
-    def _start_hang_watchdog(self) -> Callable[[], None]:
-        """Start lockstep.diagnostics' watchdog (a hang becomes a report and exit code 124); returns the
-        progress note prepared optimizers call on every step."""
+    def _build_step_hooks(self) -> StepHooks:
+        """The layers on from the start, in this order: the step timer, the hang watchdog's progress note,
+        the backend's own (fault tolerance's commit answer)."""
+        hooks = StepHooks()
+        if isinstance(self._step_timer, StepHook):  # step timing on
+            hooks.add(self._step_timer)
+        watchdog = self._start_hang_watchdog()
+        if watchdog is not None:
+            hooks.add(watchdog)
+        layer = self.backend.capability(StepHook)
+        if layer is not None:
+            hooks.add(layer)
+        return hooks
+
+    def _start_hang_watchdog(self) -> StepHook | None:
+        """Start lockstep.diagnostics' watchdog (a hang becomes a report and exit code 124); returns its step
+        hook (progress on every optimizer step), or None when it is off."""
         from lockstep.diagnostics import active_watchdog
 
-        active_watchdog.start(
+        watchdog = active_watchdog.start(
             rank=self.process_index,
             world_size=self.num_processes,
             handler=self.settings.handlers.hang,
             logging_dir=self.logging_dir,
         )
-        return active_watchdog.note_step
+        return None if watchdog is None else active_watchdog.StepProgress()
 
-    def _build_preparer(
-        self,
-        *,
-        device_placement: bool,
-        step_scheduler_with_optimizer: bool,
-        on_optimizer_step: Callable[[], None],
-    ) -> Preparer:
+    def add_step_hook(self, hook: StepHook) -> None:
+        """Run ``hook`` on every training step from now on, after the layers added before it: around the
+        batches of prepared loaders, ``backward`` and every synchronising ``optimizer.step()``, and ask it
+        whether each step committed (see :mod:`lockstep.step_hooks`). Objects prepared already run it too.
+
+        Example:
+            >>> from lockstep.step_hooks import StepHook
+            >>> class VetoAll(StepHook):
+            ...     def step_committed(self, optimizer: object) -> bool:
+            ...         return False
+            >>> accelerator = Accelerator(cpu=True)
+            >>> accelerator.add_step_hook(VetoAll())
+        """
+        self._step_hooks.add(hook)
+
+    def _build_preparer(self, *, device_placement: bool, step_scheduler_with_optimizer: bool) -> Preparer:
         return Preparer(
             backend=self.backend,
             prepared=self._prepared,
@@ -302,8 +325,7 @@ class Accelerator:
             state=self.state,
             device_placement=device_placement,
             step_scheduler_with_optimizer=step_scheduler_with_optimizer,
-            watch=self._step_timer.watch,
-            on_optimizer_step=on_optimizer_step,
+            step_hooks=self._step_hooks,
         )
 
     # -- preparation settings (may be changed between prepare calls, as in Accelerate) ---------------
@@ -475,7 +497,7 @@ class Accelerator:
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         """``loss.backward()``, divided by the accumulation steps and scaled under fp16."""
         loss = self.backend.scale_for_accumulation(loss, self.gradient_accumulation_steps)
-        with self._step_timer.backward():
+        with self._step_hooks.around_backward():
             self.backend.backward(loss, **kwargs)
 
     def pipeline_step(
@@ -491,7 +513,7 @@ class Accelerator:
         schedule = self.backend.capability(PipelineSchedule)
         if schedule is None:
             raise RuntimeError(NO_PIPELINE)
-        with self._step_timer.backward():
+        with self._step_hooks.around_backward():
             return schedule.pipeline_step(
                 model,
                 args,

@@ -9,6 +9,9 @@ import torch
 
 from lockstep._nested import send_to_device
 from lockstep.state import GradientState
+from lockstep.step_hooks import StepHooks
+
+_NO_HOOKS = StepHooks()
 
 
 class AcceleratedOptimizer(torch.optim.Optimizer):
@@ -16,15 +19,16 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
 
     ``step()`` does nothing on the micro-steps of gradient accumulation (``sync_gradients`` False);
     under fp16 it goes through the GradScaler, and ``step_was_skipped`` tells whether the scaler
-    skipped the step because gradients overflowed. ``zero_grad()`` likewise waits for a real step.
+    skipped the step because gradients overflowed, or a step hook did not commit it. ``zero_grad()``
+    likewise waits for a real step.
 
     Args:
         optimizer: the user's optimizer.
         device_placement: move loaded state to ``device``.
         scaler: the fp16 GradScaler, if any.
         device: the training device.
-        on_step: called after every real (synchronised) step is started; the Accelerator passes the hang
-            watchdog's progress note.
+        step_hooks: the Accelerator's step hooks (:mod:`lockstep.step_hooks`): every real (synchronised)
+            step runs inside their ``around_optimizer_step``, and they answer whether it committed.
     """
 
     def __init__(
@@ -34,7 +38,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         scaler: torch.amp.GradScaler | None = None,
         device: torch.device | None = None,
         *,
-        on_step: Callable[[], None] | None = None,
+        step_hooks: StepHooks | None = None,
     ) -> None:
         # The wrapped optimizer owns param_groups and state; the base __init__ is deliberately not called.
         self.optimizer = optimizer
@@ -43,7 +47,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         self.device = device
         self.gradient_state = GradientState()
         self._is_overflow = False
-        self._on_step = on_step
+        self._step_hooks = _NO_HOOKS if step_hooks is None else step_hooks
 
     # torch.optim.Optimizer reads these attributes directly.
     @property
@@ -100,9 +104,6 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         if hasattr(self.optimizer, "eval"):
             self.optimizer.eval()
 
-    _on_step: Callable[[], None] | None = None
-    _step_observer: Any = None  # the Accelerator's step timer (lockstep.throughput), when step timing is on
-
     steps_taken = 0
     """Optimizer steps taken (calls at a synchronising step, skipped ones included), saved in checkpoints."""
 
@@ -110,14 +111,10 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         if not self.gradient_state.sync_gradients:
             return None
         self.steps_taken += 1
-        if self._step_observer is not None:
-            with self._step_observer.optimizer_step(self):
-                return self._synchronized_step(closure)
-        return self._synchronized_step(closure)
+        with self._step_hooks.around_optimizer_step(self):
+            return self._synchronized_step(closure)
 
     def _synchronized_step(self, closure: Callable[[], float] | None) -> Any:
-        if self._on_step is not None:
-            self._on_step()  # progress for the hang watchdog (lockstep.diagnostics)
         if self.scaler is None:
             self._is_overflow = False
             return self.optimizer.step(closure) if closure is not None else self.optimizer.step()
@@ -151,9 +148,10 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
 
     @property
     def step_was_skipped(self) -> bool:
-        """Whether the last ``step()`` was skipped because of gradient overflow, or because the backend's
-        optimizer did not step (a fault-tolerant step that did not commit); schedulers then stay."""
-        return self._is_overflow or getattr(self.optimizer, "step_was_skipped", False) is True
+        """Whether the last ``step()`` was skipped because of gradient overflow, or because a step hook
+        did not commit it (a fault-tolerant step that not every replica group committed); schedulers then
+        stay."""
+        return self._is_overflow or not self._step_hooks.step_committed(self)
 
     @property
     def is_overflow(self) -> bool:
@@ -162,12 +160,13 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state.pop("gradient_state", None)
-        state.pop("_step_observer", None)
+        state.pop("_step_hooks", None)  # the Accelerator's, of this process
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self.gradient_state = GradientState()
+        self._step_hooks = _NO_HOOKS
 
     def __repr__(self) -> str:
         return f"AcceleratedOptimizer({self.optimizer!r})"

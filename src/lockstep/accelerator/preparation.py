@@ -7,7 +7,7 @@ optimizers, dataloaders are sharded. Every prepared object is recorded in :class
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -24,6 +24,7 @@ from lockstep.backends.base import Backend
 from lockstep.backends.capabilities import JointlyPrepared, JointPreparation, StepDataAssignment
 from lockstep.data import prepare_data_loader
 from lockstep.state import PartialState
+from lockstep.step_hooks import StepHooks
 
 _LRScheduler = torch.optim.lr_scheduler.LRScheduler
 
@@ -80,8 +81,7 @@ class Preparer:
         state: the process state.
         device_placement: the Accelerator's default for moving objects to the device.
         step_scheduler_with_optimizer: prepared schedulers follow the optimizer (see ``lockstep.scheduler``).
-        watch: told about every prepared optimizer and dataloader (the step timer).
-        on_optimizer_step: called on every real optimizer step (the hang watchdog's progress note).
+        step_hooks: the Accelerator's step hooks, given to every prepared optimizer and dataloader.
     """
 
     def __init__(
@@ -93,8 +93,7 @@ class Preparer:
         state: PartialState,
         device_placement: bool,
         step_scheduler_with_optimizer: bool,
-        watch: Callable[[Any], None],
-        on_optimizer_step: Callable[[], None] | None,
+        step_hooks: StepHooks,
     ) -> None:
         self.backend = backend
         self.prepared = prepared
@@ -102,8 +101,7 @@ class Preparer:
         self.state = state
         self.device_placement = device_placement
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
-        self.watch = watch
-        self.on_optimizer_step = on_optimizer_step
+        self.step_hooks = step_hooks
 
     def _placement(self, override: bool | None) -> bool:
         return self.device_placement if override is None else override
@@ -153,7 +151,7 @@ class Preparer:
             self._placement(device_placement),
             scaler=self.backend.precision.scaler,
             device=self.state.device,
-            on_step=self.on_optimizer_step,
+            step_hooks=self.step_hooks,
         )
         return self._register_optimizer(prepared)
 
@@ -201,12 +199,11 @@ class Preparer:
         if joint.optimizer_stepped_by_model:
             from lockstep.accelerator.engine_stepped import DeepSpeedOptimizerWrapper
 
-            return DeepSpeedOptimizerWrapper(inner, on_step=self.on_optimizer_step)
-        return AcceleratedOptimizer(inner, False, device=self.state.device, on_step=self.on_optimizer_step)
+            return DeepSpeedOptimizerWrapper(inner, step_hooks=self.step_hooks)
+        return AcceleratedOptimizer(inner, False, device=self.state.device, step_hooks=self.step_hooks)
 
     def _register_optimizer(self, prepared: AcceleratedOptimizer) -> AcceleratedOptimizer:
         self.prepared.optimizers.append(prepared)
-        self.watch(prepared)
         return prepared
 
     def _register_scheduler(
@@ -261,7 +258,7 @@ class Preparer:
             data_seed=config.data_seed,
             non_blocking=config.non_blocking,
             use_stateful_dataloader=config.use_stateful_dataloader,
+            step_hooks=self.step_hooks,
         )
         self.prepared.add_dataloader(prepared)
-        self.watch(prepared)
         return prepared

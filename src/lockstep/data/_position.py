@@ -54,6 +54,7 @@ from lockstep.config.dataloader import require_torchdata
 from lockstep.data.resize import Resize, resume_point
 from lockstep.data.samplers import BatchSamplerShard, RecordingRandomSampler, SeedableRandomSampler
 from lockstep.state import GradientState
+from lockstep.step_hooks import StepHooks
 
 
 def batch_length(batch: Any) -> int:
@@ -143,7 +144,7 @@ class DataLoaderStateMixin:
     _lookahead_order: torch.Tensor | None = None  # its state before the look-ahead batch was read
     _resume_lookahead_rng: torch.Tensor | None = None  # loaded, for the resumed epoch's first read
     _seed_synced: bool = False
-    _step_observer: Any = None  # the Accelerator's step timer (lockstep.throughput), when step timing is on
+    _step_hooks: StepHooks | None = None  # the Accelerator's (lockstep.step_hooks), given at construction
     # Set by a stateful loader's load_state_dict: the data source restores its own mid-epoch position, so the
     # next epoch reads no batches to discard them.
     _resume_in_stream: bool = False
@@ -330,8 +331,8 @@ class DataLoaderStateMixin:
     def _track(self, batches: Iterator[Any]) -> Iterator[Any]:
         """Yield ``batches`` one ahead, keeping ``end_of_dataloader`` and the position up to date."""
         tracked = self._track_position(batches)
-        observer = self._step_observer
-        return tracked if observer is None else observer.time_batches(tracked)
+        hooks = self._step_hooks
+        return tracked if hooks is None else hooks.batches(tracked)
 
     def _take_lookahead_replay(self) -> torch.Tensor | None:
         """The generator state to read a resumed epoch's first batch with (once; None when not resuming)."""

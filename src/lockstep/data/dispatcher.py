@@ -23,6 +23,7 @@ from lockstep.data._position import read_replayed
 from lockstep.data.loader import DataLoaderStateMixin, batch_length
 from lockstep.data.samplers import BatchSamplerShard
 from lockstep.state import PartialState
+from lockstep.step_hooks import StepHooks
 
 _COLLECTIVE_BACKENDS = ("nccl", "xccl", "hccl")
 
@@ -71,6 +72,7 @@ class DataLoaderDispatcher(DataLoader, DataLoaderStateMixin):
         even_batches: complete a short last global batch with samples of the first global batch, so that
             every process gets a full batch; without it a process gets what is left, or nothing.
         device: move each batch there (None: leave it on the device it was broadcast on).
+        step_hooks: the Accelerator's step hooks, run over the batches of every iteration.
         **kwargs: the ``torch.utils.data.DataLoader`` arguments.
 
     Attributes:
@@ -93,9 +95,11 @@ class DataLoaderDispatcher(DataLoader, DataLoaderStateMixin):
         use_stateful_dataloader: bool = False,  # taken by __new__, which picks the class
         even_batches: bool = True,
         device: torch.device | str | None = None,
+        step_hooks: StepHooks | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(dataset, **kwargs)
+        self._step_hooks = step_hooks
         state = PartialState()
         self.split_batches = split_batches
         self.skip_batches = skip_batches
@@ -332,4 +336,5 @@ class DataLoaderDispatcher(DataLoader, DataLoaderStateMixin):
             _non_blocking=self._non_blocking,
             even_batches=self.even_batches,
             device=self.device,
+            step_hooks=self._step_hooks,
         )

@@ -17,6 +17,7 @@ from lockstep._nested import send_to_device
 from lockstep.data._position import DataLoaderStateMixin, batch_length, replay_first_read
 from lockstep.data.samplers import BatchSamplerShard, IterableDatasetShard
 from lockstep.rng import synchronize_rng_states
+from lockstep.step_hooks import StepHooks
 
 __all__ = ["DataLoaderShard", "DataLoaderStateMixin", "batch_length"]
 
@@ -35,6 +36,7 @@ class DataLoaderShard(DataLoader, DataLoaderStateMixin):
         skip_batches: skip this many of this process's batches at the start of every epoch.
         use_stateful_dataloader: make the loader a torchdata ``StatefulDataLoader`` too (an instance of a
             subclass; see :mod:`lockstep.data._stateful`).
+        step_hooks: the Accelerator's step hooks, run over the batches of every iteration.
         **kwargs: the ``torch.utils.data.DataLoader`` arguments (``batch_sampler=BatchSamplerShard(...)``).
 
     Attributes:
@@ -58,10 +60,12 @@ class DataLoaderShard(DataLoader, DataLoaderStateMixin):
         _non_blocking: bool = False,
         *,
         use_stateful_dataloader: bool = False,  # taken by __new__, which picks the class
+        step_hooks: StepHooks | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(dataset, **kwargs)
         self.device = device
+        self._step_hooks = step_hooks
         self.rng_types = list(rng_types) if rng_types is not None else None
         self.synchronized_generator = synchronized_generator
         self.skip_batches = skip_batches
@@ -218,4 +222,5 @@ class DataLoaderShard(DataLoader, DataLoaderStateMixin):
             skip_batches=num_batches,
             _drop_last=self._drop_last,
             _non_blocking=self._non_blocking,
+            step_hooks=self._step_hooks,
         )

@@ -19,6 +19,7 @@ from lockstep.data.samplers import (
     SeedableRandomSampler,
 )
 from lockstep.state import PartialState
+from lockstep.step_hooks import StepHooks
 
 # Settings copied from the original loader; batch_size, shuffle, sampler, batch_sampler and drop_last
 # are replaced by the sharded sampler.
@@ -53,6 +54,8 @@ def prepare_data_loader(
     non_blocking: bool = False,
     use_stateful_dataloader: bool = False,
     torch_device_mesh: Any = None,
+    *,
+    step_hooks: StepHooks | None = None,
 ) -> DataLoader:
     """Wrap ``dataloader`` so that this process reads only its share of every epoch.
 
@@ -82,6 +85,8 @@ def prepare_data_loader(
         use_stateful_dataloader: make it a torchdata ``StatefulDataLoader`` too, whose state also restores
             datasets with a state of their own (:mod:`lockstep.data._stateful`; needs torchdata).
         torch_device_mesh: must be None (pass the data-parallel ``num_processes`` and ``process_index``).
+        step_hooks: the Accelerator's step hooks (:mod:`lockstep.step_hooks`), run over the batches of every
+            iteration (lockstep only; the Accelerator passes its own).
 
     Returns:
         The prepared loader (a ``torch.utils.data.DataLoader``).
@@ -108,9 +113,7 @@ def prepare_data_loader(
     if split_batches:
         _check_split(dataloader, world)
     target = _target_device(device, put_on_device)
-    rng_types = ["generator"] if rng_types is None else list(rng_types)
-    common = _common_arguments(dataloader, non_blocking, use_stateful_dataloader)
-    settings = _loader_settings(dataloader)
+    common = _common_arguments(dataloader, non_blocking, use_stateful_dataloader, step_hooks)
     if dispatch_batches:
         placement = _dispatch_placement(dataloader, use_seedable_sampler, data_seed)
         return DataLoaderDispatcher(
@@ -120,7 +123,6 @@ def prepare_data_loader(
             device=target,
             **common,
             **placement,
-            **settings,
         )
     if iterable:
         placement, generator = _iterable_placement(dataloader, world, rank, split_batches)
@@ -131,11 +133,10 @@ def prepare_data_loader(
     return DataLoaderShard(
         placement.pop("dataset"),
         device=target,
-        rng_types=rng_types,
+        rng_types=["generator"] if rng_types is None else list(rng_types),
         synchronized_generator=generator,
         **common,
         **placement,
-        **settings,
     )
 
 
@@ -154,9 +155,7 @@ def skip_first_batches(dataloader: DataLoader, num_batches: int = 0) -> DataLoad
     if num_batches < 0:
         raise ValueError(f"skip_first_batches(num_batches={num_batches}) is invalid: it must be >= 0.")
     if isinstance(dataloader, (DataLoaderShard, DataLoaderDispatcher)):
-        skipping = dataloader._with_skip(num_batches)
-        skipping._step_observer = dataloader._step_observer  # timed like the loader it continues
-        return skipping
+        return dataloader._with_skip(num_batches)  # with the step hooks of the loader it continues
     settings = _loader_settings(dataloader)
     if isinstance(dataloader.dataset, IterableDataset):
         placement: dict[str, Any] = _batching(dataloader.batch_size, dataloader.drop_last)
@@ -208,14 +207,18 @@ def _target_device(device: torch.device | str | None, put_on_device: bool) -> to
     return PartialState().device if device is None else device
 
 
-def _common_arguments(dataloader: DataLoader, non_blocking: bool, stateful: bool) -> dict[str, Any]:
-    """The prepared loader's own arguments, whatever its class."""
+def _common_arguments(
+    dataloader: DataLoader, non_blocking: bool, stateful: bool, step_hooks: StepHooks | None
+) -> dict[str, Any]:
+    """The prepared loader's own arguments whatever its class, and the settings copied from ``dataloader``."""
     if stateful:
         require_torchdata("prepare_data_loader(use_stateful_dataloader=True)")
     return {
         "_drop_last": dataloader.drop_last,
         "_non_blocking": non_blocking,
         "use_stateful_dataloader": stateful,
+        "step_hooks": step_hooks,
+        **_loader_settings(dataloader),
     }
 
 

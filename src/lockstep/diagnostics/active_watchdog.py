@@ -1,9 +1,10 @@
-"""The process's one hang watchdog: started by the Accelerator, told about steps by the optimizer."""
+"""The process's one hang watchdog: started by the Accelerator, told about steps by its step hook."""
 
 from __future__ import annotations
 
 import sys
 from types import TracebackType
+from typing import final
 
 import torch.distributed as dist
 
@@ -11,6 +12,7 @@ from lockstep import _env
 from lockstep.diagnostics.exchange import PeerExchange
 from lockstep.diagnostics.settings import HangDetectionKwargs, resolve_plan
 from lockstep.diagnostics.watchdog import HangWatchdog
+from lockstep.step_hooks import StepHook
 
 _watchdog: HangWatchdog | None = None
 
@@ -52,6 +54,29 @@ def note_step() -> None:
     watchdog = _watchdog
     if watchdog is not None:
         watchdog.note_step()
+
+
+@final
+class _NoteStep:
+    """Notes a step when entered (before the optimizer steps, so a step that hangs counts from its start)."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        note_step()
+
+    def __exit__(self, *exc_info: object) -> None:
+        pass
+
+
+@final
+class StepProgress(StepHook):
+    """The watchdog's step hook: every synchronising optimizer step of a prepared optimizer is progress."""
+
+    _NOTE = _NoteStep()
+
+    def around_optimizer_step(self, optimizer: object) -> _NoteStep:
+        return self._NOTE
 
 
 def stop() -> None:

@@ -15,16 +15,11 @@ if TYPE_CHECKING:
 
 
 class NullStepTimer:
-    """Step timing switched off: every hook does nothing."""
+    """Step timing switched off: not among the Accelerator's step hooks, and its checkpoint window does
+    nothing."""
 
     enabled = False
     _NOTHING = contextlib.nullcontext()
-
-    def watch(self, prepared: Any) -> None:
-        pass
-
-    def backward(self) -> contextlib.AbstractContextManager:
-        return self._NOTHING
 
     def checkpoint(self) -> contextlib.AbstractContextManager:
         return self._NOTHING

@@ -47,6 +47,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from lockstep.step_hooks import StepHook
 from lockstep.throughput.batch_counts import BatchCounts
 from lockstep.throughput.clock import CpuClock, clock_for
 from lockstep.throughput.comm import ExposedCommunication
@@ -76,8 +77,9 @@ class _Window:
         self._finished()
 
 
-class StepTimer:
-    """Measures every optimizer step of one Accelerator (built by :func:`build_step_timer`).
+class StepTimer(StepHook):
+    """Measures every optimizer step of one Accelerator (built by :func:`build_step_timer`): one of its step
+    hooks (:mod:`lockstep.step_hooks`), plus the checkpoint window the Accelerator's saves run in.
 
     The hooks run on every step, so they only take clock marks and append to lists; the figures are
     computed when read (``stats``) or logged.
@@ -143,18 +145,7 @@ class StepTimer:
         self._optimizer_window = _Window(self._optimizer_started, self._optimizer_finished)
         self._checkpoint_window = _Window(lambda: self._enter("checkpoint"), lambda: self._exit("checkpoint"))
 
-    # Shared, never copied: a copy of a watched loader or optimizer is watched by the same timer.
-    def __copy__(self) -> StepTimer:
-        return self
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> StepTimer:
-        return self
-
-    # -- what the Accelerator, loaders and optimizers call -----------------------------------------
-    def watch(self, prepared: Any) -> None:
-        """Time a prepared dataloader's batches or a prepared optimizer's steps."""
-        prepared._step_observer = self
-
+    # -- the step hooks, and what the Accelerator calls ----------------------------------------------
     @property
     def stats(self) -> dict[str, float]:
         """The last completed step's figures (empty before the first step ends)."""
@@ -164,7 +155,7 @@ class StepTimer:
             self._stats = figures(self._last, num_processes=self.num_processes, peak_flops=self._peak_flops())
         return dict(self._stats)
 
-    def time_batches(self, batches: Iterable[Any]) -> Iterator[Any]:
+    def batches(self, batches: Iterable[Any]) -> Iterator[Any]:
         """Yield ``batches``, timing each ``next()`` as ``time/data``."""
         iterator = iter(batches)
         while True:
@@ -181,7 +172,7 @@ class StepTimer:
             self._handed_over = batch
             yield batch
 
-    def backward(self) -> _Window:
+    def around_backward(self) -> _Window:
         """Around ``accelerator.backward``: ends a ``time/forward_backward`` interval."""
         return self._backward_window
 
@@ -208,7 +199,7 @@ class StepTimer:
             if last_gradient is not None:
                 self._comm_intervals.append((last_gradient, end))
 
-    def optimizer_step(self, optimizer: Any) -> _Window:
+    def around_optimizer_step(self, optimizer: object) -> _Window:
         """Around a synchronising ``optimizer.step()``; the step ends once every optimizer stepped."""
         self._stepping = id(optimizer)
         return self._optimizer_window

@@ -45,6 +45,7 @@ from lockstep.backends.ft.manager import shut_down, start_manager
 from lockstep.backends.ft.optimizer import QuorumOptimizer, average_gradients
 from lockstep.errors import ReplicaQuorumError
 from lockstep.state import PartialState
+from lockstep.step_hooks import StepHook
 
 C = TypeVar("C")
 
@@ -54,8 +55,11 @@ PEER_KEY = "lockstep_peer"
 
 
 @final
-class FaultTolerantBackend(Backend, LiveRecovery, StepDataAssignment):
+class FaultTolerantBackend(Backend, LiveRecovery, StepDataAssignment, StepHook):
     """A replica per group; gradients averaged across the live groups of each step (torchft).
+
+    It is one of the Accelerator's step hooks too (:mod:`lockstep.step_hooks`): it answers whether the last
+    step committed.
 
     Args:
         state: the process state (the processes of this replica group).
@@ -97,7 +101,8 @@ class FaultTolerantBackend(Backend, LiveRecovery, StepDataAssignment):
         self._finalizer()
 
     def capability(self, kind: type[C]) -> C | None:
-        """Live recovery and step-wise data are this layer's; everything else is the inner backend's."""
+        """Live recovery, step-wise data and the step hook are this layer's; everything else is the inner
+        backend's."""
         return self if isinstance(self, kind) else self.inner.capability(kind)
 
     # -- data -------------------------------------------------------------------------------------
@@ -357,6 +362,11 @@ class FaultTolerantBackend(Backend, LiveRecovery, StepDataAssignment):
         if self._optimizer is not None:
             self._average(self._optimizer.trained_parameters())
         return self.inner.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
+
+    def step_committed(self, optimizer: object) -> bool:
+        """Whether every group committed the last step (one optimizer per group: the answer for it); a
+        step that did not commit leaves the weights, and the prepared schedulers do not step."""
+        return self._optimizer is None or self._optimizer.committed is not False
 
     def _average(self, parameters: list[torch.Tensor]) -> None:
         if self._averaged:

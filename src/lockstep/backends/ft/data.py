@@ -286,8 +286,6 @@ class QuorumDataLoader(DataLoader):
         **settings: the user's ``collate_fn``, ``pin_memory``, ...
     """
 
-    _step_observer: Any = None  # the step timer's hook (not timed here)
-
     def __init__(
         self, dataset: Any, *, batches: StepBatches, device: torch.device | None, **settings: Any
     ) -> None:

@@ -77,11 +77,6 @@ class QuorumOptimizer(torch.optim.Optimizer):
         self.committed = self._synchronize(self.trained_parameters())
         return self.optimizer.step() if self.committed else None
 
-    @property
-    def step_was_skipped(self) -> bool:
-        """The last step did not commit (the prepared optimizer and its schedulers read this)."""
-        return self.committed is False
-
     def trained_parameters(self) -> list[torch.Tensor]:
         """The parameters this optimizer updates, in its (every group's identical) order."""
         return [p for group in self.optimizer.param_groups for p in group["params"] if p.requires_grad]

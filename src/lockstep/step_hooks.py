@@ -1,0 +1,183 @@
+"""Layers that act around every training step, run by the Accelerator as one list.
+
+A *step hook* is one small object with the moments of a step it cares about; it never wraps a backend, an
+optimizer or a loader, and nothing writes attributes onto those objects: the Accelerator owns one
+:class:`StepHooks` list and gives it to every optimizer and loader it prepares, which run it. The step, as the
+prepared objects see it::
+
+    for batch in loader:                       # hooks.batches(...) wraps each iteration's batches
+        loss = model(batch)
+        accelerator.backward(loss)             # inside hooks.around_backward()
+        optimizer.step()                       # a synchronising step runs inside
+                                               #   hooks.around_optimizer_step(optimizer);
+                                               # hooks.step_committed(optimizer) answers whether it counted
+
+Built-in layers on this interface: the step timer (:mod:`lockstep.throughput`), the hang watchdog's progress
+note (:mod:`lockstep.diagnostics`), and the commit answer of fault tolerance (:mod:`lockstep.backends.ft`).
+Add your own with ``accelerator.add_step_hook(hook)``.
+
+Example:
+    >>> class CountSteps(StepHook):
+    ...     def __init__(self) -> None:
+    ...         self.steps = 0
+    ...     def around_optimizer_step(self, optimizer: object) -> contextlib.AbstractContextManager[None]:
+    ...         self.steps += 1
+    ...         return contextlib.nullcontext()
+    >>> hooks = StepHooks([CountSteps()])
+    >>> with hooks.around_optimizer_step(object()):
+    ...     pass
+    >>> next(iter(hooks)).steps
+    1
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+from collections.abc import Iterable, Iterator
+from types import TracebackType
+from typing import Any, final
+
+_NOTHING = contextlib.nullcontext()
+
+
+class StepHook(abc.ABC):  # noqa: B024 (every moment has a default: a hook overrides the ones it needs)
+    """One layer acting around every training step. Override the moments you need; the others do nothing
+    and cost nothing (:class:`StepHooks` calls only the hooks that override a moment).
+
+    The moments run on every step, so keep them cheap: take a clock mark, count, note progress.
+    """
+
+    def batches(self, batches: Iterator[Any]) -> Iterator[Any]:
+        """The batches one iteration of a prepared loader hands over to the loop (before their forward):
+        return ``batches`` or an iterator that yields the same batches (the step timer times each ``next``)."""
+        return batches
+
+    def around_backward(self) -> contextlib.AbstractContextManager[None]:
+        """A context entered around ``accelerator.backward`` (and ``pipeline_step``)."""
+        return _NOTHING
+
+    def around_optimizer_step(self, optimizer: object) -> contextlib.AbstractContextManager[None]:
+        """A context entered around a synchronising ``optimizer.step()`` of a prepared ``optimizer`` (not on
+        the micro-steps of gradient accumulation)."""
+        return _NOTHING
+
+    def step_committed(self, optimizer: object) -> bool:
+        """Whether the last step of the prepared ``optimizer`` counted, asked after it: False says this layer
+        discarded it, so the prepared schedulers do not step and ``accelerator.optimizer_step_was_skipped``
+        is True. Keeping the update from the weights is the layer's own part (fault tolerance does not let
+        the optimizer step when not every replica group commits)."""
+        return True
+
+
+def _overrides(hook: StepHook, moment: str) -> bool:
+    return getattr(type(hook), moment) is not getattr(StepHook, moment)
+
+
+@final
+class _Nested:
+    """The contexts of several hooks as one: entered in order, exited in reverse (even on errors)."""
+
+    __slots__ = ("_contexts",)
+
+    def __init__(self, contexts: list[contextlib.AbstractContextManager[None]]) -> None:
+        self._contexts = contexts
+
+    def __enter__(self) -> None:
+        entered: list[contextlib.AbstractContextManager[None]] = []
+        try:
+            for context in self._contexts:
+                context.__enter__()
+                entered.append(context)
+        except BaseException as error:
+            for context in reversed(entered):
+                context.__exit__(type(error), error, error.__traceback__)
+            raise
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        for context in reversed(self._contexts):
+            context.__exit__(kind, error, tb)
+
+
+@final
+class StepHooks:
+    """The Accelerator's list of step hooks, run in the order they were added (contexts are exited in
+    reverse). The prepared optimizers and loaders hold this one object, so a hook added after ``prepare``
+    acts on them too (a loader from the next iteration it starts).
+
+    Args:
+        hooks: the hooks to start with.
+    """
+
+    def __init__(self, hooks: Iterable[StepHook] = ()) -> None:
+        self._hooks: list[StepHook] = []
+        self._index()
+        for hook in hooks:
+            self.add(hook)
+
+    # Shared, never copied: a copy of a prepared loader or optimizer runs the same hooks.
+    def __copy__(self) -> StepHooks:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> StepHooks:
+        return self
+
+    def add(self, hook: StepHook) -> None:
+        """Run ``hook`` on every step from now on, after the hooks added before it."""
+        if not isinstance(hook, StepHook):
+            raise TypeError(
+                f"add_step_hook({hook!r}) is invalid: a step hook is an instance of a subclass of "
+                "lockstep.step_hooks.StepHook (override the moments it acts on)."
+            )
+        if any(hook is added for added in self._hooks):
+            raise ValueError(f"add_step_hook({hook!r}): this hook runs already; add it once.")
+        self._hooks.append(hook)
+        self._index()
+
+    def remove(self, hook: StepHook) -> None:
+        """Stop running ``hook``."""
+        self._hooks = [added for added in self._hooks if added is not hook]
+        self._index()
+
+    def __iter__(self) -> Iterator[StepHook]:
+        return iter(list(self._hooks))
+
+    def __len__(self) -> int:
+        return len(self._hooks)
+
+    def _index(self) -> None:
+        # Per moment, the hooks that act on it: a moment no hook overrides costs one empty check per step.
+        hooks = self._hooks
+        self._batching = [hook for hook in hooks if _overrides(hook, "batches")]
+        self._backward = [hook for hook in hooks if _overrides(hook, "around_backward")]
+        self._stepping = [hook for hook in hooks if _overrides(hook, "around_optimizer_step")]
+        self._committing = [hook for hook in hooks if _overrides(hook, "step_committed")]
+
+    # -- the moments, as the prepared objects run them --------------------------------------------------
+    def batches(self, batches: Iterator[Any]) -> Iterator[Any]:
+        """``batches`` as every hook wraps them (the first hook added wraps innermost)."""
+        for hook in self._batching:
+            batches = hook.batches(batches)
+        return batches
+
+    def around_backward(self) -> contextlib.AbstractContextManager[None]:
+        hooks = self._backward
+        if not hooks:
+            return _NOTHING
+        if len(hooks) == 1:
+            return hooks[0].around_backward()
+        return _Nested([hook.around_backward() for hook in hooks])
+
+    def around_optimizer_step(self, optimizer: object) -> contextlib.AbstractContextManager[None]:
+        hooks = self._stepping
+        if not hooks:
+            return _NOTHING
+        if len(hooks) == 1:
+            return hooks[0].around_optimizer_step(optimizer)
+        return _Nested([hook.around_optimizer_step(optimizer) for hook in hooks])
+
+    def step_committed(self, optimizer: object) -> bool:
+        """Whether every hook counts the last step of ``optimizer`` (all are asked)."""
+        return all([hook.step_committed(optimizer) for hook in self._committing])
