@@ -68,12 +68,6 @@ ENGINE_ATTRIBUTES = ("step_was_skipped", "zero_optimization_stage", "zero_optimi
 """Attributes that only some backends' optimizers and engines have (the fault-tolerant optimizer's commit
 answer, the DeepSpeed engine's ZeRO stage). A ZeRO-3 partitioned parameter's ``ds_*`` attributes are not
 here, for the reason ``DTensor`` is not among :data:`WRAPPER_CLASSES`: it is a kind of tensor."""
-PENDING_STEP_HOOKS = {
-    # Issue 44 item 2 (layers are step hooks) removes this probe: the fault-tolerant layer's commit answer
-    # becomes its step hook's, and this entry goes with the line (accelerator/optimizer.py is its owner's).
-    ("lockstep.accelerator.optimizer", 'getattr(self.optimizer, "step_was_skipped", False)'),
-}
-"""Probes that stay until the step hooks land: (module, the probe's source text), that exact call only."""
 PROBES = ("getattr", "hasattr", "setattr", "delattr")
 
 
@@ -142,7 +136,7 @@ def backend_vocabulary() -> tuple[str, ...]:
 
 def attribute_probes(modules: Iterable[Module], vocabulary: Iterable[str]) -> list[str]:
     """``getattr``/``hasattr`` (and ``setattr``/``delattr``) with a backend's attribute name as a constant,
-    outside the homes and the connector; :data:`PENDING_STEP_HOOKS` aside. A field read from a plugin the
+    outside the homes and the connector. A field read from a plugin the
     caller was handed by name (``getattr(fsdp_plugin, "state_dict_type", None)``) does not ask which backend
     is active, as in :func:`tests.test_architecture.backend_identity_spellings`."""
     vocabulary = set(vocabulary)
@@ -157,8 +151,6 @@ def attribute_probes(modules: Iterable[Module], vocabulary: Iterable[str]) -> li
             if not (isinstance(name, ast.Constant) and name.value in vocabulary):
                 continue
             if isinstance(node.args[0], ast.Name) and node.args[0].id in vocabulary:
-                continue
-            if (module.name, ast.unparse(node).replace("'", '"')) in PENDING_STEP_HOOKS:
                 continue
             found.append(f"{module.name}:{node.lineno} probes for {name.value!r}")
     return _sorted(found)
@@ -367,16 +359,3 @@ def test_the_homes_may_spell_their_own_vocabulary():
     reader = parse("lockstep.state", SYNTHETIC)
     assert topology_predicate_calls([reader]) == []
     assert attribute_probes([reader], ("deepspeed_plugin",)) != []  # a reader of the table, nothing more
-
-
-def test_the_pending_allowance_is_that_one_line():
-    pending = parse(
-        "lockstep.accelerator.optimizer",
-        "def f(self):\n"
-        "    return getattr(self.optimizer, 'step_was_skipped', False)\n"
-        "def g(self, fsdp_plugin):\n"
-        "    return getattr(self.other, 'step_was_skipped', False), getattr(fsdp_plugin, 'state_dict_type')\n",
-    )
-    assert attribute_probes([pending], ("step_was_skipped", "fsdp_plugin", "state_dict_type")) == [
-        "lockstep.accelerator.optimizer:4 probes for 'step_was_skipped'"
-    ]
