@@ -74,19 +74,6 @@ def _without_sampler_progress(state: Mapping[str, Any]) -> dict[str, Any]:
     return copied
 
 
-def _recording(loader: _StatefulLoader, iterator: Any, every: int) -> Iterator[Any]:
-    """The items of torchdata's ``iterator``, with its state recorded on ``loader`` before each step."""
-    for index in itertools.count():
-        if index % every == 0:
-            # A copy: a dataset's state_dict() may hand out objects that it changes while reading on.
-            loader._snapshot = copy.deepcopy(iterator.state_dict())
-        try:
-            item = next(iterator)
-        except StopIteration:
-            return
-        yield item
-
-
 class _StatefulLoader(DataLoaderStateMixin):
     """What makes a prepared loader stateful; first in the MRO, before the prepared loader's class."""
 
@@ -105,7 +92,16 @@ class _StatefulLoader(DataLoaderStateMixin):
         self._snapshot = self._loaded = None
 
     def _watch(self, iterator: Iterator[Any], every: int) -> Iterator[Any]:
-        return _recording(self, iterator, every)
+        """The items of torchdata's ``iterator``, with its state recorded before each step."""
+        for index in itertools.count():
+            if index % every == 0:
+                # A copy: a dataset's state_dict() may hand out objects that it changes while reading on.
+                self._snapshot = copy.deepcopy(iterator.state_dict())
+            try:
+                item = next(iterator)
+            except StopIteration:
+                return
+            yield item
 
     def _restores_own_stream(self, state_dict: Mapping[str, Any]) -> bool:
         """A stream whose dataset saves its own position (also through an ``IterableDatasetShard``)."""

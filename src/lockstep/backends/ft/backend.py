@@ -73,8 +73,8 @@ class FaultTolerantBackend(Backend, LiveRecovery, StepDataAssignment, StepHook):
         self.inner = inner
         self.distributed_type = inner.distributed_type
         self.config = config
-        self.manager = start_manager(config, config.lighthouse_address(), state)
-        self._finalizer = weakref.finalize(self, shut_down, self.manager)
+        self.manager, store = start_manager(config, config.lighthouse_address(), state)
+        self._finalizer = weakref.finalize(self, shut_down, self.manager, store)
         self._job_start: JobStart | None = JobStart(
             group=config.replica_group,
             groups=config.num_replica_groups,

@@ -24,8 +24,12 @@ from lockstep.errors import ReplicaQuorumError
 from lockstep.state import PartialState
 
 
-def start_manager(config: FaultToleranceConfig, address: str, state: PartialState) -> Any:
-    """torchft's Manager for this process (group rank ``state.process_index`` of ``state.num_processes``)."""
+def start_manager(
+    config: FaultToleranceConfig, address: str, state: PartialState
+) -> tuple[Any, list[TCPStore]]:
+    """torchft's Manager for this process (group rank ``state.process_index`` of ``state.num_processes``), and
+    the group's store it connects to by address (held in a list that :func:`shut_down` empties: the store
+    must outlive the manager, and no more; empty on the processes that do not open it)."""
     # torchft 0.2.0's _ManagerLogger.warn calls the deprecated Logger.warn (torchft/manager.py) on every
     # CPU quorum; under -W error that DeprecationWarning is raised inside the quorum, which torchft records
     # as an error, and no step would ever commit. Scoped to that module and message.
@@ -62,8 +66,7 @@ def start_manager(config: FaultToleranceConfig, address: str, state: PartialStat
             f"{config.timeout:g} s: {error}. Check that the lighthouse runs and that this machine reaches it, "
             "or raise FaultToleranceConfig(timeout=...)."
         ) from error
-    manager._lockstep_store = store  # the store must outlive the manager, which connects to it by address
-    return manager
+    return manager, [] if store is None else [store]
 
 
 def _group_store(hostname: str, timeout: timedelta, state: PartialState) -> tuple[TCPStore | None, str, int]:
@@ -80,7 +83,7 @@ def _group_store(hostname: str, timeout: timedelta, state: PartialState) -> tupl
     return store, host, port
 
 
-def shut_down(manager: Any) -> None:
+def shut_down(manager: Any, store: list[TCPStore]) -> None:
     """Stop torchft's servers and threads, then abort and drop its gloo group and the store, while the
     interpreter is whole. Left to interpreter exit, the gloo group's threads were torn down in no set order,
     and a finished group sometimes died with SIGABRT ("terminate called without an active exception")."""
@@ -88,5 +91,5 @@ def shut_down(manager: Any) -> None:
     group = getattr(manager, "_pg", None)
     if group is not None:
         group.abort(errored=False)
-    manager._lockstep_store = None
+    store.clear()
     gc.collect()
