@@ -41,7 +41,8 @@ class Recorder(StepHook):
         yield
         self.events.append(f"{self.name} )step")
 
-    def step_committed(self, optimizer: object) -> bool:
+    def commit(self, optimizer: object) -> bool:
+        self.events.append(f"{self.name} commit")
         return self.steps not in self.veto
 
 
@@ -49,7 +50,7 @@ class OnlyCommits(StepHook):
     def __init__(self) -> None:
         self.asked = 0
 
-    def step_committed(self, optimizer: object) -> bool:
+    def commit(self, optimizer: object) -> bool:
         self.asked += 1
         return True
 
@@ -73,13 +74,15 @@ def test_only_hooks_that_override_a_moment_are_run_for_it():
     batches = iter([1, 2])
     assert hooks.batches(batches) is batches  # nothing wraps the batches
     assert hooks.around_optimizer_step(object()) is hooks.around_backward()  # the shared do-nothing context
-    assert hooks.step_committed(object()) and only.asked == 1
+    assert hooks.decides_commits and hooks.commit(object()) and only.asked == 1
+    assert StepHooks([Recorder("a", [])]).decides_commits  # Recorder answers commit too
+    assert not StepHooks().decides_commits
 
 
-def test_every_hook_is_asked_whether_the_step_committed():
+def test_every_hook_is_asked_whether_the_step_is_applied_also_after_a_veto():
     only = OnlyCommits()
     hooks = StepHooks([Recorder("veto", [], veto=frozenset({0})), only])
-    assert hooks.step_committed(object()) is False and only.asked == 1
+    assert hooks.commit(object()) is False and only.asked == 1
 
 
 def test_a_hook_must_be_a_step_hook_and_added_once():
@@ -93,7 +96,7 @@ def test_a_hook_must_be_a_step_hook_and_added_once():
     with pytest.raises(ValueError, match="this hook runs already; add it once"):
         hooks.add(hook)
     hooks.remove(hook)
-    assert list(hooks) == [] and hooks.step_committed(object())
+    assert list(hooks) == [] and hooks.commit(object()) and not hooks.decides_commits
 
 
 def _prepared(accelerator: Accelerator) -> tuple[nn.Module, Any, Any, DataLoader]:
@@ -105,24 +108,44 @@ def _prepared(accelerator: Accelerator) -> tuple[nn.Module, Any, Any, DataLoader
     return accelerator.prepare(model, optimizer, scheduler, loader)
 
 
-def test_the_accelerator_runs_an_added_hook_around_each_step_and_a_veto_skips_the_step():
+def test_the_accelerator_runs_an_added_hook_around_each_step_and_a_veto_discards_the_step():
     accelerator = Accelerator(cpu=True)
     model, optimizer, scheduler, loader = _prepared(accelerator)
     events: list[str] = []
     accelerator.add_step_hook(Recorder("layer", events, veto=frozenset({2})))  # after prepare: acts too
-    lrs, skipped = [], []
+    lrs, skipped, changed = [], [], []
     for batch in loader:
+        before = model.weight.detach().clone()
         accelerator.backward(model(batch).sum())
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad()
         lrs.append(scheduler.get_last_lr()[0])
         skipped.append(accelerator.optimizer_step_was_skipped)
+        changed.append(not torch.equal(model.weight, before))
     assert skipped == [False, True, False]
-    assert lrs == [0.05, 0.05, 0.025]  # the vetoed step left the scheduler where it was
-    one_step = ["layer batch", "layer backward(", "layer )backward", "layer step(", "layer )step"]
+    assert changed == [True, False, True]  # the vetoed step was not applied
+    assert lrs == [0.05, 0.05, 0.025]  # and left the scheduler where it was
+    one_step = [
+        "layer batch",
+        "layer backward(",
+        "layer )backward",
+        "layer step(",
+        "layer commit",
+        "layer )step",
+    ]
     assert events == one_step * 3
     assert optimizer._step_hooks is accelerator._step_hooks and loader._step_hooks is accelerator._step_hooks
+
+
+def test_a_closure_is_refused_where_a_hook_decides_the_commit():
+    accelerator = Accelerator(cpu=True)
+    _, optimizer, _, _ = _prepared(accelerator)
+    accelerator.add_step_hook(OnlyCommits())
+    with pytest.raises(
+        ValueError, match=r"step\(closure\) cannot run under step hooks .*\(OnlyCommits; e\.g\."
+    ):
+        optimizer.step(lambda: 0.0)
 
 
 def test_a_loader_that_skips_batches_runs_the_hooks_of_the_loader_it_continues():

@@ -9,8 +9,8 @@ prepared objects see it::
         loss = model(batch)
         accelerator.backward(loss)             # inside hooks.around_backward()
         optimizer.step()                       # a synchronising step runs inside
-                                               #   hooks.around_optimizer_step(optimizer);
-                                               # hooks.step_committed(optimizer) answers whether it counted
+                                               #   hooks.around_optimizer_step(optimizer), where
+                                               #   hooks.commit(optimizer) decides whether it is applied
 
 Built-in layers on this interface: the step timer (:mod:`lockstep.throughput`), the hang watchdog's progress
 note (:mod:`lockstep.diagnostics`), and the commit answer of fault tolerance (:mod:`lockstep.backends.ft`).
@@ -62,11 +62,13 @@ class StepHook(abc.ABC):  # noqa: B024 (every moment has a default: a hook overr
         the micro-steps of gradient accumulation)."""
         return _NOTHING
 
-    def step_committed(self, optimizer: object) -> bool:
-        """Whether the last step of the prepared ``optimizer`` counted, asked after it: False says this layer
-        discarded it, so the prepared schedulers do not step and ``accelerator.optimizer_step_was_skipped``
-        is True. Keeping the update from the weights is the layer's own part (fault tolerance does not let
-        the optimizer step when not every replica group commits)."""
+    def commit(self, optimizer: object) -> bool:
+        """Whether the synchronising step of the prepared ``optimizer`` is applied, asked once per step with
+        the gradients final, before the wrapped optimizer uses them. False discards the step: the weights,
+        the optimizer's state and the prepared schedulers stay, and ``accelerator.optimizer_step_was_skipped``
+        is True. Every hook is asked, also after one said False (a layer may take part in a collective here:
+        fault tolerance averages the gradients over the replica groups and asks them all). Not asked where
+        the model's engine steps inside ``backward`` (DeepSpeed)."""
         return True
 
 
@@ -153,7 +155,7 @@ class StepHooks:
         self._batching = [hook for hook in hooks if _overrides(hook, "batches")]
         self._backward = [hook for hook in hooks if _overrides(hook, "around_backward")]
         self._stepping = [hook for hook in hooks if _overrides(hook, "around_optimizer_step")]
-        self._committing = [hook for hook in hooks if _overrides(hook, "step_committed")]
+        self._committing = [hook for hook in hooks if _overrides(hook, "commit")]
 
     # -- the moments, as the prepared objects run them --------------------------------------------------
     def batches(self, batches: Iterator[Any]) -> Iterator[Any]:
@@ -178,6 +180,11 @@ class StepHooks:
             return hooks[0].around_optimizer_step(optimizer)
         return _Nested([hook.around_optimizer_step(optimizer) for hook in hooks])
 
-    def step_committed(self, optimizer: object) -> bool:
-        """Whether every hook counts the last step of ``optimizer`` (all are asked)."""
-        return all([hook.step_committed(optimizer) for hook in self._committing])
+    @property
+    def decides_commits(self) -> bool:
+        """Whether a hook answers :meth:`commit` (then a step's gradients must be final before it)."""
+        return bool(self._committing)
+
+    def commit(self, optimizer: object) -> bool:
+        """Whether every hook applies the step of ``optimizer`` (all are asked, see :meth:`StepHook.commit`)."""
+        return all([hook.commit(optimizer) for hook in self._committing])

@@ -177,7 +177,7 @@ def train_step(
     optimizer.zero_grad()
     return {
         "step": step,
-        "committed": bool(optimizer.optimizer.committed),
+        "committed": not optimizer.step_was_skipped,
         "participants": accelerator.backend.participants,
         "ids": ids.tolist(),
         "readers": draw["participants"],  # the processes that read a batch this step

@@ -305,12 +305,12 @@ class Accelerator:
     def add_step_hook(self, hook: StepHook) -> None:
         """Run ``hook`` on every training step from now on, after the layers added before it: around the
         batches of prepared loaders, ``backward`` and every synchronising ``optimizer.step()``, and ask it
-        whether each step committed (see :mod:`lockstep.step_hooks`). Objects prepared already run it too.
+        whether each step is applied (see :mod:`lockstep.step_hooks`). Objects prepared already run it too.
 
         Example:
             >>> from lockstep.step_hooks import StepHook
             >>> class VetoAll(StepHook):
-            ...     def step_committed(self, optimizer: object) -> bool:
+            ...     def commit(self, optimizer: object) -> bool:
             ...         return False
             >>> accelerator = Accelerator(cpu=True)
             >>> accelerator.add_step_hook(VetoAll())

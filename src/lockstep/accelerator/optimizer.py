@@ -28,7 +28,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         scaler: the fp16 GradScaler, if any.
         device: the training device.
         step_hooks: the Accelerator's step hooks (:mod:`lockstep.step_hooks`): every real (synchronised)
-            step runs inside their ``around_optimizer_step``, and they answer whether it committed.
+            step runs inside their ``around_optimizer_step``, and is applied only when they ``commit`` it.
     """
 
     def __init__(
@@ -115,6 +115,19 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
             return self._synchronized_step(closure)
 
     def _synchronized_step(self, closure: Callable[[], float] | None) -> Any:
+        hooks = self._step_hooks
+        if hooks.decides_commits:
+            if closure is not None:
+                raise ValueError(
+                    f"optimizer.step(closure) cannot run under step hooks that decide whether a step is applied "
+                    f"({', '.join(type(hook).__name__ for hook in hooks)}; e.g. Accelerator(fault_tolerance=...), "
+                    "one quorum per step): they decide on the gradients before the step, which a closure "
+                    "computes again. Call loss.backward() yourself and optimizer.step() without a closure."
+                )
+            self._discarded = not hooks.commit(self)
+            if self._discarded:
+                self._is_overflow = False
+                return None
         if self.scaler is None:
             self._is_overflow = False
             return self.optimizer.step(closure) if closure is not None else self.optimizer.step()
@@ -146,12 +159,14 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         self._is_overflow = not called
         return result
 
+    _discarded = False
+
     @property
     def step_was_skipped(self) -> bool:
         """Whether the last ``step()`` was skipped because of gradient overflow, or because a step hook
         did not commit it (a fault-tolerant step that not every replica group committed); schedulers then
         stay."""
-        return self._is_overflow or not self._step_hooks.step_committed(self)
+        return self._is_overflow or self._discarded
 
     @property
     def is_overflow(self) -> bool:

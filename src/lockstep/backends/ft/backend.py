@@ -42,7 +42,7 @@ from lockstep.backends.ft.config import FaultToleranceConfig
 from lockstep.backends.ft.data import GroupReading, StepBatches, quorum_loader
 from lockstep.backends.ft.job_start import JobStart
 from lockstep.backends.ft.manager import shut_down, start_manager
-from lockstep.backends.ft.optimizer import QuorumOptimizer, average_gradients
+from lockstep.backends.ft.optimizer import average_gradients, trained_parameters
 from lockstep.errors import ReplicaQuorumError
 from lockstep.state import PartialState
 from lockstep.step_hooks import StepHook
@@ -58,8 +58,8 @@ PEER_KEY = "lockstep_peer"
 class FaultTolerantBackend(Backend, LiveRecovery, StepDataAssignment, StepHook):
     """A replica per group; gradients averaged across the live groups of each step (torchft).
 
-    It is one of the Accelerator's step hooks too (:mod:`lockstep.step_hooks`): it answers whether the last
-    step committed.
+    It is one of the Accelerator's step hooks too (:mod:`lockstep.step_hooks`): its commit answer averages
+    the step's gradients over the quorum and asks every group whether the step is applied.
 
     Args:
         state: the process state (the processes of this replica group).
@@ -87,7 +87,7 @@ class FaultTolerantBackend(Backend, LiveRecovery, StepDataAssignment, StepHook):
         self._averaged = False
         self._models = 0
         self._trained: weakref.WeakSet[nn.Module] = weakref.WeakSet()
-        self._optimizer: QuorumOptimizer | None = None
+        self._optimizer: torch.optim.Optimizer | None = None
         self._step_end: dict[str, Callable[[], Any]] = {}
         self._loaders: list[StepBatches] = []
         self._at_step_end: dict[str, Any] = {}
@@ -209,8 +209,8 @@ class FaultTolerantBackend(Backend, LiveRecovery, StepDataAssignment, StepHook):
             )
         optimizer = self.inner.prepare_optimizer(optimizer)
         self.manager.register_state_dict_fn("optimizer", optimizer.load_state_dict, optimizer.state_dict)
-        self._optimizer = QuorumOptimizer(optimizer, self._synchronize)
-        return self._optimizer
+        self._optimizer = optimizer
+        return optimizer
 
     # -- the step ---------------------------------------------------------------------------------
     def scale_for_accumulation(self, loss: torch.Tensor, steps: int) -> torch.Tensor:
@@ -360,13 +360,16 @@ class FaultTolerantBackend(Backend, LiveRecovery, StepDataAssignment, StepHook):
         """Clip the averaged gradients (as DDP does): the step's gradients are averaged across the groups
         here, before the norm, instead of in ``optimizer.step()``."""
         if self._optimizer is not None:
-            self._average(self._optimizer.trained_parameters())
+            self._average(trained_parameters(self._optimizer))
         return self.inner.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
 
-    def step_committed(self, optimizer: object) -> bool:
-        """Whether every group committed the last step (one optimizer per group: the answer for it); a
-        step that did not commit leaves the weights, and the prepared schedulers do not step."""
-        return self._optimizer is None or self._optimizer.committed is not False
+    def commit(self, optimizer: object) -> bool:
+        """Average the step's gradients over the quorum (unless clipping did) and whether every group commits
+        the step (one optimizer per group: the answer for it); one that does not commit leaves the weights,
+        the optimizer's state and the prepared schedulers as they were."""
+        if self._optimizer is None:
+            return True
+        return self._synchronize(trained_parameters(self._optimizer))
 
     def _average(self, parameters: list[torch.Tensor]) -> None:
         if self._averaged:
