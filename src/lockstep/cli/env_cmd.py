@@ -76,10 +76,10 @@ def tracker_report() -> list[tuple[str, str]]:
         >>> dict(tracker_report())["jsonl"]
         'available (lockstep.tracking.files.JSONLTracker)'
     """
-    from lockstep.tracking.registry import LOGGER_TYPE_TO_CLASS
+    from lockstep.tracking.registry import registered_trackers
 
     lines = []
-    for name, tracker_class in LOGGER_TYPE_TO_CLASS.items():
+    for name, tracker_class in registered_trackers().items():
         parts = ["available" if tracker_class.is_available() else "not available"]
         parts += [f"{package} {_version(package)}" for package in tracker_class.requires_packages]
         if not tracker_class.is_available() and tracker_class.install_command:

@@ -8,9 +8,7 @@ Entry points are read on first use (the first :func:`cluster_environments` call)
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from lockstep.clusters.base import Cluster
 from lockstep.clusters.kubeflow import KubeflowCluster
@@ -19,8 +17,6 @@ from lockstep.clusters.mpi import MpiCluster
 from lockstep.clusters.pbs import PbsCluster
 from lockstep.clusters.slurm import SlurmCluster
 from lockstep.clusters.torchrun import TorchElasticCluster
-
-logger = logging.getLogger("lockstep.clusters")
 
 ENTRY_POINT_GROUP = "lockstep.cluster_environments"
 """The entry-point group an installed package registers its cluster environments under."""
@@ -97,20 +93,12 @@ def _discover() -> None:
     if _discovered:
         return
     _discovered = True
-    from importlib.metadata import entry_points
+    from lockstep.entry_points import installed_entry_points
 
-    for entry in _entry_points(entry_points):
+    for entry in installed_entry_points(ENTRY_POINT_GROUP):
         loaded = entry.load()
         if isinstance(loaded, type):
             register_cluster_environment(loaded)
-
-
-def _entry_points(entry_points: Callable[..., Any]) -> list[Any]:
-    try:
-        return list(entry_points(group=ENTRY_POINT_GROUP))
-    except Exception as error:  # a broken installed distribution must not stop lockstep
-        logger.warning("Could not read the %s entry points: %s", ENTRY_POINT_GROUP, error)
-        return []
 
 
 for _built_in in (KubeflowCluster, TorchElasticCluster, MpiCluster, SlurmCluster, LsfCluster, PbsCluster):

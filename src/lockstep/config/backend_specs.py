@@ -31,7 +31,6 @@ import contextlib
 import importlib
 import importlib.util
 import json
-import logging
 import pkgutil
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -39,8 +38,6 @@ from typing import Any
 
 from lockstep.config.enums import DistributedType
 from lockstep.config.keys import SettingKey
-
-logger = logging.getLogger("lockstep.backends")
 
 BUILT_IN_PACKAGE = "lockstep.backends"
 """The package whose subpackages with a ``spec`` module are the built-in backends."""
@@ -359,9 +356,9 @@ def _discover() -> None:
 
 
 def _load_entry_points() -> None:
-    from importlib.metadata import entry_points
+    from lockstep.entry_points import installed_entry_points
 
-    for entry in _entry_points(entry_points):
+    for entry in installed_entry_points(ENTRY_POINT_GROUP):
         loaded = entry.load()
         if callable(loaded) and not isinstance(loaded, type):
             loaded = loaded()
@@ -370,11 +367,3 @@ def _load_entry_points() -> None:
         elif isinstance(loaded, Iterable) and not isinstance(loaded, str | bytes):
             for spec in loaded:
                 register_backend_spec(spec)
-
-
-def _entry_points(entry_points: Callable[..., Any]) -> list[Any]:
-    try:
-        return list(entry_points(group=ENTRY_POINT_GROUP))
-    except Exception as error:  # a broken installed distribution must not stop lockstep
-        logger.warning("Could not read the %s entry points: %s", ENTRY_POINT_GROUP, error)
-        return []

@@ -31,6 +31,13 @@ Add to it with :func:`register_tracker_class`. The class is called
 parameter, as lockstep's MLflow and wandb trackers do).
 """
 
+ENTRY_POINT_GROUP = "lockstep.trackers"
+"""The entry-point group an installed package registers its trackers under: each entry point names a
+``GeneralTracker`` subclass, registered as :func:`register_tracker_class` would, on the first look-up of a
+tracker name."""
+_installed: set[str] = set()
+"""The entry points registered so far (``module:attribute``), each registered once."""
+
 # Accelerate's trackers that lockstep does not include.
 _NOT_INCLUDED = ("aim", "clearml", "comet_ml", "dvclive", "swanlab", "trackio")
 
@@ -123,6 +130,32 @@ def _register_built_in_trackers() -> None:
         register_tracker_class(tracker_class)
 
 
+def registered_trackers() -> dict[str, type[GeneralTracker]]:
+    """:data:`LOGGER_TYPE_TO_CLASS` once the trackers of installed packages (the ``lockstep.trackers``
+    entry-point group) are in it.
+
+    Example:
+        >>> registered_trackers()["jsonl"].__name__
+        'JSONLTracker'
+    """
+    from lockstep.entry_points import installed_entry_points
+
+    for entry in installed_entry_points(ENTRY_POINT_GROUP):
+        if entry.value in _installed:
+            continue
+        _installed.add(entry.value)
+        try:
+            register_tracker_class(entry.load())
+        except Exception as error:  # an installed package's fault must not stop the trackers of the run
+            warnings.warn(
+                f"The tracker {entry.name!r} an installed package declares ({ENTRY_POINT_GROUP} entry point "
+                f"{entry.value}) is not registered: {type(error).__name__}: {error}",
+                UserWarning,
+                stacklevel=2,
+            )
+    return LOGGER_TYPE_TO_CLASS
+
+
 def find_tracker_name(text: str) -> str | None:
     """The registered name ``text`` stands for (``"all"`` included), case aside; None when there is none.
 
@@ -130,7 +163,7 @@ def find_tracker_name(text: str) -> str | None:
         >>> find_tracker_name("TensorBoard"), find_tracker_name("neptune")
         ('tensorboard', None)
     """
-    if text in LOGGER_TYPE_TO_CLASS or text == LoggerType.ALL:
+    if text in registered_trackers() or text == LoggerType.ALL:
         return str(text)
     folded = text.strip().lower()
     matches = [name for name in ("all", *LOGGER_TYPE_TO_CLASS) if name.lower() == folded]
@@ -139,7 +172,7 @@ def find_tracker_name(text: str) -> str | None:
 
 def tracker_choices() -> tuple[str, ...]:
     """Every name ``log_with`` and ``report_to`` accept now: ``"all"``, then the registered trackers."""
-    return ("all", *LOGGER_TYPE_TO_CLASS)
+    return ("all", *registered_trackers())
 
 
 def get_available_trackers() -> list[LoggerType]:

@@ -199,14 +199,9 @@ def _discover() -> None:
     if _REGISTRY.discovered:
         return
     _REGISTRY.discovered = True
-    from importlib.metadata import entry_points
+    from lockstep.entry_points import installed_entry_points
 
-    try:
-        found = list(entry_points(group=ENTRY_POINT_GROUP))
-    except Exception as error:  # a broken installed distribution must not stop lockstep
-        logger.warning("Could not read the %s entry points: %s", ENTRY_POINT_GROUP, error)
-        return
-    for entry in found:
+    for entry in installed_entry_points(ENTRY_POINT_GROUP):
         scheme = entry.name.lower()
         if scheme in _REGISTRY.factories or not _SCHEME.match(scheme):
             logger.warning(
