@@ -85,7 +85,6 @@ BELOW_FACADE = (
     "lockstep.memory",
     "lockstep.report",
     "lockstep.progress",
-    "lockstep.utils",
     "lockstep.big_modeling",
     "lockstep.hooks",
     "lockstep.step_hooks",
@@ -98,14 +97,6 @@ FORBIDDEN_IMPORTS += [
     )
     for prefix in BELOW_FACADE
 ]
-# The one import across these layers that is allowed, and why: Accelerate's ``accelerate.utils`` exports the
-# optimizer and scheduler the loop holds under DeepSpeed, which are wrappers of the Accelerator's own
-# AcceleratedOptimizer/AcceleratedScheduler; lockstep.utils re-exports them under those names (the package
-# itself is a compatibility namespace). Nothing below the facade imports lockstep.utils' top level.
-LAYER_EXCEPTIONS = {
-    ("lockstep.utils", "lockstep.accelerator.engine_stepped"),
-    ("lockstep.utils.deepspeed", "lockstep.accelerator.engine_stepped"),
-}
 # Where comparing against DistributedType members (or a backend's class) is allowed: the registry that
 # chooses the backend, and the configuration vocabulary.
 IDENTITY_ALLOWED = ("lockstep.backends.registry", "lockstep.config")
@@ -180,8 +171,6 @@ def layer_violations(modules: Iterable[Module]) -> list[str]:
     found = []
     for module in modules:
         for imported, line in imported_names(module, known):
-            if (module.name, imported) in LAYER_EXCEPTIONS:
-                continue
             for importer, forbidden, why in FORBIDDEN_IMPORTS:
                 if _within(module.name, importer) and any(_within(imported, f) for f in forbidden):
                     found.append(f"{module.name}:{line} imports {imported} ({why})")
