@@ -73,7 +73,7 @@ BELOW_FACADE = (
     "lockstep.state",
     "lockstep._env",
     "lockstep._process_group",
-    "lockstep._ray_train",
+    "lockstep.integrations",
     "lockstep._nested",
     "lockstep.precision",
     "lockstep.collectives",

@@ -27,7 +27,7 @@ import pytest
 from tests.test_architecture import Module, package_modules, parse
 
 ALLOWED: dict[tuple[str, str], str] = {
-    ("lockstep._regional_compilation", "copy._modules"): (
+    ("lockstep.integrations.regional_compilation", "copy._modules"): (
         "the shallow copy of a module made with __new__ just before gets its own children dict (torch keeps "
         "children in _modules; there is no public way to build a module from another's __dict__)"
     ),

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.test_architecture import Module, _within, imported_names, package_modules, parse
+from tests.test_architecture_tree import ACCELERATE_PATH_SHIMS
 
 PUBLIC_NAMESPACE = "lockstep"
 """The package itself (its ``__init__``): every public name, loaded on first use."""
@@ -24,25 +25,17 @@ ACCELERATE_USERS = (
     "lockstep.cli",
     "lockstep.big_modeling",
     "lockstep.hooks",
-    "lockstep._big_model_dispatch",
-    "lockstep._checkpoint_dispatch",
+    "lockstep.big_model",
     "lockstep.inference",
 )
 """What Accelerate itself builds on ``accelerate.utils``, and transformers' Trainer on ``accelerate``: the
-Trainer, the command line, and the big-model API (``big_modeling``, ``hooks`` and their dispatch modules,
+Trainer, the command line, and the big-model API (``big_modeling``, ``hooks`` and the ``big_model`` package,
 ``inference``), which use ``lockstep.utils.modeling``/``offload``/``operations`` as Accelerate's use
 ``accelerate.utils``."""
-ACCELERATE_PATHS = (
-    "lockstep.utils",
-    "lockstep.data_loader",
-    "lockstep.optimizer",
-    "lockstep.scheduler",
-    "lockstep.launchers",
-    "lockstep.parallelism_config",
-    "lockstep.memory_accounting",
-)
+ACCELERATE_PATHS = ("lockstep.utils", *ACCELERATE_PATH_SHIMS)
 """Accelerate's import paths (``accelerate.utils``, ``accelerate.data_loader``, ...): namespaces over the
-engine's names, for code written against Accelerate."""
+engine's names, for code written against Accelerate (the top-level shims are declared in
+``tests/test_architecture_tree.py``)."""
 BANDS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("the public namespace", (PUBLIC_NAMESPACE,)),
     ("Accelerate's users", ACCELERATE_USERS),

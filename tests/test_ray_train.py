@@ -15,7 +15,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from lockstep import _env, _ray_train
+from lockstep import _env
+from lockstep.integrations import ray_train
 from lockstep.state import PartialState, _pick_device
 
 RAY_WORKER = {"RAY_RAYLET_PID": "4242", "RAY_JOB_ID": "01000000"}
@@ -128,10 +129,10 @@ def test_outside_a_ray_worker_group_nothing_is_asked(monkeypatch, workers, envir
     for name, value in environment.items():
         monkeypatch.setenv(name, value)
     _fake_ray_train(monkeypatch, workers)
-    _ray_train.check_process_group()
+    ray_train.check_process_group()
     assert PartialState().num_processes == 1
 
 
 def test_nothing_is_asked_when_ray_train_was_never_imported(monkeypatch, in_ray_worker):
     monkeypatch.delitem(sys.modules, "ray.train", raising=False)
-    assert _ray_train.worker_group_size() is None
+    assert ray_train.worker_group_size() is None

@@ -24,8 +24,8 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from lockstep._big_model_dispatch import cpu_offload, cpu_offload_with_hook, disk_offload, dispatch_model
-from lockstep._checkpoint_dispatch import load_checkpoint_and_dispatch
+from lockstep.big_model.checkpoint_dispatch import load_checkpoint_and_dispatch
+from lockstep.big_model.dispatch import cpu_offload, cpu_offload_with_hook, disk_offload, dispatch_model
 
 __all__ = [
     "cpu_offload",

@@ -23,9 +23,10 @@ from typing import Any, ClassVar, TypeVar
 import torch
 import torch.distributed as dist
 
-from lockstep import _env, _process_group, _ray_train
+from lockstep import _env, _process_group
 from lockstep.config.enums import DistributedType
 from lockstep.config.kwargs import validate_backend_name
+from lockstep.integrations import ray_train
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -60,7 +61,7 @@ class _ProcessContext:
         device = _pick_device(cluster, cpu=cpu)
         if backend is not None:
             backend = validate_backend_name(backend, argument="PartialState(backend=...)")
-        _ray_train.check_process_group()  # inside Ray Train: join Ray's group, never train apart
+        ray_train.check_process_group()  # inside Ray Train: join Ray's group, never train apart
         multi_process = cluster.world_size > 1 or dist.is_initialized()
         if multi_process:
             backend = backend or _default_backend(device)

@@ -6,7 +6,7 @@ and backward on this machine's CPU, so QLoRA is tested here rather than only on 
 storage is sharded like any parameter (torch 2.13's FSDP2 took the default ``bnb_4bit_quant_storage=uint8`` beside
 float32 parameters; ``float32`` storage is tested too). One trap, handled by ``prepare``: bitsandbytes rewrites a
 4-bit weight in place for its CPU inference kernel the first time the layer evaluates without gradient, which
-under FSDP2 silently corrupts the following training steps (``lockstep/_quantized.py``); each epoch here
+under FSDP2 silently corrupts the following training steps (``lockstep/integrations/quantized.py``); each epoch here
 therefore evaluates after every optimizer step.
 
 peft and bitsandbytes come from the reference environment (``tests/helpers/reference.py``; skipped without it,

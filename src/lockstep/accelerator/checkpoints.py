@@ -22,7 +22,6 @@ from typing import Any
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from lockstep._peft import is_peft_model, save_adapter_folder
 from lockstep.accelerator.accumulation import GradientAccumulation
 from lockstep.accelerator.elastic_resume import (
     ACCUMULATION_COUNTER,
@@ -48,6 +47,7 @@ from lockstep.checkpoint.model_files import save_model_files
 from lockstep.checkpoint.storage import CheckpointStorage, Location, storage_for, store_key
 from lockstep.checkpoint.training_state import TrainingObjects
 from lockstep.config.project import ProjectConfiguration
+from lockstep.integrations.peft import is_peft_model, save_adapter_folder
 from lockstep.state import PartialState
 
 CHECKPOINTS_FOLDER = "checkpoints"

@@ -14,8 +14,6 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from lockstep._peft import check_adapters_not_added_after_prepare
-from lockstep._quantized import keep_4bit_layout
 from lockstep.accelerator.optimizer import AcceleratedOptimizer
 from lockstep.accelerator.prepared import PreparedObjects
 from lockstep.accelerator.scheduler import AcceleratedScheduler
@@ -23,6 +21,8 @@ from lockstep.accelerator.settings import AcceleratorSettings
 from lockstep.backends.base import Backend
 from lockstep.backends.capabilities import JointlyPrepared, JointPreparation, StepDataAssignment
 from lockstep.data import prepare_data_loader
+from lockstep.integrations.peft import check_adapters_not_added_after_prepare
+from lockstep.integrations.quantized import keep_4bit_layout
 from lockstep.state import PartialState
 from lockstep.step_hooks import StepHooks
 

@@ -139,7 +139,7 @@ class Backend(ABC):
         if plugin is None or not plugin.enabled:
             return model
         if plugin.use_regional_compilation:
-            from lockstep._regional_compilation import compile_regions_in_place
+            from lockstep.integrations.regional_compilation import compile_regions_in_place
 
             # In place (nn.Module.compile on each repeated block): the prepared model keeps its identity,
             # parameter names and forward wrapper, and a sharding backend's hooks keep running.

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from lockstep._peft import is_peft_model
+from lockstep.integrations.peft import is_peft_model
 
 RECORD_FILE = "frozen_base.json"
 RELATIVE_TOLERANCE = 1e-6

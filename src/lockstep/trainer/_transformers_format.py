@@ -148,7 +148,7 @@ def _load_adapter(model: nn.Module, folder: Path) -> None:
     """peft's ``adapter_model.safetensors`` into the active adapter of ``model`` (names without the adapter's)."""
     from safetensors.torch import load_file
 
-    from lockstep._peft import load_adapter_state_dict
+    from lockstep.integrations.peft import load_adapter_state_dict
 
     result = load_adapter_state_dict(model, load_file(str(folder / ADAPTER_WEIGHTS)))
     unexpected = list(getattr(result, "unexpected_keys", []))

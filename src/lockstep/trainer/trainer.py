@@ -23,7 +23,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
-from lockstep._peft import gathered_adapter
+from lockstep.integrations.peft import gathered_adapter
 from lockstep.progress import ProgressBar
 from lockstep.trainer import (
     _best_model,

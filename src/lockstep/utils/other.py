@@ -30,10 +30,14 @@ import torch
 from packaging.version import Version
 from torch import nn
 
-from lockstep._regional_compilation import compile_regions, compile_regions_in_place, is_compiled_in_place
 from lockstep.backends.wrappers import module_wrappers
 from lockstep.config.file import ClusterConfig, default_config_path, save_config_file
 from lockstep.errors import UnsafeCheckpointError
+from lockstep.integrations.regional_compilation import (
+    compile_regions,
+    compile_regions_in_place,
+    is_compiled_in_place,
+)
 from lockstep.precision import parse_mixed_precision, remove_forward_wrapper
 from lockstep.state import PartialState
 from lockstep.utils._model_tensors import id_tensor_storage
@@ -209,7 +213,7 @@ def extract_model_from_parallel(
 def is_peft_model(model: nn.Module) -> bool:
     """Whether ``model``, unwrapped from DDP and ``torch.compile``, is a ``peft.PeftModel`` (peft is not
     imported: a peft model exists only where its user imported peft)."""
-    from lockstep._peft import is_peft_model as is_peft
+    from lockstep.integrations.peft import is_peft_model as is_peft
 
     return is_peft(extract_model_from_parallel(model))
 

@@ -222,7 +222,7 @@ def save_adapter_shards(model: nn.Module, path: Path) -> None:
     """Every process writes its shards of the active adapter, under peft's names, into ``path`` (a collective)."""
     import torch.distributed.checkpoint as dcp
 
-    from lockstep._peft import adapter_state_dict
+    from lockstep.integrations.peft import adapter_state_dict
 
     dcp.save({MODEL_KEY: adapter_state_dict(_model(model))}, checkpoint_id=path)
 
@@ -230,8 +230,8 @@ def save_adapter_shards(model: nn.Module, path: Path) -> None:
 def load_adapter_shards(model: nn.Module, path: Path) -> Any:
     """Read the adapter's shards back from ``path`` into the active adapter (a collective); returns peft's
     load result (its missing keys are the frozen base's)."""
-    from lockstep._peft import adapter_state_dict, load_adapter_state_dict
     from lockstep.checkpoint import safe_dcp
+    from lockstep.integrations.peft import adapter_state_dict, load_adapter_state_dict
 
     state = adapter_state_dict(_model(model))
     safe_dcp.load(_model_holder(state, path), path)

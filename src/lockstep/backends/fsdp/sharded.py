@@ -25,7 +25,6 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, OffloadPolicy, fully_shard
 
-from lockstep._peft import guard_sharded
 from lockstep.backends.base import Backend, Indexed
 from lockstep.backends.capabilities import GatheredForward, ShardedCheckpointIO
 from lockstep.backends.fsdp import checkpoint as shards
@@ -37,6 +36,7 @@ from lockstep.checkpoint.training_state import GivenState
 from lockstep.collectives import broadcast_object_list
 from lockstep.config.fsdp import FullyShardedDataParallelPlugin
 from lockstep.config.plugins import TorchDynamoPlugin
+from lockstep.integrations.peft import guard_sharded
 from lockstep.state import PartialState
 
 checkpoint_logger = logging.getLogger("lockstep.checkpoint")

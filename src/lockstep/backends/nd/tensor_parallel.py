@@ -113,7 +113,7 @@ def _adapters_split_by_lockstep(
     (``adapter_tensor_parallel``); True when done. One transformers split before the adapters were added
     (``from_pretrained(tp_plan="auto")`` then ``get_peft_model``) is refused: trained that way on 2 processes the
     adapters ended elsewhere than one process's (sum of |adapter| 54.54 against 52.69 after 4 AdamW steps)."""
-    from lockstep._peft import is_peft_model
+    from lockstep.integrations.peft import is_peft_model
 
     if not is_peft_model(model) or plan:
         return False

@@ -11,8 +11,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from lockstep._peft import gathered_adapter, is_peft_model
 from lockstep.accelerator import Accelerator
+from lockstep.integrations.peft import gathered_adapter, is_peft_model
 from lockstep.trainer import _num_items, _transformers_format, batches
 from lockstep.trainer._num_items import ItemCounter, MicroBatch
 

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from lockstep._big_model_dispatch import PathLike, check_device_map_devices, dispatch_model
+from lockstep.big_model.dispatch import PathLike, check_device_map_devices, dispatch_model
 from lockstep.utils.modeling import (
     check_device_map,
     get_balanced_memory,
