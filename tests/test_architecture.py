@@ -87,6 +87,8 @@ BELOW_FACADE = (
     "lockstep.progress",
     "lockstep.big_modeling",
     "lockstep.hooks",
+    "lockstep.big_model",
+    "lockstep.inference",
     "lockstep.step_hooks",
 )
 FORBIDDEN_IMPORTS += [

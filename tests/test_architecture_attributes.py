@@ -58,15 +58,18 @@ ALLOWED: dict[tuple[str, str], str] = {
         "it is built and has no parameter for it"
     ),
     ("lockstep.data.loader", "iterator._base_seed"): "as lockstep.data.dispatcher's iterator._base_seed",
-    ("lockstep.hooks._base", "module._old_forward"): (
+    ("lockstep.big_model.module_hooks", "module._old_forward"): (
         "Accelerate's add_hook_to_module keeps the original forward on the user's module under this name, "
         "and code written for Accelerate reads it there"
     ),
-    ("lockstep.hooks._base", "module._hf_hook"): "as module._old_forward (Accelerate's name for the hook)",
-    ("lockstep.inference", "model._original_forward"): (
+    (
+        "lockstep.big_model.module_hooks",
+        "module._hf_hook",
+    ): "as module._old_forward (Accelerate's name for the hook)",
+    ("lockstep.big_model.pipeline_inference", "model._original_forward"): (
         "Accelerate's prepare_pippy keeps the user's forward on the model under this name"
     ),
-    ("lockstep.inference", "model._original_call"): "as model._original_forward",
+    ("lockstep.big_model.pipeline_inference", "model._original_call"): "as model._original_forward",
     ("lockstep.launcher._worker", "os._exit"): (
         "a forkserver worker of torch elastic reports success through os._exit; the launcher wraps it to "
         "learn the exit code (the function's docstring)"

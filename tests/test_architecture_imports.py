@@ -32,10 +32,13 @@ ACCELERATE_USERS = (
 Trainer, the command line, and the big-model API (``big_modeling``, ``hooks`` and the ``big_model`` package,
 ``inference``), which use ``lockstep.utils.modeling``/``offload``/``operations`` as Accelerate's use
 ``accelerate.utils``."""
-ACCELERATE_PATHS = ("lockstep.utils", *ACCELERATE_PATH_SHIMS)
+ACCELERATE_PATHS = (
+    "lockstep.utils",
+    *(shim for shim in ACCELERATE_PATH_SHIMS if shim not in ACCELERATE_USERS),
+)
 """Accelerate's import paths (``accelerate.utils``, ``accelerate.data_loader``, ...): namespaces over the
 engine's names, for code written against Accelerate (the top-level shims are declared in
-``tests/test_architecture_tree.py``)."""
+``tests/test_architecture_tree.py``; ``hooks`` and ``inference`` re-export the big-model code, with its users)."""
 BANDS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("the public namespace", (PUBLIC_NAMESPACE,)),
     ("Accelerate's users", ACCELERATE_USERS),
@@ -333,7 +336,7 @@ def test_the_utils_rule_catches_the_engine_importing_utils_and_utils_importing_i
         parse("lockstep.utils.imports", ""),
         parse("lockstep.utils._loading", ""),
         parse("lockstep.backends.fsdp.loading", "def f():\n    from lockstep.utils.imports import why\n"),
-        parse("lockstep.hooks._attach", "from lockstep.utils import offload\n"),
+        parse("lockstep.big_model.attach_hooks", "from lockstep.utils import offload\n"),
         parse(
             "lockstep.utils.fsdp_utils",
             "from lockstep.backends.fsdp._shards import read\n"  # 1: a module private to backends.fsdp

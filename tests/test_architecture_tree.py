@@ -25,7 +25,6 @@ ENGINE_MODULES = (
     "lockstep.collectives",
     "lockstep.entry_points",
     "lockstep.errors",
-    "lockstep.inference",
     "lockstep.local_sgd",
     "lockstep.logging",
     "lockstep.precision",
@@ -35,18 +34,21 @@ ENGINE_MODULES = (
     "lockstep.step_hooks",
 )
 """Top-level modules that hold code. Several sit at an Accelerate path because they are where that code lives
-(``state``, ``logging``, ``local_sgd``, and the big-model API ``big_modeling`` and ``inference``, built on
-:mod:`lockstep.big_model` and :mod:`lockstep.hooks`)."""
+(``state``, ``logging``, ``local_sgd``, and the big-model API ``big_modeling``, built on
+:mod:`lockstep.big_model`)."""
 ACCELERATE_PATH_SHIMS = (
     "lockstep.data_loader",
+    "lockstep.hooks",
+    "lockstep.inference",
     "lockstep.launchers",
     "lockstep.memory_accounting",
     "lockstep.optimizer",
     "lockstep.parallelism_config",
     "lockstep.scheduler",
 )
-"""Top-level modules that exist only for an import path (``accelerate.data_loader``, ``accelerate.optimizer``,
-..., and the documented ``lockstep.memory_accounting``): re-exports of names defined in a package."""
+"""Top-level modules that exist only for an import path (``accelerate.data_loader``, ``accelerate.hooks``,
+``accelerate.inference``, ``accelerate.optimizer``, ..., and the documented ``lockstep.memory_accounting``):
+re-exports of names defined in a package."""
 
 
 def top_level_modules(root: Path = SRC) -> list[str]:

@@ -25,14 +25,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from lockstep.hooks import (
-    AlignDevicesHook,
-    CpuOffload,
-    UserCpuOffloadHook,
-    add_hook_to_module,
-    attach_align_device_hook,
-    attach_align_device_hook_on_blocks,
-)
+from lockstep.big_model.attach_hooks import attach_align_device_hook, attach_align_device_hook_on_blocks
+from lockstep.big_model.device_hooks import AlignDevicesHook, CpuOffload, UserCpuOffloadHook
+from lockstep.big_model.module_hooks import add_hook_to_module
 from lockstep.utils.modeling import check_device_map, find_tied_parameters, retie_parameters
 from lockstep.utils.offload import (
     INDEX_FILE,

@@ -1,4 +1,4 @@
-"""``accelerate.hooks``: hooks that wrap a module's forward, and the ones that move weights between devices.
+"""Accelerate's ``accelerate.hooks`` import path (the hooks live in :mod:`lockstep.big_model`): hooks that wrap a module's forward, and the ones that move weights between devices.
 
 A hook (:class:`ModelHook`) runs code before and after a module's forward; :func:`add_hook_to_module`
 attaches one (stored as ``module._hf_hook``, the attribute transformers reads) and
@@ -21,13 +21,13 @@ Example:
     'cpu'
 """
 
-from lockstep.hooks._align import AlignDevicesHook, CpuOffload, UserCpuOffloadHook
-from lockstep.hooks._attach import (
+from lockstep.big_model.attach_hooks import (
     attach_align_device_hook,
     attach_align_device_hook_on_blocks,
     attach_execution_device_hook,
 )
-from lockstep.hooks._base import (
+from lockstep.big_model.device_hooks import AlignDevicesHook, CpuOffload, UserCpuOffloadHook
+from lockstep.big_model.module_hooks import (
     ModelHook,
     SequentialHook,
     add_hook_to_module,

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from lockstep.hooks._base import ModelHook, remove_hook_from_module
+from lockstep.big_model.module_hooks import ModelHook, remove_hook_from_module
 from lockstep.utils.modeling import named_module_tensors, set_module_tensor_to_device
 from lockstep.utils.operations import find_device, send_to_device
 

@@ -8,8 +8,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from lockstep.hooks._align import AlignDevicesHook, Device, TiedParamsMap
-from lockstep.hooks._base import add_hook_to_module
+from lockstep.big_model.device_hooks import AlignDevicesHook, Device, TiedParamsMap
+from lockstep.big_model.module_hooks import add_hook_to_module
 from lockstep.utils.modeling import named_module_tensors
 from lockstep.utils.offload import PrefixedDataset
 
