@@ -77,6 +77,21 @@ class BackendRequest:
         return self.parallelism_config is not None and self.parallelism_config.device_mesh is not None
 
 
+@dataclass(frozen=True)
+class TypeFacts:
+    """What Accelerate's public properties answer for a config file's ``distributed_type`` that a backend
+    runs (declared in the backend's spec, read through :mod:`lockstep.config.topology`)."""
+
+    multi_device: bool = False
+    """Data parallel with one accelerator device per process (Accelerate's ``Accelerator.multi_device``)."""
+    fsdp2: bool = False
+    """The model is sharded with FSDP2 (Accelerate's ``is_fsdp2``)."""
+    deepspeed: bool = False
+    """DeepSpeed's engine trains it (Accelerate's ``deepspeed_required``)."""
+    gpu_only: bool = False
+    """It needs GPUs: ``--cpu`` contradicts it."""
+
+
 Builder = Callable[[BackendRequest], Any]
 """Builds the backend (with its precision) for a request; returns a :class:`lockstep.backends.Backend`."""
 
@@ -115,6 +130,8 @@ class BackendSpec:
     """The ``TrainingArguments`` field that asks the Trainer for it (``fsdp``, ``deepspeed``)."""
     distributed_types: tuple[DistributedType, ...] = ()
     """The config file's ``distributed_type`` values that mean this backend."""
+    type_facts: Mapping[DistributedType, TypeFacts] = field(default_factory=dict)
+    """What Accelerate's properties answer for each of its ``distributed_types`` (unlisted: all False)."""
     config_section: str | None = None
     """The config-file section that configures it (``fsdp_config``)."""
     keys: tuple[SettingKey, ...] = ()

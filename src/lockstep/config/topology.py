@@ -1,10 +1,10 @@
-"""What a configured ``distributed_type`` means: the one table of distributed types outside the backend
-registry.
+"""What a configured ``distributed_type`` means, asked of the backend that runs it.
 
 The launcher, the config wizard, the Accelerator's settings and the Trainer ask these functions instead
-of comparing ``DistributedType`` members themselves. What a backend's type configures (its section, its
-plugin) comes from the backend's own spec (:mod:`lockstep.config.backend_specs`); this table keeps what
-Accelerate's public properties ask of a type (``multi_device``, ``is_fsdp2``) and the types not built.
+of comparing ``DistributedType`` members themselves. Everything about a type a backend runs (its section,
+its plugin, what Accelerate's public properties answer: ``multi_device``, ``is_fsdp2``) comes from that
+backend's own spec (:mod:`lockstep.config.backend_specs`, ``type_facts``); this module keeps only the types
+no backend of this version runs.
 
 This module must not import torch: ``lockstep launch`` and ``lockstep config`` read it at start-up.
 
@@ -24,43 +24,36 @@ Example:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+from lockstep.config.backend_specs import TypeFacts, spec_for_distributed_type
 from lockstep.config.enums import DistributedType
 from lockstep.errors import UsageError
 
-
-@dataclass(frozen=True)
-class _Kind:
-    section: str | None = None
-    """The config section that configures it (``fsdp_config`` for FSDP)."""
-    not_built: str | None = None
-    """What is missing, for types this version of lockstep does not run."""
-    gpu_only: bool = False
-    multi_device: bool = False
-    """Data parallel with one accelerator device per process (Accelerate's ``Accelerator.multi_device``)."""
-    fsdp2: bool = False
-    """The model is sharded with FSDP2 (``fully_shard``); lockstep's FSDP is always FSDP2."""
-
-
-_KINDS: dict[DistributedType, _Kind] = {
-    DistributedType.FSDP: _Kind(fsdp2=True),
-    DistributedType.MEGATRON_LM: _Kind(section="megatron_lm_config", not_built="the Megatron-LM backend"),
-    DistributedType.XLA: _Kind(not_built="TPUs (XLA)"),
-    DistributedType.MULTI_GPU: _Kind(gpu_only=True, multi_device=True),
-    DistributedType.MULTI_XPU: _Kind(multi_device=True),
-    DistributedType.MULTI_MPS: _Kind(multi_device=True),
+_NOT_BUILT: dict[DistributedType, tuple[str | None, str]] = {
+    DistributedType.MEGATRON_LM: ("megatron_lm_config", "the Megatron-LM backend"),
+    DistributedType.XLA: (None, "TPUs (XLA)"),
 }
+"""The types no backend of this version runs: their config section (None: none), and what is missing."""
 _DATA_PARALLEL = {True: DistributedType.MULTI_CPU, False: DistributedType.MULTI_GPU}
 
 
-def _kind(distributed_type: str | DistributedType | None) -> _Kind:
-    """The row of a distributed type; unknown names have none (checked_distributed_type rejects them)."""
+def _member(distributed_type: str | DistributedType | None) -> DistributedType | None:
+    """The member a type names; None for no type and unknown names (checked_distributed_type rejects them)."""
+    if distributed_type is None:
+        return None
     try:
-        member = DistributedType.parse(distributed_type, argument="distributed_type")
+        return DistributedType.parse(distributed_type, argument="distributed_type")
     except ValueError:
-        return _Kind()
-    return _KINDS.get(member, _Kind())
+        return None
+
+
+def _facts(distributed_type: str | DistributedType | None) -> TypeFacts:
+    """What the backend that runs ``distributed_type`` declares of it (its spec's ``type_facts``)."""
+    member = _member(distributed_type)
+    spec = spec_for_distributed_type(member) if member is not None else None
+    return spec.type_facts.get(member, _NO_FACTS) if spec is not None and member is not None else _NO_FACTS
+
+
+_NO_FACTS = TypeFacts()
 
 
 def checked_distributed_type(requested: str | DistributedType | None) -> DistributedType | None:
@@ -75,8 +68,8 @@ def checked_distributed_type(requested: str | DistributedType | None) -> Distrib
         chosen = DistributedType.parse(requested, argument="distributed_type")
     except ValueError as error:
         raise UsageError(str(error)) from None
-    missing = _kind(chosen).not_built
-    if missing is not None:
+    if chosen in _NOT_BUILT:
+        missing = _NOT_BUILT[chosen][1]
         raise UsageError(
             f"distributed_type {chosen.value} is not supported yet: {missing} is not part of this version of "
             "lockstep. Use MULTI_CPU or MULTI_GPU (DDP)."
@@ -95,36 +88,35 @@ def is_plain(distributed_type: str | DistributedType | None) -> bool:
 def config_section(distributed_type: str | DistributedType | None) -> str | None:
     """The config file section that configures ``distributed_type`` (``fsdp_config`` for FSDP, from the
     backend's spec; ``megatron_lm_config`` for a type not built), or None."""
-    from lockstep.config.backend_specs import spec_for_distributed_type
-
     spec = spec_for_distributed_type(distributed_type)
-    return spec.config_section if spec is not None else _kind(distributed_type).section
+    if spec is not None:
+        return spec.config_section
+    member = _member(distributed_type)
+    return _NOT_BUILT[member][0] if member in _NOT_BUILT else None
 
 
 def is_multi_device(distributed_type: str | DistributedType | None) -> bool:
     """Whether ``distributed_type`` is data parallel over accelerator devices, one per process (MULTI_GPU,
     MULTI_XPU, MULTI_MPS): what Accelerate's ``Accelerator.multi_device`` asks. Data parallel on CPUs and
     sharded types are not."""
-    return _kind(distributed_type).multi_device
+    return _facts(distributed_type).multi_device
 
 
 def is_fsdp2(distributed_type: str | DistributedType | None) -> bool:
     """Whether ``distributed_type`` shards the model with FSDP2 (Accelerate's ``is_fsdp2``: in lockstep,
     FSDP is always FSDP2)."""
-    return _kind(distributed_type).fsdp2
+    return _facts(distributed_type).fsdp2
 
 
 def is_deepspeed(distributed_type: str | DistributedType | None) -> bool:
     """Whether ``distributed_type`` is DEEPSPEED: what
     Accelerate's ``deepspeed_required`` and ``AcceleratorState.deepspeed_plugin`` ask."""
-    return distributed_type is not None and (
-        DistributedType.parse(distributed_type, argument="distributed_type") is DistributedType.DEEPSPEED
-    )
+    return _facts(distributed_type).deepspeed
 
 
 def check_device_agreement(distributed_type: str | DistributedType | None, *, use_cpu: bool) -> None:
     """Raise when a GPU-only type (``--multi-gpu``) is combined with ``--cpu``."""
-    if use_cpu and _kind(distributed_type).gpu_only:
+    if use_cpu and _facts(distributed_type).gpu_only:
         raise UsageError("--multi-gpu and --cpu contradict each other; pick one.")
 
 

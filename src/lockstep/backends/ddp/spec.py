@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from lockstep.config.backend_specs import BackendRequest, BackendSpec, register_backend_spec
+from lockstep.config.backend_specs import BackendRequest, BackendSpec, TypeFacts, register_backend_spec
 from lockstep.config.enums import DistributedType
 
 
@@ -33,5 +33,10 @@ SPEC = register_backend_spec(
             DistributedType.MULTI_XPU,
             DistributedType.MULTI_MPS,
         ),
+        type_facts={
+            DistributedType.MULTI_GPU: TypeFacts(multi_device=True, gpu_only=True),
+            DistributedType.MULTI_XPU: TypeFacts(multi_device=True),
+            DistributedType.MULTI_MPS: TypeFacts(multi_device=True),
+        },
     )
 )

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from lockstep.config.backend_specs import BackendRequest, BackendSpec, register_backend_spec
+from lockstep.config.backend_specs import BackendRequest, BackendSpec, TypeFacts, register_backend_spec
 from lockstep.config.deepspeed import DEEPSPEED_KEYS
 from lockstep.config.enums import DistributedType
 
@@ -72,6 +72,7 @@ SPEC = register_backend_spec(
         accelerator_argument="deepspeed_plugin",
         trainer_argument="deepspeed",
         distributed_types=(DistributedType.DEEPSPEED,),
+        type_facts={DistributedType.DEEPSPEED: TypeFacts(deepspeed=True)},
         config_section="deepspeed_config",
         keys=DEEPSPEED_KEYS,
         enable_flag="use_deepspeed",

@@ -7,7 +7,7 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
-from lockstep.config.backend_specs import BackendRequest, BackendSpec, register_backend_spec
+from lockstep.config.backend_specs import BackendRequest, BackendSpec, TypeFacts, register_backend_spec
 from lockstep.config.enums import DistributedType
 from lockstep.config.fsdp_keys import FSDP_KEYS
 
@@ -93,6 +93,7 @@ SPEC = register_backend_spec(
         accelerator_argument="fsdp_plugin",
         trainer_argument="fsdp",
         distributed_types=(DistributedType.FSDP,),
+        type_facts={DistributedType.FSDP: TypeFacts(fsdp2=True)},  # lockstep's FSDP is always FSDP2
         config_section="fsdp_config",
         keys=FSDP_KEYS,
         enable_flag="use_fsdp",
