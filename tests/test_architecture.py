@@ -1,5 +1,5 @@
-"""The style guide, executable: file and function sizes, import layers, no import cycles, and backend
-identity asked in one place only.
+"""The style guide, executable: file and function sizes, import layers, and backend identity asked in one
+place only (import circles: tests/test_architecture_imports.py).
 
 Each rule is a function over parsed source, so the rules are tested on small synthetic modules too (the
 checks can fail), then run over ``src/lockstep``.
@@ -179,54 +179,6 @@ def layer_violations(modules: Iterable[Module]) -> list[str]:
     return found
 
 
-def _module_level_imports(module: Module, known: set[str]) -> set[str]:
-    """Imports that run when the module is imported (TYPE_CHECKING blocks included, function bodies not)."""
-    top = ast.Module(
-        body=[n for n in module.tree.body if not isinstance(n, ast.FunctionDef | ast.ClassDef)],
-        type_ignores=[],
-    )
-    shallow = Module(module.name, module.path, top, module.lines)
-    return {name for name, _ in imported_names(shallow, known) if name in known and name != module.name}
-
-
-def import_cycles(modules: Iterable[Module]) -> list[list[str]]:
-    """Strongly connected groups of modules that import each other at import time (Tarjan)."""
-    modules = list(modules)
-    known = {m.name for m in modules}
-    graph = {m.name: _module_level_imports(m, known) for m in modules}
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    cycles: list[list[str]] = []
-
-    def visit(node: str) -> None:
-        index[node] = low[node] = len(index)
-        stack.append(node)
-        on_stack.add(node)
-        for target in graph[node]:
-            if target not in index:
-                visit(target)
-                low[node] = min(low[node], low[target])
-            elif target in on_stack:
-                low[node] = min(low[node], index[target])
-        if low[node] == index[node]:
-            group = []
-            while True:
-                member = stack.pop()
-                on_stack.discard(member)
-                group.append(member)
-                if member == node:
-                    break
-            if len(group) > 1:
-                cycles.append(sorted(group))
-
-    for name in sorted(graph):
-        if name not in index:
-            visit(name)
-    return cycles
-
-
 def _is_identity_operand(node: ast.AST) -> bool:
     """``DistributedType.FSDP`` (or ``.value`` of it), or ``x.distributed_type``."""
     while isinstance(node, ast.Attribute):
@@ -337,10 +289,6 @@ def test_imports_follow_the_layers(modules):
     assert layer_violations(modules) == []
 
 
-def test_no_import_cycles_not_even_for_type_checking(modules):
-    assert import_cycles(modules) == []
-
-
 def test_only_the_registry_and_config_ask_which_backend_is_active(modules):
     assert identity_checks(modules) == []
 
@@ -361,7 +309,6 @@ def test_the_rules_catch_synthetic_violations():
     assert layer_violations([backend, facade]) == [
         "lockstep.backends.fake:3 imports lockstep.accelerator (backends sit below the Accelerator)"
     ]
-    assert import_cycles([backend, facade]) == [["lockstep.accelerator", "lockstep.backends.fake"]]
 
     lazy = parse(
         "lockstep.launcher.fake", "def run() -> None:\n    from lockstep.accelerator import facade\n"
