@@ -22,28 +22,39 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.helpers import ft_group_worker
 from tests.helpers import ft_heal_worker as worker
 from tests.helpers.cli import cli_env
 from tests.helpers.ft_lighthouse import lighthouse_process
 
 pytest.importorskip("torchft")
 ROOT = Path(__file__).resolve().parents[2]
-GROUPS, PROCESSES, STEPS, SEED, RELAUNCH_SEED = 2, 2, 1500, 0, 7
-"""Steps of the run: no group waits for another, so group 0 steps on alone while group 1's launch restarts it
-(a few seconds, more under load), and the restarted group rejoins long before group 0 finishes."""
+GROUPS, PROCESSES, SEED, RELAUNCH_SEED = 2, 2, 0, 7
+STEPS = {"fsdp2": 1500, "ddp": 3000}
+"""Steps of the run, by layout: no group waits for another, so group 0 steps on alone while group 1's launch
+restarts it and the restarted group rejoins before group 0 finishes. Measured in a CI run (2 cores, load from
+other tests): group 0 took 12 s for 1,500 DDP steps after the kill, and the restart 12 s to reach its quorum,
+too late; 3,000 DDP steps leave it as long again (idle: 51 s for the DDP run). An FSDP2 step costs about
+twice a DDP step, so 1,500 give it the same time."""
 KILL_AFTER = 2
 """Group 1's rank 1 is killed once it committed this step."""
-EPOCH = worker.epoch_batches(GROUPS * PROCESSES, STEPS)
 
 
-def _launch(folder: Path, group: int, lighthouse: str, layout: list[str], *flags: str) -> subprocess.Popen:
+def _epoch(steps: int) -> int:
+    """The global batches of an epoch of the run's loader."""
+    return worker.epoch_batches(GROUPS * PROCESSES, steps)
+
+
+def _launch(
+    folder: Path, group: int, lighthouse: str, layout: list[str], steps: int, *flags: str
+) -> subprocess.Popen:
     command = [
         *("launch", "--cpu", "--num-processes", str(PROCESSES), *layout, *flags),
         *("--fault-tolerance", "--replica-group", str(group), "--num-replica-groups", str(GROUPS)),
         *("--lighthouse", lighthouse, "--quorum-timeout", "20"),
         *(
             str(ROOT / "tests/helpers/ft_group_worker.py"),
-            str(STEPS),
+            str(steps),
             str(folder),
             str(SEED),
             str(RELAUNCH_SEED),
@@ -84,15 +95,15 @@ def _committed_step(folder: Path, name: str, launch: subprocess.Popen, step: int
 
 
 @contextlib.contextmanager
-def _one_process_killed(folder: Path, layout: list[str]) -> Iterator[dict]:
+def _one_process_killed(folder: Path, layout: list[str], steps: int) -> Iterator[dict]:
     with lighthouse_process(min_replicas=1, heartbeat_timeout_ms=1000, join_timeout_ms=10_000) as (
         _,
         address,
     ):
         launches: dict[int, subprocess.Popen] = {}
         try:
-            launches[0] = _launch(folder, 0, address, layout)
-            launches[1] = _launch(folder, 1, address, layout, "--max-restarts", "1")
+            launches[0] = _launch(folder, 0, address, layout, steps)
+            launches[1] = _launch(folder, 1, address, layout, steps, "--max-restarts", "1")
             victim = _committed_step(folder, "g1a0r1", launches[1], KILL_AFTER)["pid"]
             os.kill(victim, signal.SIGKILL)
             killed = time.time()
@@ -107,6 +118,7 @@ def _one_process_killed(folder: Path, layout: list[str]) -> Iterator[dict]:
                 f"{survivor[-1]['time']:.2f}:\n{(folder / 'launch1.err').read_text()[-3000:]}"
             )
             yield {
+                "steps": steps,
                 "victim": victim,
                 "lines": {path.stem: _lines(folder, path.stem) for path in folder.glob("*.steps")},
                 "records": {path.stem: torch.load(path) for path in folder.glob("*.pt")},
@@ -123,7 +135,8 @@ def _one_process_killed(folder: Path, layout: list[str]) -> Iterator[dict]:
 def run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     """The run with FSDP2 inside each group, then with DDP."""
     layout = ["--use-fsdp"] if request.param == "fsdp2" else []
-    with _one_process_killed(tmp_path_factory.mktemp(f"ft_groups_{request.param}"), layout) as results:
+    folder = tmp_path_factory.mktemp(f"ft_groups_{request.param}")
+    with _one_process_killed(folder, layout, STEPS[request.param]) as results:
         yield results
 
 
@@ -133,7 +146,7 @@ def test_group_0_keeps_its_processes_and_steps_alone_while_group_1_is_down(run: 
     for rank in range(PROCESSES):
         name = f"g0a0r{rank}"
         assert {line["pid"] for line in lines[name]} == {records[name]["pid"]}  # one process throughout
-        assert [line["step"] for line in lines[name] if line["committed"]] == list(range(STEPS))
+        assert [line["step"] for line in lines[name] if line["committed"]] == list(range(run["steps"]))
     participants = [line["participants"] for line in lines["g0a0r0"]]
     assert participants[0] == GROUPS and participants[-1] == GROUPS and 1 in participants
     assert run["victim"] in {line["pid"] for line in lines["g1a0r1"]}
@@ -154,17 +167,17 @@ def test_each_restarted_process_healed_from_the_same_rank_of_group_0(run: dict) 
 
 def test_every_committed_step_read_distinct_batches_and_each_sample_of_the_epoch_once(run: dict) -> None:
     steps = worker.committed_lines(run["lines"]["g0a0r0"])
-    epoch, consumed, used, dying = 0, 0, [], []
-    for step in range(STEPS):
+    committed: dict[int, dict[str, dict]] = {}  # step -> process name -> its committed line of that step
+    for name, lines in run["lines"].items():
+        for other in lines:
+            if other["committed"]:
+                committed.setdefault(other["step"], {})[name] = other
+    epoch, consumed, used, dying, whole = 0, 0, [], [], _epoch(run["steps"])
+    for step in range(run["steps"]):
         line = steps[step]
         assert (line["epoch"], line["consumed"]) == (epoch, consumed), step
         assert line["readers"] == line["participants"] * PROCESSES
-        found = {
-            name: other
-            for name, lines in run["lines"].items()
-            for other in lines
-            if other["committed"] and other["step"] == step
-        }
+        found = committed.get(step, {})
         expected = worker.step_batches(line, line["readers"])  # distinct, from the position on
         if len(found) < line["readers"]:
             _assert_the_step_group_1_died_in(run["lines"], step, found, line["readers"])
@@ -174,13 +187,13 @@ def test_every_committed_step_read_distinct_batches_and_each_sample_of_the_epoch
             assert len(found) == line["readers"], step
             assert sorted(other["batch"] for other in found.values()) == expected, step
         for other in found.values():
-            assert other["ids"] == worker.batch_ids(other["batch"] % EPOCH)
+            assert other["ids"] == worker.batch_ids(other["batch"] % whole)
         if epoch == 0:
-            used += [b for b in expected if b < EPOCH]
+            used += [b for b in expected if b < whole]
         consumed += line["readers"]
-        if consumed >= EPOCH:
+        if consumed >= whole:
             epoch, consumed = epoch + 1, 0
-    assert sorted(used) == list(range(EPOCH))  # epoch 0: every global batch exactly once
+    assert sorted(used) == list(range(whole))  # epoch 0: every global batch exactly once
     assert epoch >= 1
     assert len(dying) <= 1, dying
 
@@ -208,7 +221,12 @@ def test_both_groups_end_bitwise_equal_and_match_the_replay(run: dict) -> None:
     for name, value in first.items():
         assert torch.equal(restarted[name], value), name
     expected = worker.replay(
-        run["lines"]["g0a0r0"], seed=SEED, epoch=EPOCH, readers="readers", processes=PROCESSES
+        run["lines"]["g0a0r0"],
+        seed=SEED,
+        epoch=_epoch(run["steps"]),
+        readers="readers",
+        processes=PROCESSES,
+        gamma=ft_group_worker.GAMMA,
     )
     for name, value in expected.items():
         torch.testing.assert_close(first[name], value, rtol=0, atol=1e-6)

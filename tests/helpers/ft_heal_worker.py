@@ -87,11 +87,18 @@ def set_mean_gradients(net: nn.Module, grads: list[list[torch.Tensor]]) -> None:
 
 
 def replay(
-    lines: list[dict], *, seed: int, epoch: int, readers: str = "participants", processes: int = 1
+    lines: list[dict],
+    *,
+    seed: int,
+    epoch: int,
+    readers: str = "participants",
+    processes: int = 1,
+    gamma: float = GAMMA,
 ) -> dict[str, torch.Tensor]:
     """SGD with momentum over the committed steps of ``lines``, written by hand: each step on the average of
     the gradients of the global batches its readers (``line[readers]`` of them) read, clipped, at the rate
-    StepLR gives that step (a prepared scheduler steps once per process of the group, as Accelerate's)."""
+    StepLR(``gamma``) gives that step (a prepared scheduler steps once per process of the group, as
+    Accelerate's)."""
     net = model(seed)
     optimizer = torch.optim.SGD(net.parameters(), lr=LR, momentum=MOMENTUM)
     for step, line in sorted(committed_lines(lines).items()):
@@ -102,7 +109,7 @@ def replay(
             grads.append([p.grad.clone() for p in net.parameters()])
         set_mean_gradients(net, grads)
         torch.nn.utils.clip_grad_norm_(list(net.parameters()), MAX_NORM)
-        optimizer.param_groups[0]["lr"] = LR * GAMMA ** (step * processes)
+        optimizer.param_groups[0]["lr"] = LR * gamma ** (step * processes)
         optimizer.step()
     return net.state_dict()
 
