@@ -19,9 +19,17 @@ def user_env(**extra: str) -> dict[str, str]:
 
 
 def free_port() -> int:
+    """A port free now, for a launcher that must be told one (the launch-time row measures plain torchrun).
+    It can be taken before the launcher binds it: prefer :data:`TORCHRUN`."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+TORCHRUN = ["-m", "torch.distributed.run", "--standalone"]
+"""torchrun on this machine alone, after ``python``: its agent binds a free port itself, so a run never races
+another process for a port chosen beforehand (one chosen by binding port 0 and released was taken by another
+test's process in a CI run, and the peers' step worker failed with EADDRINUSE)."""
 
 
 def run_script(script: str | Path, *args: str, processes: int = 2) -> dict:
@@ -30,8 +38,7 @@ def run_script(script: str | Path, *args: str, processes: int = 2) -> dict:
     if processes == 1:
         command = [sys.executable, str(script), *args]
     else:
-        launcher = ["-m", "torch.distributed.run", "--nproc_per_node", str(processes)]
-        command = [sys.executable, *launcher, "--master_port", str(free_port()), str(script), *args]
+        command = [sys.executable, *TORCHRUN, "--nproc_per_node", str(processes), str(script), *args]
     output = subprocess.run(command, env=user_env(), check=True, capture_output=True, text=True).stdout
     return json.loads(output.strip().splitlines()[-1])
 

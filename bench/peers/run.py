@@ -30,7 +30,7 @@ HERE = Path(__file__).resolve().parent
 BENCH = HERE.parent
 sys.path[:0] = [str(HERE), str(BENCH)]
 
-from _torchrun import free_port, user_env  # noqa: E402
+from _torchrun import TORCHRUN, free_port, user_env  # noqa: E402
 from harness import (  # noqa: E402
     TOOLS,
     equal_work,
@@ -128,8 +128,7 @@ def measure_launch(repeats: int) -> dict:
 
 def step_worker(workload: str, blocks: int, steps: int, equal_work_steps: int) -> tuple[dict, dict]:
     before = load()
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
-    command = [*launcher, "--master_port", str(free_port()), str(HERE / "_step_worker.py")]
+    command = [sys.executable, *TORCHRUN, "--nproc_per_node", "2", str(HERE / "_step_worker.py")]
     sizes = ["--blocks", str(blocks), "--steps", str(steps), "--equal-work-steps", str(equal_work_steps)]
     raw = json_of([*command, "--workload", workload, *sizes])
     titles = {
