@@ -19,7 +19,6 @@ import json
 import logging
 import os
 import signal
-import socket
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -31,10 +30,44 @@ from lockstep.launcher.settings import LaunchSettings, cpu_threads_per_process
 WORKER_MODULE = "lockstep.launcher._worker"
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+LOCAL_RENDEZVOUS = "lockstep-local"
+"""The rendezvous backend of a one-machine launch given no port (see :func:`local_rendezvous_handler`)."""
+
+
+def local_rendezvous_handler(params: Any) -> Any:
+    """A static rendezvous whose store binds port 0 and keeps the socket: the port it got is the one the
+    workers are told (``MASTER_PORT``), and they join that store (torch's agent store) instead of binding a
+    port of their own.
+
+    Picking a free port and binding it later (the former ``free_port()``) raced: between the two, another
+    launch or test on the machine could take the port, and the launch failed with "address already in
+    use". ``torchrun --standalone`` avoids it the same way (a c10d rendezvous on ``localhost:0``), with a
+    random 0-0.3 s delay and heartbeats a one-machine launch does not need.
+    """
+    from torch.distributed import TCPStore
+    from torch.distributed.elastic.rendezvous.static_tcp_rendezvous import StaticTCPRendezvous
+    from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
+
+    class HeldPortRendezvous(StaticTCPRendezvous):
+        def get_backend(self) -> str:
+            return LOCAL_RENDEZVOUS
+
+        def next_rendezvous(self) -> Any:
+            if self._store is None:  # restarts (--max-restarts) keep the store, so the port, of the first try
+                # not multi_tenant: that would hand a second launch in this process the first one's server
+                self._store = TCPStore(self.master_addr, 0, self.world_size, True, self.timeout)
+                self.master_port = self._store.port
+            return super().next_rendezvous()
+
+    address, _ = parse_rendezvous_endpoint(params.endpoint, 0)
+    timeout = int(params.config.get("timeout", 600))
+    return HeldPortRendezvous(address, 0, 0, 1, params.run_id, timeout)
+
+
+def _register_local_rendezvous() -> None:
+    from torch.distributed.elastic.rendezvous import rendezvous_handler_registry
+
+    rendezvous_handler_registry.register(LOCAL_RENDEZVOUS, local_rendezvous_handler)
 
 
 def prepare_worker_environment(settings: LaunchSettings, environ: dict[str, str] | None = None) -> None:
@@ -100,7 +133,13 @@ def torch_launch_config(settings: LaunchSettings, *, start_method: str = "spawn"
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
     from torch.distributed.launcher.api import LaunchConfig
 
-    port = settings.main_process_port or free_port()
+    port, backend = settings.main_process_port, settings.rdzv_backend
+    if port is None:  # one machine (several get 29500): the store binds port 0 and keeps it, no race
+        port = 0
+        if backend == "static":
+            _register_local_rendezvous()
+            backend = LOCAL_RENDEZVOUS
+        # c10d binds the endpoint's port 0 itself, and shares a store on another port 0 with the workers
     endpoint = f"{settings.main_process_ip}:{port}"
     rdzv_configs: dict[str, Any] = dict(settings.rdzv_conf)
     if settings.rdzv_backend == "static":
@@ -109,10 +148,10 @@ def torch_launch_config(settings: LaunchSettings, *, start_method: str = "spawn"
         min_nodes=settings.min_num_machines or settings.num_machines,
         max_nodes=settings.num_machines,
         nproc_per_node=settings.processes_per_machine,
-        run_id=f"lockstep-{port}",
+        run_id=f"lockstep-{port or os.getpid()}",
         role=settings.role,
         rdzv_endpoint=endpoint,
-        rdzv_backend=settings.rdzv_backend,
+        rdzv_backend=backend,
         rdzv_configs=rdzv_configs,
         max_restarts=settings.max_restarts,
         monitor_interval=settings.monitor_interval,

@@ -17,8 +17,11 @@ from collections.abc import Callable, Iterator
 from typing import Any, NoReturn
 
 from lockstep import _env
-from lockstep.launcher.elastic import free_port, quiet_agent_logs, torch_launch_config
+from lockstep.launcher.elastic import quiet_agent_logs, torch_launch_config
 from lockstep.launcher.settings import LaunchSettings, cpu_threads_per_process
+
+DEFAULT_PORT = 29500
+"""``use_port``'s default (Accelerate's); on one machine it means: any free port."""
 
 
 @contextlib.contextmanager
@@ -145,7 +148,7 @@ def notebook_launcher(
     args: tuple = (),
     num_processes: int | None = None,
     mixed_precision: str = "no",
-    use_port: str = "29500",
+    use_port: str = str(DEFAULT_PORT),
     master_addr: str = "127.0.0.1",
     node_rank: int = 0,
     num_nodes: int = 1,
@@ -160,7 +163,8 @@ def notebook_launcher(
         args: positional arguments for it.
         num_processes: processes on this machine (default: the number of GPUs, else 1).
         mixed_precision: ``"no"``, ``"fp16"`` or ``"bf16"`` for the Accelerator.
-        use_port: rendezvous port (a free port is used when it is busy on a single machine).
+        use_port: rendezvous port. On a single machine the default, or a port that is busy, is replaced by a
+            free port the launcher's store binds and keeps.
         master_addr: address of machine 0 for several machines.
         node_rank: rank of this machine.
         num_nodes: number of machines.
@@ -209,17 +213,22 @@ def notebook_launcher(
     )
 
 
-def _usable_port(use_port: str | int, num_nodes: int) -> int:
+def _usable_port(use_port: str | int, num_nodes: int) -> int | None:
+    """The rendezvous port. None lets the launcher's store bind port 0 and keep it (no other process can
+    take the port between its choice and its use): on one machine with the default port, or with a given
+    port another program holds. Several machines use the port given."""
     port = int(use_port)
     if num_nodes > 1:
         return port
+    if port == DEFAULT_PORT:
+        return None
     import socket
 
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         try:
             sock.bind(("127.0.0.1", port))
         except OSError:
-            return free_port()
+            return None
     return port
 
 
