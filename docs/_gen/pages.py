@@ -106,21 +106,38 @@ def cli_page() -> str:
 
 def config_sections() -> dict[str, dict]:
     """Section name -> {key: SettingKey} for every section of the config file with a key table."""
-    from lockstep.config import file
+    from lockstep.config.file import section_keys
 
-    return {
-        "dynamo_config": file.DYNAMO_CONFIG_KEYS,
-        **file.BACKEND_SECTION_KEYS,
-        "parallelism_config": file.PARALLELISM_CONFIG_KEYS,
-    }
+    return section_keys()
 
 
 def config_top_level() -> dict[str, str]:
     """Top-level key -> its description (the fields of ClusterConfig and their docstrings)."""
-    from lockstep.config.file import ClusterConfig
+    from lockstep.config.backend_specs import sectioned_specs
+    from lockstep.config.file import ClusterConfig, section_checks
 
     docs = _attribute_docs(Path(__import__("lockstep.config.file").config.file.__file__), "ClusterConfig")
-    return {item.name: docs.get(item.name, "") for item in dataclasses.fields(ClusterConfig)}
+    keys = {item.name: docs.get(item.name, "") for item in dataclasses.fields(ClusterConfig)}
+    keys.pop("sections")
+    owners = {spec.config_section: spec for spec in sectioned_specs()}
+    for name in section_checks():
+        spec = owners.get(name)
+        keys[name] = (
+            f"{spec.title or spec.name} settings: {spec.summary}" if spec else _BUILT_IN_SECTIONS[name]
+        )
+    return keys
+
+
+_BUILT_IN_SECTIONS = {
+    "dynamo_config": "torch.compile settings (dynamo_backend, dynamo_mode, ...); empty when not compiling.",
+    "parallelism_config": "N-D parallelism sizes (parallelism_config_tp_size, ...): a non-empty section makes "
+    "the workers build a ParallelismConfig (a device mesh for tensor parallelism, FSDP and HSDP).",
+    "megatron_lm_config": "Megatron-LM settings, kept as written.",
+    "tp_config": "Tensor parallel settings of older Accelerate versions, kept as written.",
+    "fp8_config": "FP8 recipe settings, kept as written.",
+    "mpirun_config": "mpirun settings (mpirun_hostfile, mpirun_ccl), kept as written.",
+}
+"""What the sections that no backend or layer owns hold."""
 
 
 def _attribute_docs(path: Path, class_name: str | None = None) -> dict[str, str]:

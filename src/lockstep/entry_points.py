@@ -4,6 +4,7 @@ Each kind of extension has a ``register_<kind>`` function for code and an entry-
 package, read on the kind's first use (never when lockstep is imported):
 
 - ``lockstep.backends``: a ``BackendSpec``, or a callable or iterable giving them (``register_backend_spec``);
+- ``lockstep.layers``: a ``LayerSpec``, or a callable or iterable giving them (``register_layer``);
 - ``lockstep.cluster_environments``: a ``Cluster`` subclass (``register_cluster_environment``);
 - ``lockstep.storages``: a storage factory, the entry point's name the URL scheme (``register_storage``);
 - ``lockstep.trackers``: a ``GeneralTracker`` subclass (``register_tracker_class``).
@@ -18,7 +19,11 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Iterable
 from importlib import metadata
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 logger = logging.getLogger("lockstep")
 
@@ -58,4 +63,25 @@ def _by_group() -> dict[str, list[metadata.EntryPoint]]:
     return groups
 
 
-__all__ = ["installed_entry_points"]
+def loaded_specs(group: str, kind: type[T]) -> list[T]:
+    """The ``kind`` objects the entry points of ``group`` give: each entry point names an object of ``kind``, an
+    iterable of them, a callable returning either, or a module that registers its own on import (giving none
+    here).
+
+    Example:
+        >>> loaded_specs("lockstep.no_such_group", int)
+        []
+    """
+    found: list[T] = []
+    for entry in installed_entry_points(group):
+        loaded: Any = entry.load()
+        if callable(loaded) and not isinstance(loaded, type):
+            loaded = loaded()
+        if isinstance(loaded, kind):
+            found.append(loaded)
+        elif isinstance(loaded, Iterable) and not isinstance(loaded, str | bytes):
+            found.extend(item for item in loaded if isinstance(item, kind))
+    return found
+
+
+__all__ = ["installed_entry_points", "loaded_specs"]

@@ -14,7 +14,10 @@ prepared objects see it::
 
 Built-in layers on this interface: the step timer (:mod:`lockstep.throughput`), the hang watchdog's progress
 note (:mod:`lockstep.diagnostics`), and the commit answer of fault tolerance (:mod:`lockstep.backends.ft`).
-Add your own with ``accelerator.add_step_hook(hook)``.
+Add your own with ``accelerator.add_step_hook(hook)``, or make it a *layer* users switch on like a built-in
+feature: a :class:`LayerSpec` (registered with :func:`register_layer`, or by an installed package in the
+``lockstep.layers`` entry-point group) names its ``Accelerator`` keyword, ``TrainingArguments`` field, config
+section and launch flags, and builds its hooks (see :mod:`lockstep.config.layer_specs`).
 
 Example:
     >>> class CountSteps(StepHook):
@@ -37,6 +40,8 @@ import contextlib
 from collections.abc import Iterable, Iterator
 from types import TracebackType
 from typing import Any, final
+
+from lockstep.config.layer_specs import LayerSpec, register_layer, unregister_layer
 
 _NOTHING = contextlib.nullcontext()
 
@@ -188,3 +193,6 @@ class StepHooks:
     def commit(self, optimizer: object) -> bool:
         """Whether every hook applies the step of ``optimizer`` (all are asked, see :meth:`StepHook.commit`)."""
         return all([hook.commit(optimizer) for hook in self._committing])
+
+
+__all__ = ["LayerSpec", "StepHook", "StepHooks", "register_layer", "unregister_layer"]

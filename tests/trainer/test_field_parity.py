@@ -7,7 +7,14 @@ import typing
 import pytest
 
 from lockstep import ParallelismConfig, TrainingArguments
-from lockstep.trainer._field_status import ACCEPTED, FIELD_STATUS, IMPLEMENTED, LOCKSTEP_ONLY, NOT_BUILT
+from lockstep.trainer._field_status import (
+    ACCEPTED,
+    FIELD_STATUS,
+    IMPLEMENTED,
+    LOCKSTEP_ONLY,
+    NOT_BUILT,
+    add_on_fields,
+)
 
 transformers = pytest.importorskip("transformers")
 
@@ -24,7 +31,8 @@ def test_the_checked_in_list_is_the_installed_transformers_field_list():
     assert set(FIELD_STATUS) == theirs, (
         f"new in transformers: {sorted(theirs - set(FIELD_STATUS))}; gone: {sorted(set(FIELD_STATUS) - theirs)}"
     )
-    assert set(OURS) == set(FIELD_STATUS) | set(LOCKSTEP_ONLY)
+    added = {spec.trainer_argument for spec, _ in add_on_fields()}  # fault_tolerance, registered layers'
+    assert set(OURS) == set(FIELD_STATUS) | set(LOCKSTEP_ONLY) | added
     assert {status for status, _ in FIELD_STATUS.values()} == {IMPLEMENTED, ACCEPTED, NOT_BUILT}
     assert all(note for status, note in FIELD_STATUS.values() if status != IMPLEMENTED)
 

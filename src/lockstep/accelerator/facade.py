@@ -27,7 +27,7 @@ from __future__ import annotations
 import contextlib
 import time
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
@@ -60,7 +60,7 @@ from lockstep.accelerator.tracking_view import TrackingView
 from lockstep.accelerator.unconfigured import UnconfiguredFeatures
 from lockstep.backends.capabilities import NO_PIPELINE, C, JointPreparation, PipelineSchedule
 from lockstep.backends.registry import select_backend
-from lockstep.config.backend_specs import argument_plugins, launched_add_ons
+from lockstep.config.backend_specs import BackendSpec, given_add_ons
 from lockstep.config.dataloader import DataLoaderConfiguration
 from lockstep.config.enums import DistributedType, PrecisionType
 from lockstep.config.kwargs import AutocastKwargs, ProfileKwargs
@@ -123,9 +123,12 @@ class Accelerator:
             processes, keep the global batch by changing ``gradient_accumulation_steps`` (a ValueError when
             the division is not exact). Off: the per-process batch and accumulation steps stay, so the global
             batch follows the number of processes. Either way rank 0 logs one restart line.
-        fault_tolerance: train as one replica group of a fault-tolerant job (``FaultToleranceConfig``, on
-            torchft): gradients are averaged over the live groups of each step, and a lost group leaves the
-            others stepping.
+        **add_ons: the keywords of registered add-ons and layers, each taking its config object (``lockstep
+            env`` lists them): ``fault_tolerance`` trains as one replica group of a fault-tolerant job
+            (``FaultToleranceConfig``, on torchft: gradients are averaged over the live groups of each step,
+            and a lost group leaves the others stepping); a layer's keyword adds its step hooks. A keyword
+            nothing registered claims is a TypeError. Not given: the add-on's section that ``lockstep
+            launch`` passed (its flags or config file), if any.
     """
 
     def __init__(
@@ -159,7 +162,7 @@ class Accelerator:
         even_batches: bool = NOT_GIVEN,
         use_seedable_sampler: bool = NOT_GIVEN,
         elastic_keep_global_batch: bool = False,
-        fault_tolerance: Any = None,
+        **add_ons: Any,
     ) -> None:
         reject_unbuilt_features(
             torch_tp_plugin=torch_tp_plugin,
@@ -199,7 +202,7 @@ class Accelerator:
             gradient_accumulation_plugin=self.settings.gradient_accumulation_plugin
         )
         self._accumulation = GradientAccumulation(self.gradient_state)
-        self.backend = self._build_backend(fault_tolerance)
+        self.backend = self._build_backend(add_ons)
         self._mesh = MeshView(self.state, self.backend)
         self._collectives = CollectivesView(self.state, self.gradient_state, self.backend)
         self._prepared = PreparedObjects()
@@ -233,12 +236,11 @@ class Accelerator:
             kwargs.update(backend=init.backend, timeout=init.timeout, init_method=init.init_method)
         return AcceleratorState(mixed_precision=self.settings.mixed_precision.value, cpu=cpu, **kwargs)
 
-    def _build_backend(self, fault_tolerance: Any = None) -> Backend:
+    def _build_backend(self, add_ons: Mapping[str, Any]) -> Backend:
         handlers = self.settings.handlers
-        given = argument_plugins(fault_tolerance=fault_tolerance)
-        if fault_tolerance is None:  # lockstep launch --fault-tolerance (an add-on backend's section)
-            given = launched_add_ons(launcher_settings())
-        backend_plugins = handlers.backend_plugins + given
+        given = given_add_ons(add_ons, launcher_settings())  # keywords, else lockstep launch's sections
+        backend_plugins = handlers.backend_plugins + tuple(p for s, p in given if isinstance(s, BackendSpec))
+        self._layers = [(spec, plugin) for spec, plugin in given if not isinstance(spec, BackendSpec)]
         layout = self.settings.parallelism_config
         if layout is not None:
             build_layout(layout, self.state)
@@ -287,6 +289,9 @@ class Accelerator:
         layer = self.backend.capability(StepHook)
         if layer is not None:
             hooks.add(layer)
+        for spec, plugin in self._layers:  # registered layers (lockstep.config.layer_specs), by name
+            for hook in spec.build_hooks(plugin, self):
+                hooks.add(hook)
         return hooks
 
     def _start_hang_watchdog(self) -> StepHook | None:

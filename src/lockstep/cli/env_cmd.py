@@ -109,6 +109,31 @@ def backend_report() -> list[tuple[str, str]]:
     return lines
 
 
+def layer_report() -> list[tuple[str, str]]:
+    """(name, what it is and how it is asked for) of every registered layer (:mod:`lockstep.config.layer_specs`).
+
+    Example:
+        >>> layer_report()
+        []
+    """
+    from lockstep.config.layer_specs import layer_specs
+
+    lines = []
+    for spec in layer_specs():
+        parts = [spec.summary or spec.name]
+        if spec.requirement:
+            parts.append(f"{spec.requirement} {_version(spec.requirement)}")
+        asked = [
+            *([f"Accelerator({spec.accelerator_argument}=...)"] if spec.accelerator_argument else []),
+            *([f"--{spec.enable_flag.replace('_', '-')}"] if spec.enable_flag else []),
+            *([f"config section {spec.config_section}"] if spec.config_section else []),
+        ]
+        if asked:
+            parts.append(", ".join(asked))
+        lines.append((spec.name, "; ".join(parts)))
+    return lines
+
+
 def cluster_report(environ: Mapping[str, str]) -> tuple[str, list[tuple[str, str]]]:
     """The cluster environment ``lockstep launch`` would read here: its title and (value, source) rows.
 
@@ -145,6 +170,10 @@ def run_env(args: argparse.Namespace) -> int:
     for name, value in lines:
         print(f"- {name.ljust(width)} : {value}")
     _print_table("Backends (asked in this order; the first that applies trains)", backend_report())
+    _print_table(
+        "Layers (run around every step of whichever backend trains)",
+        layer_report() or [("none", "registered")],
+    )
     _print_table("Trackers (log_with / report_to names)", tracker_report())
     title, rows = cluster_report(os.environ)
     print(f"\nCluster environment (what lockstep launch reads): {title}")

@@ -204,7 +204,7 @@ def _start_services(settings: Any, services: contextlib.ExitStack) -> None:
     from lockstep.config.backend_specs import sectioned_specs
 
     for spec in sectioned_specs():
-        section = getattr(settings, spec.config_section or "", None)
+        section = settings.sections.get(spec.config_section or "")
         if spec.add_on and spec.launch_service is not None and section is not None:
             service = spec.launch_service(dict(section), settings)
-            setattr(settings, spec.config_section, services.enter_context(service))
+            settings.sections[spec.config_section] = services.enter_context(service)

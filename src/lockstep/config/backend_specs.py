@@ -27,17 +27,17 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import importlib.util
 import json
 import pkgutil
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from lockstep.config.enums import DistributedType
-from lockstep.config.keys import SettingKey
+from lockstep.config.layer_specs import layer_specs
+from lockstep.config.vocabulary import Vocabulary, resolve_target
 
 BUILT_IN_PACKAGE = "lockstep.backends"
 """The package whose subpackages with a ``spec`` module are the built-in backends."""
@@ -97,8 +97,9 @@ Builder = Callable[[BackendRequest], Any]
 
 
 @dataclass(frozen=True, kw_only=True)
-class BackendSpec:
-    """One way to train, as the rest of lockstep sees it.
+class BackendSpec(Vocabulary):
+    """One way to train, as the rest of lockstep sees it: its :class:`~lockstep.config.vocabulary.Vocabulary`
+    (plugin type, keywords, config section, flags, checks), when it applies and how it builds itself.
 
     Example:
         >>> spec = BackendSpec(name="mine", priority=45, applies=lambda request: False, build="x:y")
@@ -106,8 +107,6 @@ class BackendSpec:
         ({}, None)
     """
 
-    name: str
-    """Short name (``"fsdp"``); what ``lockstep env`` lists and errors name."""
     applies: Callable[[BackendRequest], bool]
     """Whether this backend trains the request (asked in ``priority`` order; the first that applies wins).
     It may raise ``ValueError`` for a request that names this backend in a way it cannot run."""
@@ -116,65 +115,19 @@ class BackendSpec:
     torch-free)."""
     priority: int = 50
     """Lower is asked first: DeepSpeed 10, pipeline 20, N-D 30, FSDP 40, DDP 90, one process 100."""
-    summary: str = ""
-    """One line for people (``lockstep env``, the launch switch's help)."""
-    title: str = ""
-    """The name people know it by (``FSDP``), before its launch flags' help; the name when empty."""
-    plugin_type: str | type | None = None
-    """The plugin/config type it is built from (``"lockstep.config.fsdp:FullyShardedDataParallelPlugin"``):
-    an object of a registered plugin type given in ``Accelerator(kwargs_handlers=[...])`` is handed to
-    the backend in :attr:`BackendRequest.plugins`."""
-    accelerator_argument: str | None = None
-    """The ``Accelerator`` keyword its plugin is passed as (``fsdp_plugin``); None: in ``kwargs_handlers``."""
-    trainer_argument: str | None = None
-    """The ``TrainingArguments`` field that asks the Trainer for it (``fsdp``, ``deepspeed``)."""
     distributed_types: tuple[DistributedType, ...] = ()
     """The config file's ``distributed_type`` values that mean this backend."""
     type_facts: Mapping[DistributedType, TypeFacts] = field(default_factory=dict)
     """What Accelerate's properties answer for each of its ``distributed_types`` (unlisted: all False)."""
-    config_section: str | None = None
-    """The config-file section that configures it (``fsdp_config``)."""
-    keys: tuple[SettingKey, ...] = ()
-    """That section's key table (file keys and launch flags are derived from it)."""
-    enable_flag: str | None = None
-    """The launch switch (``use_fsdp`` for ``--use-fsdp``) that selects it; a flag of its section too."""
-    check_section: Callable[[dict[str, Any], Mapping[str, Any]], None] | None = None
-    """Checks the section against the other launch settings (``mixed_precision``, ...) before any process
-    starts; raises ``ValueError`` with the reason."""
-    plugin_from_section: Callable[[dict[str, Any]], Any] | None = None
-    """Builds its plugin from the section the launcher passed to the workers (``distributed_type`` chose it)."""
-    launcher_notes: Callable[[dict[str, Any]], list[str]] | None = None
-    """Settings of the section that have no effect, one line each (printed as warnings)."""
     wizard: Callable[[Any], dict[str, Any]] | None = None
     """``lockstep config``'s questions for it: ``wizard(ask)`` returns its config section (``ask`` is
     :data:`lockstep.config.answers.Ask`); None: the wizard does not offer it."""
-    requirement: str | None = None
-    """The package it needs beyond torch (``deepspeed``), for ``lockstep env`` and errors."""
     add_on: bool = False
     """Its section is chosen by its switch or its flags, not by ``distributed_type``, and goes to the workers
     beside the distributed type's (fault tolerance: each replica group is an ordinary job)."""
-    launch_service: (
-        Callable[[dict[str, Any], Any], contextlib.AbstractContextManager[dict[str, Any]]] | None
-    ) = None
-    """Runs beside the workers for the whole launch when its section is given (fault tolerance's lighthouse);
-    entered with the section and the launch settings, it yields the section the workers get."""
-
-    @property
-    def section_keys(self) -> dict[str, SettingKey]:
-        return {entry.key: entry for entry in self.keys}
 
     def build_backend(self, request: BackendRequest) -> Any:
-        return _resolve(self.build)(request)
-
-    def resolved_plugin_type(self) -> type | None:
-        return None if self.plugin_type is None else _resolve(self.plugin_type)
-
-
-def _resolve(target: Any) -> Any:
-    if not isinstance(target, str):
-        return target
-    module, _, name = target.partition(":")
-    return getattr(importlib.import_module(module), name)
+        return resolve_target(self.build)(request)
 
 
 @dataclass
@@ -243,38 +196,76 @@ def spec_for_distributed_type(distributed_type: str | DistributedType | None) ->
     return next((spec for spec in backend_specs() if member in spec.distributed_types), None)
 
 
-def argument_plugins(**given: Any) -> tuple[Any, ...]:
-    """The plugins given as ``Accelerator`` keywords that registered backends claim (``fault_tolerance=``),
-    each checked against its backend's plugin type; None values are left out.
+def add_on_specs() -> list[Vocabulary]:
+    """What goes beside the chosen backend when asked for: the add-on backends (fault tolerance), then the
+    layers (:mod:`lockstep.config.layer_specs`)."""
+    return [*(spec for spec in backend_specs() if spec.add_on), *layer_specs()]
+
+
+def sectioned_specs() -> list[Vocabulary]:
+    """The backends and layers that have a config-file section, backends first.
+
+    Raises:
+        ValueError: two of them claim one config section, ``Accelerator`` keyword or ``TrainingArguments``
+            field (a layer may be registered beside a backend that uses its words).
+    """
+    found = [spec for spec in (*backend_specs(), *layer_specs()) if spec.config_section is not None]
+    for word in ("config_section", "accelerator_argument", "trainer_argument", "enable_flag"):
+        owners: dict[str, str] = {}
+        for spec in found:
+            value = getattr(spec, word)
+            if value is None:
+                continue
+            if value in owners and owners[value] != spec.name:
+                raise ValueError(
+                    f"{spec.name!r} and {owners[value]!r} both claim the {word.replace('_', ' ')} {value!r}; "
+                    "each backend and layer needs words of its own: rename one."
+                )
+            owners[value] = spec.name
+    return found
+
+
+def given_add_ons(given: Mapping[str, Any], launch: Mapping[str, Any]) -> list[tuple[Vocabulary, Any]]:
+    """The add-ons an ``Accelerator`` trains with, each with its plugin: the ones given as its keywords
+    (``given``: keyword -> value; None is "not given"), else the ones whose section ``lockstep launch`` (its
+    flags and config file) passed to the workers (``launch``).
+
+    Raises:
+        TypeError: a keyword no add-on claims, or a value that is not the add-on's plugin type.
 
     Example:
-        >>> argument_plugins(fault_tolerance=None)
-        ()
-        >>> argument_plugins(fault_tolerance={})
+        >>> given_add_ons({}, {"distributed_type": "MULTI_CPU"})
+        []
+        >>> given_add_ons({"fault_tolerance": {}}, {})
         Traceback (most recent call last):
         ...
-        TypeError: Accelerator(fault_tolerance={}) takes a FaultToleranceConfig (the fault_tolerant backend's plugin), got a dict.
+        TypeError: Accelerator(fault_tolerance={}) takes a FaultToleranceConfig (the fault_tolerant add-on's plugin), got a dict.
     """
-    found = []
-    for argument, value in given.items():
+    specs = {spec.accelerator_argument: spec for spec in add_on_specs() if spec.accelerator_argument}
+    unknown = sorted(set(given) - set(specs))
+    if unknown:
+        raise TypeError(f"Accelerator.__init__() got an unexpected keyword argument {unknown[0]!r}")
+    found: list[tuple[Vocabulary, Any]] = []
+    for argument, spec in specs.items():
+        value = given.get(argument)
         if value is None:
-            continue
-        spec = next((s for s in backend_specs() if s.accelerator_argument == argument), None)
-        kind = None if spec is None else spec.resolved_plugin_type()
-        if spec is None or kind is None:
-            raise TypeError(f"Accelerator({argument}=...) names no registered backend.")
-        if not isinstance(value, kind):
+            value = launched_plugin(launch, argument)
+            if value is None:
+                continue
+        kind = spec.resolved_plugin_type()
+        if kind is not None and not isinstance(value, kind):
             raise TypeError(
-                f"Accelerator({argument}={value!r}) takes a {kind.__name__} (the {spec.name} backend's plugin), "
+                f"Accelerator({argument}={value!r}) takes a {kind.__name__} (the {spec.name} add-on's plugin), "
                 f"got a {type(value).__name__}."
             )
-        found.append(value)
-    return tuple(found)
+        found.append((spec, value))
+    return found
 
 
 def launched_plugin(launch: Mapping[str, Any], argument: str) -> Any:
-    """The plugin that ``lockstep launch`` (its flags and config file) asks for, when the backend it chose
-    takes its plugin as the ``Accelerator`` keyword ``argument`` (``fsdp_plugin``); else None.
+    """The plugin that ``lockstep launch`` (its flags and config file) asks for, when the backend it chose,
+    or an add-on whose section it gives, takes its plugin as the ``Accelerator`` keyword ``argument``
+    (``fsdp_plugin``); else None.
 
     Example:
         >>> launched_plugin({"distributed_type": "FSDP", "fsdp_config": {"fsdp_version": 2}}, "fsdp_plugin").fsdp_version
@@ -282,9 +273,9 @@ def launched_plugin(launch: Mapping[str, Any], argument: str) -> Any:
         >>> launched_plugin({"distributed_type": "FSDP"}, "deepspeed_plugin") is None
         True
     """
-    spec = spec_for_distributed_type(launch.get("distributed_type"))
+    spec: Vocabulary | None = spec_for_distributed_type(launch.get("distributed_type"))
     if spec is None or spec.accelerator_argument != argument:
-        spec = next((s for s in backend_specs() if s.add_on and s.accelerator_argument == argument), None)
+        spec = next((s for s in add_on_specs() if s.accelerator_argument == argument), None)
         if spec is None or not launch.get(spec.config_section or ""):
             return None
     if spec.plugin_from_section is None:
@@ -292,26 +283,11 @@ def launched_plugin(launch: Mapping[str, Any], argument: str) -> Any:
     return spec.plugin_from_section(dict(launch.get(spec.config_section or "") or {}))
 
 
-def launched_add_ons(launch: Mapping[str, Any]) -> tuple[Any, ...]:
-    """The plugins of the add-on backends (fault tolerance) whose sections ``lockstep launch`` (its flags and
-    config file) gives: what an ``Accelerator`` given none of their keywords trains with.
-
-    Example:
-        >>> launched_add_ons({"distributed_type": "MULTI_CPU"})
-        ()
-    """
-    found = (
-        launched_plugin(launch, spec.accelerator_argument)
-        for spec in backend_specs()
-        if spec.add_on and spec.accelerator_argument
-    )
-    return tuple(plugin for plugin in found if plugin is not None)
-
-
 def add_on_arguments(values: Callable[[str], Any]) -> dict[str, Any]:
-    """The ``Accelerator`` keywords of the add-on backends that take a ``TrainingArguments`` field, each with
-    its plugin: ``values(field)`` is the field's value, a plugin object or a dict of the backend's config
-    section (JSON text too), built into its plugin here; None stays None.
+    """The ``Accelerator`` keywords of the add-ons that take a ``TrainingArguments`` field, each with its
+    plugin: ``values(field)`` is the field's value (None where the arguments have no such field), a plugin
+    object or a dict of the add-on's config section (JSON text too), built into its plugin here; None stays
+    None.
 
     Raises:
         ValueError: a field's text is not JSON.
@@ -321,8 +297,8 @@ def add_on_arguments(values: Callable[[str], Any]) -> dict[str, Any]:
         {'fault_tolerance': None}
     """
     arguments = {}
-    for spec in backend_specs():
-        if not (spec.add_on and spec.trainer_argument and spec.accelerator_argument):
+    for spec in add_on_specs():
+        if not (spec.trainer_argument and spec.accelerator_argument):
             continue
         value = values(spec.trainer_argument)
         if isinstance(value, str):
@@ -338,11 +314,6 @@ def add_on_arguments(values: Callable[[str], Any]) -> dict[str, Any]:
             value = spec.plugin_from_section(dict(value))
         arguments[spec.accelerator_argument] = value
     return arguments
-
-
-def sectioned_specs() -> list[BackendSpec]:
-    """The backends that have a config-file section."""
-    return [spec for spec in backend_specs() if spec.config_section is not None]
 
 
 def plugin_types() -> dict[type, BackendSpec]:
@@ -373,14 +344,7 @@ def _discover() -> None:
 
 
 def _load_entry_points() -> None:
-    from lockstep.entry_points import installed_entry_points
+    from lockstep.entry_points import loaded_specs
 
-    for entry in installed_entry_points(ENTRY_POINT_GROUP):
-        loaded = entry.load()
-        if callable(loaded) and not isinstance(loaded, type):
-            loaded = loaded()
-        if isinstance(loaded, BackendSpec):
-            register_backend_spec(loaded)
-        elif isinstance(loaded, Iterable) and not isinstance(loaded, str | bytes):
-            for spec in loaded:
-                register_backend_spec(spec)
+    for spec in loaded_specs(ENTRY_POINT_GROUP, BackendSpec):
+        register_backend_spec(spec)

@@ -43,13 +43,10 @@ ConfigKey = SettingKey
 
 DYNAMO_CONFIG_KEYS: dict[str, SettingKey] = file_keys(DYNAMO_KEYS)
 """``dynamo_config`` keys, from :data:`lockstep.config.plugins.DYNAMO_KEYS`."""
-BACKEND_SECTION_KEYS: dict[str, dict[str, SettingKey]] = {
-    spec.config_section: file_keys(spec.keys) for spec in sectioned_specs() if spec.config_section
-}
-"""Each registered backend's section (``fsdp_config``, ``deepspeed_config``) with its keys, from the key
-table its spec names (:mod:`lockstep.config.backend_specs`)."""
 PARALLELISM_CONFIG_KEYS: dict[str, SettingKey] = file_keys(PARALLELISM_KEYS)
 """``parallelism_config`` keys, from :data:`lockstep.config.parallelism_keys.PARALLELISM_KEYS`."""
+KEPT_SECTIONS = ("megatron_lm_config", "tp_config", "fp8_config", "mpirun_config")
+"""Accelerate's sections for features lockstep does not drive: accepted and kept as written."""
 
 # Accelerate keys for hardware and services lockstep does not drive: accepted, warned about, ignored.
 IGNORED_KEYS = frozenset(
@@ -59,7 +56,7 @@ IGNORED_KEYS = frozenset(
 )
 _IGNORED_PREFIXES = ("sagemaker_",)
 
-_FIELD_CHECKS: dict[str, Check] = {
+_SETTING_CHECKS: dict[str, Check] = {
     "compute_environment": checks.compute_environment,
     "distributed_type": checks.enum_value(DistributedType),
     "mixed_precision": checks.enum_value(PrecisionType),
@@ -78,15 +75,33 @@ _FIELD_CHECKS: dict[str, Check] = {
     "enable_cpu_affinity": checks.boolean,
     "downcast_bf16": checks.boolean,
     "gradient_accumulation_steps": checks.optional(checks.int_range(1)),
-    "dynamo_config": checks.section(DYNAMO_CONFIG_KEYS),
-    **{section: checks.section(keys) for section, keys in BACKEND_SECTION_KEYS.items()},
-    "megatron_lm_config": checks.open_section,
-    "parallelism_config": checks.section(PARALLELISM_CONFIG_KEYS),
-    "tp_config": checks.open_section,
-    "fp8_config": checks.open_section,
-    "mpirun_config": checks.open_section,
 }
-"""Every top-level key of the file -> its check (the fields of :class:`ClusterConfig`)."""
+"""Every top-level key of the file that is a single setting -> its check (the fields of
+:class:`ClusterConfig`)."""
+
+
+def section_keys() -> dict[str, dict[str, SettingKey]]:
+    """Every section of the file that has a key table, with its keys: ``dynamo_config``, each registered
+    backend's and layer's section (``fsdp_config``, ``deepspeed_config``, ... from the key table its spec names:
+    :mod:`lockstep.config.backend_specs`) and ``parallelism_config``.
+
+    Example:
+        >>> sorted(section_keys())[:3]
+        ['deepspeed_config', 'dynamo_config', 'fault_tolerance_config']
+    """
+    return {
+        "dynamo_config": DYNAMO_CONFIG_KEYS,
+        **{spec.config_section: file_keys(spec.keys) for spec in sectioned_specs() if spec.config_section},
+        "parallelism_config": PARALLELISM_CONFIG_KEYS,
+    }
+
+
+def section_checks() -> dict[str, Check]:
+    """Every section of the file -> its check: those of :func:`section_keys`, and the sections kept as written."""
+    return {
+        **{name: checks.section(keys) for name, keys in section_keys().items()},
+        **dict.fromkeys(KEPT_SECTIONS, checks.open_section),
+    }
 
 
 def _check_consistency(values: Mapping[str, Any]) -> None:
@@ -111,27 +126,28 @@ def _check_consistency(values: Mapping[str, Any]) -> None:
         )
 
 
-def _validated(values: Mapping[str, Any], source: str) -> dict[str, Any]:
-    """Check and normalize every field; errors become ConfigFileError prefixed with ``source``."""
+def _validated(values: Mapping[str, Any], sections: Mapping[str, Any], source: str) -> tuple[dict, dict]:
+    """Check and normalize every setting and every section (an absent one is empty); errors become
+    ConfigFileError prefixed with ``source``."""
     try:
-        result = {name: check(values[name], name) for name, check in _FIELD_CHECKS.items()}
-        _check_consistency(result)
+        settings = {name: check(values[name], name) for name, check in _SETTING_CHECKS.items()}
+        found = {name: check(sections.get(name) or {}, name) for name, check in section_checks().items()}
+        _check_consistency(settings)
     except ValueError as error:
         raise ConfigFileError(f"{source}: {error}") from None
-    return result
+    return settings, found
 
 
 # --- the file -----------------------------------------------------------------------------------------
 
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, init=False)
 class ClusterConfig:
     """The settings of ``default_config.yaml``, with Accelerate's key names and defaults.
 
     Unset values are ``None`` (``num_processes``, ``gpu_ids``, ``main_process_ip``, ``main_process_port``,
     ``gradient_accumulation_steps``): the launcher decides them. Sections are plain dicts of YAML values
-    (empty when absent), checked against :data:`FSDP_CONFIG_KEYS`, :data:`DYNAMO_CONFIG_KEYS` and
-    :data:`DEEPSPEED_CONFIG_KEYS`.
+    (empty when absent) in :attr:`sections`, each checked against its key table (:func:`section_keys`).
 
     Example:
         >>> ClusterConfig(distributed_type="MULTI_GPU", num_processes=-1, mixed_precision="bf16").num_processes
@@ -178,31 +194,36 @@ class ClusterConfig:
     """Store fp32 tensors as bf16 (a TPU setting in Accelerate; accepted for compatibility)."""
     gradient_accumulation_steps: int | None = None
     """lockstep extension: micro-batches per optimizer step; None leaves it to the script."""
-    dynamo_config: dict[str, Any] = field(default_factory=dict)
-    """torch.compile settings (dynamo_backend, dynamo_mode, ...); empty when not compiling."""
-    fsdp_config: dict[str, Any] = field(default_factory=dict)
-    """FSDP settings (fsdp_version, fsdp_auto_wrap_policy, ...); used when distributed_type is FSDP."""
-    deepspeed_config: dict[str, Any] = field(default_factory=dict)
-    """DeepSpeed settings (zero_stage, ...); used when distributed_type is DEEPSPEED."""
-    fault_tolerance_config: dict[str, Any] = field(default_factory=dict)
-    """lockstep extension: fault tolerance on torchft (replica_group, num_replica_groups, min_replicas,
-    lighthouse, ...); a non-empty section makes each launch one replica group."""
-    megatron_lm_config: dict[str, Any] = field(default_factory=dict)
-    """Megatron-LM settings, kept as written."""
-    parallelism_config: dict[str, Any] = field(default_factory=dict)
-    """N-D parallelism sizes (parallelism_config_tp_size, ...): a non-empty section makes the workers build a
-    ParallelismConfig (a device mesh for tensor parallelism, FSDP and HSDP)."""
-    tp_config: dict[str, Any] = field(default_factory=dict)
-    """Tensor parallel settings of older Accelerate versions, kept as written."""
-    fp8_config: dict[str, Any] = field(default_factory=dict)
-    """FP8 recipe settings, kept as written."""
-    mpirun_config: dict[str, Any] = field(default_factory=dict)
-    """mpirun settings (mpirun_hostfile, mpirun_ccl), kept as written."""
+    sections: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Every section of the file by name, each a dict of YAML values (empty when absent): ``dynamo_config``
+    (torch.compile), each registered backend's and layer's (``fsdp_config``, ``deepspeed_config``,
+    ``fault_tolerance_config``, ...), ``parallelism_config`` (N-D sizes: a non-empty section makes the
+    workers build a ParallelismConfig), and Accelerate's sections lockstep keeps as written
+    (``megatron_lm_config``, ``tp_config``, ``fp8_config``, ``mpirun_config``). Each is also an attribute
+    (``config.fsdp_config``) and a keyword (``ClusterConfig(fsdp_config={...})``), as in Accelerate."""
 
-    def __post_init__(self) -> None:
-        values = {item.name: getattr(self, item.name) for item in fields(self)}
-        for name, value in _validated(values, source="ClusterConfig").items():
+    def __init__(self, *, sections: Mapping[str, Any] | None = None, **values: Any) -> None:
+        known = section_checks()
+        given = dict(sections or {})
+        for name in list(values):
+            if name in known:
+                given[name] = values.pop(name)
+        unknown = sorted(set(values) - set(_SETTING_CHECKS))
+        if unknown:
+            raise TypeError(f"ClusterConfig() got an unexpected keyword argument {unknown[0]!r}")
+        self._set(values, given, source="ClusterConfig")
+
+    def _set(self, values: Mapping[str, Any], sections: Mapping[str, Any], *, source: str) -> None:
+        defaults = {item.name: _default(item) for item in fields(self) if item.name != "sections"}
+        settings, self.sections = _validated({**defaults, **values}, sections, source)
+        for name, value in settings.items():
             setattr(self, name, value)
+
+    def __getattr__(self, name: str) -> Any:
+        sections = self.__dict__.get("sections")
+        if sections is not None and name in sections:
+            return sections[name]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     @classmethod
     def from_dict(cls, data: Any, *, source: str = "<dict>") -> ClusterConfig:
@@ -219,22 +240,30 @@ class ClusterConfig:
                 checks.compute_environment(data["compute_environment"], "compute_environment")
         except ValueError as error:
             raise ConfigFileError(f"{source}: {error}") from None
-        _reject_unknown_keys(data, source)
+        known = section_checks()
+        _reject_unknown_keys(data, known, source)
         _warn_ignored_keys(data, source)
-        values = {item.name: _default(item) for item in fields(cls)}
-        values.update({name: value for name, value in data.items() if name in values and value is not None})
-        return cls(**_validated(values, source))
+        given = {name: value for name, value in data.items() if value is not None}
+        config = cls.__new__(cls)
+        config._set(
+            {name: value for name, value in given.items() if name in _SETTING_CHECKS},
+            {name: value for name, value in given.items() if name in known},
+            source=source,
+        )
+        return config
 
     def to_dict(self) -> dict[str, Any]:
         """The mapping written to the file: Accelerate's keys, plain values, no unset values or empty sections."""
         result: dict[str, Any] = {}
         for item in fields(self):
+            if item.name == "sections":
+                continue
             value = getattr(self, item.name)
             if isinstance(value, DistributedType | PrecisionType):
                 value = value.value
-            if value is None or (isinstance(value, dict) and not value):
-                continue
-            result[item.name] = dict(value) if isinstance(value, dict) else value
+            if value is not None:
+                result[item.name] = value
+        result.update({name: dict(section) for name, section in self.sections.items() if section})
         return result
 
     def summary(self) -> str:
@@ -290,11 +319,12 @@ def _is_ignored(key: Any) -> bool:
     return key in IGNORED_KEYS or (isinstance(key, str) and key.startswith(_IGNORED_PREFIXES))
 
 
-def _reject_unknown_keys(data: Mapping[str, Any], source: str) -> None:
-    unknown = [key for key in data if key not in _FIELD_CHECKS and not _is_ignored(key)]
+def _reject_unknown_keys(data: Mapping[str, Any], sections: Mapping[str, Any], source: str) -> None:
+    known = {*_SETTING_CHECKS, *sections}
+    unknown = [key for key in data if key not in known and not _is_ignored(key)]
     if unknown:
         raise ConfigFileError(
-            f"{source}: {unknown[0]} is not a known key (known: {', '.join(sorted(_FIELD_CHECKS))})"
+            f"{source}: {unknown[0]} is not a known key (known: {', '.join(sorted(known))})"
         )
 
 

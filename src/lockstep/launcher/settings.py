@@ -33,8 +33,18 @@ from lockstep.launcher.clusters.merge import apply_cluster
 
 DEFAULT_SOURCE = "default"
 FLAG_SOURCE = "flag"
-SECTIONS = (*(spec.config_section for spec in sectioned_specs()), "dynamo_config", "parallelism_config")
-"""Settings that are sections of the config file: flags override their keys one by one."""
+
+
+def section_names() -> tuple[str, ...]:
+    """The config file's sections that a launch reads (every registered backend's and layer's,
+    ``dynamo_config``, ``parallelism_config``): flags override their keys one by one."""
+    return (
+        *(spec.config_section for spec in sectioned_specs() if spec.config_section),
+        "dynamo_config",
+        "parallelism_config",
+    )
+
+
 GPU_DRIVER_PATHS = ("/proc/driver/nvidia", "/dev/nvidiactl", "/dev/kfd")
 """Present where an NVIDIA (or AMD ROCm) driver is loaded: without any, torch can see no CUDA device."""
 _TEE = re.compile(r"^[0-3]$|^(\d+:[0-3],)*\d+:[0-3]$")
@@ -97,9 +107,6 @@ class LaunchSettings:
     """Micro-batches per optimizer step for the Accelerator."""
     dynamo_backend: str = "no"
     """``torch.compile`` backend for prepared models."""
-    dynamo_config: dict[str, Any] = field(default_factory=dict)
-    """The other ``torch.compile`` settings (the config file's ``dynamo_config`` keys, overridden by
-    ``--dynamo-*`` flags); used when ``dynamo_backend`` is not ``no``."""
     gpu_ids: str | None = None
     """Comma-separated GPU indices to use (``all`` or unset: every GPU)."""
     use_cpu: bool = False
@@ -108,23 +115,26 @@ class LaunchSettings:
     """Check collectives across ranks (``LOCKSTEP_DEBUG``)."""
     distributed_type: str = DistributedType.NO.value
     """How processes share the work (derived from the topology)."""
-    fsdp_config: dict[str, Any] = field(default_factory=dict)
-    """FSDP settings (the config file's ``fsdp_config`` keys, overridden by ``--fsdp-*`` flags)."""
-    deepspeed_config: dict[str, Any] = field(default_factory=dict)
-    """DeepSpeed settings (the config file's ``deepspeed_config`` keys, overridden by the DeepSpeed flags)."""
-    fault_tolerance_config: dict[str, Any] | None = None
-    """Fault tolerance settings (``--fault-tolerance``, the ``--replica-group``-style flags or the config
-    file's section): this launch is one replica group of a torchft job; None: off."""
     use_parallelism_config: bool = False
     """Lay the processes out on an N-D device mesh (a ``ParallelismConfig`` in every worker); set by
     ``--use-parallelism-config``, a ``--parallelism-config-*`` flag or a non-empty ``parallelism_config``."""
-    parallelism_config: dict[str, Any] = field(default_factory=dict)
-    """The mesh's sizes (the config file's ``parallelism_config`` keys, overridden by the
-    ``--parallelism-config-*`` flags); unset sizes are 1, and all 1 is plain data parallelism."""
+    sections: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """The config sections this launch was given (the config file's keys, overridden by the section's flags),
+    by name; a section not given is absent. ``dynamo_config``: the ``torch.compile`` settings besides
+    ``dynamo_backend`` (used when that is not ``no``); ``parallelism_config``: the mesh's sizes (unset sizes
+    are 1, and all 1 is plain data parallelism); each registered backend's section (``fsdp_config``,
+    ``deepspeed_config``: used when ``distributed_type`` chooses it); each add-on's and layer's
+    (``fault_tolerance_config``: given, it is on). Each is also an attribute (``settings.fsdp_config``, empty
+    when not given)."""
     config_file: str | None = None
     """The config file that was read, if any."""
     sources: dict[str, str] = field(default_factory=dict)
     """Where each setting came from: ``flag``, ``config file``, ``default`` or ``derived``."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name in section_names():
+            return self.__dict__.get("sections", {}).get(name, {})
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     @property
     def world_size(self) -> int:
@@ -160,7 +170,7 @@ class LaunchSettings:
         must not see settings of a backend that is not used)."""
         active = spec_for_distributed_type(self.distributed_type)
         return {
-            spec.config_section: dict(getattr(self, spec.config_section, None) or {})
+            spec.config_section: dict(self.sections.get(spec.config_section) or {})
             if spec is active or spec.add_on
             else {}
             for spec in sectioned_specs()
@@ -186,13 +196,17 @@ class LaunchSettings:
         return notes
 
     def explain(self) -> list[tuple[str, Any, str]]:
-        """(name, value, source) for every setting, in declaration order."""
-        skip = {"sources", "config_file"}
-        return [
+        """(name, value, source) for every setting, in declaration order, then every section."""
+        skip = {"sources", "config_file", "sections"}
+        settings = [
             (f.name, getattr(self, f.name), self.sources.get(f.name, DEFAULT_SOURCE))
             for f in fields(self)
             if f.name not in skip
         ]
+        sections = [
+            (name, getattr(self, name), self.sources.get(name, DEFAULT_SOURCE)) for name in section_names()
+        ]
+        return settings + sections
 
 
 def _from_file(config: Any) -> dict[str, Any]:
@@ -221,7 +235,7 @@ def _from_file(config: Any) -> dict[str, Any]:
         "debug": getattr(config, "debug", None),
         "distributed_type": getattr(config, "distributed_type", None),
     }
-    for section in SECTIONS:
+    for section in section_names():
         if section != "dynamo_config":
             given = getattr(config, section, None) or {}
             values[section] = {k: v for k, v in given.items() if v is not None} or None
@@ -264,8 +278,11 @@ def resolve(
     flags = _machine_range_split(flags)
     merged: dict[str, Any] = {}
     sources: dict[str, str] = {}
-    for name in {f.name for f in fields(LaunchSettings)} - {"sources", "config_file"}:
-        if name in SECTIONS and name in flags and name in from_file:
+    sections = section_names()
+    for name in {f.name for f in fields(LaunchSettings)} - {"sources", "config_file", "sections"} | {
+        *sections
+    }:
+        if name in sections and name in flags and name in from_file:
             merged[name] = {**from_file[name], **flags[name]}
             sources[name] = f"config file {file_path} + flags"
         elif name in flags:
@@ -281,7 +298,8 @@ def resolve(
     _fill_topology_defaults(merged, sources)
     if merged.get("parallelism_config") and not merged.get("use_parallelism_config"):
         merged["use_parallelism_config"], sources["use_parallelism_config"] = True, "derived"
-    settings = LaunchSettings(**merged, config_file=file_path, sources=sources)
+    given = {name: merged.pop(name) for name in sections if name in merged}
+    settings = LaunchSettings(**merged, sections=given, config_file=file_path, sources=sources)
     _validate(settings)
     return settings
 
@@ -467,7 +485,7 @@ def _validate_backend_section(s: LaunchSettings) -> None:
         "main_process_port": s.main_process_port,
     }
     for spec in sectioned_specs():
-        section = getattr(s, spec.config_section or "", None)
+        section = s.sections.get(spec.config_section or "")
         if spec.check_section is None or not (spec is active or (spec.add_on and section is not None)):
             continue
         try:

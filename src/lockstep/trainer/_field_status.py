@@ -7,7 +7,8 @@
 * ``not built``: the default is accepted; any other value raises ``NotImplementedError`` when the
   arguments are constructed (never after training), saying what to do instead.
 
-``LOCKSTEP_ONLY`` lists lockstep's fields that transformers 5 does not have.
+``LOCKSTEP_ONLY`` lists lockstep's fields that transformers 5 does not have, and :func:`add_on_fields` the
+fields that registered add-ons and layers add (fault tolerance's ``fault_tolerance``).
 """
 
 from __future__ import annotations
@@ -94,7 +95,6 @@ LOCKSTEP_ONLY = {
     "warmup_ratio": "warm-up as a fraction (transformers 5 folded it into warmup_steps < 1)",
     "activation_checkpointing_policy": "what each layer keeps for backward (full, every_<k>, op, offload); a "
     "separate field because transformers passes gradient_checkpointing_kwargs on to torch's checkpoint",
-    "fault_tolerance": "lockstep extension: train as one replica group of a torchft job (FaultToleranceConfig)",
     "elastic_keep_global_batch": "lockstep extension: keep the global batch when resuming on another number of "
     "processes, by changing gradient_accumulation_steps",
 }
@@ -110,6 +110,35 @@ FIELD_STATUS: dict[str, tuple[str, str]] = {
     },
 }
 """transformers 5.24's ``TrainingArguments`` fields -> (status, note)."""
+
+
+def add_on_fields() -> list[tuple[Any, str]]:
+    """Each registered add-on and layer that names a ``TrainingArguments`` field (its spec's
+    ``trainer_argument``, with an ``Accelerator`` keyword to pass it on), with the field's help.
+
+    Example:
+        >>> [spec.trainer_argument for spec, _ in add_on_fields()]
+        ['fault_tolerance']
+    """
+    from lockstep.config.backend_specs import add_on_specs
+
+    found = []
+    for spec in add_on_specs():
+        if spec.trainer_argument and spec.accelerator_argument:
+            kind = (
+                spec.plugin_type
+                if isinstance(spec.plugin_type, str)
+                else getattr(spec.plugin_type, "__name__", "")
+            )
+            keys = ", ".join(entry.key for entry in spec.keys)
+            found.append(
+                (
+                    spec,
+                    f"lockstep extension: {spec.summary or spec.name}. A dict (or JSON text) of the config file's "
+                    f"{spec.config_section} keys ({keys}), or a {str(kind).rpartition(':')[2] or 'config object'}.",
+                )
+            )
+    return found
 
 
 def check_not_built(args: TrainingArguments) -> None:

@@ -29,7 +29,7 @@ from lockstep.trainer._arguments_post_init import (
     SAMPLING_STRATEGIES,
     STRATEGIES,
 )
-from lockstep.trainer._field_status import check_not_built
+from lockstep.trainer._field_status import add_on_fields, check_not_built
 from lockstep.trainer._optimizer_menu import OPTIMIZERS
 from lockstep.trainer._transformers_version import DEFAULT_OPTIM
 from lockstep.trainer.accelerator_config import AcceleratorConfig
@@ -49,12 +49,33 @@ ACCELERATOR_CONFIG_DEFAULTS: dict[str, Any] = AcceleratorConfig().to_dict()
 """The default ``accelerator_config`` settings."""
 
 
+def _with_add_on_fields(cls: type) -> type:
+    """Give the class (before it becomes a dataclass) the field of each registered add-on and layer that names
+    one (``trainer_argument`` in its spec: :func:`lockstep.config.backend_specs.add_on_specs`): a dict (or JSON
+    text) of its config section's keys, or its config object; None leaves it off.
+
+    Raises:
+        ValueError: an add-on claims a field the class has.
+    """
+    for spec, help_text in add_on_fields():
+        name = spec.trainer_argument or ""
+        if name in cls.__annotations__:
+            raise ValueError(
+                f"The {spec.name!r} add-on claims the TrainingArguments field {name!r}, which TrainingArguments has "
+                "already; give its spec another trainer_argument."
+            )
+        cls.__annotations__[name] = "dict | str | None"
+        setattr(cls, name, field(default=None, metadata={"help": help_text}))
+    return cls
+
+
 def _help(default: Any, text: str) -> Any:
     """A field with an immutable default and its ``--help`` text."""
     return field(default=default, metadata={"help": text})
 
 
 @dataclass(kw_only=True)
+@_with_add_on_fields
 class TrainingArguments:
     """Settings of a :class:`~lockstep.Trainer` run (transformers' ``TrainingArguments`` names).
 
@@ -344,14 +365,6 @@ class TrainingArguments:
     )
     deepspeed: dict | str | None = field(
         default=None, metadata={"help": "DeepSpeed config: dict, JSON text or JSON file."}
-    )
-    fault_tolerance: dict | str | None = field(
-        default=None,
-        metadata={
-            "help": "lockstep extension: train as one replica group of a fault-tolerant job on torchft: a dict "
-            "(or JSON text) of the config file's fault_tolerance_config keys (replica_group, num_replica_groups, "
-            "min_replicas, lighthouse, quorum_timeout), or a FaultToleranceConfig."
-        },
     )
     elastic_keep_global_batch: bool = _help(
         False,

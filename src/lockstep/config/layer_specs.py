@@ -1,0 +1,112 @@
+"""The table of layers: what runs around every training step beside the backend, registered by the layer.
+
+A layer is not a way to train: it adds to whichever backend trains, through the step hooks of
+:mod:`lockstep.step_hooks` (count, time or veto steps, note progress, take part in the commit). Its
+:class:`LayerSpec` declares its whole vocabulary (its config type, ``Accelerator`` keyword,
+``TrainingArguments`` field, config-file section with its key table and launch switch, the launcher's checks,
+a service beside the workers) and how it builds its hooks, so that adding one is one folder:
+
+- code registers it with :func:`register_layer`;
+- an installed package declares it in the ``lockstep.layers`` entry-point group (a ``LayerSpec``, an iterable
+  of them, a callable returning either, or a module that calls :func:`register_layer` on import), read on the
+  table's first use.
+
+From its spec, ``lockstep launch`` takes the switch and the section's flags, the config file takes the
+section, the Accelerator takes the keyword (or, when it is not given, the section ``lockstep launch`` passed
+to the workers) and ``TrainingArguments`` gains the field (a layer registered in code after
+``lockstep.trainer`` was imported has no field: register it before, or install it). The Accelerator calls
+``step_hooks(plugin, accelerator)`` once and runs the hooks it returns on every step.
+
+This module must not import torch.
+
+Example:
+    >>> spec = LayerSpec(name="doc_layer", step_hooks=lambda plugin, accelerator: ())
+    >>> spec.add_on, spec.distributed_types
+    (True, ())
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from lockstep.config.vocabulary import Vocabulary, resolve_target
+
+ENTRY_POINT_GROUP = "lockstep.layers"
+"""The entry-point group an installed package registers its layers under."""
+
+HookBuilder = Callable[[Any, Any], Iterable[Any]]
+"""``(plugin, accelerator) -> step hooks``: builds the layer's :class:`~lockstep.step_hooks.StepHook` objects
+for one Accelerator (called once, when the Accelerator is built)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class LayerSpec(Vocabulary):
+    """One layer, as the rest of lockstep sees it: its vocabulary and how it hooks the step.
+
+    Example:
+        >>> LayerSpec(name="x", step_hooks="my_layer.hooks:build", config_section="x_config").section_keys
+        {}
+    """
+
+    step_hooks: str | HookBuilder
+    """Builds its step hooks: a callable ``(plugin, accelerator) -> hooks``, or ``"module:function"`` imported
+    on first use (keeps the spec torch-free)."""
+
+    add_on: ClassVar[bool] = True
+    """Its section goes to the workers beside the backend's, chosen by its switch or its flags."""
+    distributed_types: ClassVar[tuple[Any, ...]] = ()
+    """A layer is never a config file's ``distributed_type``."""
+    wizard: ClassVar[None] = None
+    """``lockstep config`` does not ask about layers."""
+
+    def build_hooks(self, plugin: Any, accelerator: Any) -> list[Any]:
+        """The layer's step hooks for ``accelerator``, given its plugin (config) object."""
+        return list(resolve_target(self.step_hooks)(plugin, accelerator))
+
+
+@dataclass
+class _Registry:
+    specs: dict[str, LayerSpec] = field(default_factory=dict)
+    discovered: bool = False
+
+
+_REGISTRY = _Registry()
+
+
+def register_layer(spec: LayerSpec, *, replace: bool = False) -> LayerSpec:
+    """Add a layer to the table (its section, flags, keywords and field are read from ``spec``).
+
+    Args:
+        spec: the layer's vocabulary and hook builder.
+        replace: replace a layer of the same name (else that is an error).
+
+    Raises:
+        TypeError: ``spec`` is not a :class:`LayerSpec`.
+        ValueError: a layer of that name is registered already.
+    """
+    if not isinstance(spec, LayerSpec):
+        raise TypeError(f"register_layer() takes a LayerSpec, got {type(spec).__name__}.")
+    if spec.name in _REGISTRY.specs and not replace:
+        raise ValueError(
+            f"A layer named {spec.name!r} is registered already; pick another name, or pass replace=True."
+        )
+    _REGISTRY.specs[spec.name] = spec
+    return spec
+
+
+def unregister_layer(name: str) -> None:
+    """Remove a registered layer (tests, notebooks that redefine one); unknown names are ignored."""
+    _REGISTRY.specs.pop(name, None)
+
+
+def layer_specs() -> list[LayerSpec]:
+    """Every registered layer, in the order their hooks run (by name)."""
+    if not _REGISTRY.discovered:
+        _REGISTRY.discovered = True
+        from lockstep.entry_points import loaded_specs
+
+        for spec in loaded_specs(ENTRY_POINT_GROUP, LayerSpec):
+            register_layer(spec, replace=True)
+    return sorted(_REGISTRY.specs.values(), key=lambda spec: spec.name)
