@@ -26,7 +26,8 @@ from lockstep import Accelerator, ProjectConfiguration
 from lockstep.checkpoint import CheckpointError
 from lockstep.checkpoint.storage import LocalStorage, fsspec_store, scheme_of, storage_for
 from tests.helpers.cli import REPO, SCRIPTS, cli_env
-from tests.helpers.multiprocess import free_port, run_distributed
+from tests.helpers.multiprocess import run_distributed
+from tests.helpers.ports import held_store
 
 fsspec = pytest.importorskip("fsspec")
 
@@ -220,9 +221,9 @@ def s3_endpoint():
     """A moto S3 server on a free loopback port, with one bucket; the AWS_* variables point at it."""
     pytest.importorskip("s3fs")
     server_module = pytest.importorskip("moto.server")
-    port = free_port()
-    server = server_module.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server = server_module.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
+    port = server._server.server_port  # bound to port 0 and held by the server: no other process can take it
     env = {**AWS_ENV, "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}"}
     saved = {key: os.environ.get(key) for key in env}
     os.environ.update(env)
@@ -358,29 +359,28 @@ def test_a_rank_killed_inside_its_upload_leaves_no_manifest_however_long_rank_0_
     background save before any of its files arrived; rank 0 lives on and looks for the markers after rank 1
     died. Rank 1 wrote no done marker (it writes it only once its files are uploaded), so rank 0 never
     writes the manifest and checkpoint_0 stays the newest valid one."""
-    port = free_port()
     script = str(SCRIPTS / "upload_and_die_on_rank_1.py")
-    ranks = [
-        subprocess.Popen(
-            [sys.executable, script, s3_url],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            cwd=REPO,
-            env=cli_env(
-                **s3_endpoint,
-                RANK=str(rank),
-                LOCAL_RANK=str(rank),
-                WORLD_SIZE="2",
-                LOCAL_WORLD_SIZE="2",
-                MASTER_ADDR="127.0.0.1",
-                MASTER_PORT=str(port),
-                OMP_NUM_THREADS="1",
-            ),
-        )
-        for rank in range(2)
-    ]
-    (out0, err0), (_, err1) = (rank.communicate(timeout=120) for rank in ranks)
+    with held_store(2) as store:  # the test holds the store's port, the ranks join it
+        ranks = [
+            subprocess.Popen(
+                [sys.executable, script, s3_url],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                cwd=REPO,
+                env=cli_env(
+                    **s3_endpoint,
+                    RANK=str(rank),
+                    LOCAL_RANK=str(rank),
+                    WORLD_SIZE="2",
+                    LOCAL_WORLD_SIZE="2",
+                    **store,
+                    OMP_NUM_THREADS="1",
+                ),
+            )
+            for rank in range(2)
+        ]
+        (out0, err0), (_, err1) = (rank.communicate(timeout=120) for rank in ranks)
     assert ranks[1].returncode == -9, err1[-3000:]
     assert ranks[0].returncode == 0, err0[-3000:]
     root = f"{s3_url}/checkpoints"

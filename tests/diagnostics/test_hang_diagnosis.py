@@ -25,7 +25,8 @@ from lockstep.diagnostics.settings import resolve_plan
 from lockstep.launcher.elastic import report_failures
 from tests.helpers.cli import REPO, SCRIPTS, cli_env, lockstep
 from tests.helpers.in_process_launch import launched_in_process
-from tests.helpers.multiprocess import free_port, run_distributed
+from tests.helpers.multiprocess import run_distributed
+from tests.helpers.ports import TORCHRUN_STANDALONE
 
 WORKER = SCRIPTS / "hang_worker.py"
 LINES = {
@@ -411,7 +412,7 @@ def test_timeout_inside_ddp_backward_gives_the_summary(tmp_path):
 @pytest.mark.slow
 def test_under_torchrun_rank_zero_prints_the_one_line(tmp_path):
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
-    command += ["--master_port", str(free_port()), str(WORKER), "sleep", str(tmp_path)]
+    command += [*TORCHRUN_STANDALONE, str(WORKER), "sleep", str(tmp_path)]
     result = subprocess.run(
         command,
         capture_output=True,

@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from tests.helpers.cli import SCRIPTS
-from tests.helpers.multiprocess import free_port
+from tests.helpers.ports import held_store
 from tests.helpers.soak import soak_runs
 
 pytestmark = pytest.mark.distributed
@@ -17,7 +17,11 @@ RUNS = soak_runs(1)
 
 
 def _run_pair(script=SCRIPT, *args: str, **extra_env: str) -> list[tuple[int, str]]:
-    port = free_port()
+    with held_store(2) as store:  # the test holds the store's port, the ranks join it
+        return _start_pair(store, script, *args, **extra_env)
+
+
+def _start_pair(store: dict[str, str], script, *args: str, **extra_env: str) -> list[tuple[int, str]]:
     procs = []
     for rank in range(2):
         env = dict(
@@ -26,8 +30,7 @@ def _run_pair(script=SCRIPT, *args: str, **extra_env: str) -> list[tuple[int, st
             LOCAL_RANK=str(rank),
             WORLD_SIZE="2",
             LOCAL_WORLD_SIZE="2",
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(port),
+            **store,
             OMP_NUM_THREADS="1",
             **extra_env,
         )

@@ -7,7 +7,6 @@ launcher and runs a single all_reduce (tests/scripts/cluster_reduce.py)."""
 
 import json
 import random
-import socket
 import subprocess
 import sys
 from collections.abc import Callable
@@ -16,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.cli import REPO, SCRIPTS, cli_env, lockstep_popen
-from tests.helpers.multiprocess import free_port
+from tests.helpers.ports import reserved_port
 
 pytestmark = pytest.mark.distributed
 ONE_JOB_OF_TWO = [(0, 2, 0, 3.0), (1, 2, 1, 3.0)]
@@ -24,15 +23,8 @@ ONE_JOB_OF_TWO = [(0, 2, 0, 3.0), (1, 2, 1, 3.0)]
 
 
 def _free_job_port() -> int:
-    """A free port in the range SLURM job ids map to (10000 + id % 20000)."""
-    for port in random.sample(range(10000, 30000), 200):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no free port between 10000 and 30000")
+    """A port in the range SLURM job ids map to (10000 + id % 20000), reserved until a launcher binds it."""
+    return reserved_port(random.sample(range(10000, 30000), 200))
 
 
 def _launch_two_nodes(
@@ -85,7 +77,7 @@ def test_slurm_variables_alone_form_one_job():
 
 
 def test_kubeflow_pet_variables_alone_form_one_job():
-    port = str(free_port())
+    port = str(reserved_port())  # both launchers are told it before machine 0 binds it
 
     def node_env(node: int) -> dict[str, str]:
         return {
@@ -135,7 +127,7 @@ def test_mpiexec_starts_one_launcher_per_host_and_they_form_one_job():
     """Hydra's fork launcher runs the proxy of each of two loopback "hosts" locally, so each launcher sees
     what it would on its own node (PMI_RANK, PMI_SIZE=2, MPI_LOCALNRANKS=1); MASTER_ADDR/MASTER_PORT are
     exported to every rank, as a job script does (mpiexec -genv)."""
-    port = free_port()
+    port = reserved_port()  # both launchers are told it before machine 0 binds it
     command = [str(MPIEXEC), "-launcher", "fork", "-hosts", "127.0.0.1,127.0.0.2", "-ppn", "1", "-np", "2"]
     command += [sys.executable, "-m", "lockstep.cli.main", "launch", str(SCRIPTS / "cluster_reduce.py")]
     env = cli_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))

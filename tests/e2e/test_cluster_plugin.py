@@ -14,7 +14,7 @@ import pytest
 
 from tests.e2e.test_cluster_launch import ONE_JOB_OF_TWO, _launch_two_nodes, _reports
 from tests.helpers.cli import REPO, SCRIPTS, cli_env
-from tests.helpers.multiprocess import free_port
+from tests.helpers.ports import reserved_port
 
 pytestmark = pytest.mark.distributed
 
@@ -32,7 +32,7 @@ def installed(tmp_path: Path) -> str:
 
 
 def test_processes_the_lab_starts_read_their_place_from_the_plugin(installed: str) -> None:
-    port = str(free_port())
+    port = str(reserved_port())  # both processes are told it before rank 0 binds it
     workers = [
         subprocess.Popen(
             [sys.executable, str(SCRIPTS / "cluster_place.py")],
@@ -63,7 +63,7 @@ def test_processes_the_lab_starts_read_their_place_from_the_plugin(installed: st
 
 
 def test_lockstep_launch_reads_the_machines_from_the_plugin(installed: str) -> None:
-    port = free_port()
+    port = reserved_port()  # both launchers are told it before machine 0 binds it
 
     def node_env(node: int) -> dict[str, str]:
         hosts = "127.0.0.1,127.0.0.1"

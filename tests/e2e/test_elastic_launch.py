@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.cli import REPO, cli_env, lockstep
-from tests.helpers.multiprocess import free_port
+from tests.helpers.ports import reserved_port
 from tests.helpers.resume import assert_each_sample_once_per_epoch, resumed_lines, trained_ids
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
@@ -65,7 +65,7 @@ def _worlds(stdout: str) -> list[tuple[int, int]]:
 
 
 def test_a_lost_machine_leaves_the_survivor_training_alone_to_the_end(tmp_path):
-    port, project = free_port(), str(tmp_path / "run")
+    port, project = reserved_port(), str(tmp_path / "run")  # the second machine must be told it
     (tmp_path / "run").mkdir()
     first = _machine(port, project, tmp_path / "first", hosts_store=True)
     # Both "machines" are this host, so both would take themselves for the rendezvous host (torch compares the

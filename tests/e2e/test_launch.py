@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tests.helpers.cli import REPO, SCRIPTS, cli_env, lockstep, lockstep_popen
-from tests.helpers.multiprocess import free_port
+from tests.helpers.ports import TORCHRUN_STANDALONE, reserved_port
 from tests.helpers.soak import soak_runs
 from tests.helpers.training import reference_training
 
@@ -141,7 +141,7 @@ def _alive(pid: int) -> bool:
 
 
 def _train_on_two_machines(rdzv_backend: str) -> list[float]:
-    port = str(free_port())
+    port = str(reserved_port())  # machine 1 is told the port before machine 0 binds it
     launchers = [
         lockstep_popen(
             "launch",
@@ -194,7 +194,7 @@ def test_restart_after_a_crash_works_every_time():
     ids=["torchrun", "torch.distributed.launch --use_env"],
 )
 def test_plain_torch_launchers_run_a_lockstep_script(launcher):
-    command = [sys.executable, "-m", *launcher, "--nproc_per_node", "2", "--master_port", str(free_port())]
+    command = [sys.executable, "-m", *launcher, "--nproc_per_node", "2", *TORCHRUN_STANDALONE]
     result = subprocess.run(
         [*command, str(SCRIPTS / "report_env.py")],
         capture_output=True,

@@ -7,14 +7,16 @@ a worker that does not finish in time fails the test instead of hanging it.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import pickle
 import queue as queue_module
-import socket
 import traceback
 from collections.abc import Callable
 from typing import Any
+
+from tests.helpers.ports import held_store
 
 _CTX = mp.get_context("fork")
 
@@ -23,15 +25,17 @@ class WorkerError(AssertionError):
     """A worker process raised, crashed or timed out."""
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+PORT_WAIT = 60.0
+"""How long a worker waits for the parent to send the store's port."""
 
 
 def _worker(
-    rank: int, world_size: int, port: int, fn: Callable[..., Any], args: tuple, env: dict, queue: Any
+    rank: int, world_size: int, ports: Any, fn: Callable[..., Any], args: tuple, env: dict, queue: Any
 ) -> None:
+    if not ports.poll(PORT_WAIT):
+        queue.put((rank, "error", f"the parent sent no store port within {PORT_WAIT:.0f}s"))
+        return
+    port = ports.recv()
     os.environ.update(
         {
             "RANK": str(rank),
@@ -40,6 +44,8 @@ def _worker(
             "LOCAL_WORLD_SIZE": str(world_size),
             "MASTER_ADDR": "127.0.0.1",
             "MASTER_PORT": str(port),
+            # every rank joins the parent's store as a client (torch's env:// rendezvous, as under torchrun)
+            "TORCHELASTIC_USE_AGENT_STORE": "True",
             "OMP_NUM_THREADS": "1",
         }
     )
@@ -85,19 +91,34 @@ def run_distributed(
     timeout: float = 90.0,
     env: dict[str, str] | None = None,
 ) -> list[Any]:
-    """Run ``fn(*args)`` on ``world_size`` processes; return their results ordered by rank."""
+    """Run ``fn(*args)`` on ``world_size`` processes; return their results ordered by rank.
+
+    The group's store is hosted here, on a port it binds and holds from the moment it is chosen until the
+    workers have ended (as torchrun's agent does): the workers are forked first (a fork must find this
+    process without threads, and the store's server is one), then the store binds port 0, then each worker
+    is sent its port and joins it as a client (``TORCHELASTIC_USE_AGENT_STORE``). Choosing a free port and
+    letting rank 0 bind it later raced with every other test and process of the machine.
+    """
     _import_before_fork()
-    port = free_port()
     queue = _CTX.Queue()
+    pipes = [_CTX.Pipe(duplex=False) for _ in range(world_size)]
     procs = [
-        _CTX.Process(target=_worker, args=(rank, world_size, port, fn, args, env or {}, queue), daemon=True)
+        _CTX.Process(
+            target=_worker, args=(rank, world_size, pipes[rank][0], fn, args, env or {}, queue), daemon=True
+        )
         for rank in range(world_size)
     ]
     for proc in procs:
         proc.start()
     results: dict[int, Any] = {}
     errors: dict[int, str] = {}
+    stack = contextlib.ExitStack()
     try:
+        store = stack.enter_context(held_store(world_size, timeout=max(timeout, 300.0)))
+        for receive, send in pipes:
+            receive.close()
+            send.send(int(store["MASTER_PORT"]))
+            send.close()
         for _ in range(world_size):
             try:
                 rank, status, payload = queue.get(timeout=timeout)
@@ -118,6 +139,7 @@ def run_distributed(
             if proc.is_alive():
                 proc.kill()
                 proc.join()
+        stack.close()  # the store's server thread ends with it: the next fork finds no thread here
     if errors:
         first = min(errors)
         # the others' tracebacks too: a rank that lost its peer fails with gloo's "Connection closed by peer",
