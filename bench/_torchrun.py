@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def user_env(**extra: str) -> dict[str, str]:
@@ -18,12 +19,15 @@ def user_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def free_port() -> int:
-    """A port free now, for a launcher that must be told one (the launch-time row measures plain torchrun).
-    It can be taken before the launcher binds it: prefer :data:`TORCHRUN`."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+def reserved_port() -> int:
+    """A port for a launcher that must be told one (the launch-time row measures plain torchrun, static
+    rendezvous): tests/helpers/ports.py's, which no other process can take before the launcher binds it.
+    Prefer :data:`TORCHRUN` where the rendezvous does not matter."""
+    if str(REPO) not in sys.path:
+        sys.path.append(str(REPO))
+    from tests.helpers.ports import reserved_port as reserve
+
+    return reserve()
 
 
 TORCHRUN = ["-m", "torch.distributed.run", "--standalone"]

@@ -30,7 +30,7 @@ HERE = Path(__file__).resolve().parent
 BENCH = HERE.parent
 sys.path[:0] = [str(HERE), str(BENCH)]
 
-from _torchrun import TORCHRUN, free_port, user_env  # noqa: E402
+from _torchrun import TORCHRUN, reserved_port, user_env  # noqa: E402
 from harness import (  # noqa: E402
     TOOLS,
     equal_work,
@@ -107,7 +107,7 @@ def measure_launch(repeats: int) -> dict:
     before = load()
     commands = {
         "torch": lambda: timed_run(
-            [bin_of("torchrun"), "--nproc_per_node", "2", "--master_port", str(free_port()), NOOP]
+            [bin_of("torchrun"), "--nproc_per_node", "2", "--master_port", str(reserved_port()), NOOP]
         ),
         "lockstep": lambda: timed_run([bin_of("lockstep"), "launch", "--num-processes", "2", NOOP]),
         "accelerate": lambda: timed_run(
