@@ -46,7 +46,6 @@ def parameters(signature: inspect.Signature) -> Parameters:
 def member_parameters(name: str) -> Parameters | None:
     """An Accelerator member's parameters as called on an instance; None for a property."""
     raw = inspect.getattr_static(Accelerator, name)
-    raw = getattr(raw, "member", raw)  # a member forwarded to one of the facade's parts: the part's own
     if isinstance(raw, property):
         return None
     if isinstance(raw, staticmethod):

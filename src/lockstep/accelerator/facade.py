@@ -7,9 +7,12 @@ of prepared objects (:mod:`.prepared`) filled by the :class:`~.preparation.Prepa
 position (:mod:`.accumulation`), the trackers (:mod:`.trackers`), the step timer
 (:mod:`lockstep.throughput`), the checkpoint manager (:mod:`.checkpoints`, built on first use), the
 preemption watcher (:mod:`.preemption`) and the profiler (:mod:`.profiling`). Collectives are
-:mod:`lockstep.collectives`. Three standalone bases hold members that need one part only: who this process
-is (:mod:`.process_view`), the resolved settings (:mod:`.settings_view`) and Accelerate's members for
-features not built yet (:mod:`.unconfigured`).
+:mod:`lockstep.collectives`. Groups of Accelerate's members that need one part only are small objects of
+their own, and the facade's members of those groups are one-line delegations written here: who this
+process is (:mod:`.process_view`), the resolved settings (:mod:`.settings_view`), the device mesh
+(:mod:`.mesh_view`), collectives (:mod:`.collectives_view`), trackers (:mod:`.tracking_view`) and
+checkpoints (:mod:`.checkpointing_view`). That is why this file may be longer than others
+(``tests/test_architecture.py``'s ``DELEGATION_MAX_FILE_LINES``).
 
 Example:
     >>> from lockstep import Accelerator
@@ -40,7 +43,6 @@ from lockstep.accelerator.collectives_view import CollectivesView
 from lockstep.accelerator.live_state import share_live_state
 from lockstep.accelerator.mesh_view import MeshView, build_layout
 from lockstep.accelerator.optimizer import AcceleratedOptimizer
-from lockstep.accelerator.parts import answers_for
 from lockstep.accelerator.preemption import DEFAULT_SIGNALS, PreemptionWatcher, exit_now
 from lockstep.accelerator.preparation import Preparer, has_device_map, is_unprepared_scheduler, models_first
 from lockstep.accelerator.prepared import PreparedObjects
@@ -57,13 +59,19 @@ from lockstep.accelerator.settings import (
 from lockstep.accelerator.settings_view import SettingsView
 from lockstep.accelerator.trackers import Trackers
 from lockstep.accelerator.tracking_view import TrackingView
-from lockstep.accelerator.unconfigured import UnconfiguredFeatures
 from lockstep.backends.capabilities import NO_PIPELINE, C, JointPreparation, PipelineSchedule
 from lockstep.backends.registry import select_backend
 from lockstep.config.backend_specs import BackendSpec, given_add_ons
 from lockstep.config.dataloader import DataLoaderConfiguration
 from lockstep.config.enums import DistributedType, PrecisionType
-from lockstep.config.kwargs import AutocastKwargs, ProfileKwargs
+from lockstep.config.kwargs import (
+    AutocastKwargs,
+    DistributedDataParallelKwargs,
+    FP8BackendType,
+    GradScalerKwargs,
+    InitProcessGroupKwargs,
+    ProfileKwargs,
+)
 from lockstep.config.plugins import GradientAccumulationPlugin, TorchDynamoPlugin
 from lockstep.config.project import ProjectConfiguration
 from lockstep.data import skip_first_batches as _skip_first_batches
@@ -74,18 +82,16 @@ from lockstep.step_hooks import StepHook, StepHooks
 from lockstep.throughput.build import build_step_timer
 
 if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from lockstep.accelerator.checkpoints import SaveReport
     from lockstep.backends.base import Backend
+    from lockstep.config.parallelism import ParallelismConfig
+    from lockstep.tracking.base import GeneralTracker
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-@answers_for("_process", ProcessView)
-@answers_for("_settings", SettingsView)
-@answers_for("_mesh", MeshView)
-@answers_for("_tracking", TrackingView)
-@answers_for("_unconfigured", UnconfiguredFeatures)
-@answers_for("_collectives", CollectivesView)
-@answers_for("_saving", CheckpointingView, internal=("manager", "wait_if_started", "started_manager"))
 class Accelerator:
     """Runs one ordinary training loop on one CPU, one GPU, many processes or many machines.
 
@@ -197,7 +203,6 @@ class Accelerator:
         self._settings = SettingsView(settings)
         self.state = self._build_state(cpu=cpu, debug=debug)
         self._process = ProcessView(self.state)
-        self._unconfigured = UnconfiguredFeatures()
         self.gradient_state = GradientState(
             gradient_accumulation_plugin=self.settings.gradient_accumulation_plugin
         )
@@ -333,7 +338,222 @@ class Accelerator:
             step_hooks=self._step_hooks,
         )
 
-    # -- preparation settings (may be changed between prepare calls, as in Accelerate) ---------------
+    # -- who this process is (ProcessView) --------------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        return self._process.device
+
+    @property
+    def num_processes(self) -> int:
+        return self._process.num_processes
+
+    @property
+    def process_index(self) -> int:
+        return self._process.process_index
+
+    @property
+    def local_process_index(self) -> int:
+        return self._process.local_process_index
+
+    @property
+    def is_main_process(self) -> bool:
+        return self._process.is_main_process
+
+    @property
+    def is_local_main_process(self) -> bool:
+        return self._process.is_local_main_process
+
+    @property
+    def is_last_process(self) -> bool:
+        return self._process.is_last_process
+
+    @property
+    def use_distributed(self) -> bool:
+        return self._process.use_distributed
+
+    @property
+    def multi_device(self) -> bool:
+        """True for data parallel over accelerator devices, one per process (DDP on GPUs, XPUs or MPS); False
+        on one process, for DDP on CPUs and for sharded training, as in Accelerate."""
+        return self._process.multi_device
+
+    @property
+    def is_fsdp2(self) -> bool:
+        """Whether models are sharded with FSDP2 (``fully_shard``); lockstep's FSDP is always FSDP2."""
+        return self._process.is_fsdp2
+
+    @property
+    def deepspeed_plugin(self) -> Any:
+        """The active ``DeepSpeedPlugin``, or None when DeepSpeed is not used."""
+        return self._process.deepspeed_plugin
+
+    @property
+    def is_composable_parallelism_enabled(self) -> bool:
+        """Whether torch's composable parallelism (FSDP2 on DTensors) is in use: ``is_fsdp2``, as in Accelerate."""
+        return self._process.is_composable_parallelism_enabled
+
+    @property
+    def should_save_model(self) -> bool:
+        """Whether this process writes model files: the local main process (one per machine), as in Accelerate
+        without a ``ParallelismConfig``."""
+        return self._process.should_save_model
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """``print`` on the local main process only."""
+        self._process.print(*args, **kwargs)
+
+    def main_process_first(self) -> contextlib.AbstractContextManager:
+        """A block the main process runs first; the other processes wait for it, then run it."""
+        return self._process.main_process_first()
+
+    def local_main_process_first(self) -> contextlib.AbstractContextManager:
+        """A block the local main process (one per machine) runs before the other processes of its machine."""
+        return self._process.local_main_process_first()
+
+    def split_between_processes(
+        self, inputs: Any, apply_padding: bool = False
+    ) -> contextlib.AbstractContextManager:
+        """A block that receives this process's share of ``inputs`` (a list, tuple, dict or tensor); with ``apply_padding`` the last element is repeated so that every share has the same length."""
+        return self._process.split_between_processes(inputs, apply_padding)
+
+    def on_main_process(self, function: F | None = None) -> F:
+        """Decorator: the function runs on the main process only (elsewhere the call does nothing)."""
+        return self._process.on_main_process(function)
+
+    def on_local_main_process(self, function: F | None = None) -> F:
+        """Decorator: the function runs on the local main process of each machine only."""
+        return self._process.on_local_main_process(function)
+
+    def on_last_process(self, function: F) -> F:
+        """Decorator: the function runs on the last process only."""
+        return self._process.on_last_process(function)
+
+    def on_process(self, function: F | None = None, process_index: int | None = None) -> Any:
+        """Decorator: the function runs on process ``process_index`` only."""
+        return self._process.on_process(function, process_index)
+
+    def on_local_process(self, function: F | None = None, local_process_index: int | None = None) -> Any:
+        """Decorator: the function runs on local process ``local_process_index`` of each machine only."""
+        return self._process.on_local_process(function, local_process_index)
+
+    def join_uneven_inputs(
+        self, joinables: Sequence[Any], even_batches: bool | None = None
+    ) -> contextlib.AbstractContextManager:
+        """Let DDP models train on loaders of different lengths per process (``torch.distributed.algorithms.Join``)."""
+        return self._process.join_uneven_inputs(joinables, even_batches)
+
+    # -- resolved settings (SettingsView) ---------------------------------------------------------
+    @property
+    def mixed_precision(self) -> str:
+        return self._settings.mixed_precision
+
+    @property
+    def fsdp_plugin(self) -> Any:
+        """The FSDP settings in force (a ``FullyShardedDataParallelPlugin``, whether passed to the constructor
+        or chosen by the launcher's config), or None when the model is not sharded with FSDP."""
+        return self._settings.fsdp_plugin
+
+    @property
+    def deepspeed_config(self) -> dict[str, Any]:
+        """The active DeepSpeed config ("auto" values filled at ``prepare``). Like Accelerate, the attribute
+        exists only when DeepSpeed is used."""
+        return self._settings.deepspeed_config
+
+    @property
+    def project_configuration(self) -> ProjectConfiguration:
+        return self._settings.project_configuration
+
+    @property
+    def project_dir(self) -> str | None:
+        return self._settings.project_dir
+
+    @property
+    def logging_dir(self) -> str | None:
+        return self._settings.logging_dir
+
+    @property
+    def save_iteration(self) -> int:
+        return self._settings.save_iteration
+
+    @property
+    def rng_types(self) -> list[str]:
+        return self._settings.rng_types
+
+    @property
+    def dataloader_config(self) -> DataLoaderConfiguration:
+        """How prepared dataloaders split and deliver data (the ``DataLoaderConfiguration`` in force).
+
+        Assignable, as in Accelerate: loaders prepared afterwards follow the new configuration.
+
+        Example:
+            >>> from lockstep import Accelerator
+            >>> accelerator = Accelerator()
+            >>> accelerator.dataloader_config = DataLoaderConfiguration(even_batches=False)
+            >>> accelerator.even_batches
+            False
+        """
+        return self._settings.dataloader_config
+
+    @dataloader_config.setter
+    def dataloader_config(self, config: DataLoaderConfiguration) -> None:
+        self._settings.dataloader_config = config
+
+    @property
+    def split_batches(self) -> bool:
+        return self._settings.split_batches
+
+    @property
+    def dispatch_batches(self) -> bool | None:
+        return self._settings.dispatch_batches
+
+    @property
+    def even_batches(self) -> bool:
+        return self._settings.even_batches
+
+    @even_batches.setter
+    def even_batches(self, even_batches: bool) -> None:
+        self._settings.even_batches = even_batches
+
+    @property
+    def use_seedable_sampler(self) -> bool:
+        return self._settings.use_seedable_sampler
+
+    @property
+    def non_blocking(self) -> bool:
+        return self._settings.non_blocking
+
+    @property
+    def use_stateful_dataloader(self) -> bool:
+        """Whether prepared loaders are also torchdata ``StatefulDataLoader``\\ s
+        (``DataLoaderConfiguration(use_stateful_dataloader=True)``; needs ``pip install torchdata``)."""
+        return self._settings.use_stateful_dataloader
+
+    @property
+    def ddp_handler(self) -> DistributedDataParallelKwargs | None:
+        """The ``DistributedDataParallelKwargs`` given in ``kwargs_handlers`` (None when none was)."""
+        return self._settings.ddp_handler
+
+    @property
+    def scaler_handler(self) -> GradScalerKwargs | None:
+        """The ``GradScalerKwargs`` given in ``kwargs_handlers`` (None when none was)."""
+        return self._settings.scaler_handler
+
+    @property
+    def init_handler(self) -> InitProcessGroupKwargs | None:
+        """The ``InitProcessGroupKwargs`` given in ``kwargs_handlers`` (None when none was)."""
+        return self._settings.init_handler
+
+    @property
+    def autocast_handler(self) -> AutocastKwargs | None:
+        """The ``AutocastKwargs`` given in ``kwargs_handlers`` (None when none was)."""
+        return self._settings.autocast_handler
+
+    @property
+    def profile_handler(self) -> ProfileKwargs | None:
+        """The ``ProfileKwargs`` given in ``kwargs_handlers``, used by ``profile()`` (None when none was)."""
+        return self._settings.profile_handler
+
+    # -- preparation settings (may be changed between prepare calls, as in Accelerate) ------------
     @property
     def device_placement(self) -> bool:
         """Move prepared models and batches to ``self.device`` (the default of ``prepare``'s objects)."""
@@ -352,7 +572,7 @@ class Accelerator:
     def step_scheduler_with_optimizer(self, step_with_optimizer: bool) -> None:
         self._preparer.step_scheduler_with_optimizer = step_with_optimizer
 
-    # -- resolved settings (the rest: SettingsView) -------------------------------------------------
+    # -- the backend's settings -------------------------------------------------------------------
     @property
     def distributed_type(self) -> DistributedType:
         """How the processes share the work; the backend's, unless code set ``state.distributed_type``."""
@@ -427,6 +647,75 @@ class Accelerator:
         from lockstep.accelerator.engine_stepped import DeepSpeedEngineWrapper
 
         return DeepSpeedEngineWrapper(engine)
+
+    # -- the N-D device mesh (MeshView) -----------------------------------------------------------
+    @property
+    def parallelism_config(self) -> ParallelismConfig | None:
+        """The ``ParallelismConfig`` the Accelerator was given (or the launcher set), else None."""
+        return self._mesh.parallelism_config
+
+    @property
+    def torch_device_mesh(self) -> DeviceMesh | None:
+        """The N-D device mesh (dimensions in Accelerate's order, only those of size > 1), else None."""
+        return self._mesh.torch_device_mesh
+
+    @property
+    def tensor_parallel_rank(self) -> int:
+        """This process's index in its ``tp`` group (0 when ``tp_size`` is 1)."""
+        return self._mesh.tensor_parallel_rank
+
+    @property
+    def data_parallel_rank(self) -> int:
+        """This process's index along ``dp_replicate`` (0 when ``dp_replicate_size`` is 1)."""
+        return self._mesh.data_parallel_rank
+
+    @property
+    def data_parallel_shard_rank(self) -> int:
+        """This process's index along ``dp_shard`` (0 when ``dp_shard_size`` is 1)."""
+        return self._mesh.data_parallel_shard_rank
+
+    @property
+    def pipeline_parallel_rank(self) -> int:
+        """This process's index along ``pp`` (0 when ``pp_size`` is 1): which pipeline stages it holds."""
+        return self._mesh.pipeline_parallel_rank
+
+    @property
+    def context_parallel_rank(self) -> int:
+        """This process's index along ``cp`` (0 when ``cp_size`` is 1)."""
+        return self._mesh.context_parallel_rank
+
+    def maybe_context_parallel(
+        self,
+        buffers: Sequence[torch.Tensor] | None = None,
+        buffer_seq_dims: Sequence[int] | None = None,
+        no_restore_buffers: set[torch.Tensor] | None = None,
+    ) -> contextlib.AbstractContextManager:
+        """A block in which the batch is split along the sequence over the ``cp`` ranks (``cp_size > 1``).
+
+        Inside, ``buffers`` hold this rank's chunks of the sequence (a head and a tail chunk, which balances
+        causal attention) and ``F.scaled_dot_product_attention`` runs as torch's ring attention, on GPUs and
+        on CPUs. On exit the buffers are made whole again, except those in ``no_restore_buffers``. Without
+        context parallelism the block runs unchanged, with a warning once, as in Accelerate. Enter it anew
+        for every step; the attention must be causal SDPA without a mask or dropout.
+
+        Args:
+            buffers: the batch tensors that have a sequence dimension: input ids, labels (shifted already:
+                a model that shifts them itself would shift across chunk borders) and position ids.
+            buffer_seq_dims: the sequence dimension of each buffer.
+            no_restore_buffers: buffers not needed whole after the block (saves the copy back).
+
+        Example:
+            >>> for ids, labels in train_dl:  # doctest: +SKIP
+            ...     positions = torch.arange(ids.shape[1]).expand_as(ids).contiguous()
+            ...     with accelerator.maybe_context_parallel(
+            ...         buffers=[ids, labels, positions], buffer_seq_dims=[1, 1, 1],
+            ...         no_restore_buffers={ids, labels, positions},
+            ...     ):
+            ...         logits = model(input_ids=ids, position_ids=positions).logits
+            ...         loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten())
+            ...         accelerator.backward(loss)
+        """
+        return self._mesh.maybe_context_parallel(buffers, buffer_seq_dims, no_restore_buffers)
 
     # -- prepare ----------------------------------------------------------------------------------
     def prepare(self, *args: Any, device_placement: Sequence[bool | None] | None = None) -> Any:
@@ -639,6 +928,88 @@ class Accelerator:
         checkpoint folder final; only its fsync may still run, on a thread.)"""
         self._process.wait_for_everyone()
 
+    # -- collectives (CollectivesView) ------------------------------------------------------------
+    @property
+    def flag_tensor(self) -> torch.Tensor | None:
+        """The flag :meth:`set_trigger` raises (Accelerate's attribute)."""
+        return self._collectives.flag_tensor
+
+    @flag_tensor.setter
+    def flag_tensor(self, value: torch.Tensor | None) -> None:
+        self._collectives.flag_tensor = value
+
+    def gather(self, tensor: Any) -> Any:
+        """Gather tensors (nested structures too) from every process, concatenated along dim 0 (every
+        process, tensor-parallel ones included; :meth:`gather_for_metrics` counts each sample once)."""
+        return self._collectives.gather(tensor)
+
+    def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
+        """Gather like :meth:`gather`, then drop the samples repeated to even out the last batch.
+
+        Over a whole prepared evaluation loader, the gathered values are exactly the dataset's, in order,
+        so metrics computed on them equal single-process metrics. On a device mesh with tensor
+        parallelism the values are gathered over the data-parallel replicas only (the processes of one
+        replica hold the same samples), so each sample still appears once; DTensors are made whole first.
+        """
+        return self._collectives.gather_for_metrics(input_data, use_gather_object)
+
+    def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
+        """Reduce tensors across processes: ``"sum"``, ``"mean"``, ``"max"``, ``"min"`` or ``"none"`` (this
+        rank's value times ``scale``; Accelerate sums instead). On a device mesh with tensor parallelism
+        the reduction runs over the data-parallel replicas only, so a per-sample count or loss sum is not
+        multiplied by ``tp_size``."""
+        return self._collectives.reduce(tensor, reduction, scale)
+
+    def pad_across_processes(
+        self, tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False
+    ) -> Any:
+        """Pad tensors to the largest size in ``dim`` across processes."""
+        return self._collectives.pad_across_processes(tensor, dim, pad_index, pad_first)
+
+    def set_trigger(self) -> None:
+        """Raise a flag on this process that :meth:`check_trigger` will see on every process."""
+        self._collectives.set_trigger()
+
+    def check_trigger(self) -> bool:
+        """True on every process when any process called :meth:`set_trigger` (then resets the flag)."""
+        return self._collectives.check_trigger()
+
+    # -- trackers (TrackingView) ------------------------------------------------------------------
+    def init_trackers(
+        self, project_name: str, config: dict | None = None, init_kwargs: dict | None = None
+    ) -> None:
+        """Start the trackers given as ``log_with`` (on the main process) and record ``config``.
+
+        Example:
+            >>> accelerator = Accelerator(log_with="jsonl", project_dir="runs/a")  # doctest: +SKIP
+            >>> accelerator.init_trackers("sentiment", config={"lr": 3e-5})  # doctest: +SKIP
+            >>> accelerator.log({"loss": 0.5}, step=1)  # doctest: +SKIP
+        """
+        self._tracking.init_trackers(project_name, config, init_kwargs)
+
+    @property
+    def log_with(self) -> list[Any]:
+        """The trackers ``log_with`` asked for, checked (names and tracker objects), before ``init_trackers``."""
+        return self._tracking.log_with
+
+    @property
+    def trackers(self) -> list[GeneralTracker]:
+        """The trackers started on this process (empty on processes that do not log)."""
+        return self._tracking.trackers
+
+    @trackers.setter
+    def trackers(self, trackers: list[GeneralTracker]) -> None:
+        self._tracking.trackers = trackers
+
+    def log(self, values: dict, step: int | None = None, log_kwargs: dict | None = None) -> None:
+        """Send ``values`` to every started tracker (a no-op on processes that do not log)."""
+        self._tracking.log(values, step, log_kwargs)
+
+    def get_tracker(self, name: str, unwrap: bool = False) -> Any:
+        """The tracker called ``name`` (its underlying object with ``unwrap``); a do-nothing stand-in on
+        processes that do not log."""
+        return self._tracking.get_tracker(name, unwrap)
+
     # -- memory and shutdown ----------------------------------------------------------------------
     def free_memory(self, *objects: Any) -> list[Any]:
         """Drop the Accelerator's references to prepared objects and free cached memory (DeepSpeed engines
@@ -667,7 +1038,104 @@ class Accelerator:
         self.free_memory()
         active_watchdog.stop()
 
-    # -- saving -----------------------------------------------------------------------------------
+    # -- saving (CheckpointingView) ---------------------------------------------------------------
+    def save(self, obj: Any, f: Any, safe_serialization: bool = False) -> None:
+        """Save ``obj`` once per machine set-up (on the main process): torch.save or safetensors."""
+        self._saving.save(obj, f, safe_serialization)
+
+    def save_state(
+        self,
+        output_dir: str | None = None,
+        safe_serialization: bool = True,
+        async_save: bool = False,
+        durable: str = "background",
+        **kwargs: Any,
+    ) -> str:
+        """Save everything needed to resume exactly: weights, optimizers, schedulers, scaler, RNGs of every
+        rank, dataloader positions, the accumulation position and registered objects.
+
+        The save is crash-consistent: files go to a staging folder and a manifest, written last, makes the
+        folder a checkpoint. Returns the checkpoint folder. With ``async_save=True`` training stops only
+        while the state is copied to CPU memory; the files are written in the background and the next save
+        (or :meth:`wait_for_checkpoint`) waits for them. ``last_save_report`` says how long training stalled.
+
+        ``durable="background"`` (the default) returns on every rank with the checkpoint folder final: every
+        file written (handed to the operating system, as Accelerate's and torch's saves return), the manifest
+        (each file's checksum computed from the bytes as they were written), ``latest`` moved and older
+        checkpoints rotated out (``total_limit``). Only durability continues, on a thread: the fsync of every
+        file and folder, which changes nothing visible; the next ``save_state``, :meth:`load_state`,
+        :meth:`wait_for_checkpoint` and :meth:`end_training` wait for it, and its failure is raised on every
+        rank by them or by ``should_stop``. A crash of the machine before it ends can tear the new files: the
+        checksums then refuse them and ``load_state()`` takes the previous checkpoint (with
+        ``total_limit=1``, the one kept, the save fsyncs before it deletes the previous checkpoint).
+        ``durable="sync"``, and a save over an existing folder, fsync every file before the manifest.
+
+        A peft model (adapters on a frozen base) is saved without its frozen base: its trainable parameters
+        and buffers, and a fingerprint of the base that :meth:`load_state` checks before it loads the
+        adapter (:mod:`lockstep.checkpoint.frozen_base`). ``ProjectConfiguration(save_frozen_base=True)``
+        saves the whole model, as Accelerate does.
+
+        Example:
+            >>> accelerator = Accelerator(project_config=ProjectConfiguration(  # doctest: +SKIP
+            ...     project_dir="runs/a", automatic_checkpoint_naming=True, total_limit=3))
+            >>> accelerator.save_state()  # runs/a/checkpoints/checkpoint_0  # doctest: +SKIP
+        """
+        return self._saving.save_state(output_dir, safe_serialization, async_save, durable, **kwargs)
+
+    def wait_for_checkpoint(self) -> None:
+        """Block until a background (``async_save=True``) checkpoint is written and committed, and a
+        ``durable="background"`` one durable; raises their failure."""
+        self._saving.wait_for_checkpoint()
+
+    @property
+    def last_save_report(self) -> SaveReport | None:
+        """Folder, training stall in seconds, bytes and mode of the last ``save_state`` (None before one)."""
+        return self._saving.last_save_report
+
+    def load_state(self, input_dir: str | None = None, **kwargs: Any) -> None:
+        """Restore a checkpoint written by :meth:`save_state`; prepared dataloaders continue at the next
+        unseen batch. Without ``input_dir``, loads the newest valid checkpoint of the project."""
+        self._saving.load_state(input_dir, **kwargs)
+
+    def register_for_checkpointing(self, *objects: Any) -> None:
+        """Save and load these objects (anything with ``state_dict``/``load_state_dict``) with the state."""
+        self._saving.register_for_checkpointing(*objects)
+
+    def register_save_state_pre_hook(self, hook: Callable[..., Any]) -> Any:
+        """Call ``hook(models, weights, output_dir)`` before saving; it may pop weights it saved itself.
+
+        ``output_dir`` is the folder being written (renamed into place when the save commits): files the
+        hook writes there are part of the checkpoint, covered by its manifest and rotated with it.
+
+        Example:
+            >>> def save_unet(models, weights, output_dir):  # doctest: +SKIP
+            ...     if accelerator.is_main_process:
+            ...         models[0].save_pretrained(os.path.join(output_dir, "unet"))
+            ...     weights.pop()
+            >>> accelerator.register_save_state_pre_hook(save_unet)  # doctest: +SKIP
+        """
+        return self._saving.register_save_state_pre_hook(hook)
+
+    def register_load_state_pre_hook(self, hook: Callable[..., Any]) -> Any:
+        """Call ``hook(models, input_dir)`` before loading; it may pop models it loaded itself."""
+        return self._saving.register_load_state_pre_hook(hook)
+
+    def save_model(
+        self,
+        model: nn.Module,
+        save_directory: str,
+        max_shard_size: int | str = "10GB",
+        safe_serialization: bool = True,
+    ) -> None:
+        """Write the unwrapped model as (sharded) safetensors plus an index, on the main process.
+
+        A peft model is written as peft's ``save_pretrained`` writes it (``adapter_config.json`` and
+        ``adapter_model.safetensors``, the adapter gathered from every process), for
+        ``PeftModel.from_pretrained(base, save_directory)``; Accelerate writes the base and adapter weights
+        into ``model.safetensors`` instead. Every process calls it.
+        """
+        self._saving.save_model(model, save_directory, max_shard_size, safe_serialization)
+
     @property
     def step_stats(self) -> dict[str, float]:
         """The last optimizer step's time breakdown and rates (``Accelerator(step_timing=True)``).
@@ -678,7 +1146,7 @@ class Accelerator:
         """
         return self._step_timer.stats
 
-    # -- preemption and restarts -------------------------------------------------------------------
+    # -- preemption and restarts ------------------------------------------------------------------
     @property
     def should_stop(self) -> bool:
         """True on every rank once any rank received a preemption signal (SIGTERM, SIGUSR1).
@@ -734,3 +1202,33 @@ class Accelerator:
         except FileNotFoundError:
             return None
         return str(self._saving.manager.loaded_from)
+
+    # -- Accelerate's members for sequence parallelism, FP8 and LOMO, which lockstep does not build ---
+    # Each answers as Accelerate does when the feature is not configured.
+    fp8_enabled: bool = False
+    """Whether training runs in FP8 (``mixed_precision="fp8"``); lockstep has no FP8 backend."""
+    has_fp8_handler: bool = False
+    delayed_fp8_autocast: bool = False
+    fp8_recipe_handler: Any = None
+    ao_recipe_handler: Any = None
+    te_recipe_handler: Any = None
+    msamp_recipe_handler: Any = None
+    has_lomo_optimizer: bool = False
+    """Whether a LOMO optimizer (``lomo-optim``) was prepared; lockstep does not prepare them."""
+
+    def deepspeed_ulysses_dl_adapter(self, dl: Any, model: Any) -> Any:
+        """The loader unchanged: without sequence parallelism (``sp_size`` 1) Accelerate returns it as is."""
+        return dl
+
+    @property
+    def fp8_backend(self) -> FP8BackendType:
+        """The FP8 training library: ``FP8BackendType.NO`` (lockstep has no FP8 backend)."""
+        return FP8BackendType.NO
+
+    def lomo_backward(self, loss: torch.Tensor, learning_rate: float) -> None:
+        """Raises: LOMO optimizers fuse the update into backward, which lockstep does not support."""
+        raise NotImplementedError(
+            "Accelerator.lomo_backward() is not supported: LOMO optimizers (the lomo-optim package's Lomo and "
+            "AdaLomo) update the weights inside backward, and lockstep does not prepare them. Use a "
+            "torch.optim optimizer with accelerator.backward(loss)."
+        )
