@@ -123,10 +123,11 @@ def backend_vocabulary() -> tuple[str, ...]:
     whole (``gradient_accumulation_steps`` is everyone's), and :data:`ENGINE_ATTRIBUTES`."""
     from lockstep import Accelerator
     from lockstep.config.backend_specs import backend_specs
+    from lockstep.config.layer_specs import layer_specs
 
     everyones = set(inspect.signature(Accelerator).parameters)
     names = set(PLUGIN_ATTRIBUTES) | set(ENGINE_ATTRIBUTES)
-    for spec in backend_specs():
+    for spec in [*backend_specs(), *layer_specs()]:
         names |= {spec.accelerator_argument} if spec.accelerator_argument else set()
         plugin = spec.resolved_plugin_type()
         if plugin is not None and dataclasses.is_dataclass(plugin):
@@ -181,11 +182,12 @@ def wrapper_class_references(modules: Iterable[Module]) -> list[str]:
 
 # -- (d) backend names as strings ----------------------------------------------------------------------
 def backend_words() -> tuple[str, ...]:
-    """Each registered backend's name, ``TrainingArguments`` field and ``Accelerator`` keyword."""
+    """Each registered backend's and layer's name, ``TrainingArguments`` field and ``Accelerator`` keyword."""
     from lockstep.config.backend_specs import backend_specs
+    from lockstep.config.layer_specs import layer_specs
 
     words = set()
-    for spec in backend_specs():
+    for spec in [*backend_specs(), *layer_specs()]:
         words |= {w for w in (spec.name, spec.trainer_argument, spec.accelerator_argument) if w}
     return tuple(sorted(words))
 
@@ -288,7 +290,7 @@ def test_the_vocabularies_come_from_the_registered_specs():
     assert {"fsdp_plugin", "deepspeed_plugin", "zero_stage", "state_dict_type", "step_was_skipped"} <= set(
         backend_vocabulary()
     )
-    assert {"fault_tolerance", "fault_tolerant", "deepspeed", "fsdp", "fsdp_plugin", "ddp"} <= set(
+    assert {"fault_tolerance", "deepspeed", "fsdp", "fsdp_plugin", "ddp"} <= set(
         backend_words()
     )
 

@@ -39,11 +39,12 @@ import abc
 import contextlib
 from collections.abc import Iterable, Iterator
 from types import TracebackType
-from typing import Any, final
+from typing import Any, TypeVar, final
 
 from lockstep.config.layer_specs import LayerSpec, register_layer, unregister_layer
 
 _NOTHING = contextlib.nullcontext()
+C = TypeVar("C")
 
 
 class StepHook(abc.ABC):  # noqa: B024 (every moment has a default: a hook overrides the ones it needs)
@@ -52,6 +53,15 @@ class StepHook(abc.ABC):  # noqa: B024 (every moment has a default: a hook overr
 
     The moments run on every step, so keep them cheap: take a clock mark, count, note progress.
     """
+
+    def prepared_model(self, model: object) -> None:
+        """A model ``prepare`` has just prepared for training (as the backend returned it; not one prepared
+        for evaluation only): a layer notes it (fault tolerance sends it to a healing peer)."""
+        return None
+
+    def prepared_optimizer(self, optimizer: object) -> None:
+        """An optimizer ``prepare`` has just prepared (the backend's, inside the Accelerator's wrapper)."""
+        return None
 
     def batches(self, batches: Iterator[Any]) -> Iterator[Any]:
         """The batches one iteration of a prepared loader hands over to the loop (before their forward):
@@ -66,6 +76,12 @@ class StepHook(abc.ABC):  # noqa: B024 (every moment has a default: a hook overr
         """A context entered around a synchronising ``optimizer.step()`` of a prepared ``optimizer`` (not on
         the micro-steps of gradient accumulation)."""
         return _NOTHING
+
+    def before_clip(self) -> None:
+        """The step's gradients are about to be clipped (``accelerator.clip_grad_norm_``): a layer that changes
+        them before they are applied does so here, so that the norm is the one of the step's gradients (fault
+        tolerance averages them over the replica groups here instead of in :meth:`commit`)."""
+        return None
 
     def commit(self, optimizer: object) -> bool:
         """Whether the synchronising step of the prepared ``optimizer`` is applied, asked once per step with
@@ -161,8 +177,26 @@ class StepHooks:
         self._backward = [hook for hook in hooks if _overrides(hook, "around_backward")]
         self._stepping = [hook for hook in hooks if _overrides(hook, "around_optimizer_step")]
         self._committing = [hook for hook in hooks if _overrides(hook, "commit")]
+        self._clipping = [hook for hook in hooks if _overrides(hook, "before_clip")]
 
-    # -- the moments, as the prepared objects run them --------------------------------------------------
+    def capability(self, kind: type[C]) -> C | None:
+        """The first hook that is a ``kind`` (a layer may provide one of the capabilities of
+        :mod:`lockstep.backends.capabilities`, as fault tolerance provides live recovery), or None."""
+        return next((hook for hook in self._hooks if isinstance(hook, kind)), None)
+
+    # -- the moments, as the Accelerator and the prepared objects run them ------------------------------
+    def prepared_model(self, model: object) -> None:
+        for hook in self._hooks:
+            hook.prepared_model(model)
+
+    def prepared_optimizer(self, optimizer: object) -> None:
+        for hook in self._hooks:
+            hook.prepared_optimizer(optimizer)
+
+    def before_clip(self) -> None:
+        for hook in self._clipping:
+            hook.before_clip()
+
     def batches(self, batches: Iterator[Any]) -> Iterator[Any]:
         """``batches`` as every hook wraps them (the first hook added wraps innermost)."""
         for hook in self._batching:

@@ -18,13 +18,13 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 
+from lockstep.backends import LiveRecovery
 from lockstep.backends.ft import FaultToleranceConfig
-from lockstep.backends.registry import select_backend
-from lockstep.state import PartialState
 from tests.helpers import ft_worker
 from tests.helpers.ft_heal_worker import set_mean_gradients
 from tests.helpers.ft_lighthouse import lighthouse_process
@@ -187,9 +187,11 @@ def _config(**overrides: object) -> FaultToleranceConfig:
 
 
 def test_torchft_missing_names_the_pip_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    from lockstep import Accelerator
+
     monkeypatch.setitem(sys.modules, "torchft", None)
     with pytest.raises(ImportError, match=r"torchft, which is not installed: pip install 'lockstep\[ft\]'"):
-        select_backend(PartialState(cpu=True), plugins=(_config(),))
+        Accelerator(cpu=True, fault_tolerance=_config())
 
 
 @_in_a_forked_child
@@ -222,11 +224,11 @@ def test_a_step_commits_in_process_under_warnings_as_errors() -> None:
             before = net.weight.detach().clone()
             accelerator.backward(net(torch.ones(2, 4)).sum())
             optimizer.step()
-            assert not optimizer.step_was_skipped, accelerator.backend.manager.errored()
-            assert accelerator.backend.committed_steps == 1
+            assert not optimizer.step_was_skipped, accelerator.capability(LiveRecovery).manager.errored()
+            assert accelerator.capability(LiveRecovery).committed_steps == 1
             assert not torch.equal(net.weight, before)
         finally:
-            accelerator.backend.close()
+            accelerator.capability(LiveRecovery).close()
     finally:
         server.shutdown()
 
@@ -246,7 +248,7 @@ def test_a_lost_lighthouse_stops_the_group_with_its_address_in_bounded_time() ->
             accelerator.backward(net(torch.ones(2, 4)).sum())
             optimizer.step()
             optimizer.zero_grad()
-            assert accelerator.backend.committed_steps == 1
+            assert accelerator.capability(LiveRecovery).committed_steps == 1
             lighthouse.kill()
             lighthouse.wait()
             start = time.monotonic()
@@ -258,7 +260,7 @@ def test_a_lost_lighthouse_stops_the_group_with_its_address_in_bounded_time() ->
                 accelerator.backward(net(torch.ones(2, 4)).sum())
             assert time.monotonic() - start < 10
         finally:
-            accelerator.backend.close()
+            accelerator.capability(LiveRecovery).close()
 
 
 @_in_a_forked_child
@@ -284,21 +286,27 @@ def test_a_step_that_does_not_commit_leaves_weights_schedule_and_samples() -> No
             before = net.weight.detach().clone()
             first = next(batches)
             accelerator.backward(net(torch.ones(2, 4)).sum())
-            accelerator.backend.manager.report_error(RuntimeError("injected"))
+            accelerator.capability(LiveRecovery).manager.report_error(RuntimeError("injected"))
             optimizer.step()
             scheduler.step()
-            assert accelerator.optimizer_step_was_skipped and accelerator.backend.committed_steps == 0
+            assert (
+                accelerator.optimizer_step_was_skipped
+                and accelerator.capability(LiveRecovery).committed_steps == 0
+            )
             assert torch.equal(net.weight, before) and scheduler.get_last_lr() == [0.1]
             optimizer.zero_grad()
             assert torch.equal(next(batches), first)  # not consumed: read again
             accelerator.backward(net(torch.ones(2, 4)).sum())
             optimizer.step()
             scheduler.step()
-            assert not accelerator.optimizer_step_was_skipped and accelerator.backend.committed_steps == 1
+            assert (
+                not accelerator.optimizer_step_was_skipped
+                and accelerator.capability(LiveRecovery).committed_steps == 1
+            )
             assert scheduler.get_last_lr() == [0.05]
             assert next(batches).tolist() == [[2.0, 3.0]] and loader.state_dict()["global_batches"] == 1
         finally:
-            accelerator.backend.close()
+            accelerator.capability(LiveRecovery).close()
     finally:
         server.shutdown()
 
@@ -316,7 +324,7 @@ def test_an_evaluation_pass_joins_no_quorum_gathers_the_whole_set_and_refuses_tr
     try:
         config = _config(num_replica_groups=1, lighthouse=server.address(), timeout=5, hostname="127.0.0.1")
         accelerator = Accelerator(cpu=True, fault_tolerance=config)
-        backend = accelerator.backend
+        layer = accelerator.capability(LiveRecovery)
         try:
             net = torch.nn.Linear(2, 1)
             optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
@@ -328,12 +336,12 @@ def test_an_evaluation_pass_joins_no_quorum_gathers_the_whole_set_and_refuses_tr
             accelerator.backward(net(next(batches)).sum())
             optimizer.step()
             optimizer.zero_grad()
-            step = backend.manager.current_step()
+            step = layer.manager.current_step()
             net.eval()
             with torch.no_grad():
                 outputs = torch.cat([accelerator.gather_for_metrics(net(batch)) for batch in evaluation])
                 assert torch.equal(outputs, net(samples))
-            assert backend.manager.current_step() == step and not backend._quorum_started
+            assert layer.manager.current_step() == step and not layer._quorum_started
             with pytest.raises(RuntimeError, match="read as an evaluation pass.*Call model.train"):
                 for batch in evaluation:
                     accelerator.backward(net(batch).sum())
@@ -341,9 +349,9 @@ def test_an_evaluation_pass_joins_no_quorum_gathers_the_whole_set_and_refuses_tr
             assert next(batches).tolist() == [[2.0, 3.0]]
             accelerator.backward(net(torch.ones(1, 2)).sum())
             optimizer.step()
-            assert backend.committed_steps == 2
+            assert layer.committed_steps == 2
         finally:
-            backend.close()
+            layer.close()
     finally:
         server.shutdown()
 
@@ -395,13 +403,13 @@ def test_the_trainers_evaluation_is_an_evaluation_pass_over_the_whole_set() -> N
                 compute_metrics=predicted,
             )
             trainer.train()
-            backend = trainer.accelerator.backend
-            step = backend.manager.current_step()
+            layer = trainer.accelerator.capability(LiveRecovery)
+            step = layer.manager.current_step()
             metrics = trainer.evaluate()
-            assert backend.manager.current_step() == step and not backend._quorum_started
+            assert layer.manager.current_step() == step and not layer._quorum_started
             assert seen == [11, 11, 11] and metrics["eval_count"] == 11.0
-            assert backend.committed_steps == 4
-            backend.close()
+            assert layer.committed_steps == 4
+            layer.close()
     finally:
         server.shutdown()
 
@@ -423,14 +431,18 @@ def test_no_lighthouse_anywhere(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_unsupported_layouts_are_refused() -> None:
     from lockstep import Accelerator, ParallelismConfig
+    from lockstep.backends.ft.layer import fault_tolerance_hooks
 
-    state = PartialState(cpu=True)
+    # DeepSpeed's engine needs its package and a GPU to build: the layer's refusal, asked of a stand-in run.
+    deepspeed_run = SimpleNamespace(
+        state=SimpleNamespace(deepspeed_plugins={"default": object()}), parallelism_config=None
+    )
     with pytest.raises(ValueError, match=r"fault_tolerance=\.\.\.\) with DeepSpeed .* is not supported yet"):
-        select_backend(state, deepspeed_plugins={"default": object()}, plugins=(_config(),))
+        fault_tolerance_hooks(_config(), deepspeed_run)
     with pytest.raises(ValueError, match=r"with a ParallelismConfig \(pipeline.* is not supported yet"):
-        select_backend(state, parallelism_config=ParallelismConfig(), plugins=(_config(),))
+        Accelerator(cpu=True, parallelism_config=ParallelismConfig(), fault_tolerance=_config())
     with pytest.raises(
         TypeError,
-        match=r"Accelerator\(fault_tolerance=\{\}\) takes a FaultToleranceConfig \(the fault_tolerant",
+        match=r"Accelerator\(fault_tolerance=\{\}\) takes a FaultToleranceConfig \(the fault_tolerance",
     ):
         Accelerator(cpu=True, fault_tolerance={})

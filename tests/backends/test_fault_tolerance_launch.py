@@ -31,10 +31,11 @@ import json
 import torch
 from torch.utils.data import DataLoader
 from lockstep import Accelerator
+from lockstep.backends import LiveRecovery
 
 torch.set_num_threads(1)
 accelerator = Accelerator()
-backend = accelerator.backend
+layer = accelerator.capability(LiveRecovery)
 torch.manual_seed(0)
 model = torch.nn.Linear(4, 1)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -47,11 +48,11 @@ for step, batch in zip(range(3), data):
     optimizer.step()
     optimizer.zero_grad()
     ids.append(batch.tolist())
-report = {"backend": type(backend).__name__, "group": backend.config.replica_group,
-          "lighthouse": backend.config.lighthouse, "steps": backend.committed_steps, "ids": ids,
+report = {"layer": type(layer).__name__, "group": layer.config.replica_group,
+          "lighthouse": layer.config.lighthouse, "steps": layer.committed_steps, "ids": ids,
           "weight": model.weight.detach().flatten().tolist()}
 print("REPORT " + json.dumps(report), flush=True)
-backend.close()
+layer.close()
 """
 GROUP = ["--fault-tolerance", "--num-replica-groups", "2", "--cpu"]
 FIRST = ["--replica-group", "0", "--min-replicas", "2", "--lighthouse-port", "0"]
@@ -151,7 +152,7 @@ def test_one_launch_starts_the_lighthouse_and_another_joins_it(tmp_path: Path) -
             first.wait()
     reports = _reports((tmp_path / "first.out").read_text()) + _reports(second.stdout)
     assert [r["group"] for r in reports] == [0, 1]
-    assert all(r["backend"] == "FaultTolerantBackend" and r["lighthouse"] == address for r in reports)
+    assert all(r["layer"] == "FaultTolerance" and r["lighthouse"] == address for r in reports)
     assert all(r["steps"] == 3 for r in reports)
     ids = sorted(i for r in reports for batch in r["ids"] for i in batch)
     assert ids == list(range(12))  # the two groups shared each step's batches: 3 steps x 2 groups x 2
@@ -208,7 +209,7 @@ def test_one_launch_runs_every_group_on_this_machine(tmp_path: Path) -> None:
 
 
 WAITING_SCRIPT = SCRIPT.replace(
-    "backend.close()", "print('WAITING', flush=True)\n__import__('time').sleep(120)"
+    "layer.close()", "print('WAITING', flush=True)\n__import__('time').sleep(120)"
 )
 """Trains, reports, then waits (it never asks should_stop, so SIGTERM ends it)."""
 

@@ -25,6 +25,7 @@ SAVE_AT, STEPS = 3, 5
 
 def main(phase: str, checkpoint: str, outdir: Path) -> None:
     from lockstep import Accelerator
+    from lockstep.backends import LiveRecovery
 
     accelerator = Accelerator()
     net = model(0 if phase == "save" else 5)
@@ -32,19 +33,19 @@ def main(phase: str, checkpoint: str, outdir: Path) -> None:
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=GAMMA)
     loader = DataLoader(torch.arange(BATCH * 64), batch_size=BATCH)
     net, optimizer, loader, scheduler = accelerator.prepare(net, optimizer, loader, scheduler)
-    backend = accelerator.backend
+    layer = accelerator.capability(LiveRecovery)
     if phase == "load":
         accelerator.load_state(checkpoint)
     batches, lines = iter(loader), []
-    while (step := backend.committed_steps) < STEPS:
+    while (step := layer.committed_steps) < STEPS:
         lines.append(train_step(accelerator, net, optimizer, scheduler, loader, next(batches), step))
-        if phase == "save" and backend.committed_steps == SAVE_AT:
+        if phase == "save" and layer.committed_steps == SAVE_AT:
             accelerator.save_state(checkpoint)
     weights = {key: value.detach().clone() for key, value in accelerator.get_state_dict(net).items()}
-    record = {"steps": backend.committed_steps, "lines": lines, "weights": weights}
+    record = {"steps": layer.committed_steps, "lines": lines, "weights": weights}
     torch.save(record, outdir / f"{phase}{accelerator.process_index}.pt")
     accelerator.wait_for_everyone()
-    backend.close()
+    layer.close()
 
 
 if __name__ == "__main__":

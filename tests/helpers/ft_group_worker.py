@@ -56,13 +56,14 @@ def _arguments(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str]) -> None:
     from lockstep import Accelerator
+    from lockstep.backends import LiveRecovery
 
     args = _arguments(argv)
     accelerator = Accelerator()
-    backend = accelerator.backend
+    layer = accelerator.capability(LiveRecovery)
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     group, rank, processes = (
-        backend.config.replica_group,
+        layer.config.replica_group,
         accelerator.process_index,
         accelerator.num_processes,
     )
@@ -70,7 +71,7 @@ def main(argv: list[str]) -> None:
     net = model(args.seed if attempt == 0 else args.relaunch_seed)
     optimizer = torch.optim.SGD(net.parameters(), lr=LR, momentum=MOMENTUM)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=GAMMA)
-    slots = backend.config.num_replica_groups * processes
+    slots = layer.config.num_replica_groups * processes
     loader = DataLoader(torch.arange(BATCH * epoch_batches(slots, args.steps)), batch_size=BATCH)
     evaluation = DataLoader(torch.arange(EVAL_SAMPLES), batch_size=BATCH)
     net, optimizer, loader, scheduler, evaluation = accelerator.prepare(
@@ -78,11 +79,11 @@ def main(argv: list[str]) -> None:
     )
     _train(accelerator, net, optimizer, scheduler, loader, name, args.steps)
     weights = {k: v.detach().clone() for k, v in accelerator.get_state_dict(net).items()}
-    record = {"pid": os.getpid(), "heal": backend.last_heal, "weights": weights if rank == 0 else None}
+    record = {"pid": os.getpid(), "heal": layer.last_heal, "weights": weights if rank == 0 else None}
     record["evaluated"] = _evaluate(accelerator, net, evaluation)
     torch.save(record, f"{name}.pt")
     accelerator.wait_for_everyone()
-    backend.close()
+    layer.close()
 
 
 def _evaluate(accelerator: Any, net: Any, evaluation: Any) -> dict[str, Any]:
@@ -106,8 +107,10 @@ def _train(
     name: Path,
     steps: int,
 ) -> None:
-    backend, batches = accelerator.backend, iter(loader)
-    while (step := backend.committed_steps) < steps:
+    from lockstep.backends import LiveRecovery
+
+    layer, batches = accelerator.capability(LiveRecovery), iter(loader)
+    while (step := layer.committed_steps) < steps:
         ids = next(batches, None)
         if ids is None:  # the epoch ended: the next one
             batches = iter(loader)

@@ -130,6 +130,7 @@ def _arguments(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str]) -> None:
     from lockstep import Accelerator, ProjectConfiguration
+    from lockstep.backends import LiveRecovery
     from lockstep.backends.ft import FaultToleranceConfig
 
     args = _arguments(argv)
@@ -150,18 +151,18 @@ def main(argv: list[str]) -> None:
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=GAMMA)
     loader = DataLoader(torch.arange(BATCH * epoch_batches(args.groups, args.steps)), batch_size=BATCH)
     net, optimizer, loader, scheduler = accelerator.prepare(net, optimizer, loader, scheduler)
-    backend = accelerator.backend
+    layer = accelerator.capability(LiveRecovery)
     resumed = accelerator.resume_from_latest_checkpoint() if args.project else None
-    resumed_at = backend.committed_steps
+    resumed_at = layer.committed_steps
     try:
         log = _train(accelerator, net, optimizer, scheduler, loader, args)
     except RuntimeError as error:  # the lighthouse was lost: the message and the step, for the test
-        Path(f"{out}.error").write_text(f"{backend.committed_steps}\n{error}")
+        Path(f"{out}.error").write_text(f"{layer.committed_steps}\n{error}")
         raise
     weights = {k: v.clone() for k, v in net.state_dict().items()}
-    record = {"weights": weights, "pid": os.getpid(), "heal": backend.last_heal, "log": log}
+    record = {"weights": weights, "pid": os.getpid(), "heal": layer.last_heal, "log": log}
     torch.save({**record, "resumed": resumed, "resumed_at": resumed_at}, out)
-    backend.close()
+    layer.close()
 
 
 def train_step(
@@ -176,6 +177,8 @@ def train_step(
     """One step on the batch ``ids`` (clipped, then the schedule); its line: ``step`` (committed steps before
     it), ``committed``, ``participants`` (groups), ``readers`` (processes that read a batch), ``ids`` and the
     loader's draw."""
+    from lockstep.backends import LiveRecovery
+
     draw = loader.steps.last
     accelerator.backward(loss_of(net, ids))
     accelerator.clip_grad_norm_(net.parameters(), MAX_NORM)
@@ -185,7 +188,7 @@ def train_step(
     return {
         "step": step,
         "committed": not optimizer.step_was_skipped,
-        "participants": accelerator.backend.participants,
+        "participants": accelerator.capability(LiveRecovery).participants,
         "ids": ids.tolist(),
         "readers": draw["participants"],  # the processes that read a batch this step
         **{key: draw[key] for key in ("epoch", "consumed", "rank", "batch", "padded")},
@@ -194,9 +197,11 @@ def train_step(
 
 def _train(accelerator: Any, net: nn.Module, optimizer: Any, scheduler: Any, loader: Any, args: Any) -> int:
     """The loop until torchft's step count reaches ``args.steps`` (over epochs); returns the iterations run."""
-    backend = accelerator.backend
+    from lockstep.backends import LiveRecovery
+
+    layer = accelerator.capability(LiveRecovery)
     iterations, batches = 0, iter(loader)
-    while (step := backend.committed_steps) < args.steps:
+    while (step := layer.committed_steps) < args.steps:
         ids = next(batches, None)
         if ids is None:  # the epoch ended: the next one
             batches = iter(loader)

@@ -37,6 +37,7 @@ def loss_of(module: nn.Module, inputs: torch.Tensor) -> torch.Tensor:
 
 def main(group: int, groups: int, lighthouse: str, steps: int, out: str, pause: float = 0.0) -> None:
     from lockstep import Accelerator
+    from lockstep.backends import LiveRecovery
     from lockstep.backends.ft import FaultToleranceConfig
 
     config = FaultToleranceConfig(
@@ -55,13 +56,13 @@ def main(group: int, groups: int, lighthouse: str, steps: int, out: str, pause: 
         accelerator.clip_grad_norm_(net.parameters(), MAX_NORM)
         optimizer.step()
         optimizer.zero_grad()
-        log.append((not optimizer.step_was_skipped, accelerator.backend.participants))
+        log.append((not optimizer.step_was_skipped, accelerator.capability(LiveRecovery).participants))
         with open(f"{out}.steps", "a") as progress:  # the test kills a group once it has stepped enough
             progress.write(f"{step}\n")
         time.sleep(pause)  # leaves the test time to kill a group between two steps
     weights = {k: v.clone() for k, v in net.state_dict().items()}
     torch.save({"weights": weights, "pid": os.getpid(), "log": log}, out)
-    accelerator.backend.close()
+    accelerator.capability(LiveRecovery).close()
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from lockstep import Accelerator
+from lockstep.backends import LiveRecovery
 
 SAMPLES, BATCH = 96, 4
 EPOCHS = int(os.environ.get("FT_EPOCHS", "300"))
@@ -48,7 +49,7 @@ def main() -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     train_dl = DataLoader(torch.arange(SAMPLES), batch_size=BATCH, shuffle=True)
     model, optimizer, train_dl = accelerator.prepare(model, optimizer, train_dl)
-    backend = accelerator.backend
+    layer = accelerator.capability(LiveRecovery)
     kill = first_life and group == int(os.environ.get("FT_KILL_GROUP", "-1"))
     steps = 0
     with open(f"{out}/g{group}.{os.getpid()}.jsonl", "a") as log:
@@ -56,7 +57,7 @@ def main() -> None:
             if os.environ.get("FT_SET_EPOCH"):
                 train_dl.set_epoch(epoch)
             for batch in train_dl:
-                before = backend.committed_steps
+                before = layer.committed_steps
                 accelerator.backward(model(inputs_of(batch)).pow(2).mean())
                 optimizer.step()
                 optimizer.zero_grad()
@@ -74,7 +75,7 @@ def main() -> None:
         key: value.detach().clone() for key, value in accelerator.unwrap_model(model).state_dict().items()
     }
     torch.save(weights, f"{out}/g{group}.pt")
-    backend.close()
+    layer.close()
 
 
 if __name__ == "__main__":

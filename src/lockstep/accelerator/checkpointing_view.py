@@ -33,6 +33,8 @@ class CheckpointingView:
         step_timer: counts the time spent checkpointing.
         keep_global_batch: ``Accelerator(elastic_keep_global_batch=...)``.
         record_event: writes a text event to the run's trackers (the restart line of a resized load).
+        live_recovery: the live recovery of this run (fault tolerance's layer), or None, asked at each save
+            and load.
     """
 
     def __init__(
@@ -46,7 +48,9 @@ class CheckpointingView:
         step_timer: Any,
         keep_global_batch: bool = False,
         record_event: Callable[[str, int | None], None] | None = None,
+        live_recovery: Callable[[], Any] = lambda: None,
     ) -> None:
+        self._live_recovery = live_recovery
         self._keep_global_batch = keep_global_batch
         self._record_event = record_event
         self._prepared = prepared
@@ -73,6 +77,7 @@ class CheckpointingView:
                 accumulation=self._accumulation,
                 keep_global_batch=self._keep_global_batch,
                 record_event=self._record_event,
+                live_recovery=self._live_recovery,
             )
         return self._manager
 

@@ -79,6 +79,8 @@ class CheckpointManager:
         keep_global_batch: on a resume on another number of processes, keep the global batch by changing the
             accumulation steps (:mod:`lockstep.accelerator.elastic_resume`).
         record_event: writes a text event to the run's trackers: the restart line of such a resume.
+        live_recovery: the live recovery of this run (fault tolerance's layer, which keeps torchft's committed
+            steps in every checkpoint), or None.
     """
 
     def __init__(
@@ -91,7 +93,9 @@ class CheckpointManager:
         accumulation: GradientAccumulation,
         keep_global_batch: bool = False,
         record_event: Callable[[str, int | None], None] | None = None,
+        live_recovery: Callable[[], LiveRecovery | None] = lambda: None,
     ) -> None:
+        self.live_recovery = live_recovery
         self.keep_global_batch = keep_global_batch
         self.record_event = record_event
         self.prepared = prepared
@@ -170,7 +174,7 @@ class CheckpointManager:
         optimizers = list(self.prepared.optimizers)
         if all(hasattr(o, "steps_taken") for o in optimizers):
             counters[OPTIMIZER_STEPS_COUNTER] = [o.steps_taken for o in optimizers]
-        live = self.backend.capability(LiveRecovery)
+        live = self.live_recovery()
         if live is not None:  # fault tolerance: torchft's committed steps, so a full restart continues them
             counters[live.progress_key] = live.saved_progress()
         return TrainingObjects(
@@ -423,7 +427,7 @@ class CheckpointManager:
         for optimizer, taken in zip(self.prepared.optimizers, counters.get(OPTIMIZER_STEPS_COUNTER, [])):
             if hasattr(optimizer, "steps_taken"):
                 optimizer.steps_taken = int(taken)
-        live = self.backend.capability(LiveRecovery)
+        live = self.live_recovery()
         if live is not None and live.progress_key in counters:
             live.load_saved_progress(counters[live.progress_key])
         script_steps = self.accumulation.num_steps  # before a resize changes it to keep the global batch

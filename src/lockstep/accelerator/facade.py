@@ -59,7 +59,7 @@ from lockstep.accelerator.settings import (
 from lockstep.accelerator.settings_view import SettingsView
 from lockstep.accelerator.trackers import Trackers
 from lockstep.accelerator.tracking_view import TrackingView
-from lockstep.backends.capabilities import NO_PIPELINE, C, JointPreparation, PipelineSchedule
+from lockstep.backends.capabilities import NO_PIPELINE, C, JointPreparation, LiveRecovery, PipelineSchedule
 from lockstep.backends.registry import select_backend
 from lockstep.config.backend_specs import BackendSpec, given_add_ons
 from lockstep.config.dataloader import DataLoaderConfiguration
@@ -225,10 +225,14 @@ class Accelerator:
             step_timer=self._step_timer,
             keep_global_batch=elastic_keep_global_batch,
             record_event=self._trackers.record_event,
+            live_recovery=lambda: self.capability(LiveRecovery),
         )
-        self._live = share_live_state(self.backend, self._prepared, self._accumulation)  # fault tolerance
         self._preemption = PreemptionWatcher(preemption_signals, preemption_grace_period)
         self._step_hooks = self._build_step_hooks()
+        # Fault tolerance: what a healing replica group takes from a live peer besides models and optimizers.
+        self._live = share_live_state(
+            self.capability(LiveRecovery), self.backend.precision.scaler, self._prepared, self._accumulation
+        )
         self._preparer = self._build_preparer(
             device_placement=device_placement, step_scheduler_with_optimizer=step_scheduler_with_optimizer
         )
@@ -284,16 +288,13 @@ class Accelerator:
 
     def _build_step_hooks(self) -> StepHooks:
         """The layers on from the start, in this order: the step timer, the hang watchdog's progress note,
-        the backend's own (fault tolerance's commit answer)."""
+        then the registered layers this run asks for (fault tolerance, ...: :mod:`lockstep.config.layer_specs`)."""
         hooks = StepHooks()
         if isinstance(self._step_timer, StepHook):  # step timing on
             hooks.add(self._step_timer)
         watchdog = self._start_hang_watchdog()
         if watchdog is not None:
             hooks.add(watchdog)
-        layer = self.backend.capability(StepHook)
-        if layer is not None:
-            hooks.add(layer)
         for spec, plugin in self._layers:  # registered layers (lockstep.config.layer_specs), by name
             for hook in spec.build_hooks(plugin, self):
                 hooks.add(hook)
@@ -624,16 +625,18 @@ class Accelerator:
         return any(optimizer.step_was_skipped for optimizer in self._prepared.optimizers)
 
     def capability(self, kind: type[C]) -> C | None:
-        """What only some backends can do, if this one can (``lockstep.backends.PipelineSchedule``,
-        ``ContextParallel``, ``JointPreparation``, ``ShardedCheckpointIO``, ``TrainingStateTransfer``): the
-        object that does it, or None. A lockstep extension: ask it instead of which backend is active.
+        """What only some backends or layers can do, if this run can (``lockstep.backends.PipelineSchedule``,
+        ``ContextParallel``, ``JointPreparation``, ``ShardedCheckpointIO``, ``LiveRecovery``): the object that
+        does it (the backend's, else a step hook's), or None. A lockstep extension: ask it instead of which
+        backend or layer is active.
 
         Example:
             >>> from lockstep.backends import PipelineSchedule
             >>> Accelerator(cpu=True).capability(PipelineSchedule) is None
             True
         """
-        return self.backend.capability(kind)
+        found = self.backend.capability(kind)
+        return found if found is not None else self._step_hooks.capability(kind)
 
     @property
     def deepspeed_engine_wrapped(self) -> Any:
@@ -895,6 +898,7 @@ class Accelerator:
         """Clip the gradient norm (after unscaling under fp16); returns the total norm before clipping."""
         parameters = list(parameters)
         self.unscale_gradients()
+        self._step_hooks.before_clip()  # a layer's change of the step's gradients (fault tolerance's average)
         return self.backend.clip_grad_norm_(parameters, max_norm, norm_type)
 
     def clip_grad_value_(self, parameters: Iterable[torch.Tensor], clip_value: float) -> None:

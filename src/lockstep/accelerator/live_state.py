@@ -1,6 +1,6 @@
 """The Accelerator's own training state, shared with a backend that heals replica groups from live peers.
 
-A backend with the :class:`~lockstep.backends.capabilities.LiveRecovery` capability (fault tolerance on
+A run with the :class:`~lockstep.backends.capabilities.LiveRecovery` capability (fault tolerance's layer, on
 torchft) moves the models and optimizers itself. What the Accelerator holds besides is shared here, so that a
 group that (re)joins continues exactly where its peers stand:
 
@@ -93,14 +93,13 @@ def _load_each(what: str, targets: Sequence[Any], states: Sequence[Any]) -> None
 
 
 def share_live_state(
-    backend: Any, prepared: PreparedObjects, accumulation: GradientAccumulation
+    live: LiveRecovery | None, scaler: Any, prepared: PreparedObjects, accumulation: GradientAccumulation
 ) -> LiveRecovery | None:
-    """Share the Accelerator's state with ``backend`` when it heals groups from live peers; returns its
-    :class:`LiveRecovery` (None when it has none)."""
-    live = backend.capability(LiveRecovery)
+    """Share the Accelerator's state with ``live``, the run's live recovery (fault tolerance's layer), if any;
+    returns it. ``scaler`` is the backend's fp16 GradScaler, if any."""
     if live is None:
         return None
-    state = LiveTrainingState(prepared, backend.precision.scaler, accumulation)
+    state = LiveTrainingState(prepared, scaler, accumulation)
     live.share_training_state(POSITIONS_KEY, state.positions, state.load_positions, at_step_end=True)
     live.share_training_state(STATE_KEY, state.state_dict, state.load_state_dict)
     return live

@@ -137,6 +137,8 @@ class Preparer:
             model, device_placement=placement, evaluation_mode=evaluation_mode
         )
         self.prepared.models.append(prepared)
+        if not evaluation_mode:
+            self.step_hooks.prepared_model(prepared)
         return prepared
 
     def optimizer(
@@ -146,8 +148,10 @@ class Preparer:
         if isinstance(optimizer, AcceleratedOptimizer):
             return optimizer
         _reject_lomo(optimizer)
+        inner = self.backend.prepare_optimizer(optimizer)
+        self.step_hooks.prepared_optimizer(inner)
         prepared = AcceleratedOptimizer(
-            self.backend.prepare_optimizer(optimizer),
+            inner,
             self._placement(device_placement),
             scaler=self.backend.precision.scaler,
             device=self.state.device,
@@ -229,7 +233,9 @@ class Preparer:
         if self.prepared.has_dataloader(data_loader):
             return data_loader
         config = self.settings.dataloader_config
-        assignment = self.backend.capability(StepDataAssignment)
+        assignment = self.backend.capability(StepDataAssignment) or self.step_hooks.capability(
+            StepDataAssignment
+        )
         if assignment is not None:  # fault tolerance: each step's batches over that step's replicas
             device = self.state.device if self._placement(device_placement) else None
             prepared = assignment.prepare_data_loader(data_loader, device=device, config=config)

@@ -67,15 +67,14 @@ def select_backend(
     return build_backend(request)
 
 
-def build_backend(request: BackendRequest, *, skip: tuple[str, ...] = ()) -> Backend:
-    """Build the first registered backend that applies to ``request``, leaving out those named in ``skip``
-    (a backend that layers itself over another, such as fault tolerance, builds the one beneath this way).
+def build_backend(request: BackendRequest) -> Backend:
+    """Build the first registered backend that applies to ``request``.
 
     Raises:
         RuntimeError: no registered backend applies.
     """
     for spec in backend_specs():
-        if spec.name not in skip and spec.applies(request):
+        if spec.applies(request):
             backend = spec.build_backend(request)
             if not isinstance(backend, Backend):
                 raise TypeError(

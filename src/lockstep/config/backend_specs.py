@@ -6,7 +6,8 @@ of a config file that mean it, its config-file section and key table, its launch
 (a predicate over the :class:`BackendRequest`) and how it builds itself. Everything that used to ask
 "which backend?" iterates over :func:`backend_specs` instead: the backend registry
 (:func:`lockstep.backends.registry.select_backend`), the config file's sections, the launch flags and the
-launcher's checks, ``lockstep env``.
+launcher's checks, ``lockstep env``. What goes beside the chosen backend (fault tolerance) is a layer, with
+the same :class:`~lockstep.config.vocabulary.Vocabulary`: :mod:`lockstep.config.layer_specs`.
 
 Built-in specs are found by looking for ``spec`` modules in the subpackages of ``lockstep.backends`` (a
 new way to train is one folder: nothing lists it); installed packages add theirs through the
@@ -20,27 +21,22 @@ so must every ``spec.py``.
 
 Example:
     >>> [spec.name for spec in backend_specs()][:3]
-    ['fault_tolerant', 'deepspeed', 'pipeline']
+    ['deepspeed', 'pipeline', 'nd']
     >>> spec_for_distributed_type("FSDP").config_section
     'fsdp_config'
 """
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import json
-import pkgutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from lockstep.config.enums import DistributedType
 from lockstep.config.layer_specs import layer_specs
-from lockstep.config.vocabulary import Vocabulary, resolve_target
+from lockstep.config.vocabulary import Vocabulary, import_built_in_specs, resolve_target
 
-BUILT_IN_PACKAGE = "lockstep.backends"
-"""The package whose subpackages with a ``spec`` module are the built-in backends."""
 ENTRY_POINT_GROUP = "lockstep.backends"
 """The entry-point group an installed package registers its backend specs under (each entry point names a
 module that registers on import, or a callable returning a :class:`BackendSpec`)."""
@@ -122,9 +118,9 @@ class BackendSpec(Vocabulary):
     wizard: Callable[[Any], dict[str, Any]] | None = None
     """``lockstep config``'s questions for it: ``wizard(ask)`` returns its config section (``ask`` is
     :data:`lockstep.config.answers.Ask`); None: the wizard does not offer it."""
-    add_on: bool = False
-    """Its section is chosen by its switch or its flags, not by ``distributed_type``, and goes to the workers
-    beside the distributed type's (fault tolerance: each replica group is an ordinary job)."""
+    add_on: ClassVar[bool] = False
+    """A backend is chosen by ``distributed_type`` (or its switch); what goes beside it is a layer
+    (:class:`~lockstep.config.layer_specs.LayerSpec`, whose ``add_on`` is True)."""
 
     def build_backend(self, request: BackendRequest) -> Any:
         return resolve_target(self.build)(request)
@@ -197,9 +193,9 @@ def spec_for_distributed_type(distributed_type: str | DistributedType | None) ->
 
 
 def add_on_specs() -> list[Vocabulary]:
-    """What goes beside the chosen backend when asked for: the add-on backends (fault tolerance), then the
-    layers (:mod:`lockstep.config.layer_specs`)."""
-    return [*(spec for spec in backend_specs() if spec.add_on), *layer_specs()]
+    """What goes beside the chosen backend when asked for: the layers (:mod:`lockstep.config.layer_specs`;
+    fault tolerance is one)."""
+    return list(layer_specs())
 
 
 def sectioned_specs() -> list[Vocabulary]:
@@ -239,7 +235,7 @@ def given_add_ons(given: Mapping[str, Any], launch: Mapping[str, Any]) -> list[t
         >>> given_add_ons({"fault_tolerance": {}}, {})
         Traceback (most recent call last):
         ...
-        TypeError: Accelerator(fault_tolerance={}) takes a FaultToleranceConfig (the fault_tolerant add-on's plugin), got a dict.
+        TypeError: Accelerator(fault_tolerance={}) takes a FaultToleranceConfig (the fault_tolerance add-on's plugin), got a dict.
     """
     specs = {spec.accelerator_argument: spec for spec in add_on_specs() if spec.accelerator_argument}
     unknown = sorted(set(given) - set(specs))
@@ -330,16 +326,7 @@ def _discover() -> None:
     if _REGISTRY.discovered:
         return
     _REGISTRY.discovered = True
-    # By name, as an entry point is loaded: config/ never imports backends/ (the specs import config/).
-    package = importlib.util.find_spec(BUILT_IN_PACKAGE)
-    folders = list(package.submodule_search_locations or []) if package is not None else []
-    for info in sorted(pkgutil.iter_modules(folders), key=lambda i: i.name):
-        if info.ispkg:
-            try:
-                importlib.import_module(f"{BUILT_IN_PACKAGE}.{info.name}.spec")
-            except ModuleNotFoundError as error:
-                if error.name != f"{BUILT_IN_PACKAGE}.{info.name}.spec":
-                    raise
+    import_built_in_specs()
     _load_entry_points()
 
 

@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from lockstep.config.vocabulary import Vocabulary, resolve_target
+from lockstep.config.vocabulary import Vocabulary, import_built_in_specs, resolve_target
 
 ENTRY_POINT_GROUP = "lockstep.layers"
 """The entry-point group an installed package registers its layers under."""
@@ -106,6 +106,8 @@ def layer_specs() -> list[LayerSpec]:
     if not _REGISTRY.discovered:
         _REGISTRY.discovered = True
         from lockstep.entry_points import loaded_specs
+
+        import_built_in_specs()  # fault tolerance's spec registers its layer
 
         for spec in loaded_specs(ENTRY_POINT_GROUP, LayerSpec):
             register_layer(spec, replace=True)

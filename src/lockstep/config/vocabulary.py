@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.util
+import pkgutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -75,6 +77,25 @@ class Vocabulary:
 
     def resolved_plugin_type(self) -> type | None:
         return None if self.plugin_type is None else resolve_target(self.plugin_type)
+
+
+BUILT_IN_PACKAGE = "lockstep.backends"
+"""The package whose subpackages hold the built-in extensions, each with a ``spec`` module that registers its
+vocabulary on import (a backend's ``BackendSpec``, or a layer's ``LayerSpec``: fault tolerance)."""
+
+
+def import_built_in_specs() -> None:
+    """Import every built-in extension's ``spec`` module, by name (``config/`` never imports ``backends/``: the
+    specs import ``config/``), so that each registers itself; a folder is an extension, nothing lists it."""
+    package = importlib.util.find_spec(BUILT_IN_PACKAGE)
+    folders = list(package.submodule_search_locations or []) if package is not None else []
+    for info in sorted(pkgutil.iter_modules(folders), key=lambda i: i.name):
+        if info.ispkg:
+            try:
+                importlib.import_module(f"{BUILT_IN_PACKAGE}.{info.name}.spec")
+            except ModuleNotFoundError as error:
+                if error.name != f"{BUILT_IN_PACKAGE}.{info.name}.spec":
+                    raise
 
 
 def resolve_target(target: Any) -> Any:

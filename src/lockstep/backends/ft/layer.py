@@ -1,8 +1,9 @@
-"""Replica groups that average gradients through torchft's per-step quorum.
+"""Replica groups that average gradients through torchft's per-step quorum: a layer of step hooks.
 
 Each replica group is an ordinary lockstep job of one or more processes, trained inside by the backend the
-settings choose without fault tolerance (one process, DDP or FSDP2: the *inner* backend); this backend is a
-layer over it that adds the step's quorum, the average across groups and the heal. Per optimizer step:
+settings choose (one process, DDP or FSDP2); this layer, one of the Accelerator's step hooks
+(:mod:`lockstep.step_hooks`), adds the step's quorum, the average across groups and the heal, and never wraps
+the backend. Per optimizer step:
 
 1. the step's quorum is asked of the lighthouse and waited for (``Manager.start_quorum`` with
    ``use_async_quorum=False``): when the ``prepare`` call that holds the optimizer returns (the first step),
@@ -12,7 +13,7 @@ layer over it that adds the step's quorum, the average across groups and the hea
    torchft sends it the peer's models, optimizer and step count, and the Accelerator's loader positions,
    schedulers, registered objects and counters (:mod:`lockstep.accelerator.live_state`), so every group in
    the quorum computes a real gradient on the same weights and no group's batch is replaced by zeros;
-2. ``optimizer.step()`` all-reduces the gradients over the groups in the quorum, after the inner backend
+2. ``optimizer.step()`` all-reduces the gradients over the groups in the quorum, after the backend
    averaged them inside the group (one flat buffer per dtype, summed, divided by the participants; rank
    ``r`` of each group with rank ``r`` of the others, on its own shard under FSDP2), then asks every
    process of every group whether the step commits
@@ -29,25 +30,23 @@ import contextlib
 import logging
 import os
 import weakref
-from collections.abc import Callable, Iterable, Sequence
-from pathlib import Path
-from typing import Any, TypeVar, final
+from collections.abc import Callable, Iterator
+from typing import Any, final
 
 import torch
 from torch import nn
 
-from lockstep.backends.base import Backend, DataShard
+from lockstep.backends.base import Backend
 from lockstep.backends.capabilities import LiveRecovery, StepDataAssignment
 from lockstep.backends.ft.config import FaultToleranceConfig
 from lockstep.backends.ft.data import GroupReading, StepBatches, quorum_loader
 from lockstep.backends.ft.job_start import JobStart
+from lockstep.backends.ft.launch import PIP_LINE
 from lockstep.backends.ft.manager import shut_down, start_manager
 from lockstep.backends.ft.optimizer import average_gradients, trained_parameters
 from lockstep.errors import ReplicaQuorumError
 from lockstep.state import PartialState
 from lockstep.step_hooks import StepHook
-
-C = TypeVar("C")
 
 logger = logging.getLogger("lockstep.backends")
 PEER_KEY = "lockstep_peer"
@@ -55,23 +54,24 @@ PEER_KEY = "lockstep_peer"
 
 
 @final
-class FaultTolerantBackend(Backend, LiveRecovery, StepDataAssignment, StepHook):
+class FaultTolerance(LiveRecovery, StepDataAssignment, StepHook):
     """A replica per group; gradients averaged across the live groups of each step (torchft).
 
-    It is one of the Accelerator's step hooks too (:mod:`lockstep.step_hooks`): its commit answer averages
-    the step's gradients over the quorum and asks every group whether the step is applied.
+    Its step-hook moments: a prepared model and optimizer are sent to healing peers (and a training forward
+    joins the step's quorum), ``backward`` joins it too, clipping averages the step's gradients over the
+    quorum first, and the commit answer averages them (unless clipping did) and asks every group whether
+    the step is applied. It deals each step's batches to prepared loaders (:class:`StepDataAssignment`) and
+    heals a group from a live peer (:class:`LiveRecovery`).
 
     Args:
         state: the process state (the processes of this replica group).
         config: which group this is and which lighthouse keeps the quorum.
-        inner: the backend that trains the replica inside the group (one process, DDP or FSDP2): it places,
-            wraps, synchronises, clips and checkpoints as without fault tolerance.
+        backend: the backend that trains the replica inside the group (one process, DDP or FSDP2).
     """
 
-    def __init__(self, state: PartialState, *, config: FaultToleranceConfig, inner: Backend) -> None:
-        super().__init__(state, precision=inner.precision, dynamo_plugin=inner.dynamo_plugin)
-        self.inner = inner
-        self.distributed_type = inner.distributed_type
+    def __init__(self, state: PartialState, *, config: FaultToleranceConfig, backend: Backend) -> None:
+        self.state = state
+        self.backend = backend
         self.config = config
         self.manager, store = start_manager(config, config.lighthouse_address(), state)
         self._finalizer = weakref.finalize(self, shut_down, self.manager, store)
@@ -96,31 +96,14 @@ class FaultTolerantBackend(Backend, LiveRecovery, StepDataAssignment, StepHook):
         self.manager.register_state_dict_fn(PEER_KEY, self._note_heal, self._identity)
 
     def close(self) -> None:
-        """Leave the quorum, stop torchft's servers and drop its process group (also done when the backend is
+        """Leave the quorum, stop torchft's servers and drop its process group (also done when the layer is
         collected, or at exit)."""
         self._finalizer()
 
-    def capability(self, kind: type[C]) -> C | None:
-        """Live recovery, step-wise data and the step hook are this layer's; everything else is the inner
-        backend's."""
-        return self if isinstance(self, kind) else self.inner.capability(kind)
-
-    # -- data -------------------------------------------------------------------------------------
+    # -- data (StepDataAssignment) ------------------------------------------------------------------
     @property
     def _processes(self) -> int:
         return self.state.num_processes
-
-    def data_shard(self) -> DataShard:
-        """This process among every process of the groups the job starts with (prepared loaders deal each
-        step's batches over that step's participants instead: :meth:`prepare_data_loader`)."""
-        processes = self._processes
-        return DataShard(
-            index=self.config.replica_group * processes + self.state.process_index,
-            count=self.config.num_replica_groups * processes,
-        )
-
-    def data_parallel_group(self) -> Any:
-        return self.inner.data_parallel_group()
 
     def prepare_data_loader(self, data_loader: Any, *, device: torch.device | None, config: Any) -> Any:
         """A loader that reads, at each step, this process's global batch among the step's participants
@@ -152,7 +135,7 @@ class FaultTolerantBackend(Backend, LiveRecovery, StepDataAssignment, StepHook):
         A model counts as in eval mode when its wrapper or the module inside is (``unwrap_model(m).eval()``
         leaves a DDP wrapper's flag as it was)."""
         models = list(self._trained)
-        return bool(models) and not any(m.training and self.unwrap_model(m).training for m in models)
+        return bool(models) and not any(m.training and self.backend.unwrap_model(m).training for m in models)
 
     def _readers(self) -> tuple[int, int]:
         """Join this step's quorum; the processes that read a batch this step (every process of each
@@ -171,52 +154,33 @@ class FaultTolerantBackend(Backend, LiveRecovery, StepDataAssignment, StepHook):
             )
         return self.manager.num_participants(), rank
 
-    # -- models and optimizers (the inner backend's, then shared with healing peers) --------------
-    def prepare_model(
-        self, model: nn.Module, *, device_placement: bool, evaluation_mode: bool = False
-    ) -> nn.Module:
-        prepared = self.inner.prepare_model(
-            model, device_placement=device_placement, evaluation_mode=evaluation_mode
-        )
-        if not evaluation_mode:
-            # A healing process receives the replica from the same rank of a live peer group; under FSDP2
-            # that is its own shard (DTensors, which torchft's transport carries as they are).
-            key = f"model_{self._models}"
-            self.manager.register_state_dict_fn(key, prepared.load_state_dict, prepared.state_dict)
-            self._models += 1
-            self._trained.add(prepared)
-            prepared.register_forward_pre_hook(self._before_forward)
-        return prepared
-
-    def wrap_model(self, model: nn.Module) -> nn.Module:
-        return self.inner.wrap_model(model)
-
-    def unwrap_model(self, model: nn.Module, *, keep_torch_compile: bool = True) -> nn.Module:
-        return self.inner.unwrap_model(model, keep_torch_compile=keep_torch_compile)
-
-    def full_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
-        return self.inner.full_state_dict(model)
+    # -- models and optimizers (the backend's, then shared with healing peers) ---------------------
+    def prepared_model(self, model: object) -> None:
+        # A healing process receives the replica from the same rank of a live peer group; under FSDP2 that is
+        # its own shard (DTensors, which torchft's transport carries as they are).
+        assert isinstance(model, nn.Module)
+        self.manager.register_state_dict_fn(f"model_{self._models}", model.load_state_dict, model.state_dict)
+        self._models += 1
+        self._trained.add(model)
+        model.register_forward_pre_hook(self._before_forward)
 
     def _before_forward(self, module: nn.Module, args: Any) -> None:
         if module.training and torch.is_grad_enabled():
             self._start_quorum()
 
-    def prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    def prepared_optimizer(self, optimizer: object) -> None:
         if self._optimizer is not None:
             raise ValueError(
                 "Accelerator(fault_tolerance=...) steps one optimizer per replica group so far (each step is "
                 "one quorum and one commit); a second one was prepared. Put all parameters in one optimizer."
             )
-        optimizer = self.inner.prepare_optimizer(optimizer)
+        assert isinstance(optimizer, torch.optim.Optimizer)
         self.manager.register_state_dict_fn("optimizer", optimizer.load_state_dict, optimizer.state_dict)
         self._optimizer = optimizer
-        return optimizer
 
     # -- the step ---------------------------------------------------------------------------------
-    def scale_for_accumulation(self, loss: torch.Tensor, steps: int) -> torch.Tensor:
-        return self.inner.scale_for_accumulation(loss, steps)
-
-    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+    @contextlib.contextmanager
+    def around_backward(self) -> Iterator[None]:
         if any(loader.evaluation_pass for loader in self._loaders):
             raise RuntimeError(
                 "accelerator.backward() ran while a prepared loader was read as an evaluation pass: every "
@@ -225,31 +189,7 @@ class FaultTolerantBackend(Backend, LiveRecovery, StepDataAssignment, StepHook):
                 "training loader."
             )
         self._start_quorum()
-        self.inner.backward(loss, **kwargs)
-
-    def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager:
-        return self.inner.no_sync(model)
-
-    def sync_next_backward(self, model: nn.Module) -> contextlib.AbstractContextManager:
-        return self.inner.sync_next_backward(model)
-
-    # -- checkpoints: the inner backend's, within each group ---------------------------------------
-    def model_state_dicts(self, models: Sequence[nn.Module]) -> list[dict[str, torch.Tensor] | None]:
-        return self.inner.model_state_dicts(models)
-
-    def optimizer_states(self, optimizers: Sequence[Any]) -> list[Any]:
-        return self.inner.optimizer_states(optimizers)
-
-    def pending_gradients(
-        self, models: Sequence[nn.Module], *, mid_accumulation: bool
-    ) -> dict[str, torch.Tensor]:
-        return self.inner.pending_gradients(models, mid_accumulation=mid_accumulation)
-
-    def read_model_states(self, models: Any, optimizers: Any, folder: Path) -> Any:
-        return self.inner.read_model_states(models, optimizers, folder)
-
-    def restore_gradients(self, models: Sequence[nn.Module], gradients: dict[str, torch.Tensor]) -> None:
-        self.inner.restore_gradients(models, gradients)
+        yield
 
     @property
     def participants(self) -> int:
@@ -354,14 +294,11 @@ class FaultTolerantBackend(Backend, LiveRecovery, StepDataAssignment, StepHook):
             ) from error
         return True
 
-    def clip_grad_norm_(
-        self, parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float = 2.0
-    ) -> torch.Tensor:
-        """Clip the averaged gradients (as DDP does): the step's gradients are averaged across the groups
-        here, before the norm, instead of in ``optimizer.step()``."""
+    def before_clip(self) -> None:
+        """Average the step's gradients over the quorum before they are clipped (as DDP does), instead of in
+        the commit."""
         if self._optimizer is not None:
             self._average(trained_parameters(self._optimizer))
-        return self.inner.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
 
     def commit(self, optimizer: object) -> bool:
         """Average the step's gradients over the quorum (unless clipping did) and whether every group commits
@@ -390,3 +327,30 @@ class FaultTolerantBackend(Backend, LiveRecovery, StepDataAssignment, StepHook):
         # Where a group that heals before the next step starts (also after a discarded step).
         self._at_step_end = {key: state_dict() for key, state_dict in self._step_end.items()}
         return committed
+
+
+def fault_tolerance_hooks(config: FaultToleranceConfig, accelerator: Any) -> list[StepHook]:
+    """The layer for ``accelerator`` (its spec's hook builder: :mod:`lockstep.backends.ft.spec`).
+
+    Raises:
+        ValueError: a layout it does not support yet (DeepSpeed, a ParallelismConfig), by name.
+    """
+    unsupported = {
+        "DeepSpeed (deepspeed_plugin)": bool(accelerator.state.deepspeed_plugins),
+        "a ParallelismConfig (pipeline, tensor, context or sharded layouts)": (
+            accelerator.parallelism_config is not None
+        ),
+    }
+    for name, given in unsupported.items():
+        if given:
+            raise ValueError(
+                f"Accelerator(fault_tolerance=...) with {name} is not supported yet: each replica group trains "
+                "its replica on one process, or on several with DDP or FSDP. Drop one of the two settings."
+            )
+    try:
+        import torchft  # noqa: F401
+    except ImportError as error:
+        raise ImportError(
+            f"Accelerator(fault_tolerance=...) trains on torchft, which is not installed: {PIP_LINE}."
+        ) from error
+    return [FaultTolerance(accelerator.state, config=config, backend=accelerator.backend)]
