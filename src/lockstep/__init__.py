@@ -27,7 +27,7 @@ _EXPORTS = {
     "DistributedDataParallelKwargs": "lockstep.config",
     "DistributedType": "lockstep.config",
     "DynamoBackend": "lockstep.config",
-    "FullyShardedDataParallelPlugin": "lockstep.config",
+    "FullyShardedDataParallelPlugin": "lockstep.backends.fsdp.plugin",
     "GradScalerKwargs": "lockstep.config",
     "GradientAccumulationPlugin": "lockstep.config",
     "HangDetectionKwargs": "lockstep.diagnostics",
@@ -126,6 +126,7 @@ __all__ = [
 
 if TYPE_CHECKING:
     from lockstep.accelerator import Accelerator
+    from lockstep.backends.fsdp.plugin import FullyShardedDataParallelPlugin
     from lockstep.big_modeling import (
         cpu_offload,
         cpu_offload_with_hook,
@@ -142,7 +143,6 @@ if TYPE_CHECKING:
         DistributedDataParallelKwargs,
         DistributedType,
         DynamoBackend,
-        FullyShardedDataParallelPlugin,
         GradientAccumulationPlugin,
         GradScalerKwargs,
         InitProcessGroupKwargs,

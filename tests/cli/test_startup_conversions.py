@@ -15,7 +15,7 @@ for argv in (["to-fsdp2", "--help"], ["config", "update", "--help"], ["launch", 
         build_parser().parse_args(argv)
     except SystemExit:
         pass
-import lockstep.cli.launch_flags, lockstep.config.fsdp2_conversion, lockstep.cli._unsupported_flags
+import lockstep.cli.launch_flags, lockstep.backends.fsdp.to_fsdp2, lockstep.cli._unsupported_flags
 print("torch" in sys.modules)
 """
 

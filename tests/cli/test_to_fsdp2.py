@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import yaml
 
+from lockstep.backends.fsdp.to_fsdp2 import convert_to_fsdp2
 from lockstep.cli.main import main
 from lockstep.config.file import load_config_file
-from lockstep.config.fsdp2_conversion import convert_to_fsdp2
 
 # As `accelerate config` wrote an FSDP1 file.
 FSDP1_FILE = """\

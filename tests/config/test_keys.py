@@ -15,13 +15,13 @@ import sys
 
 import pytest
 
+from lockstep.backends.fsdp.plugin import _FSDP1_ONLY, FullyShardedDataParallelPlugin
 from lockstep.cli import launch_cmd
 from lockstep.cli._unsupported_flags import REFUSED_DEST
 from lockstep.cli.launch_cmd import BACKEND_FLAGS, add_launch_flags, given_flags, table_flags
 from lockstep.config import checks, file, fsdp_keys
 from lockstep.config.deepspeed import DEEPSPEED_KEYS
 from lockstep.config.file import ClusterConfig
-from lockstep.config.fsdp import _FSDP1_ONLY, FullyShardedDataParallelPlugin
 from lockstep.config.fsdp_keys import FSDP_KEYS, plugin_fields, plugin_kwargs
 from lockstep.config.keys import SettingKey, by_spelling, file_keys, flag_keys, section_kwargs
 from lockstep.config.plugins import DYNAMO_KEYS, TorchDynamoPlugin
@@ -189,7 +189,7 @@ def test_every_file_key_loads_through_from_config_section(key):
 
 
 def test_the_samples_cover_every_file_key():
-    assert set(FILE_SAMPLES) == set(file.BACKEND_SECTION_KEYS["fsdp_config"])
+    assert set(FILE_SAMPLES) == set(file.section_keys()["fsdp_config"])
 
 
 def test_from_config_section_takes_every_spelling_and_names_unknown_keys():
@@ -235,15 +235,13 @@ def test_plugin_fields_are_checked_and_in_the_plugins_form():
 
 
 def test_the_file_section_is_the_tables_file_keys():
-    assert file.BACKEND_SECTION_KEYS["fsdp_config"] == file_keys(FSDP_KEYS)
-    assert file.BACKEND_SECTION_KEYS["fsdp_config"]["fsdp_offload_params"] is next(
+    assert file.section_keys()["fsdp_config"] == file_keys(FSDP_KEYS)
+    assert file.section_keys()["fsdp_config"]["fsdp_offload_params"] is next(
         entry for entry in FSDP_KEYS if entry.key == "fsdp_offload_params"
     )
     # Keys only a name-based mapping knows are not file keys.
-    assert {"fsdp_ignored_modules", "fsdp_limit_all_gathers"}.isdisjoint(
-        file.BACKEND_SECTION_KEYS["fsdp_config"]
-    )
-    assert len(file.BACKEND_SECTION_KEYS["fsdp_config"]) == 16
+    assert {"fsdp_ignored_modules", "fsdp_limit_all_gathers"}.isdisjoint(file.section_keys()["fsdp_config"])
+    assert len(file.section_keys()["fsdp_config"]) == 16
     assert file.ConfigKey is SettingKey
 
 
@@ -259,7 +257,7 @@ def test_every_fsdp_flag_is_a_table_key_and_every_flag_key_is_a_flag():
         action = options[entry.flag_spellings[0]]
         assert action.dest == name and entry.flag_spellings[1] in action.option_strings
         assert action.help == f"FSDP: {entry.help}"
-        assert name in file.BACKEND_SECTION_KEYS["fsdp_config"]  # a flag sets a file key
+        assert name in file.section_keys()["fsdp_config"]  # a flag sets a file key
 
 
 def test_the_dynamo_backend_flag_comes_from_the_dynamo_table():
@@ -414,7 +412,7 @@ def test_the_dynamo_section_is_derived_and_names_plugin_fields():
 
 
 def test_the_deepspeed_section_is_derived_and_its_flags_are_accelerates():
-    assert file.BACKEND_SECTION_KEYS["deepspeed_config"] == file_keys(DEEPSPEED_KEYS)
+    assert file.section_keys()["deepspeed_config"] == file_keys(DEEPSPEED_KEYS)
     # Every key but gradient_accumulation_steps (the launcher's own flag) is an Accelerate launch flag.
     assert len(DEEPSPEED_KEYS) == 15 and len(flag_keys(DEEPSPEED_KEYS)) == 14
     assert "gradient_accumulation_steps" not in flag_keys(DEEPSPEED_KEYS)

@@ -17,10 +17,10 @@ from lockstep.accelerator.deepspeed_settings import (
     precision_from_config,
     resolve_deepspeed,
 )
-from lockstep.config.backend_specs import launched_plugin
+from lockstep.backends.fsdp.plugin import FullyShardedDataParallelPlugin
+from lockstep.config.backend_specs import backend_specs, launched_plugin
 from lockstep.config.dataloader import DataLoaderConfiguration
 from lockstep.config.enums import PrecisionType, RNGType
-from lockstep.config.fsdp import FullyShardedDataParallelPlugin
 from lockstep.config.kwargs import (
     AutocastKwargs,
     DistributedDataParallelKwargs,
@@ -195,6 +195,13 @@ def launcher_settings() -> dict[str, Any]:
     return dict(_env.launch_settings())
 
 
+def _plugin_type(argument: str) -> type:
+    """The plugin type of the registered backend that takes the ``Accelerator`` keyword ``argument``."""
+    return next(
+        spec.resolved_plugin_type() for spec in backend_specs() if spec.accelerator_argument == argument
+    )
+
+
 def resolve_fsdp(
     plugin: FullyShardedDataParallelPlugin | None, deepspeed_plugin: Any, launch: dict[str, Any]
 ) -> FullyShardedDataParallelPlugin | None:
@@ -205,7 +212,7 @@ def resolve_fsdp(
             "cannot be combined. Pass one of them."
         )
     if plugin is not None:
-        if not isinstance(plugin, FullyShardedDataParallelPlugin):
+        if not isinstance(plugin, _plugin_type("fsdp_plugin")):
             raise TypeError(
                 f"fsdp_plugin must be a lockstep FullyShardedDataParallelPlugin, got {type(plugin).__name__}."
             )

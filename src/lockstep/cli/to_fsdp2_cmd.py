@@ -1,7 +1,7 @@
 """``lockstep to-fsdp2 --config-file FILE (--output-file OUT | --overwrite)``: convert an FSDP1 config.
 
 As ``accelerate to-fsdp2`` does: the file's ``fsdp_config`` is converted from FSDP1 to FSDP2
-(:func:`lockstep.config.fsdp2_conversion.convert_to_fsdp2`: the sharding strategy becomes
+(:func:`lockstep.backends.fsdp.to_fsdp2.convert_to_fsdp2`: the sharding strategy becomes
 ``fsdp_reshard_after_forward``, settings FSDP2 does not have are removed, ``fsdp_version`` becomes 2) and
 the whole file is written to ``--output-file``, or over the input with ``--overwrite``. Every other key is
 kept as written. Each change is printed on a line of its own; a missing or empty input, an output that
@@ -76,8 +76,8 @@ def _read(path: Path) -> dict[str, Any]:
 
 def run_to_fsdp2(args: argparse.Namespace) -> int:
     """Convert, report each change, write the result."""
+    from lockstep.backends.fsdp.to_fsdp2 import convert_to_fsdp2
     from lockstep.config.file import write_settings
-    from lockstep.config.fsdp2_conversion import convert_to_fsdp2
 
     source = Path(args.config_file)
     data = _read(source)

@@ -9,7 +9,6 @@ from lockstep.config.enums import (
     PrecisionType,
     RNGType,
 )
-from lockstep.config.fsdp import FullyShardedDataParallelPlugin
 from lockstep.config.kwargs import (
     AutocastKwargs,
     DistributedDataParallelKwargs,
@@ -27,7 +26,6 @@ __all__ = [
     "DistributedDataParallelKwargs",
     "DistributedType",
     "DynamoBackend",
-    "FullyShardedDataParallelPlugin",
     "GradScalerKwargs",
     "GradientAccumulationPlugin",
     "InitProcessGroupKwargs",

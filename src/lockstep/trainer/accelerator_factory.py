@@ -39,7 +39,6 @@ from lockstep.config.backend_specs import (
     sectioned_specs,
     spec_for_distributed_type,
 )
-from lockstep.config.fsdp import FullyShardedDataParallelPlugin
 from lockstep.config.fsdp_keys import plugin_fields
 from lockstep.config.parallelism import ParallelismConfig
 from lockstep.trainer._arguments_api import check_configured_state
@@ -47,6 +46,7 @@ from lockstep.trainer.accelerator_config import AcceleratorConfig
 from lockstep.trainer.arguments import TrainingArguments
 from lockstep.trainer.deepspeed_options import deepspeed_plugin_for
 from lockstep.trainer.fsdp_options import fsdp_plugin_kwargs
+from lockstep.utils import FullyShardedDataParallelPlugin
 
 logger = logging.getLogger("lockstep.trainer")
 
@@ -242,7 +242,7 @@ def create_accelerator_and_postprocess(
         dynamo_plugin=dynamo_plugin(args),
         fsdp_plugin=fsdp_plugin,
         deepspeed_plugin=deepspeed_plugin_for(args, _world_size()),
-        **add_on_arguments(lambda field: getattr(args, field)),
+        **add_on_arguments(lambda field: getattr(args, field, None)),
         elastic_keep_global_batch=args.elastic_keep_global_batch,
         parallelism_config=parallelism_config_for(args, model),
         log_with=list(args.report_to) or None,  # type: ignore[arg-type]

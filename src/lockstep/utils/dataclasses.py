@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
+from lockstep.backends.fsdp.plugin import FullyShardedDataParallelPlugin
 from lockstep.config import (
     AutocastKwargs,
     DataLoaderConfiguration,
@@ -26,7 +27,6 @@ from lockstep.config import (
     DistributedDataParallelKwargs,
     DistributedType,
     DynamoBackend,
-    FullyShardedDataParallelPlugin,
     GradientAccumulationPlugin,
     GradScalerKwargs,
     InitProcessGroupKwargs,

@@ -17,10 +17,10 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from lockstep.backends.fsdp.loading import broadcast_from_main, to_meta
+from lockstep.backends.fsdp.plugin import FullyShardedDataParallelPlugin
 from lockstep.backends.fsdp.precision import FSDPPrecision
 from lockstep.backends.fsdp.sharded import ShardedBackend, parameter_owners
 from lockstep.config.enums import DistributedType
-from lockstep.config.fsdp import FullyShardedDataParallelPlugin
 from lockstep.config.plugins import TorchDynamoPlugin
 from lockstep.state import PartialState
 

@@ -30,11 +30,11 @@ from lockstep.backends.capabilities import GatheredForward, ShardedCheckpointIO
 from lockstep.backends.fsdp import checkpoint as shards
 from lockstep.backends.fsdp.clipping import clip_sharded_gradients
 from lockstep.backends.fsdp.loading import announce_main_process_loading
+from lockstep.backends.fsdp.plugin import FullyShardedDataParallelPlugin
 from lockstep.backends.fsdp.precision import FSDPPrecision
 from lockstep.backends.fsdp.units import checkpoint_activations, ignored_parameters, select_units
 from lockstep.checkpoint.training_state import GivenState
 from lockstep.collectives import broadcast_object_list
-from lockstep.config.fsdp import FullyShardedDataParallelPlugin
 from lockstep.config.plugins import TorchDynamoPlugin
 from lockstep.integrations.peft import guard_sharded
 from lockstep.state import PartialState

@@ -24,7 +24,7 @@ def plugin_or_default(request: BackendRequest) -> Any:
     """The user's FSDP plugin, or the default one (a layout that shards without a plugin given)."""
     if request.fsdp_plugin is not None:
         return request.fsdp_plugin
-    from lockstep.config.fsdp import FullyShardedDataParallelPlugin
+    from lockstep.backends.fsdp.plugin import FullyShardedDataParallelPlugin
 
     return FullyShardedDataParallelPlugin()
 
@@ -64,14 +64,14 @@ def _build(request: BackendRequest) -> Any:
 
 
 def _plugin_from_section(section: dict[str, Any]) -> Any:
-    from lockstep.config.fsdp import FullyShardedDataParallelPlugin
+    from lockstep.backends.fsdp.plugin import FullyShardedDataParallelPlugin
 
     return FullyShardedDataParallelPlugin.from_config_section(section)
 
 
 def _check_section(section: dict[str, Any], launch: Mapping[str, Any]) -> None:
     """Build the plugin once, so that a bad FSDP setting fails before any process starts."""
-    from lockstep.config.fsdp import FullyShardedDataParallelPlugin
+    from lockstep.backends.fsdp.plugin import FullyShardedDataParallelPlugin
 
     try:
         with warnings.catch_warnings():
@@ -89,7 +89,7 @@ SPEC = register_backend_spec(
         priority=40,
         applies=_applies,
         build=_build,
-        plugin_type="lockstep.config.fsdp:FullyShardedDataParallelPlugin",
+        plugin_type="lockstep.backends.fsdp.plugin:FullyShardedDataParallelPlugin",
         accelerator_argument="fsdp_plugin",
         trainer_argument="fsdp",
         distributed_types=(DistributedType.FSDP,),

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 
 from torch import nn
 
-from lockstep.config.fsdp import FullyShardedDataParallelPlugin
+from lockstep.backends.fsdp.plugin import FullyShardedDataParallelPlugin
 from lockstep.memory.activation_policy import apply_activation_policy
 
 logger = logging.getLogger("lockstep.fsdp")

@@ -32,11 +32,11 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from lockstep.backends.base import DataShard
 from lockstep.backends.capabilities import C, ContextParallel, no_context_parallel
+from lockstep.backends.fsdp.plugin import FullyShardedDataParallelPlugin
 from lockstep.backends.fsdp.precision import FSDPPrecision
 from lockstep.backends.fsdp.sharded import ShardedBackend, gathered_state_dict, parameter_owners
 from lockstep.backends.nd.mesh import MeshLayout, sum_reductions_on_gloo
 from lockstep.backends.nd.tensor_parallel import apply_tensor_parallel
-from lockstep.config.fsdp import FullyShardedDataParallelPlugin
 from lockstep.config.parallelism import ParallelismConfig
 from lockstep.config.plugins import TorchDynamoPlugin
 from lockstep.state import PartialState

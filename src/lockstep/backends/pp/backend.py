@@ -43,6 +43,7 @@ from lockstep.backends.base import Backend, DataShard, Indexed
 from lockstep.backends.capabilities import PipelineSchedule
 from lockstep.backends.fsdp import checkpoint as shards
 from lockstep.backends.fsdp.clipping import global_grad_norm
+from lockstep.backends.fsdp.plugin import FullyShardedDataParallelPlugin
 from lockstep.backends.fsdp.precision import FSDPPrecision
 from lockstep.backends.fsdp.sharded import ShardedBackend, gathered_state_dict, parameter_owners
 from lockstep.backends.nd.mesh import MeshLayout, sum_reductions_on_gloo
@@ -57,7 +58,6 @@ from lockstep.backends.pp.modes import (
     training_only_suspects,
 )
 from lockstep.backends.pp.split import first_microbatch, resolve_split_points, stage_indices, trace_stages
-from lockstep.config.fsdp import FullyShardedDataParallelPlugin
 from lockstep.config.parallelism import ParallelismConfig
 from lockstep.config.pipeline import TorchPipelineParallelConfig
 from lockstep.config.plugins import TorchDynamoPlugin
