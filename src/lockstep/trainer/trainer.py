@@ -11,13 +11,14 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn
 
 import torch
 from torch import nn
@@ -55,6 +56,9 @@ from lockstep.trainer.callbacks import (
 )
 from lockstep.trainer.deepspeed_options import optimizer_and_scheduler
 from lockstep.utils import clear_device_cache, find_batch_size, find_executable_batch_size, is_peft_model
+
+if TYPE_CHECKING:
+    from lockstep.trainer._trainer_parts import EvalLoopOutput
 
 logger = logging.getLogger("lockstep.trainer")
 
@@ -703,7 +707,16 @@ class Trainer:
         self.control = self._event("on_predict", metrics=output.metrics)
         return output
 
-    _run_evaluation = _trainer_parts.run_evaluation
+    def _run_evaluation(
+        self,
+        loader: DataLoader,
+        prefix: str,
+        predict: bool = False,
+        prediction_loss_only: bool | None = None,
+        ignore_keys: list[str] | None = None,
+    ) -> PredictionOutput:
+        """The evaluation loop over a prepared loader, with the Trainer's options (and its overrides)."""
+        return _trainer_parts.run_evaluation(self, loader, prefix, predict, prediction_loss_only, ignore_keys)
 
     # -- logging and saving -----------------------------------------------------------------------
     def log(self, logs: dict[str, float]) -> None:
@@ -757,34 +770,187 @@ class Trainer:
         self.accelerator.wait_for_everyone()
 
     # -- transformers' public methods beyond the loop (_trainer_parts, _trainer_reports) ----------------
-    training_step = _trainer_parts.training_step
-    prediction_step = _trainer_parts.prediction_step
-    evaluation_loop = _trainer_parts.evaluation_loop
-    create_optimizer = _trainer_parts.create_optimizer
-    create_scheduler = _trainer_parts.create_scheduler
-    create_optimizer_and_scheduler = _trainer_parts.create_optimizer_and_scheduler
-    get_test_dataloader = _trainer_parts.get_test_dataloader
-    num_examples = _trainer_parts.num_examples
-    get_decay_parameter_names = _trainer_parts.get_decay_parameter_names
-    get_num_trainable_parameters = _trainer_parts.get_num_trainable_parameters
-    get_learning_rates = _trainer_parts.get_learning_rates
-    get_optimizer_group = _trainer_parts.get_optimizer_group
-    get_total_train_batch_size = _trainer_parts.get_total_train_batch_size
-    floating_point_ops = _trainer_parts.floating_point_ops
-    get_tp_size = _trainer_parts.get_tp_size
-    get_cp_size = _trainer_parts.get_cp_size
-    get_sp_size = _trainer_parts.get_sp_size
-    call_model_init = _trainer_parts.call_model_init
-    autocast_smart_context_manager = _trainer_parts.autocast_smart_context_manager
-    compute_loss_context_manager = _trainer_parts.compute_loss_context_manager
-    end = _trainer_parts.end
-    model_accepts_loss_kwargs = property(_trainer_parts.model_accepts_loss_kwargs)
-    is_world_process_zero = _trainer_reports.is_world_process_zero
-    is_local_process_zero = _trainer_reports.is_local_process_zero
-    metrics_format = staticmethod(_trainer_reports.metrics_format)
-    log_metrics = _trainer_reports.log_metrics
-    save_metrics = _trainer_reports.save_metrics
-    save_state = _trainer_reports.save_state
-    create_model_card = _trainer_reports.create_model_card
-    push_to_hub = _trainer_reports.push_to_hub
-    init_hf_repo = _trainer_reports.init_hf_repo
+    def training_step(
+        self, model: nn.Module, inputs: Any, num_items_in_batch: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Forward and backward of one micro-batch (through :meth:`compute_loss`); returns the detached loss.
+        The Trainer's loop calls it inside its accumulation context, then clips and steps the optimizer."""
+        return _trainer_parts.training_step(self, model, inputs, num_items_in_batch)
+
+    def prediction_step(
+        self,
+        model: nn.Module,
+        inputs: Any,
+        prediction_loss_only: bool,
+        ignore_keys: list[str] | None = None,
+    ) -> tuple[torch.Tensor | None, Any, Any]:
+        """``(loss, logits, labels)`` of one batch without gradients; ``(loss, None, None)`` with
+        ``prediction_loss_only``. With labels the loss and outputs come from :meth:`compute_loss` (a subclass's
+        override included), as in transformers. Output keys in ``ignore_keys`` are left out of the logits."""
+        return _trainer_parts.prediction_step(self, model, inputs, prediction_loss_only, ignore_keys)
+
+    def evaluation_loop(
+        self,
+        dataloader: DataLoader,
+        description: str,
+        prediction_loss_only: bool | None = None,
+        ignore_keys: list[str] | None = None,
+        metric_key_prefix: str = "eval",
+    ) -> EvalLoopOutput:
+        """Predictions, labels, metrics (``compute_metrics`` included) and the number of examples of a prepared
+        loader (from :meth:`get_eval_dataloader`); ``description`` is transformers' label of the run."""
+        return _trainer_parts.evaluation_loop(
+            self, dataloader, description, prediction_loss_only, ignore_keys, metric_key_prefix
+        )
+
+    def create_optimizer(self, model: nn.Module | None = None) -> torch.optim.Optimizer:
+        """The optimizer given to the Trainer, else ``args.optim`` over the trainable parameters (built once)."""
+        return _trainer_parts.create_optimizer(self, model)
+
+    def create_scheduler(
+        self, num_training_steps: int, optimizer: torch.optim.Optimizer | None = None
+    ) -> Any:
+        """The scheduler given to the Trainer, else ``args.lr_scheduler_type`` over ``num_training_steps``."""
+        return _trainer_parts.create_scheduler(self, num_training_steps, optimizer)
+
+    def create_optimizer_and_scheduler(self, num_training_steps: int) -> None:
+        """:meth:`create_optimizer`, then :meth:`create_scheduler` over it."""
+        _trainer_parts.create_optimizer_and_scheduler(self, num_training_steps)
+
+    def get_test_dataloader(self, test_dataset: Any) -> DataLoader:
+        """The prepared loader of ``test_dataset`` (made once per dataset)."""
+        return _trainer_parts.get_test_dataloader(self, test_dataset)
+
+    def num_examples(self, dataloader: DataLoader) -> int:
+        """Examples in a loader's dataset (loader length x batch size for a dataset without a length)."""
+        return _trainer_parts.num_examples(self, dataloader)
+
+    def get_decay_parameter_names(self, model: nn.Module) -> list[str]:
+        """Parameters that get weight decay: all but biases and normalization-layer weights."""
+        return _trainer_parts.get_decay_parameter_names(self, model)
+
+    def get_num_trainable_parameters(self) -> int:
+        """The number of parameters of the model that require gradients."""
+        return _trainer_parts.get_num_trainable_parameters(self)
+
+    def get_learning_rates(self) -> list[float]:
+        """The learning rate of each parameter group."""
+        return _trainer_parts.get_learning_rates(self)
+
+    def get_optimizer_group(self, param: str | nn.Parameter | None = None) -> Any:
+        """The parameter group holding ``param`` (a parameter, or its name); every group's params without one."""
+        return _trainer_parts.get_optimizer_group(self, param)
+
+    def get_total_train_batch_size(self, args: TrainingArguments) -> int:
+        """Examples per optimizer step over the whole job (data-parallel replicas x accumulation x batch)."""
+        return _trainer_parts.get_total_train_batch_size(self, args)
+
+    def floating_point_ops(self, inputs: Any) -> int:
+        """The model's ``floating_point_ops(inputs)`` estimate (transformers models), else 0."""
+        return _trainer_parts.floating_point_ops(self, inputs)
+
+    def get_tp_size(self) -> int:
+        """The tensor-parallel size: the model's ``tp_size``, else the ``ParallelismConfig``'s, else 1."""
+        return _trainer_parts.get_tp_size(self)
+
+    def get_cp_size(self) -> int:
+        """The number of context-parallel shards each sequence is split into (1 without context parallelism)."""
+        return _trainer_parts.get_cp_size(self)
+
+    def get_sp_size(self) -> int:
+        """1: lockstep splits sequences with context parallelism only (see :meth:`get_cp_size`)."""
+        return _trainer_parts.get_sp_size(self)
+
+    def call_model_init(self, trial: Any = None) -> nn.Module:
+        """A new model from ``model_init`` (``model_init()`` or ``model_init(trial)``)."""
+        return _trainer_parts.call_model_init(self, trial)
+
+    def autocast_smart_context_manager(self, cache_enabled: bool | None = True) -> Any:
+        """The mixed-precision autocast of the run (``bf16``/``fp16``); a no-op context without one."""
+        return _trainer_parts.autocast_smart_context_manager(self, cache_enabled)
+
+    def compute_loss_context_manager(self) -> contextlib.ExitStack:
+        """The context the loss is computed in: the run's autocast."""
+        return _trainer_parts.compute_loss_context_manager(self)
+
+    def end(self) -> None:
+        """Finish the trackers and destroy the process group: the last call of a script."""
+        _trainer_parts.end(self)
+
+    @property
+    def model_accepts_loss_kwargs(self) -> bool:
+        """Whether the model's forward takes ``num_items_in_batch`` (it then normalizes its own loss by it)."""
+        return _trainer_parts.model_accepts_loss_kwargs(self)
+
+    def is_world_process_zero(self) -> bool:
+        """Whether this is the job's first process (the one that writes)."""
+        return _trainer_reports.is_world_process_zero(self)
+
+    def is_local_process_zero(self) -> bool:
+        """Whether this is its machine's first process."""
+        return _trainer_reports.is_local_process_zero(self)
+
+    @staticmethod
+    def metrics_format(metrics: dict[str, float]) -> dict[str, Any]:
+        """Metrics for reading, as transformers prints them: runtimes as ``h:mm:ss.cc``, floats to 4 digits,
+        memory in MB and ``total_flos`` in GF.
+        """
+        return _trainer_reports.metrics_format(metrics)
+
+    def log_metrics(self, split: str, metrics: dict[str, float]) -> None:
+        """Print ``metrics`` as an aligned ``***** {split} metrics *****`` table (first process only)."""
+        _trainer_reports.log_metrics(self, split, metrics)
+
+    def save_metrics(self, split: str, metrics: dict[str, float], combined: bool = True) -> None:
+        """Write ``output_dir/{split}_results.json``; with ``combined`` also merge them into ``all_results.json``."""
+        _trainer_reports.save_metrics(self, split, metrics, combined)
+
+    def save_state(self) -> None:
+        """Write ``output_dir/trainer_state.json`` in transformers' format (``save_model`` writes only the model)."""
+        _trainer_reports.save_state(self)
+
+    def create_model_card(
+        self,
+        language: str | None = None,
+        license: str | None = None,  # transformers' parameter name
+        tags: str | list[str] | None = None,
+        model_name: str | None = None,
+        finetuned_from: str | None = None,
+        tasks: str | list[str] | None = None,
+        dataset_tags: str | list[str] | None = None,
+        dataset: str | list[str] | None = None,
+        dataset_args: str | list[str] | None = None,
+    ) -> None:
+        """Write ``output_dir/README.md``: a model card with the metadata given, the hyperparameters, the
+        evaluation results of ``state.log_history`` and the library versions (no network access).
+        """
+        _trainer_reports.create_model_card(
+            self,
+            language,
+            license,
+            tags,
+            model_name,
+            finetuned_from,
+            tasks,
+            dataset_tags,
+            dataset,
+            dataset_args,
+        )
+
+    def push_to_hub(
+        self,
+        commit_message: str | None = "End of training",
+        blocking: bool = True,
+        token: str | None = None,
+        revision: str | None = None,
+        private: bool | None = None,
+        **kwargs: Any,
+    ) -> NoReturn:
+        """Refused: raises ``NotImplementedError`` (lockstep works offline; upload ``output_dir`` yourself)."""
+        return _trainer_reports.push_to_hub(
+            self, commit_message, blocking, token, revision, private, **kwargs
+        )
+
+    def init_hf_repo(self, token: str | None = None, private: bool | None = None) -> NoReturn:
+        """Refused: raises ``NotImplementedError`` (lockstep does not create Hub repositories)."""
+        return _trainer_reports.init_hf_repo(self, token, private)
