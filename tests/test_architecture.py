@@ -373,7 +373,6 @@ IDENTITY_HOMES = ("lockstep.backends", "lockstep.config")
 """Where backend vocabulary may be spelled: the backends' own folders (and their specs) and config/."""
 SETTINGS_RESOLUTION = (
     "lockstep.accelerator.settings",
-    "lockstep.accelerator.deepspeed_settings",
     "lockstep.trainer.accelerator_factory",
 )
 """Where arguments become plugin objects (Fabric's connector: the Accelerator's settings, and the Trainer's

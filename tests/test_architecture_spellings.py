@@ -48,7 +48,7 @@ TOPOLOGY_READERS = (*STATE_RECORD, "lockstep.launcher.settings")
 """Besides the homes, who reads :mod:`lockstep.config.topology`'s answers: the state, and the launcher's
 settings, which resolve the distributed type from the flags and the config file (a plain type over several
 processes becomes data parallel)."""
-CONNECTOR = ("lockstep.accelerator.settings", "lockstep.accelerator.deepspeed_settings")
+CONNECTOR = ("lockstep.accelerator.settings",)
 """Where the ``Accelerator``'s keywords and the launcher's settings become plugin objects (Fabric's
 connector): looking a plugin up by its keyword, and reading its fields, is what they do. (The Trainer's
 mapping of its arguments, ``lockstep.trainer.accelerator_factory``, loops over the specs instead.)"""
@@ -290,9 +290,7 @@ def test_the_vocabularies_come_from_the_registered_specs():
     assert {"fsdp_plugin", "deepspeed_plugin", "zero_stage", "state_dict_type", "step_was_skipped"} <= set(
         backend_vocabulary()
     )
-    assert {"fault_tolerance", "deepspeed", "fsdp", "fsdp_plugin", "ddp"} <= set(
-        backend_words()
-    )
+    assert {"fault_tolerance", "deepspeed", "fsdp", "fsdp_plugin", "ddp"} <= set(backend_words())
 
 
 # -- the rules can fail ---------------------------------------------------------------------------------
@@ -351,7 +349,7 @@ def test_the_spelling_rules_catch_synthetic_violations():
 
 
 def test_the_homes_may_spell_their_own_vocabulary():
-    for home in ("lockstep.backends.deepspeed.backend", "lockstep.config.deepspeed_plugin"):
+    for home in ("lockstep.backends.deepspeed.plugin", "lockstep.config.plugins"):
         module = parse(home, SYNTHETIC)
         assert topology_predicate_calls([module]) == []
         assert attribute_probes([module], ("deepspeed_plugin",)) == []

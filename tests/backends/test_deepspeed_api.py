@@ -115,7 +115,7 @@ def test_named_plugins_give_each_model_its_engine_and_the_engine_steps_the_sched
 
 def _zero3_init() -> list[int]:
     from lockstep import Accelerator
-    from lockstep.config.deepspeed_zero3 import zero3_init
+    from lockstep.backends.deepspeed.zero3 import zero3_init
     from lockstep.utils import DeepSpeedPlugin
 
     plugin = DeepSpeedPlugin(

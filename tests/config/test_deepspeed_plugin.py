@@ -12,8 +12,12 @@ import torch
 
 from lockstep.backends.deepspeed import auto
 from lockstep.backends.deepspeed.placeholders import DummyOptim, DummyScheduler
-from lockstep.config.deepspeed_launch import check_deepspeed_section, deepspeed_launcher_notes, plugin_fields
-from lockstep.config.deepspeed_plugin import DeepSpeedPlugin, load_deepspeed_config
+from lockstep.backends.deepspeed.plugin import DeepSpeedPlugin, load_deepspeed_config
+from lockstep.backends.deepspeed.section import (
+    check_deepspeed_section,
+    deepspeed_launcher_notes,
+    plugin_fields,
+)
 
 
 @pytest.fixture(autouse=True)

@@ -15,12 +15,12 @@ import sys
 
 import pytest
 
+from lockstep.backends.deepspeed.keys import DEEPSPEED_KEYS
 from lockstep.backends.fsdp.plugin import _FSDP1_ONLY, FullyShardedDataParallelPlugin
 from lockstep.cli import launch_cmd
 from lockstep.cli._unsupported_flags import REFUSED_DEST
 from lockstep.cli.launch_cmd import BACKEND_FLAGS, add_launch_flags, given_flags, table_flags
 from lockstep.config import checks, file, fsdp_keys
-from lockstep.config.deepspeed import DEEPSPEED_KEYS
 from lockstep.config.file import ClusterConfig
 from lockstep.config.fsdp_keys import FSDP_KEYS, plugin_fields, plugin_kwargs
 from lockstep.config.keys import SettingKey, by_spelling, file_keys, flag_keys, section_kwargs
@@ -453,7 +453,7 @@ def test_the_vocabulary_modules_do_not_import_torch():
     probe = (
         "import sys\n"
         "import lockstep.config.keys, lockstep.config.checks, lockstep.config.fsdp_keys\n"
-        "import lockstep.config.deepspeed, lockstep.config.plugins, lockstep.config.file\n"
+        "import lockstep.backends.deepspeed.keys, lockstep.config.plugins, lockstep.config.file\n"
         "import lockstep.cli.launch_cmd\n"
         "print('torch' in sys.modules)\n"
     )

@@ -127,7 +127,7 @@ def test_config_values_that_contradict_the_arguments_are_listed(tmp_path):
 
 
 def test_a_warmup_scheduler_without_warmup_steps_is_refused_with_what_to_set():
-    from lockstep.config.deepspeed_plugin import DeepSpeedPlugin
+    from lockstep.backends.deepspeed.plugin import DeepSpeedPlugin
     from lockstep.trainer.deepspeed_options import fill_schedule
 
     plugin = DeepSpeedPlugin(hf_ds_config=AUTO)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lockstep import _env
-from lockstep.accelerator.deepspeed_settings import (
+from lockstep.backends.deepspeed.settings import (
     accumulation_from_config,
     precision_from_config,
     resolve_deepspeed,

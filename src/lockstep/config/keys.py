@@ -9,7 +9,7 @@ name, such as the Trainer's ``fsdp_config`` (:func:`by_spelling`), and the datac
 a section (:func:`section_kwargs`, :func:`field_values`).
 
 The tables: ``FSDP_KEYS`` (:mod:`lockstep.config.fsdp_keys`), ``DYNAMO_KEYS``
-(:mod:`lockstep.config.plugins`) and ``DEEPSPEED_KEYS`` (:mod:`lockstep.config.deepspeed`).
+(:mod:`lockstep.config.plugins`) and ``DEEPSPEED_KEYS`` (:mod:`lockstep.backends.deepspeed.keys`).
 
 This module must not import torch: the command line reads the tables at start-up.
 

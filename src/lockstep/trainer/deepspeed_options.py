@@ -17,8 +17,8 @@ from typing import Any
 
 from torch import nn
 
-from lockstep.config.deepspeed_plugin import DeepSpeedPlugin
 from lockstep.trainer.arguments import TrainingArguments
+from lockstep.utils import DeepSpeedPlugin
 
 
 def deepspeed_plugin_for(args: TrainingArguments, num_processes: int) -> DeepSpeedPlugin | None:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
+from lockstep.backends.deepspeed.plugin import DeepSpeedPlugin
 from lockstep.backends.fsdp.plugin import FullyShardedDataParallelPlugin
 from lockstep.config import (
     AutocastKwargs,
@@ -37,7 +38,6 @@ from lockstep.config import (
     RNGType,
     TorchDynamoPlugin,
 )
-from lockstep.config.deepspeed_plugin import DeepSpeedPlugin
 from lockstep.config.enums import StrEnumBase
 from lockstep.config.kwargs import FP8BackendType, ProfileKwargs
 from lockstep.config.parallelism import (

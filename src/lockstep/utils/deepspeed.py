@@ -12,7 +12,7 @@ from lockstep.accelerator.engine_stepped import (
     DeepSpeedSchedulerWrapper,
 )
 from lockstep.backends.deepspeed.placeholders import DummyOptim, DummyScheduler
-from lockstep.config.deepspeed_plugin import get_active_deepspeed_plugin
+from lockstep.backends.deepspeed.plugin import get_active_deepspeed_plugin
 from lockstep.utils.unsupported import HfDeepSpeedConfig, map_pytorch_optim_to_deepspeed
 
 __all__ = [

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lockstep.backends.deepspeed.placeholders import DummyOptim, DummyScheduler
-from lockstep.config.deepspeed_plugin import DeepSpeedPlugin
+from lockstep.backends.deepspeed.plugin import DeepSpeedPlugin
 
 _HIDDEN_SIZE_KEYS = (
     "zero_optimization.reduce_bucket_size",

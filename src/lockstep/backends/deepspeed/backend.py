@@ -27,8 +27,8 @@ from lockstep.backends.capabilities import (
 from lockstep.backends.deepspeed import auto, checkpoint, universal
 from lockstep.backends.deepspeed.loading import check_fp16_supported, import_deepspeed
 from lockstep.backends.deepspeed.placeholders import DummyOptim, DummyScheduler
+from lockstep.backends.deepspeed.plugin import DeepSpeedPlugin
 from lockstep.checkpoint.collective_save import agree
-from lockstep.config.deepspeed_plugin import DeepSpeedPlugin
 from lockstep.config.enums import DistributedType, PrecisionType
 from lockstep.config.plugins import TorchDynamoPlugin
 from lockstep.precision import Precision

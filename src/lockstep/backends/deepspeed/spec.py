@@ -1,13 +1,13 @@
 """The DeepSpeed backend's vocabulary: ``DeepSpeedPlugin``, the ``deepspeed_config`` section and the
-``--use-deepspeed`` / ``--zero-stage`` ... launch flags (from :data:`lockstep.config.deepspeed.DEEPSPEED_KEYS`)."""
+``--use-deepspeed`` / ``--zero-stage`` ... launch flags (from :data:`lockstep.backends.deepspeed.keys.DEEPSPEED_KEYS`)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
+from lockstep.backends.deepspeed.keys import DEEPSPEED_KEYS
 from lockstep.config.backend_specs import BackendRequest, BackendSpec, TypeFacts, register_backend_spec
-from lockstep.config.deepspeed import DEEPSPEED_KEYS
 from lockstep.config.enums import DistributedType
 
 
@@ -24,7 +24,7 @@ def _build(request: BackendRequest) -> Any:
 
 def _check_section(section: dict[str, Any], launch: Mapping[str, Any]) -> None:
     """Build the plugin the workers will build (without DeepSpeed) and check it against the launch."""
-    from lockstep.config.deepspeed_launch import check_deepspeed_section
+    from lockstep.backends.deepspeed.section import check_deepspeed_section
 
     if launch.get("use_parallelism_config"):
         raise ValueError(
@@ -42,8 +42,8 @@ def _check_section(section: dict[str, Any], launch: Mapping[str, Any]) -> None:
 
 
 def _plugin_from_section(section: dict[str, Any]) -> Any:
-    from lockstep.config.deepspeed_launch import plugin_fields
-    from lockstep.config.deepspeed_plugin import DeepSpeedPlugin
+    from lockstep.backends.deepspeed.plugin import DeepSpeedPlugin
+    from lockstep.backends.deepspeed.section import plugin_fields
 
     return DeepSpeedPlugin(**plugin_fields(section))
 
@@ -55,7 +55,7 @@ def _wizard(ask: Any) -> dict[str, Any]:
 
 
 def _notes(section: dict[str, Any]) -> list[str]:
-    from lockstep.config.deepspeed_launch import deepspeed_launcher_notes
+    from lockstep.backends.deepspeed.section import deepspeed_launcher_notes
 
     return deepspeed_launcher_notes(section)
 
@@ -68,7 +68,7 @@ SPEC = register_backend_spec(
         priority=10,
         applies=lambda request: bool(request.deepspeed_plugins),
         build=_build,
-        plugin_type="lockstep.config.deepspeed_plugin:DeepSpeedPlugin",
+        plugin_type="lockstep.backends.deepspeed.plugin:DeepSpeedPlugin",
         accelerator_argument="deepspeed_plugin",
         trainer_argument="deepspeed",
         distributed_types=(DistributedType.DEEPSPEED,),

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 
 class ZeroThreeSettings(Protocol):
-    """What building under ZeRO-3 reads of a :class:`~lockstep.config.deepspeed_plugin.DeepSpeedPlugin`.
+    """What building under ZeRO-3 reads of a :class:`~lockstep.backends.deepspeed.plugin.DeepSpeedPlugin`.
 
     A protocol rather than the plugin class, so that this module sits below the plugin, which calls it:
     no import circle, not even for type checking.

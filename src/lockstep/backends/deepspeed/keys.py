@@ -2,7 +2,7 @@
 
 A file with ``distributed_type: DEEPSPEED`` trains with lockstep's DeepSpeed backend
 (:mod:`lockstep.backends.deepspeed`). :data:`DEEPSPEED_KEYS` is the table the launcher's
-``DeepSpeedPlugin`` is derived from (:mod:`lockstep.config.deepspeed_launch`); its fields name the fields
+``DeepSpeedPlugin`` is derived from (:mod:`lockstep.backends.deepspeed.section`); its fields name the fields
 of Accelerate's ``DeepSpeedPlugin``, and keys read by DeepSpeed's own launcher (hostfile, multi-node
 launcher) have none. See :mod:`lockstep.config.keys` for the shape. The keys that ``accelerate launch``
 offers as flags are flags (``--zero-stage`` / ``--zero_stage``, ...), which ``lockstep launch`` accepts in

@@ -13,8 +13,8 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from lockstep.backends.deepspeed.plugin import DeepSpeedPlugin, str_to_bool
 from lockstep.config.backend_specs import launched_plugin
-from lockstep.config.deepspeed_plugin import DeepSpeedPlugin, str_to_bool
 
 
 def resolve_deepspeed(

@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from lockstep.config.deepspeed import DEEPSPEED_KEYS
-from lockstep.config.deepspeed_plugin import DeepSpeedPlugin
+from lockstep.backends.deepspeed.keys import DEEPSPEED_KEYS
+from lockstep.backends.deepspeed.plugin import DeepSpeedPlugin
 from lockstep.config.keys import by_spelling, section_kwargs
 
 _LAUNCHER_KEYS = (

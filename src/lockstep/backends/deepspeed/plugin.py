@@ -356,19 +356,19 @@ class DeepSpeedPlugin:
     def zero3_init_context_manager(self, enable: bool = False) -> Any:
         """A context in which models are built already sharded (``deepspeed.zero.Init``) when ``enable``, or
         in which transformers' ``from_pretrained`` does not shard at init when not (Accelerate's meaning)."""
-        from lockstep.config.deepspeed_zero3 import zero3_init_context
+        from lockstep.backends.deepspeed.zero3 import zero3_init_context
 
         return zero3_init_context(self, enable=enable)
 
     def set_deepspeed_weakref(self) -> None:
         """Tell transformers that ZeRO-3 is on, so that ``from_pretrained`` builds models sharded."""
-        from lockstep.config.deepspeed_zero3 import tell_transformers
+        from lockstep.backends.deepspeed.zero3 import tell_transformers
 
         tell_transformers(self)
 
     def set_moe_leaf_modules(self, model: Any) -> None:
         """Make the ``transformer_moe_cls_names`` layers ZeRO-3 leaf modules (gathered whole)."""
-        from lockstep.config.deepspeed_zero3 import set_moe_leaves
+        from lockstep.backends.deepspeed.zero3 import set_moe_leaves
 
         set_moe_leaves(self, model)
 
