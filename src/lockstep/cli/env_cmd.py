@@ -113,8 +113,8 @@ def layer_report() -> list[tuple[str, str]]:
     """(name, what it is and how it is asked for) of every registered layer (:mod:`lockstep.config.layer_specs`).
 
     Example:
-        >>> layer_report()
-        []
+        >>> dict(layer_report())["fault_tolerance"].split("; ")[-1]
+        'Accelerator(fault_tolerance=...), --fault-tolerance, config section fault_tolerance_config'
     """
     from lockstep.config.layer_specs import layer_specs
 
