@@ -1,5 +1,5 @@
-"""One installed distribution adds a backend, a cluster environment, a checkpoint storage and a tracker
-through its entry points, each found on the first use of its kind; the installed distributions are read once
+"""One installed distribution adds a backend, a layer, a cluster environment, a checkpoint storage and a
+tracker through its entry points, each found on the first use of its kind; the installed distributions are read once
 per ``sys.path`` for every kind together, and a broken one is reported without stopping lockstep."""
 
 from __future__ import annotations
@@ -9,20 +9,25 @@ from importlib import metadata
 from pathlib import Path
 
 import pytest
+import torch
 
 from lockstep import Accelerator, entry_points
 from lockstep.checkpoint.storage import registry as storage_registry
 from lockstep.clusters import registry as cluster_registry
 from lockstep.clusters.registry import cluster_environments, unregister_cluster_environment
-from lockstep.config import backend_specs
+from lockstep.config import backend_specs, layer_specs
 from lockstep.tracking import LOGGER_TYPE_TO_CLASS
 from lockstep.tracking import registry as tracker_registry
 from tests.checkpoint.vault_storage import VaultStorage
 from tests.plugins.lab_extensions import LabTracker
+from tests.plugins.step_veto import StepVeto
 
 ENTRY_POINTS = """\
 [lockstep.backends]
 lab = tests.plugins.lab_extensions:LAB_BACKEND
+
+[lockstep.layers]
+step_veto = tests.plugins.step_veto:SPEC
 
 [lockstep.cluster_environments]
 lab = tests.plugins.lab_cluster:LabCluster
@@ -48,6 +53,7 @@ def _install(site: Path, name: str, entry_points_txt: str, monkeypatch: pytest.M
 def registries(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
     """Every kind's registry as a fresh process has it (built-ins only, entry points not read yet)."""
     monkeypatch.setattr(backend_specs._REGISTRY, "discovered", False)
+    monkeypatch.setattr(layer_specs._REGISTRY, "discovered", False)
     monkeypatch.setattr(cluster_registry, "_discovered", False)
     monkeypatch.setattr(
         storage_registry,
@@ -59,6 +65,7 @@ def registries(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
     monkeypatch.setattr(VaultStorage, "calls", [])
     yield
     backend_specs.unregister_backend_spec("lab-backend")
+    layer_specs.unregister_layer("step_veto")
     unregister_cluster_environment("lab")
     LOGGER_TYPE_TO_CLASS.pop("lab-tracker", None)
 
@@ -71,12 +78,24 @@ def test_one_distribution_adds_every_kind_of_extension(registries, tmp_path, mon
     assert "lab" in [cluster.name for cluster in cluster_environments()]
     assert isinstance(storage_registry.storage_for("vault://run"), VaultStorage)
     assert "lab-tracker" in tracker_registry.tracker_choices()
+    assert "step_veto" in [spec.name for spec in layer_specs.layer_specs()]
 
-    accelerator = Accelerator(cpu=True, log_with="lab-tracker")  # a user names the installed tracker
+    # A user names the installed tracker, and asks for the installed layer by its keyword.
+    accelerator = Accelerator(cpu=True, log_with="lab-tracker", step_veto=StepVeto(veto_step=1))
     accelerator.init_trackers("run")
     accelerator.log({"loss": 0.5}, step=3)
     tracker = accelerator.get_tracker("lab-tracker", unwrap=False)
     assert isinstance(tracker, LabTracker) and tracker.logged == [(3, {"loss": 0.5})]
+    model = torch.nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    skipped = []
+    for _ in range(2):  # the layer discards the first step and applies the second
+        accelerator.backward(model(torch.ones(1, 2)).sum())
+        optimizer.step()
+        optimizer.zero_grad()
+        skipped.append(accelerator.optimizer_step_was_skipped)
+    assert skipped == [True, False]
     accelerator.end_training()
 
 
