@@ -1,7 +1,7 @@
 """transformers' ``TrainingArguments`` methods and properties beyond the fields, for lockstep's arguments.
 
-Written as functions of the arguments (``self``) and bound in the class body of ``TrainingArguments``, as
-transformers binds ``log_metrics`` into its Trainer. The process facts (``device``, ``world_size``...) come
+Written as functions of the arguments (``self``); ``TrainingArguments`` defines each as a method or property
+whose one-line body calls the function here. The process facts (``device``, ``world_size``...) come
 from lockstep's :class:`~lockstep.state.PartialState`, created on first use with the arguments' ``use_cpu``,
 ``ddp_backend`` and ``ddp_timeout`` (the Trainer's Accelerator later shares it).
 """
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
     from lockstep.state import PartialState
 
-# typed loosely: arguments.py binds these functions, so importing it here would be an import cycle
+# typed loosely: arguments.py calls these functions, so importing it here would be an import cycle
 TrainingArguments = Any
 logger = logging.getLogger("lockstep.trainer")
 

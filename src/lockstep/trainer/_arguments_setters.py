@@ -2,7 +2,8 @@
 
 Each sets its group of fields, checks the result as the constructor does (the arguments are rebuilt with the
 new values, so an invalid combination raises the constructor's error and leaves the arguments unchanged) and
-returns the arguments. Defaults and parameter names are transformers 5.24's.
+returns the arguments. Defaults and parameter names are transformers 5.24's; ``TrainingArguments``'s methods
+of the same names call these.
 
 Example:
     >>> from lockstep import TrainingArguments
@@ -16,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-# typed loosely: arguments.py binds these functions, so importing it here would be an import cycle
+# typed loosely: arguments.py calls these functions, so importing it here would be an import cycle
 TrainingArguments = Any
 
 

@@ -14,14 +14,17 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Any
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
 
 from lockstep.config.enums import BUILT_IN_TRACKERS
 from lockstep.trainer import _argument_parsers
 from lockstep.trainer import _arguments_api as _api
 from lockstep.trainer import _arguments_post_init as _checks
 from lockstep.trainer import _arguments_setters as _setters
+from lockstep.trainer._arguments_api import ParallelMode
 from lockstep.trainer._arguments_post_init import (
     DDP_BACKENDS,
     LOG_LEVELS,
@@ -33,6 +36,9 @@ from lockstep.trainer._field_status import add_on_fields, check_not_built
 from lockstep.trainer._optimizer_menu import OPTIMIZERS
 from lockstep.trainer._transformers_version import DEFAULT_OPTIM
 from lockstep.trainer.accelerator_config import AcceleratorConfig
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = [
     "ACCELERATOR_CONFIG_DEFAULTS",
@@ -410,32 +416,221 @@ class TrainingArguments:
 
     # -- transformers' methods and properties beyond the fields (see _arguments_api) ----------------
     default_optim = DEFAULT_OPTIM
-    ddp_timeout_delta = property(_api.ddp_timeout_delta)
-    device = property(_api.device)
-    n_gpu = property(_api.n_gpu)
-    parallel_mode = property(_api.parallel_mode)
-    world_size = property(_api.world_size)
-    process_index = property(_api.process_index)
-    local_process_index = property(_api.local_process_index)
-    should_log = property(_api.should_log)
-    should_save = property(_api.should_save)
-    train_batch_size = property(_api.train_batch_size)
-    eval_batch_size = property(_api.eval_batch_size)
-    get_process_log_level = _api.get_process_log_level
-    main_process_first = _api.main_process_first
-    get_warmup_steps = _api.get_warmup_steps
-    to_dict = _api.to_dict
-    to_json_string = _api.to_json_string
-    to_sanitized_dict = _api.to_sanitized_dict
-    set_training = _setters.set_training
-    set_evaluate = _setters.set_evaluate
-    set_testing = _setters.set_testing
-    set_save = _setters.set_save
-    set_logging = _setters.set_logging
-    set_push_to_hub = _setters.set_push_to_hub
-    set_optimizer = _setters.set_optimizer
-    set_lr_scheduler = _setters.set_lr_scheduler
-    set_dataloader = _setters.set_dataloader
+
+    @property
+    def ddp_timeout_delta(self) -> timedelta:
+        """``ddp_timeout`` as the ``timedelta`` ``init_process_group`` takes."""
+        return _api.ddp_timeout_delta(self)
+
+    @property
+    def device(self) -> torch.device:
+        """The device of this process (the CPU with ``use_cpu=True``)."""
+        return _api.device(self)
+
+    @property
+    def n_gpu(self) -> int:
+        """GPUs this process uses: 1 on a GPU, 0 on the CPU (lockstep never runs ``nn.DataParallel``, so a
+        process with several visible GPUs still uses one)."""
+        return _api.n_gpu(self)
+
+    @property
+    def parallel_mode(self) -> ParallelMode:
+        """``ParallelMode.DISTRIBUTED`` with more than one process, else ``ParallelMode.NOT_PARALLEL``."""
+        return _api.parallel_mode(self)
+
+    @property
+    def world_size(self) -> int:
+        """The number of processes of the job."""
+        return _api.world_size(self)
+
+    @property
+    def process_index(self) -> int:
+        """This process's rank in the job."""
+        return _api.process_index(self)
+
+    @property
+    def local_process_index(self) -> int:
+        """This process's rank on its machine."""
+        return _api.local_process_index(self)
+
+    @property
+    def should_log(self) -> bool:
+        """Whether this process logs: the first of each node (``log_on_each_node``), else the first of the job."""
+        return _api.should_log(self)
+
+    @property
+    def should_save(self) -> bool:
+        """Whether this process writes to disk: the first of each node (``save_on_each_node``), else of the job."""
+        return _api.should_save(self)
+
+    @property
+    def train_batch_size(self) -> int:
+        """The batch size of one process's step (``per_device_train_batch_size``: one device per process)."""
+        return _api.train_batch_size(self)
+
+    @property
+    def eval_batch_size(self) -> int:
+        """The evaluation batch size of one process (``per_device_eval_batch_size``)."""
+        return _api.eval_batch_size(self)
+
+    def get_process_log_level(self) -> int:
+        """The log level of this process: ``log_level`` where :attr:`should_log`, else ``log_level_replica``;
+        ``"passive"`` is the ``lockstep`` logger's current level."""
+        return _api.get_process_log_level(self)
+
+    def main_process_first(self, local: bool = True, desc: str = "work") -> AbstractContextManager[None]:
+        """Run the block on the first process (of each node with ``local=True``) first, then on the others: for
+        ``datasets.map`` whose cache the others then read. One process: just runs the block."""
+        return _api.main_process_first(self, local, desc)
+
+    def get_warmup_steps(self, num_training_steps: int) -> int:
+        """Warm-up steps of a run of ``num_training_steps``: ``warmup_steps`` when >= 1, else that fraction (or
+        ``warmup_ratio``) of the steps, rounded up."""
+        return _api.get_warmup_steps(self, num_training_steps)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields as plain values (tokens hidden, config objects as dicts), as transformers writes them."""
+        return _api.to_dict(self)
+
+    def to_json_string(self) -> str:
+        """:meth:`to_dict` as indented JSON."""
+        return _api.to_json_string(self)
+
+    def to_sanitized_dict(self) -> dict[str, Any]:
+        """:meth:`to_dict` plus the batch sizes, every value a bool, int, float or str (TensorBoard's hparams)."""
+        return _api.to_sanitized_dict(self)
+
+    # -- transformers' grouped setters (see _arguments_setters) ---------------------------------------
+    def set_training(
+        self,
+        learning_rate: float = 5e-5,
+        batch_size: int = 8,
+        weight_decay: float = 0,
+        num_epochs: float = 3,
+        max_steps: int = -1,
+        gradient_accumulation_steps: int = 1,
+        seed: int = 42,
+        activation_checkpointing: bool = False,
+        gradient_checkpointing: bool | None = None,
+    ) -> TrainingArguments:
+        """Set the basic training values (and ``do_train=True``)."""
+        return _setters.set_training(
+            self,
+            learning_rate,
+            batch_size,
+            weight_decay,
+            num_epochs,
+            max_steps,
+            gradient_accumulation_steps,
+            seed,
+            activation_checkpointing,
+            gradient_checkpointing,
+        )
+
+    def set_evaluate(
+        self,
+        strategy: str = "no",
+        steps: int = 500,
+        batch_size: int = 8,
+        accumulation_steps: int | None = None,
+        delay: float | None = None,
+        loss_only: bool = False,
+    ) -> TrainingArguments:
+        """Set when and how to evaluate (``do_eval`` follows ``strategy``)."""
+        return _setters.set_evaluate(self, strategy, steps, batch_size, accumulation_steps, delay, loss_only)
+
+    def set_testing(self, batch_size: int = 8, loss_only: bool = False) -> TrainingArguments:
+        """Set the prediction batch size (and ``do_predict=True``)."""
+        return _setters.set_testing(self, batch_size, loss_only)
+
+    def set_save(
+        self,
+        strategy: str = "steps",
+        steps: int = 500,
+        total_limit: int | None = None,
+        on_each_node: bool = False,
+    ) -> TrainingArguments:
+        """Set when checkpoints are saved and how many are kept."""
+        return _setters.set_save(self, strategy, steps, total_limit, on_each_node)
+
+    def set_logging(
+        self,
+        strategy: str = "steps",
+        steps: int = 500,
+        report_to: str | list[str] = "none",
+        level: str = "passive",
+        first_step: bool = False,
+        nan_inf_filter: bool = False,
+        on_each_node: bool = False,
+        replica_level: str = "passive",
+    ) -> TrainingArguments:
+        """Set when and where the run logs."""
+        return _setters.set_logging(
+            self, strategy, steps, report_to, level, first_step, nan_inf_filter, on_each_node, replica_level
+        )
+
+    def set_push_to_hub(
+        self,
+        model_id: str,
+        strategy: str = "every_save",
+        token: str | None = None,
+        private_repo: bool | None = None,
+        always_push: bool = False,
+        revision: str | None = None,
+    ) -> TrainingArguments:
+        """Refused: lockstep does not upload (``push_to_hub=True`` raises the arguments' NotImplementedError)."""
+        return _setters.set_push_to_hub(self, model_id, strategy, token, private_repo, always_push, revision)
+
+    def set_optimizer(
+        self,
+        name: str = "adamw_torch",
+        learning_rate: float = 5e-5,
+        weight_decay: float = 0,
+        beta1: float = 0.9,
+        beta2: float = 0.999,
+        epsilon: float = 1e-8,
+        args: str | None = None,
+    ) -> TrainingArguments:
+        """Set the optimizer and its hyperparameters."""
+        return _setters.set_optimizer(self, name, learning_rate, weight_decay, beta1, beta2, epsilon, args)
+
+    def set_lr_scheduler(
+        self, name: str = "linear", num_epochs: float = 3.0, max_steps: int = -1, warmup_steps: float = 0
+    ) -> TrainingArguments:
+        """Set the learning-rate schedule and the run's length."""
+        return _setters.set_lr_scheduler(self, name, num_epochs, max_steps, warmup_steps)
+
+    def set_dataloader(
+        self,
+        train_batch_size: int = 8,
+        eval_batch_size: int = 8,
+        drop_last: bool = False,
+        num_workers: int = 0,
+        pin_memory: bool = True,
+        persistent_workers: bool = False,
+        prefetch_factor: int | None = None,
+        multiprocessing_context: str | None = None,
+        in_order: bool = True,
+        auto_find_batch_size: bool = False,
+        ignore_data_skip: bool = False,
+        sampler_seed: int | None = None,
+    ) -> TrainingArguments:
+        """Set the batch sizes and the data loaders' options."""
+        return _setters.set_dataloader(
+            self,
+            train_batch_size,
+            eval_batch_size,
+            drop_last,
+            num_workers,
+            pin_memory,
+            persistent_workers,
+            prefetch_factor,
+            multiprocessing_context,
+            in_order,
+            auto_find_batch_size,
+            ignore_data_skip,
+            sampler_seed,
+        )
 
     # -- command line -----------------------------------------------------------------------------
     @classmethod
