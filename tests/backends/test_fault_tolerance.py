@@ -446,3 +446,7 @@ def test_unsupported_layouts_are_refused() -> None:
         match=r"Accelerator\(fault_tolerance=\{\}\) takes a FaultToleranceConfig \(the fault_tolerance",
     ):
         Accelerator(cpu=True, fault_tolerance={})
+    with pytest.raises(
+        TypeError, match=r"is a FaultToleranceConfig, .* pass it as Accelerator\(fault_tolerance=\.\.\.\)"
+    ):
+        Accelerator(cpu=True, kwargs_handlers=[_config()])

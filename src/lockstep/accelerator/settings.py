@@ -108,7 +108,7 @@ def _backend_plugin(handler: Any, index: int) -> bool:
     spec = next((s for kind, s in plugin_types().items() if isinstance(handler, kind)), None)
     if spec is not None and spec.accelerator_argument is not None:
         raise TypeError(
-            f"kwargs_handlers[{index}] is a {type(handler).__name__}, which configures the {spec.name} backend: "
+            f"kwargs_handlers[{index}] is a {type(handler).__name__}, which configures {spec.name}: "
             f"pass it as Accelerator({spec.accelerator_argument}=...)."
         )
     return spec is not None

@@ -312,10 +312,11 @@ def add_on_arguments(values: Callable[[str], Any]) -> dict[str, Any]:
     return arguments
 
 
-def plugin_types() -> dict[type, BackendSpec]:
-    """The plugin types of backends registered with one, each with its backend (imports the types)."""
-    found: dict[type, BackendSpec] = {}
-    for spec in backend_specs():
+def plugin_types() -> dict[type, Vocabulary]:
+    """The plugin types of the backends and layers registered with one, each with its spec (imports the
+    types)."""
+    found: dict[type, Vocabulary] = {}
+    for spec in [*backend_specs(), *layer_specs()]:
         kind = spec.resolved_plugin_type()
         if kind is not None:
             found[kind] = spec
