@@ -109,35 +109,7 @@ class CheckpointingView:
         durable: str = "background",
         **kwargs: Any,
     ) -> str:
-        """Save everything needed to resume exactly: weights, optimizers, schedulers, scaler, RNGs of every
-        rank, dataloader positions, the accumulation position and registered objects.
-
-        The save is crash-consistent: files go to a staging folder and a manifest, written last, makes the
-        folder a checkpoint. Returns the checkpoint folder. With ``async_save=True`` training stops only
-        while the state is copied to CPU memory; the files are written in the background and the next save
-        (or :meth:`wait_for_checkpoint`) waits for them. ``last_save_report`` says how long training stalled.
-
-        ``durable="background"`` (the default) returns on every rank with the checkpoint folder final: every
-        file written (handed to the operating system, as Accelerate's and torch's saves return), the manifest
-        (each file's checksum computed from the bytes as they were written), ``latest`` moved and older
-        checkpoints rotated out (``total_limit``). Only durability continues, on a thread: the fsync of every
-        file and folder, which changes nothing visible; the next ``save_state``, :meth:`load_state`,
-        :meth:`wait_for_checkpoint` and :meth:`end_training` wait for it, and its failure is raised on every
-        rank by them or by ``should_stop``. A crash of the machine before it ends can tear the new files: the
-        checksums then refuse them and ``load_state()`` takes the previous checkpoint (with
-        ``total_limit=1``, the one kept, the save fsyncs before it deletes the previous checkpoint).
-        ``durable="sync"``, and a save over an existing folder, fsync every file before the manifest.
-
-        A peft model (adapters on a frozen base) is saved without its frozen base: its trainable parameters
-        and buffers, and a fingerprint of the base that :meth:`load_state` checks before it loads the
-        adapter (:mod:`lockstep.checkpoint.frozen_base`). ``ProjectConfiguration(save_frozen_base=True)``
-        saves the whole model, as Accelerate does.
-
-        Example:
-            >>> accelerator = Accelerator(project_config=ProjectConfiguration(  # doctest: +SKIP
-            ...     project_dir="runs/a", automatic_checkpoint_naming=True, total_limit=3))
-            >>> accelerator.save_state()  # runs/a/checkpoints/checkpoint_0  # doctest: +SKIP
-        """
+        """``Accelerator.save_state``: the crash-consistent checkpoint of everything prepared (see there)."""
         _refuse_model_kwargs("save_state", "save_model_func_kwargs", kwargs)
         checkpoints = self.manager  # built (and its modules imported) before the save is timed
         each_node = self._project.save_on_each_node
@@ -146,8 +118,7 @@ class CheckpointingView:
             return checkpoints.save_state(output_dir, safe_serialization, async_save, durable)
 
     def wait_for_checkpoint(self) -> None:
-        """Block until a background (``async_save=True``) checkpoint is written and committed, and a
-        ``durable="background"`` one durable; raises their failure."""
+        """``Accelerator.wait_for_checkpoint``: wait for the background save (see there)."""
         with self._step_timer.checkpoint():
             self.manager.wait()
 
@@ -157,8 +128,7 @@ class CheckpointingView:
         return None if self._manager is None else self._manager.last_save
 
     def load_state(self, input_dir: str | None = None, **kwargs: Any) -> None:
-        """Restore a checkpoint written by :meth:`save_state`; prepared dataloaders continue at the next
-        unseen batch. Without ``input_dir``, loads the newest valid checkpoint of the project."""
+        """``Accelerator.load_state``: restore a checkpoint written by ``save_state`` (see there)."""
         _refuse_model_kwargs("load_state", "load_kwargs / load_model_func_kwargs", kwargs)
         each_node = self._project.save_on_each_node
         self.manager.load_state(
@@ -170,18 +140,7 @@ class CheckpointingView:
         self._prepared.register_for_checkpointing(objects)
 
     def register_save_state_pre_hook(self, hook: Callable[..., Any]) -> Any:
-        """Call ``hook(models, weights, output_dir)`` before saving; it may pop weights it saved itself.
-
-        ``output_dir`` is the folder being written (renamed into place when the save commits): files the
-        hook writes there are part of the checkpoint, covered by its manifest and rotated with it.
-
-        Example:
-            >>> def save_unet(models, weights, output_dir):  # doctest: +SKIP
-            ...     if accelerator.is_main_process:
-            ...         models[0].save_pretrained(os.path.join(output_dir, "unet"))
-            ...     weights.pop()
-            >>> accelerator.register_save_state_pre_hook(save_unet)  # doctest: +SKIP
-        """
+        """``Accelerator.register_save_state_pre_hook``: a hook called before each save (see there)."""
         return self.manager.add_hook(self.manager.save_hooks, hook)
 
     def register_load_state_pre_hook(self, hook: Callable[..., Any]) -> Any:
@@ -195,13 +154,7 @@ class CheckpointingView:
         max_shard_size: int | str = "10GB",
         safe_serialization: bool = True,
     ) -> None:
-        """Write the unwrapped model as (sharded) safetensors plus an index, on the main process.
-
-        A peft model is written as peft's ``save_pretrained`` writes it (``adapter_config.json`` and
-        ``adapter_model.safetensors``, the adapter gathered from every process), for
-        ``PeftModel.from_pretrained(base, save_directory)``; Accelerate writes the base and adapter weights
-        into ``model.safetensors`` instead. Every process calls it.
-        """
+        """``Accelerator.save_model``: the unwrapped model as (sharded) safetensors (see there)."""
         self.manager.save_model(model, save_directory, max_shard_size, safe_serialization)
 
 

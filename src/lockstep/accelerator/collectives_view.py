@@ -41,27 +41,17 @@ class CollectivesView:
         self._backend = backend
 
     def gather(self, tensor: Any) -> Any:
-        """Gather tensors (nested structures too) from every process, concatenated along dim 0 (every
-        process, tensor-parallel ones included; :meth:`gather_for_metrics` counts each sample once)."""
+        """``Accelerator.gather``: tensors of every process, concatenated along dim 0 (see there)."""
         return collectives.gather(tensor)
 
     def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
-        """Gather like :meth:`gather`, then drop the samples repeated to even out the last batch.
-
-        Over a whole prepared evaluation loader, the gathered values are exactly the dataset's, in order,
-        so metrics computed on them equal single-process metrics. On a device mesh with tensor
-        parallelism the values are gathered over the data-parallel replicas only (the processes of one
-        replica hold the same samples), so each sample still appears once; DTensors are made whole first.
-        """
+        """``Accelerator.gather_for_metrics``: ``gather`` less the repeated samples (see there)."""
         return collectives.gather_for_metrics(
             input_data, self._gradient_state, use_gather_object, group=self._backend.data_parallel_group()
         )
 
     def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
-        """Reduce tensors across processes: ``"sum"``, ``"mean"``, ``"max"``, ``"min"`` or ``"none"`` (this
-        rank's value times ``scale``; Accelerate sums instead). On a device mesh with tensor parallelism
-        the reduction runs over the data-parallel replicas only, so a per-sample count or loss sum is not
-        multiplied by ``tp_size``."""
+        """``Accelerator.reduce``: tensors reduced across processes (see there)."""
         return collectives.reduce(
             tensor, reduction=reduction, scale=scale, group=self._backend.data_parallel_group()
         )

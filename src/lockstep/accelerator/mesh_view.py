@@ -126,31 +126,7 @@ class MeshView:
         buffer_seq_dims: Sequence[int] | None = None,
         no_restore_buffers: set[torch.Tensor] | None = None,
     ) -> contextlib.AbstractContextManager:
-        """A block in which the batch is split along the sequence over the ``cp`` ranks (``cp_size > 1``).
-
-        Inside, ``buffers`` hold this rank's chunks of the sequence (a head and a tail chunk, which balances
-        causal attention) and ``F.scaled_dot_product_attention`` runs as torch's ring attention, on GPUs and
-        on CPUs. On exit the buffers are made whole again, except those in ``no_restore_buffers``. Without
-        context parallelism the block runs unchanged, with a warning once, as in Accelerate. Enter it anew
-        for every step; the attention must be causal SDPA without a mask or dropout.
-
-        Args:
-            buffers: the batch tensors that have a sequence dimension: input ids, labels (shifted already:
-                a model that shifts them itself would shift across chunk borders) and position ids.
-            buffer_seq_dims: the sequence dimension of each buffer.
-            no_restore_buffers: buffers not needed whole after the block (saves the copy back).
-
-        Example:
-            >>> for ids, labels in train_dl:  # doctest: +SKIP
-            ...     positions = torch.arange(ids.shape[1]).expand_as(ids).contiguous()
-            ...     with accelerator.maybe_context_parallel(
-            ...         buffers=[ids, labels, positions], buffer_seq_dims=[1, 1, 1],
-            ...         no_restore_buffers={ids, labels, positions},
-            ...     ):
-            ...         logits = model(input_ids=ids, position_ids=positions).logits
-            ...         loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten())
-            ...         accelerator.backward(loss)
-        """
+        """``Accelerator.maybe_context_parallel``: the batch split along the sequence (see there)."""
         splitter = self.backend.capability(ContextParallel) if self.backend is not None else None
         if splitter is None:
             return no_context_parallel()

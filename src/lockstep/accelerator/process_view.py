@@ -73,8 +73,7 @@ class ProcessView:
     # -- how the processes share the work ---------------------------------------------------------
     @property
     def multi_device(self) -> bool:
-        """True for data parallel over accelerator devices, one per process (DDP on GPUs, XPUs or MPS); False
-        on one process, for DDP on CPUs and for sharded training, as in Accelerate."""
+        """``Accelerator.multi_device``: whether this is data parallel on devices (see there)."""
         return self.state.multi_device
 
     @property
@@ -94,8 +93,7 @@ class ProcessView:
 
     @property
     def should_save_model(self) -> bool:
-        """Whether this process writes model files: the local main process (one per machine), as in Accelerate
-        without a ``ParallelismConfig``."""
+        """``Accelerator.should_save_model``: whether this process writes model files (see there)."""
         return self.state.is_local_main_process
 
     # -- process control --------------------------------------------------------------------------

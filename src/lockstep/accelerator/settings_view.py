@@ -47,14 +47,12 @@ class SettingsView:
 
     @property
     def fsdp_plugin(self) -> Any:
-        """The FSDP settings in force (a ``FullyShardedDataParallelPlugin``, whether passed to the constructor
-        or chosen by the launcher's config), or None when the model is not sharded with FSDP."""
+        """``Accelerator.fsdp_plugin``: the FSDP settings in force, or None (see there)."""
         return self.settings.fsdp_plugin
 
     @property
     def deepspeed_config(self) -> dict[str, Any]:
-        """The active DeepSpeed config ("auto" values filled at ``prepare``). Like Accelerate, the attribute
-        exists only when DeepSpeed is used."""
+        """``Accelerator.deepspeed_config``: the active DeepSpeed config (see there)."""
         plugins = self.settings.deepspeed_plugins
         if not plugins:
             raise AttributeError(
@@ -86,17 +84,7 @@ class SettingsView:
     # -- dataloaders ------------------------------------------------------------------------------
     @property
     def dataloader_config(self) -> DataLoaderConfiguration:
-        """How prepared dataloaders split and deliver data (the ``DataLoaderConfiguration`` in force).
-
-        Assignable, as in Accelerate: loaders prepared afterwards follow the new configuration.
-
-        Example:
-            >>> from lockstep import Accelerator
-            >>> accelerator = Accelerator()
-            >>> accelerator.dataloader_config = DataLoaderConfiguration(even_batches=False)
-            >>> accelerator.even_batches
-            False
-        """
+        """``Accelerator.dataloader_config``: the loaders' configuration in force (see there)."""
         return self.settings.dataloader_config
 
     @dataloader_config.setter
@@ -139,8 +127,7 @@ class SettingsView:
 
     @property
     def use_stateful_dataloader(self) -> bool:
-        """Whether prepared loaders are also torchdata ``StatefulDataLoader``\\ s
-        (``DataLoaderConfiguration(use_stateful_dataloader=True)``; needs ``pip install torchdata``)."""
+        """``Accelerator.use_stateful_dataloader``: whether loaders are stateful (see there)."""
         return self.settings.dataloader_config.use_stateful_dataloader
 
     # -- kwargs_handlers, as Accelerate's attributes ----------------------------------------------

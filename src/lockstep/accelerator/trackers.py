@@ -83,8 +83,7 @@ class Trackers:
             tracker.log(values, step=step, **(log_kwargs or {}).get(tracker.name, {}))
 
     def get(self, name: str, unwrap: bool = False) -> Any:
-        """The tracker called ``name`` (its underlying object with ``unwrap``); a do-nothing stand-in on
-        processes that do not log."""
+        """``Accelerator.get_tracker``: the tracker called ``name``, or a do-nothing stand-in (see there)."""
         for tracker in self.started:
             if tracker.name == name:
                 return tracker.tracker if unwrap else tracker

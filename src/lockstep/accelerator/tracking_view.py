@@ -22,13 +22,7 @@ class TrackingView:
     def init_trackers(
         self, project_name: str, config: dict | None = None, init_kwargs: dict | None = None
     ) -> None:
-        """Start the trackers given as ``log_with`` (on the main process) and record ``config``.
-
-        Example:
-            >>> accelerator = Accelerator(log_with="jsonl", project_dir="runs/a")  # doctest: +SKIP
-            >>> accelerator.init_trackers("sentiment", config={"lr": 3e-5})  # doctest: +SKIP
-            >>> accelerator.log({"loss": 0.5}, step=1)  # doctest: +SKIP
-        """
+        """``Accelerator.init_trackers``: start the trackers of ``log_with`` (see there)."""
         self._trackers.start(project_name, config=config, init_kwargs=init_kwargs)
 
     @property
@@ -50,6 +44,5 @@ class TrackingView:
         self._trackers.log(values, step=step, log_kwargs=log_kwargs)
 
     def get_tracker(self, name: str, unwrap: bool = False) -> Any:
-        """The tracker called ``name`` (its underlying object with ``unwrap``); a do-nothing stand-in on
-        processes that do not log."""
+        """``Accelerator.get_tracker``: the tracker called ``name``, or a do-nothing stand-in (see there)."""
         return self._trackers.get(name, unwrap=unwrap)

@@ -78,8 +78,7 @@ def device(self: TrainingArguments) -> torch.device:
 
 
 def n_gpu(self: TrainingArguments) -> int:
-    """GPUs this process uses: 1 on a GPU, 0 on the CPU (lockstep never runs ``nn.DataParallel``, so a
-    process with several visible GPUs still uses one)."""
+    """``TrainingArguments.n_gpu``: the GPUs this process uses, 1 or 0 (see there)."""
     return 0 if device(self).type == "cpu" else 1
 
 
@@ -114,14 +113,7 @@ def should_save(self: TrainingArguments) -> bool:
 
 
 def get_process_log_level(self: TrainingArguments) -> int:
-    """The log level of this process: ``log_level`` where :attr:`should_log`, else ``log_level_replica``;
-    ``"passive"`` is the ``lockstep`` logger's current level.
-
-    Example:
-        >>> from lockstep import TrainingArguments
-        >>> TrainingArguments(log_level="info").get_process_log_level()
-        20
-    """
+    """``TrainingArguments.get_process_log_level``: the log level of this process (see there)."""
     name = self.log_level if should_log(self) else self.log_level_replica
     if name == "passive":
         return logging.getLogger("lockstep").getEffectiveLevel()
@@ -130,14 +122,7 @@ def get_process_log_level(self: TrainingArguments) -> int:
 
 @contextlib.contextmanager
 def main_process_first(self: TrainingArguments, local: bool = True, desc: str = "work") -> Iterator[None]:
-    """Run the block on the first process (of each node with ``local=True``) first, then on the others: for
-    ``datasets.map`` whose cache the others then read. One process: just runs the block.
-
-    Example:
-        >>> from lockstep import TrainingArguments
-        >>> with TrainingArguments().main_process_first(desc="tokenize"):
-        ...     pass
-    """
+    """``TrainingArguments.main_process_first``: run the block on the first process first (see there)."""
     state = distributed_state(self)
     if state.num_processes == 1:
         yield
@@ -161,8 +146,7 @@ def eval_batch_size(self: TrainingArguments) -> int:
 
 
 def get_warmup_steps(self: TrainingArguments, num_training_steps: int) -> int:
-    """Warm-up steps of a run of ``num_training_steps``: ``warmup_steps`` when >= 1, else that fraction (or
-    ``warmup_ratio``) of the steps, rounded up."""
+    """``TrainingArguments.get_warmup_steps``: the warm-up steps of a run (see there)."""
     if self.warmup_steps >= 1:
         return int(self.warmup_steps)
     fraction = self.warmup_steps if self.warmup_steps > 0 else self.warmup_ratio

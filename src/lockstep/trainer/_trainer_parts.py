@@ -49,8 +49,7 @@ class EvalLoopOutput(NamedTuple):
 def training_step(
     self: Trainer, model: nn.Module, inputs: Any, num_items_in_batch: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """Forward and backward of one micro-batch (through :meth:`compute_loss`); returns the detached loss.
-    The Trainer's loop calls it inside its accumulation context, then clips and steps the optimizer."""
+    """``Trainer.training_step``: forward and backward of one micro-batch (see there)."""
     micro_batch = MicroBatch(inputs, num_items_in_batch, last=self.accelerator.sync_gradients)
     return self._step.forward_backward(model, micro_batch).detach()
 
@@ -204,9 +203,7 @@ def prediction_step(
     prediction_loss_only: bool,
     ignore_keys: list[str] | None = None,
 ) -> tuple[torch.Tensor | None, Any, Any]:
-    """``(loss, logits, labels)`` of one batch without gradients; ``(loss, None, None)`` with
-    ``prediction_loss_only``. With labels the loss and outputs come from :meth:`compute_loss` (a subclass's
-    override included), as in transformers. Output keys in ``ignore_keys`` are left out of the logits."""
+    """``Trainer.prediction_step``: ``(loss, logits, labels)`` of one batch without gradients (see there)."""
     labels = batches.split_labels(inputs, self.label_names, pop=False)[1]  # before compute_loss may pop them
     with torch.no_grad():
         if labels is not None:
@@ -275,8 +272,7 @@ def evaluation_loop(
     ignore_keys: list[str] | None = None,
     metric_key_prefix: str = "eval",
 ) -> EvalLoopOutput:
-    """Predictions, labels, metrics (``compute_metrics`` included) and the number of examples of a prepared
-    loader (from :meth:`get_eval_dataloader`); ``description`` is transformers' label of the run."""
+    """``Trainer.evaluation_loop``: predictions, labels and metrics of a prepared loader (see there)."""
     self._setup()
     output = run_evaluation(
         self,

@@ -52,14 +52,7 @@ def _seconds_text(seconds: float) -> str:
 
 
 def metrics_format(metrics: dict[str, float]) -> dict[str, Any]:
-    """Metrics for reading, as transformers prints them: runtimes as ``h:mm:ss.cc``, floats to 4 digits,
-    memory in MB and ``total_flos`` in GF.
-
-    Example:
-        >>> from lockstep import Trainer
-        >>> Trainer.metrics_format({"train_runtime": 61.5, "train_loss": 0.123456})
-        {'train_runtime': '0:01:01.50', 'train_loss': 0.1235}
-    """
+    """``Trainer.metrics_format``: metrics formatted for reading, as transformers prints them (see there)."""
     formatted: dict[str, Any] = dict(metrics)
     for key, value in formatted.items():
         if "_mem_" in key:
@@ -150,12 +143,7 @@ def create_model_card(
     dataset: str | list[str] | None = None,
     dataset_args: str | list[str] | None = None,
 ) -> None:
-    """Write ``output_dir/README.md``: a model card with the metadata given, the hyperparameters, the
-    evaluation results of ``state.log_history`` and the library versions (no network access).
-
-    Example:
-        >>> trainer.create_model_card(model_name="tiny-clm", dataset="wikitext", tags=["clm"])  # doctest: +SKIP
-    """
+    """``Trainer.create_model_card``: write ``output_dir/README.md``, a model card (see there)."""
     if not self.is_world_process_zero():
         return
     name = model_name or Path(self.args.output_dir).name

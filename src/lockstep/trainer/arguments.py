@@ -475,12 +475,24 @@ class TrainingArguments:
 
     def get_process_log_level(self) -> int:
         """The log level of this process: ``log_level`` where :attr:`should_log`, else ``log_level_replica``;
-        ``"passive"`` is the ``lockstep`` logger's current level."""
+        ``"passive"`` is the ``lockstep`` logger's current level.
+
+        Example:
+            >>> from lockstep import TrainingArguments
+            >>> TrainingArguments(log_level="info").get_process_log_level()
+            20
+        """
         return _api.get_process_log_level(self)
 
     def main_process_first(self, local: bool = True, desc: str = "work") -> AbstractContextManager[None]:
         """Run the block on the first process (of each node with ``local=True``) first, then on the others: for
-        ``datasets.map`` whose cache the others then read. One process: just runs the block."""
+        ``datasets.map`` whose cache the others then read. One process: just runs the block.
+
+        Example:
+            >>> from lockstep import TrainingArguments
+            >>> with TrainingArguments().main_process_first(desc="tokenize"):
+            ...     pass
+        """
         return _api.main_process_first(self, local, desc)
 
     def get_warmup_steps(self, num_training_steps: int) -> int:

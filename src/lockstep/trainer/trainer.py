@@ -894,6 +894,11 @@ class Trainer:
     def metrics_format(metrics: dict[str, float]) -> dict[str, Any]:
         """Metrics for reading, as transformers prints them: runtimes as ``h:mm:ss.cc``, floats to 4 digits,
         memory in MB and ``total_flos`` in GF.
+
+        Example:
+            >>> from lockstep import Trainer
+            >>> Trainer.metrics_format({"train_runtime": 61.5, "train_loss": 0.123456})
+            {'train_runtime': '0:01:01.50', 'train_loss': 0.1235}
         """
         return _trainer_reports.metrics_format(metrics)
 
@@ -923,6 +928,9 @@ class Trainer:
     ) -> None:
         """Write ``output_dir/README.md``: a model card with the metadata given, the hyperparameters, the
         evaluation results of ``state.log_history`` and the library versions (no network access).
+
+        Example:
+            >>> trainer.create_model_card(model_name="tiny-clm", dataset="wikitext", tags=["clm"])  # doctest: +SKIP
         """
         _trainer_reports.create_model_card(
             self,
