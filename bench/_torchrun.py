@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -20,14 +21,22 @@ def user_env(**extra: str) -> dict[str, str]:
 
 
 def reserved_port() -> int:
-    """A port for a launcher that must be told one (the launch-time row measures plain torchrun, static
-    rendezvous): tests/helpers/ports.py's, which no other process can take before the launcher binds it.
-    Prefer :data:`TORCHRUN` where the rendezvous does not matter."""
-    if str(REPO) not in sys.path:
-        sys.path.append(str(REPO))
-    from tests.helpers.ports import reserved_port as reserve
-
-    return reserve()
+    """A loopback port for a launcher that must be told one (the launch-time row measures plain torchrun,
+    static rendezvous), which no other process gets before the launcher binds it: bound, connected to and
+    closed from the accepting side, it stays in TIME_WAIT for a minute, where the kernel hands it to no one
+    binding port 0 and refuses it to binds without ``SO_REUSEADDR``, while torch's TCPStore (which sets it)
+    binds it at once. The same remedy as the test suite's ``tests/helpers/ports.py``, kept here so that the
+    benchmarks run without the tests. Prefer :data:`TORCHRUN` where the rendezvous does not matter."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as server:
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # the TIME_WAIT socket inherits it
+        server.bind(("127.0.0.1", 0))
+        server.listen(1)
+        port = server.getsockname()[1]
+        with socket.create_connection(("127.0.0.1", port)) as client:
+            accepted, _ = server.accept()
+            client.getsockname()  # established both ways before either side closes
+            accepted.close()  # the accepting side closes first: the TIME_WAIT is on the server's port
+    return int(port)
 
 
 TORCHRUN = ["-m", "torch.distributed.run", "--standalone"]
