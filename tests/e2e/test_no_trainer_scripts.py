@@ -36,6 +36,7 @@ import pytest
 
 from tests.helpers import hf_examples
 from tests.helpers.cli import REPO, cli_env
+from tests.helpers.ports import TORCHRUN_STANDALONE
 
 pytest.importorskip("transformers")
 pytest.importorskip("datasets")
@@ -144,7 +145,15 @@ def _run(root: Path, launcher: str, kind: str, name: str, *extra: str) -> Run:
     command = {
         "python": [sys.executable, script],
         "lockstep": [sys.executable, "-m", "lockstep.cli.main", "launch", "--num-processes", "2", script],
-        "torchrun": [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", script],
+        "torchrun": [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            *TORCHRUN_STANDALONE,
+            "--nproc-per-node",
+            "2",
+            script,
+        ],
     }[launcher]
     hub = root / "hf_home"
     env = cli_env(

@@ -1,6 +1,7 @@
 """Start real multi-process gloo groups on loopback for tests.
 
-Each worker is a forked process with one thread, its own rank in the torchrun environment variables,
+Each worker is a process forked from this one (through :mod:`tests.helpers.forking`, which forks only a
+process without threads) with one thread, its own rank in the torchrun environment variables,
 and a fresh lockstep state. A worker's exception is re-raised in the test with its rank and traceback;
 a worker that does not finish in time fails the test instead of hanging it.
 """
@@ -8,7 +9,6 @@ a worker that does not finish in time fails the test instead of hanging it.
 from __future__ import annotations
 
 import contextlib
-import multiprocessing as mp
 import os
 import pickle
 import queue as queue_module
@@ -16,9 +16,9 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+from tests.helpers.deadlines import scaled
+from tests.helpers.forking import worker_context
 from tests.helpers.ports import held_store
-
-_CTX = mp.get_context("fork")
 
 
 class WorkerError(AssertionError):
@@ -26,14 +26,15 @@ class WorkerError(AssertionError):
 
 
 PORT_WAIT = 60.0
-"""How long a worker waits for the parent to send the store's port."""
+"""How long a worker waits for the parent to send the store's port (on an idle machine: scaled)."""
 
 
 def _worker(
     rank: int, world_size: int, ports: Any, fn: Callable[..., Any], args: tuple, env: dict, queue: Any
 ) -> None:
-    if not ports.poll(PORT_WAIT):
-        queue.put((rank, "error", f"the parent sent no store port within {PORT_WAIT:.0f}s"))
+    wait = scaled(PORT_WAIT)
+    if not ports.poll(wait):
+        queue.put((rank, "error", f"the parent sent no store port within {wait:.0f}s"))
         return
     port = ports.recv()
     os.environ.update(
@@ -98,12 +99,16 @@ def run_distributed(
     process without threads, and the store's server is one), then the store binds port 0, then each worker
     is sent its port and joins it as a client (``TORCHELASTIC_USE_AGENT_STORE``). Choosing a free port and
     letting rank 0 bind it later raced with every other test and process of the machine.
+
+    ``timeout`` is the wait on an idle machine; it is scaled by the load (:mod:`tests.helpers.deadlines`).
     """
     _import_before_fork()
-    queue = _CTX.Queue()
-    pipes = [_CTX.Pipe(duplex=False) for _ in range(world_size)]
+    timeout = scaled(timeout)
+    context = worker_context((fn, args))
+    queue = context.Queue()
+    pipes = [context.Pipe(duplex=False) for _ in range(world_size)]
     procs = [
-        _CTX.Process(
+        context.Process(
             target=_worker, args=(rank, world_size, pipes[rank][0], fn, args, env or {}, queue), daemon=True
         )
         for rank in range(world_size)
@@ -132,7 +137,7 @@ def run_distributed(
                 results[rank] = pickle.loads(payload)
             else:
                 errors[rank] = payload
-                timeout = min(timeout, 15.0)  # the others are likely stuck waiting for this rank
+                timeout = min(timeout, scaled(15.0))  # the others are likely stuck waiting for this rank
     finally:
         for proc in procs:
             proc.join(timeout=10)

@@ -25,6 +25,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.close_group_at_exit import RUNNER
+from tests.helpers.deadlines import scaled
+
 REPO = Path(__file__).resolve().parents[2]
 REFERENCE_VENV = REPO / ".venv-reference"
 REFERENCE_PYTHON = REFERENCE_VENV / "bin" / "python"
@@ -114,39 +117,27 @@ def reference_env(**extra: str) -> dict[str, str]:
     return env
 
 
-_DISTRIBUTED_EXIT = """
-
-# Appended by tests.helpers.reference: leave the gloo group before the interpreter exits. With a group alive
-# at exit a process sometimes aborts ("terminate called without an active exception", SIGABRT; upstream
-# pytorch/pytorch#190489), which fails a run whose work had finished. Destroying the group, then exiting
-# without interpreter teardown, gave no abort in 16 runs.
-import os as _os, sys as _sys
-import torch.distributed as _dist
-if _dist.is_initialized():
-    _dist.barrier()
-    _dist.destroy_process_group()
-_sys.stdout.flush()
-_sys.stderr.flush()
-_os._exit(0)
-"""
-
-
 def run_reference(
     snippet: str, *args: str, folder: Path, processes: int = 1, timeout: float = 120
 ) -> subprocess.CompletedProcess:
     """Write ``snippet`` (dedented) to ``folder`` and run it there with the reference interpreter and
     ``args`` as ``sys.argv[1:]``; with ``processes > 1`` through ``torch.distributed.run`` (gloo, loopback),
-    the snippet followed by a clean exit from the process group. Fails the test with the output's tail when
+    the snippet run through ``close_group_at_exit`` (a clean exit from the process group). Fails the test with the output's tail when
     it exits non-zero."""
     python = str(reference_python())
     script = folder / "reference_snippet.py"
-    text = textwrap.dedent(snippet) + (_DISTRIBUTED_EXIT if processes > 1 else "")
-    script.write_text(text, encoding="utf-8")
+    script.write_text(textwrap.dedent(snippet), encoding="utf-8")
     command = [python, str(script), *args]
-    if processes > 1:
-        command[1:1] = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}"]
+    if processes > 1:  # the group outlives Accelerate's snippet: the runner closes it (gloo abort at exit)
+        command[1:1] = [
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc-per-node={processes}",
+            RUNNER,
+        ]
     done = subprocess.run(
-        command, env=reference_env(), capture_output=True, text=True, timeout=timeout, cwd=folder
+        command, env=reference_env(), capture_output=True, text=True, timeout=scaled(timeout), cwd=folder
     )
     if done.returncode != 0:
         pytest.fail(
@@ -189,7 +180,7 @@ def run_module(
         env=env,
         capture_output=True,
         text=True,
-        timeout=timeout,
+        timeout=scaled(timeout),
         cwd=REPO,
     )
     if done.returncode != 0:

@@ -20,6 +20,8 @@ import time
 from pathlib import Path
 
 import torch
+from tests.helpers.deadlines import scaled
+from tests.helpers.forking import fork
 
 from lockstep import Accelerator, ProjectConfiguration
 from lockstep.checkpoint import CheckpointError, layout, load_model_files
@@ -60,18 +62,21 @@ def commit_seconds() -> float:
 
 
 def killed_child(delay: float) -> None:
-    pid = os.fork()
+    pid = fork()  # refused while a thread runs here (the previous save's writer must have ended)
     if pid == 0:  # the child: save, and be killed `delay` seconds after the call returned
         accelerator.save_state(durable="background")
         threading.Timer(delay, os.kill, (os.getpid(), signal.SIGKILL)).start()
         time.sleep(60)
         os._exit(3)
-    deadline = time.monotonic() + 30
+    limit = scaled(30)
+    deadline = time.monotonic() + limit
     while (waited := os.waitpid(pid, os.WNOHANG))[0] == 0:
         if time.monotonic() > deadline:  # a hung child fails the run instead of hanging it
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
-            raise SystemExit(f"the child saving checkpoint_1 hung (killed after 30 s; delay {delay})")
+            raise SystemExit(
+                f"the child saving checkpoint_1 hung (killed after {limit:.0f} s; delay {delay})"
+            )
         time.sleep(0.005)
     status = waited[1]
     if not (os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL):

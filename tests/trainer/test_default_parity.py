@@ -15,6 +15,7 @@ import json
 
 import pytest
 
+from tests.helpers.close_group_at_exit import RUNNER
 from tests.helpers.reference import TRANSFORMERS_4, accelerate_pythonpath, run_module, run_with_transformers
 
 pytest.importorskip("transformers")
@@ -27,7 +28,7 @@ def _runs(version: str | None, folder, processes: int = 1) -> dict[str, dict]:
     overlay, by Trainer."""
     first = [accelerate_pythonpath()]  # transformers.Trainer needs accelerate; lockstep never imports it
     if processes > 1:  # torchrun runs the module: -m torch.distributed.run ... -m MODULE
-        torchrun = ["--standalone", f"--nproc-per-node={processes}", "-m", MODULE]
+        torchrun = ["--standalone", f"--nproc-per-node={processes}", RUNNER, "-m", MODULE]
         done = run_module("torch.distributed.run", *torchrun, str(folder), first=first)
     elif version is None:
         done = run_module(MODULE, str(folder), first=first)

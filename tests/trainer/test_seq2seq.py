@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.close_group_at_exit import RUNNER
 from tests.helpers.reference import accelerate_pythonpath, run_module
 
 pytest.importorskip("transformers")
@@ -32,7 +33,7 @@ def _runs(folder: Path, processes: int, extra: str | None = None) -> dict[str, d
         accelerate_pythonpath()
     ]  # transformers' Seq2SeqTrainer needs accelerate; lockstep never imports it
     if processes > 1:
-        torchrun = ["--standalone", f"--nproc-per-node={processes}", "-m", MODULE]
+        torchrun = ["--standalone", f"--nproc-per-node={processes}", RUNNER, "-m", MODULE]
         done = run_module("torch.distributed.run", *torchrun, *args, first=first)
     else:
         done = run_module(MODULE, *args, first=first)

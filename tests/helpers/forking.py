@@ -1,0 +1,94 @@
+"""The one way tests start worker processes: fork only a process without threads.
+
+A fork copies the memory of every thread but runs only the forking one: a lock another thread held at
+that moment (an allocator's, the logging module's, libgomp's, a gloo or store thread's) stays held in the
+child for ever, and the worker hangs until the test's timeout. Forking is still what the suite wants
+(``run_distributed``'s workers inherit the imported torch, dynamo and DeepSpeed instead of paying seconds
+each to import them), so every fork goes through here:
+
+* :func:`worker_context` gives ``run_distributed`` the ``fork`` context when this process runs one
+  thread, and otherwise the ``forkserver`` one: the workers then fork from a clean server process (which
+  preloads torch) and get the function and its arguments pickled; a function that cannot be pickled is
+  refused with the threads named;
+* :func:`fork` is ``os.fork`` for a script that forks children itself; it refuses while a thread runs.
+
+Threads are read from ``/proc/self/task``: torch's and gloo's threads are invisible to ``threading``.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import pickle
+import threading
+import time
+from typing import Any
+
+GRACE = 2.0
+"""How long a fork waits for threads that are ending (a store's server thread after ``del store``)."""
+
+_PRELOAD = ["torch", "tests.helpers.multiprocess"]
+
+
+def other_threads() -> list[str]:
+    """The names of this process's threads other than the calling one (empty where /proc is missing)."""
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return []
+    names = []
+    for task in tasks:
+        if int(task) == threading.get_native_id():
+            continue
+        try:
+            with open(f"/proc/self/task/{task}/comm") as comm:
+                names.append(comm.read().strip())
+        except OSError:  # it ended meanwhile
+            continue
+    return sorted(names)
+
+
+def threads_after_grace() -> list[str]:
+    """:func:`other_threads`, after waiting up to :data:`GRACE` seconds for them to end."""
+    deadline = time.monotonic() + GRACE
+    while (threads := other_threads()) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return threads
+
+
+def worker_context(target: Any = None) -> mp.context.BaseContext:
+    """The multiprocessing context to start workers running ``target`` (what they will be sent) with:
+    ``fork`` when this process runs one thread, else ``forkserver``.
+
+    Raises:
+        RuntimeError: threads run here and ``target`` cannot be pickled for the forkserver.
+    """
+    threads = threads_after_grace()
+    if not threads:
+        return mp.get_context("fork")
+    try:
+        pickle.dumps(target)
+    except Exception as error:
+        raise RuntimeError(
+            f"cannot start workers: this process runs threads {threads} (a fork could copy a lock one of them "
+            f"holds), and what the workers run cannot be pickled for a clean forkserver ({error}). End the "
+            "threads first (destroy the process group, close the store), or pass module-level functions."
+        ) from error
+    context = mp.get_context("forkserver")
+    context.set_forkserver_preload(_PRELOAD)
+    return context
+
+
+def fork() -> int:
+    """``os.fork()``, refused while another thread of this process runs.
+
+    Raises:
+        RuntimeError: naming the threads still running after :data:`GRACE` seconds.
+    """
+    threads = threads_after_grace()
+    if threads:
+        raise RuntimeError(
+            f"refusing to fork: this process runs threads {threads}; the child could inherit a lock one of "
+            "them holds and hang. Fork before they start, or after they end."
+        )
+    return os.fork()
