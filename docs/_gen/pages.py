@@ -130,14 +130,12 @@ def config_top_level() -> dict[str, str]:
 
 _BUILT_IN_SECTIONS = {
     "dynamo_config": "torch.compile settings (dynamo_backend, dynamo_mode, ...); empty when not compiling.",
-    "parallelism_config": "N-D parallelism sizes (parallelism_config_tp_size, ...): a non-empty section makes "
-    "the workers build a ParallelismConfig (a device mesh for tensor parallelism, FSDP and HSDP).",
     "megatron_lm_config": "Megatron-LM settings, kept as written.",
     "tp_config": "Tensor parallel settings of older Accelerate versions, kept as written.",
     "fp8_config": "FP8 recipe settings, kept as written.",
     "mpirun_config": "mpirun settings (mpirun_hostfile, mpirun_ccl), kept as written.",
 }
-"""What the sections that no backend or layer owns hold."""
+"""What the sections that no backend, layer or setting group owns hold."""
 
 
 def _attribute_docs(path: Path, class_name: str | None = None) -> dict[str, str]:

@@ -30,7 +30,7 @@ from lockstep.config.kwargs import (
     ProfileKwargs,
 )
 from lockstep.config.parallelism import ParallelismConfig
-from lockstep.config.parallelism_keys import config_from_section
+from lockstep.config.parallelism_keys import LAYOUT
 from lockstep.config.plugins import GradientAccumulationPlugin, TorchDynamoPlugin
 from lockstep.config.project import ProjectConfiguration
 from lockstep.diagnostics.settings import HangDetectionKwargs
@@ -228,9 +228,9 @@ def resolve_parallelism(
     config file's section), else one from the ``PARALLELISM_CONFIG_*`` variables when
     ``ACCELERATE_USE_PARALLELISM_CONFIG=true``."""
     if config is None:
-        section = launch.get("parallelism_config")
-        if section is not None:
-            config = config_from_section(section)
+        section = launch.get(LAYOUT.config_section or "")
+        if section is not None and LAYOUT.plugin_from_section is not None:
+            config = LAYOUT.plugin_from_section(section)
         elif _env.parallelism_config_requested():
             config = ParallelismConfig()
     if config is None:

@@ -35,6 +35,7 @@ from lockstep.config.file import (
     load_config_file,
     save_config_file,
 )
+from lockstep.config.setting_specs import setting_specs
 from lockstep.config.topology import data_parallel_type
 
 T = TypeVar("T")
@@ -280,60 +281,22 @@ def _ask_num_processes(prompter: _Prompter, kind: MachineKind, machines: int) ->
     return prompter.ask(f"How many {unit} in total, on all machines?", str(per_machine * machines), parse)
 
 
-def _divisor_of(total: int) -> Callable[[str], int]:
-    def parse(answer: str) -> int:
-        number = parse_int(1)(answer)
-        if total % number:
-            raise ValueError(f"{number} does not divide {total} processes.")
-        return number
-
-    return parse
-
-
-def _ask_mesh(prompter: _Prompter, processes: int) -> dict[str, Any]:
-    """The device mesh: tensor-parallel size, context-parallel size, then FSDP shard size; the rest of the
-    processes are replicas."""
-    tp = prompter.ask(
-        "Tensor-parallel size (processes each layer is split over)?", "1", _divisor_of(processes)
-    )
-    cp = prompter.ask(
-        "Context-parallel size (processes each sequence is split over; needs causal SDPA attention)?",
-        "1",
-        _divisor_of(processes // tp),
-    )
-    rest = processes // (tp * cp)
-    shard = prompter.ask(
-        f"FSDP shard size (of the {rest} remaining processes; the others replicate, HSDP)?",
-        str(rest),
-        _divisor_of(rest),
-    )
-    return {
-        "parallelism_config": {
-            "parallelism_config_dp_replicate_size": rest // shard,
-            "parallelism_config_dp_shard_size": shard,
-            "parallelism_config_tp_size": tp,
-            "parallelism_config_cp_size": cp,
-        }
-    }
-
-
 def _ask_sharding(prompter: _Prompter, processes: int) -> dict[str, Any]:
     """Whether to shard the model: with a registered backend that has questions (FSDP, DeepSpeed: those
-    Accelerate's wizard asks), or on a device mesh (``ParallelismConfig``: tensor/context parallel, FSDP,
-    HSDP sizes)."""
+    Accelerate's wizard asks), or with a setting group that has (the device mesh, ``ParallelismConfig``:
+    tensor/context parallel, FSDP, HSDP sizes)."""
     offered = {
         spec.name: spec for spec in backend_specs() if spec.wizard is not None and spec.distributed_types
     }
-    names = ", ".join(offered)
-    sharding = prompter.ask(
-        f"Shard the model (no, {names}, mesh: tensor/context parallel, FSDP, HSDP sizes)?",
-        "no",
-        parse_choice(("no", *offered, "mesh")),
-    )
-    if sharding == "mesh":
-        return _ask_mesh(prompter, processes)
+    groups = {spec.name: spec for spec in setting_specs() if spec.questions is not None}
+    names = ", ".join([*offered, *(f"{name}: {spec.title or name} sizes" for name, spec in groups.items())])
+    sharding = prompter.ask(f"Shard the model (no, {names})?", "no", parse_choice(("no", *offered, *groups)))
     if sharding == "no":
         return {}
+    if sharding in groups:
+        group = groups[sharding]
+        assert group.questions is not None and group.config_section is not None
+        return {group.config_section: group.questions(prompter.ask, processes)}
     spec = offered[sharding]
     assert spec.wizard is not None and spec.config_section is not None
     return {"distributed_type": spec.distributed_types[0], spec.config_section: spec.wizard(prompter.ask)}

@@ -3,9 +3,10 @@
 Every flag takes both spellings (``--num-processes`` and Accelerate's ``--num_processes``) and defaults to
 "not given", so that the config file applies. Flags of a config section come from its key table: the
 ``--fsdp-*`` flags from ``FSDP_KEYS``, the DeepSpeed flags (``--zero-stage``, ``--deepspeed-config-file``,
-...) from ``DEEPSPEED_KEYS``, the ``--dynamo-*`` flags from ``DYNAMO_KEYS``, the ``--parallelism-config-*``
-flags from ``PARALLELISM_KEYS``; the flags of features lockstep
-does not drive are refused (:mod:`lockstep.cli._unsupported_flags`). :func:`given_flags` turns what was typed into the settings that
+...) from ``DEEPSPEED_KEYS``, the ``--parallelism-config-*`` flags from ``PARALLELISM_KEYS`` (each registered
+spec's table, with its switch: ``--use-fsdp``, ``--use-parallelism-config``), the ``--dynamo-*`` flags from
+``DYNAMO_KEYS``; the flags of features lockstep does not drive are refused
+(:mod:`lockstep.cli._unsupported_flags`). :func:`given_flags` turns what was typed into the settings that
 :func:`lockstep.launcher.settings.resolve` merges over the config file.
 
 This module must not import torch.
@@ -24,10 +25,10 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from lockstep.cli._unsupported_flags import REFUSED_DEST, add_unsupported_flags, refused
-from lockstep.config.backend_specs import BackendSpec, sectioned_specs
+from lockstep.config.backend_specs import sectioned_specs
 from lockstep.config.keys import SettingKey, flag_keys
-from lockstep.config.parallelism_keys import PARALLELISM_KEYS
 from lockstep.config.plugins import DYNAMO_KEYS
+from lockstep.config.vocabulary import Vocabulary
 from lockstep.errors import UsageError
 from lockstep.launcher.settings import machine_count, parse_rdzv_conf
 
@@ -37,9 +38,8 @@ Flag = tuple[tuple[str, ...], dict[str, Any]]
 BACKEND_FLAGS: dict[str, dict[str, SettingKey]] = {
     spec.config_section: flag_keys(spec.keys) for spec in sectioned_specs() if spec.config_section
 }
-"""Each registered backend's section flags (``--fsdp-*``, ``--zero-stage`` ...) by argparse ``dest``."""
-PARALLELISM_FLAGS: dict[str, SettingKey] = flag_keys(PARALLELISM_KEYS)
-"""The ``--parallelism-config-*`` flags by argparse ``dest`` (the ``parallelism_config`` key each one sets)."""
+"""Each registered backend's, layer's and setting group's section flags (``--fsdp-*``, ``--zero-stage``,
+``--parallelism-config-*`` ...) by argparse ``dest``."""
 DYNAMO_FLAGS: dict[str, SettingKey] = {
     name: entry for name, entry in flag_keys(DYNAMO_KEYS).items() if entry.field != "backend"
 }
@@ -48,7 +48,6 @@ its own, as in Accelerate)."""
 SECTION_FLAGS: dict[str, Mapping[str, SettingKey]] = {
     **BACKEND_FLAGS,
     "dynamo_config": DYNAMO_FLAGS,
-    "parallelism_config": PARALLELISM_FLAGS,
 }
 """Each config section that flags set, with its flags by ``dest``."""
 TARGET_FLAGS = ("module", "no_python", "main_training_function")
@@ -75,8 +74,9 @@ def _spellings(dest: str) -> tuple[str, ...]:
     return (f"--{dest.replace('_', '-')}", f"--{dest}")
 
 
-def _backend_flags(spec: BackendSpec) -> list[Flag]:
-    """A backend's launch switch (``--use-fsdp``) and the flags of its section's key table."""
+def _backend_flags(spec: Vocabulary) -> list[Flag]:
+    """A backend's (layer's, setting group's) launch switch (``--use-fsdp``) and the flags of its section's
+    key table."""
     title = spec.title or spec.name
     flags = table_flags(spec.keys, label=title)
     if spec.enable_flag is None:
@@ -160,12 +160,6 @@ LAUNCH_FLAGS: list[Flag] = [
         "a TPU setting of Accelerate: accepted, without effect on CPUs and GPUs",
     ),
     *(flag for spec in sectioned_specs() for flag in _backend_flags(spec)),
-    _switch(
-        ("--use-parallelism-config", "--use_parallelism_config"),
-        "lay the processes out on an N-D device mesh (ParallelismConfig; sizes from the flags below, else 1)",
-        "use_parallelism_config",
-    ),
-    *table_flags(PARALLELISM_KEYS, label="ParallelismConfig"),
 ]
 """The launch flags, in ``--help`` order (unsupported flags are added hidden, after these)."""
 
@@ -194,8 +188,6 @@ def given_flags(args: argparse.Namespace) -> dict[str, Any]:
         if given:
             flags[section] = {name: _section_flag_value(keys[name], value) for name, value in given.items()}
     _choose_backend(flags)
-    if flags.pop("use_parallelism_config", False) or "parallelism_config" in flags:
-        flags["use_parallelism_config"] = True
     if flags.pop("multi_gpu", False):
         flags["distributed_type"] = "MULTI_GPU"
     if "rdzv_conf" in flags:
@@ -207,8 +199,9 @@ def given_flags(args: argparse.Namespace) -> dict[str, Any]:
 
 def _choose_backend(flags: dict[str, Any]) -> None:
     """The backend whose switch (``--use-fsdp``) or section flags were given becomes the distributed type;
-    two of them are an error."""
-    for spec in sectioned_specs():  # an add-on (fault tolerance) goes beside the chosen backend
+    two of them are an error. An add-on's switch (``--fault-tolerance``, ``--use-parallelism-config``) gives
+    its section, empty unless its flags fill it."""
+    for spec in sectioned_specs():  # an add-on (fault tolerance, the layout) goes beside the chosen backend
         if spec.add_on and spec.enable_flag and flags.pop(spec.enable_flag, False):
             flags.setdefault(spec.config_section, {})
     chosen = [

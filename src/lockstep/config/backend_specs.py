@@ -35,6 +35,7 @@ from typing import Any, ClassVar
 
 from lockstep.config.enums import DistributedType
 from lockstep.config.layer_specs import layer_specs
+from lockstep.config.setting_specs import setting_specs
 from lockstep.config.vocabulary import Vocabulary, import_built_in_specs, resolve_target
 
 ENTRY_POINT_GROUP = "lockstep.backends"
@@ -199,13 +200,18 @@ def add_on_specs() -> list[Vocabulary]:
 
 
 def sectioned_specs() -> list[Vocabulary]:
-    """The backends and layers that have a config-file section, backends first.
+    """The backends, layers and setting groups (the N-D layout: :mod:`lockstep.config.setting_specs`) that
+    have a config-file section, in that order.
 
     Raises:
         ValueError: two of them claim one config section, ``Accelerator`` keyword or ``TrainingArguments``
             field (a layer may be registered beside a backend that uses its words).
     """
-    found = [spec for spec in (*backend_specs(), *layer_specs()) if spec.config_section is not None]
+    found = [
+        spec
+        for spec in (*backend_specs(), *layer_specs(), *setting_specs())
+        if spec.config_section is not None
+    ]
     for word in ("config_section", "accelerator_argument", "trainer_argument", "enable_flag"):
         owners: dict[str, str] = {}
         for spec in found:

@@ -29,8 +29,8 @@ from lockstep.config import checks
 from lockstep.config.backend_specs import sectioned_specs
 from lockstep.config.enums import DistributedType, PrecisionType
 from lockstep.config.keys import Check, SettingKey, file_keys
-from lockstep.config.parallelism_keys import PARALLELISM_KEYS
 from lockstep.config.plugins import DYNAMO_KEYS
+from lockstep.config.setting_specs import setting_specs
 from lockstep.errors import ConfigFileError
 
 CONFIG_FILE_NAME = "default_config.yaml"
@@ -43,8 +43,6 @@ ConfigKey = SettingKey
 
 DYNAMO_CONFIG_KEYS: dict[str, SettingKey] = file_keys(DYNAMO_KEYS)
 """``dynamo_config`` keys, from :data:`lockstep.config.plugins.DYNAMO_KEYS`."""
-PARALLELISM_CONFIG_KEYS: dict[str, SettingKey] = file_keys(PARALLELISM_KEYS)
-"""``parallelism_config`` keys, from :data:`lockstep.config.parallelism_keys.PARALLELISM_KEYS`."""
 KEPT_SECTIONS = ("megatron_lm_config", "tp_config", "fp8_config", "mpirun_config")
 """Accelerate's sections for features lockstep does not drive: accepted and kept as written."""
 
@@ -81,9 +79,9 @@ _SETTING_CHECKS: dict[str, Check] = {
 
 
 def section_keys() -> dict[str, dict[str, SettingKey]]:
-    """Every section of the file that has a key table, with its keys: ``dynamo_config``, each registered
-    backend's and layer's section (``fsdp_config``, ``deepspeed_config``, ... from the key table its spec names:
-    :mod:`lockstep.config.backend_specs`) and ``parallelism_config``.
+    """Every section of the file that has a key table, with its keys: ``dynamo_config``, and each registered
+    backend's, layer's and setting group's section (``fsdp_config``, ``deepspeed_config``, ...,
+    ``parallelism_config``: from the key table its spec names, :mod:`lockstep.config.backend_specs`).
 
     Example:
         >>> sorted(section_keys())[:3]
@@ -92,7 +90,6 @@ def section_keys() -> dict[str, dict[str, SettingKey]]:
     return {
         "dynamo_config": DYNAMO_CONFIG_KEYS,
         **{spec.config_section: file_keys(spec.keys) for spec in sectioned_specs() if spec.config_section},
-        "parallelism_config": PARALLELISM_CONFIG_KEYS,
     }
 
 
@@ -196,9 +193,9 @@ class ClusterConfig:
     """lockstep extension: micro-batches per optimizer step; None leaves it to the script."""
     sections: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Every section of the file by name, each a dict of YAML values (empty when absent): ``dynamo_config``
-    (torch.compile), each registered backend's and layer's (``fsdp_config``, ``deepspeed_config``,
-    ``fault_tolerance_config``, ...), ``parallelism_config`` (N-D sizes: a non-empty section makes the
-    workers build a ParallelismConfig), and Accelerate's sections lockstep keeps as written
+    (torch.compile), each registered backend's, layer's and setting group's (``fsdp_config``,
+    ``deepspeed_config``, ``fault_tolerance_config``, ``parallelism_config`` (N-D sizes: a non-empty section
+    makes the workers build a ParallelismConfig), ...), and Accelerate's sections lockstep keeps as written
     (``megatron_lm_config``, ``tp_config``, ``fp8_config``, ``mpirun_config``). Each is also an attribute
     (``config.fsdp_config``) and a keyword (``ClusterConfig(fsdp_config={...})``), as in Accelerate."""
 
@@ -280,13 +277,9 @@ class ClusterConfig:
             parts.append("CPU only")
         if self.gradient_accumulation_steps is not None:
             parts.append(f"gradient accumulation {self.gradient_accumulation_steps}")
-        sizes = [
-            f"{key.removeprefix('parallelism_config_').removesuffix('_size')}={value}"
-            for key, value in self.parallelism_config.items()
-            if key.endswith("_size") and value not in (None, 1)
-        ]
-        if self.parallelism_config:
-            parts.append(f"device mesh {' x '.join(sizes) or 'data parallel'}")
+        for spec in setting_specs():
+            described = spec.describe(self.sections.get(spec.config_section or "") or {})
+            parts.extend([described] if described else [])
         backend = self.dynamo_config.get("dynamo_backend")
         if backend not in (None, "NO"):
             parts.append(f"torch.compile {str(backend).lower()}")

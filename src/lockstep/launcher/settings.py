@@ -36,13 +36,19 @@ FLAG_SOURCE = "flag"
 
 
 def section_names() -> tuple[str, ...]:
-    """The config file's sections that a launch reads (every registered backend's and layer's,
-    ``dynamo_config``, ``parallelism_config``): flags override their keys one by one."""
-    return (
-        *(spec.config_section for spec in sectioned_specs() if spec.config_section),
-        "dynamo_config",
-        "parallelism_config",
-    )
+    """The config file's sections that a launch reads (every registered backend's, layer's and setting
+    group's, and ``dynamo_config``): flags override their keys one by one."""
+    return (*(spec.config_section for spec in sectioned_specs() if spec.config_section), "dynamo_config")
+
+
+def add_on_switches() -> dict[str, str]:
+    """The switch of every add-on (layer, setting group) with one, by name (``use_parallelism_config``), with
+    its section: the switch is on when the section is given (by the switch, a flag or the config file)."""
+    return {
+        spec.enable_flag: spec.config_section
+        for spec in sectioned_specs()
+        if spec.add_on and spec.enable_flag and spec.config_section
+    }
 
 
 GPU_DRIVER_PATHS = ("/proc/driver/nvidia", "/dev/nvidiactl", "/dev/kfd")
@@ -115,17 +121,14 @@ class LaunchSettings:
     """Check collectives across ranks (``LOCKSTEP_DEBUG``)."""
     distributed_type: str = DistributedType.NO.value
     """How processes share the work (derived from the topology)."""
-    use_parallelism_config: bool = False
-    """Lay the processes out on an N-D device mesh (a ``ParallelismConfig`` in every worker); set by
-    ``--use-parallelism-config``, a ``--parallelism-config-*`` flag or a non-empty ``parallelism_config``."""
     sections: dict[str, dict[str, Any]] = field(default_factory=dict)
     """The config sections this launch was given (the config file's keys, overridden by the section's flags),
     by name; a section not given is absent. ``dynamo_config``: the ``torch.compile`` settings besides
-    ``dynamo_backend`` (used when that is not ``no``); ``parallelism_config``: the mesh's sizes (unset sizes
-    are 1, and all 1 is plain data parallelism); each registered backend's section (``fsdp_config``,
-    ``deepspeed_config``: used when ``distributed_type`` chooses it); each add-on's and layer's
-    (``fault_tolerance_config``: given, it is on). Each is also an attribute (``settings.fsdp_config``, empty
-    when not given)."""
+    ``dynamo_backend`` (used when that is not ``no``); each registered backend's section (``fsdp_config``,
+    ``deepspeed_config``: used when ``distributed_type`` chooses it); each layer's and setting group's
+    (``fault_tolerance_config``; ``parallelism_config``: the mesh's sizes, unset sizes are 1 and all 1 is plain
+    data parallelism): given, it is on. Each is also an attribute (``settings.fsdp_config``, empty when not
+    given), and an add-on's switch too (``settings.use_parallelism_config``: whether its section is given)."""
     config_file: str | None = None
     """The config file that was read, if any."""
     sources: dict[str, str] = field(default_factory=dict)
@@ -134,6 +137,9 @@ class LaunchSettings:
     def __getattr__(self, name: str) -> Any:
         if name in section_names():
             return self.__dict__.get("sections", {}).get(name, {})
+        switches = add_on_switches()
+        if name in switches:
+            return switches[name] in self.__dict__.get("sections", {})
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     @property
@@ -161,21 +167,24 @@ class LaunchSettings:
             "debug": self.debug,
             "distributed_type": self.distributed_type,
             **self.backend_sections(),
-            "parallelism_config": dict(self.parallelism_config) if self.use_parallelism_config else None,
             "elastic": self.elastic,
         }
 
-    def backend_sections(self) -> dict[str, dict[str, Any]]:
+    def backend_sections(self) -> dict[str, dict[str, Any] | None]:
         """Every backend's config section: the chosen backend's as given, the others empty (the workers
-        must not see settings of a backend that is not used)."""
+        must not see settings of a backend that is not used); every add-on's as given, None when not given
+        (given empty, it is on with its defaults)."""
         active = spec_for_distributed_type(self.distributed_type)
-        return {
-            spec.config_section: dict(self.sections.get(spec.config_section) or {})
-            if spec is active or spec.add_on
-            else {}
-            for spec in sectioned_specs()
-            if spec.config_section is not None
-        }
+        sections: dict[str, dict[str, Any] | None] = {}
+        for spec in sectioned_specs():
+            if spec.config_section is None:
+                continue
+            given = self.sections.get(spec.config_section)
+            if spec.add_on:
+                sections[spec.config_section] = None if given is None else dict(given)
+            else:
+                sections[spec.config_section] = dict(given or {}) if spec is active else {}
+        return sections
 
     def notes(self) -> list[str]:
         """Settings that were given and have no effect here, one line each (the CLI prints them as warnings)."""
@@ -203,10 +212,14 @@ class LaunchSettings:
             for f in fields(self)
             if f.name not in skip
         ]
+        switches = [
+            (switch, getattr(self, switch), self.sources.get(section, DEFAULT_SOURCE))
+            for switch, section in add_on_switches().items()
+        ]
         sections = [
             (name, getattr(self, name), self.sources.get(name, DEFAULT_SOURCE)) for name in section_names()
         ]
-        return settings + sections
+        return settings + switches + sections
 
 
 def _from_file(config: Any) -> dict[str, Any]:
@@ -296,8 +309,6 @@ def resolve(
     elif "cluster" in merged:
         merged["cluster"] = "none"  # --cluster none, or auto with nothing detected
     _fill_topology_defaults(merged, sources)
-    if merged.get("parallelism_config") and not merged.get("use_parallelism_config"):
-        merged["use_parallelism_config"], sources["use_parallelism_config"] = True, "derived"
     given = {name: merged.pop(name) for name in sections if name in merged}
     settings = LaunchSettings(**merged, sections=given, config_file=file_path, sources=sources)
     _validate(settings)
@@ -349,8 +360,6 @@ def _validate(s: LaunchSettings) -> None:
     except ValueError as error:
         raise UsageError(str(error)) from None
     check_device_agreement(s.distributed_type, use_cpu=s.use_cpu)
-    if s.use_parallelism_config:
-        _validate_parallelism(s)
     _validate_backend_section(s)
 
 
@@ -473,15 +482,17 @@ def parse_rdzv_conf(text: str) -> dict[str, str]:
 
 def _validate_backend_section(s: LaunchSettings) -> None:
     """The chosen backend (and an add-on whose section is given) checks its section against the other
-    settings (e.g. by building its plugin once), so that a bad setting fails before any process starts."""
+    settings (e.g. by building its plugin once; the N-D layout's sizes against the number of processes), so
+    that a bad setting fails before any process starts."""
     active = spec_for_distributed_type(s.distributed_type)
     launch = {
         "mixed_precision": s.mixed_precision,
         "gradient_accumulation_steps": s.gradient_accumulation_steps,
-        "use_parallelism_config": s.use_parallelism_config,
+        **{switch: getattr(s, switch) for switch in add_on_switches()},
         "num_processes": s.num_processes,
         "distributed_type": s.distributed_type,
         "num_machines": s.num_machines,
+        "min_num_machines": s.min_num_machines,
         "main_process_port": s.main_process_port,
     }
     for spec in sectioned_specs():
@@ -492,21 +503,6 @@ def _validate_backend_section(s: LaunchSettings) -> None:
             spec.check_section(dict(section or {}), launch)
         except (TypeError, ValueError) as error:
             raise UsageError(str(error)) from None
-
-
-def _validate_parallelism(s: LaunchSettings) -> None:
-    """Build the ``ParallelismConfig`` once here, so that sizes that do not multiply to ``--num-processes``
-    (or a layout lockstep does not build) fail before any process starts; in an elastic job, also on every
-    smaller number of machines the job may continue on (the data-parallel sizes follow it)."""
-    from lockstep.config.parallelism_keys import config_from_section
-
-    try:
-        config_from_section(s.parallelism_config).validate_world_size(s.num_processes, elastic=s.elastic)
-        for machines in range(s.min_num_machines or s.num_machines, s.num_machines) if s.elastic else ():
-            world = machines * s.processes_per_machine
-            config_from_section(s.parallelism_config).validate_world_size(world, elastic=True)
-    except (TypeError, ValueError) as error:
-        raise UsageError(f"ParallelismConfig settings: {error}") from None
 
 
 def cpu_threads_per_process(local_processes: int, cpus: int | None = None) -> int:
