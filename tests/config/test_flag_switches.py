@@ -9,10 +9,10 @@ import json
 import pytest
 
 from lockstep.backends.deepspeed.keys import DEEPSPEED_KEYS
+from lockstep.backends.fsdp.keys import FSDP_KEYS
 from lockstep.cli.launch_flags import DYNAMO_FLAGS, given_flags, table_flags
 from lockstep.config import checks
 from lockstep.config.file import ClusterConfig, load_config_file, save_config_file
-from lockstep.config.fsdp_keys import FSDP_KEYS
 from lockstep.config.keys import SettingKey, flag_keys
 from lockstep.config.plugins import DYNAMO_KEYS, dynamo_fields
 from lockstep.errors import UsageError

@@ -16,18 +16,19 @@ import sys
 import pytest
 
 from lockstep.backends.deepspeed.keys import DEEPSPEED_KEYS
+from lockstep.backends.fsdp import keys as fsdp_keys
+from lockstep.backends.fsdp import trainer_options as fsdp_options
+from lockstep.backends.fsdp.keys import FSDP_KEYS, plugin_fields, plugin_kwargs
 from lockstep.backends.fsdp.plugin import _FSDP1_ONLY, FullyShardedDataParallelPlugin
+from lockstep.backends.fsdp.trainer_options import config_fields, normalize_fsdp_config
 from lockstep.cli import launch_cmd
 from lockstep.cli._unsupported_flags import REFUSED_DEST
 from lockstep.cli.launch_cmd import BACKEND_FLAGS, add_launch_flags, given_flags, table_flags
-from lockstep.config import checks, file, fsdp_keys
+from lockstep.config import checks, file
 from lockstep.config.file import ClusterConfig
-from lockstep.config.fsdp_keys import FSDP_KEYS, plugin_fields, plugin_kwargs
 from lockstep.config.keys import SettingKey, by_spelling, file_keys, flag_keys, section_kwargs
 from lockstep.config.plugins import DYNAMO_KEYS, TorchDynamoPlugin
 from lockstep.errors import UsageError
-from lockstep.trainer import fsdp_options
-from lockstep.trainer.fsdp_options import config_fields, normalize_fsdp_config
 from tests.helpers.cli import cli_env
 
 FSDP_FLAG_NAMES = [
@@ -452,7 +453,7 @@ def test_checks_take_what_yaml_json_and_python_give():
 def test_the_vocabulary_modules_do_not_import_torch():
     probe = (
         "import sys\n"
-        "import lockstep.config.keys, lockstep.config.checks, lockstep.config.fsdp_keys\n"
+        "import lockstep.config.keys, lockstep.config.checks, lockstep.backends.fsdp.keys\n"
         "import lockstep.backends.deepspeed.keys, lockstep.config.plugins, lockstep.config.file\n"
         "import lockstep.cli.launch_cmd\n"
         "print('torch' in sys.modules)\n"

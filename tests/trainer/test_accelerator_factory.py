@@ -9,6 +9,7 @@ from torch import nn
 
 from lockstep import Accelerator, DistributedType, FullyShardedDataParallelPlugin, TrainingArguments
 from lockstep.trainer.accelerator_factory import (
+    backend_plugins,
     check_launcher_agreement,
     create_accelerator_and_postprocess,
     ddp_kwargs,
@@ -165,12 +166,19 @@ def test_launcher_fsdp_makes_the_fields_unnecessary_and_is_checked_after_creatio
 
 def test_arguments_that_contradict_the_launchers_fsdp_config_are_an_error():
     launch = {"distributed_type": "FSDP", "fsdp_config": {"fsdp_offload_params": True, "fsdp_version": 2}}
-    check_launcher_agreement(TrainingArguments(fsdp="full_shard offload"), launch)  # agrees
+    agreeing = backend_plugins(TrainingArguments(fsdp="full_shard offload"), None, launch)
+    assert agreeing["fsdp_plugin"].cpu_offload is True
+    assert agreeing["deepspeed_plugin"] is None
+    assert backend_plugins(TrainingArguments(), None, launch) == {
+        "deepspeed_plugin": None,
+        "fsdp_plugin": None,
+    }
     check_launcher_agreement(TrainingArguments(), launch)  # FSDP comes from the launcher alone
     with pytest.raises(
         ValueError, match=r"contradict the launcher's FSDP config \(cpu_offload: arguments False"
     ):
-        check_launcher_agreement(TrainingArguments(fsdp="full_shard"), launch)
+        backend_plugins(TrainingArguments(fsdp="full_shard"), None, launch)
+    backend_plugins(TrainingArguments(fsdp="full_shard"), None, {"distributed_type": "FSDP"})  # no section
     with pytest.raises(ValueError, match=r"launcher's config selected DeepSpeed, but .*fsdp"):
         check_launcher_agreement(TrainingArguments(fsdp="full_shard"), {"distributed_type": "DEEPSPEED"})
     with pytest.raises(ValueError, match=r"launcher's config selected FSDP, but .*deepspeed"):
@@ -192,12 +200,12 @@ def test_launcher_agreement_compares_in_the_plugins_form():
     agreeing = TrainingArguments(
         fsdp="shard_grad_op auto_wrap", fsdp_config={"transformer_cls_names_to_wrap": ["A", "B"]}
     )
-    check_launcher_agreement(agreeing, launch)
+    assert backend_plugins(agreeing, None, launch)["fsdp_plugin"].transformer_cls_names_to_wrap == ["A", "B"]
     contradicting = TrainingArguments(
         fsdp="full_shard auto_wrap", fsdp_config={"transformer_layer_cls_to_wrap": "A"}
     )
     with pytest.raises(ValueError) as caught:
-        check_launcher_agreement(contradicting, launch)
+        backend_plugins(contradicting, None, launch)
     assert str(caught.value) == (
         "TrainingArguments(fsdp/fsdp_config) contradict the launcher's FSDP config (reshard_after_forward: "
         "arguments True, launcher config False; transformer_cls_names_to_wrap: arguments ['A'], launcher config "

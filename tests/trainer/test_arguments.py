@@ -9,8 +9,12 @@ import pytest
 import torch
 
 from lockstep import TrainingArguments
+from lockstep.backends.fsdp.trainer_options import (
+    fsdp_plugin_kwargs,
+    normalize_fsdp_config,
+    parse_fsdp_options,
+)
 from lockstep.trainer import AcceleratorConfig
-from lockstep.trainer.fsdp_options import fsdp_plugin_kwargs, normalize_fsdp_config, parse_fsdp_options
 from lockstep.trainer.schedules import get_scheduler
 
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from lockstep import TrainingArguments
-from lockstep.trainer.deepspeed_options import deepspeed_plugin_for
+from lockstep.backends.deepspeed.trainer_options import deepspeed_plugin_for
 from tests.helpers.multiprocess import run_distributed
 from tests.helpers.optional import requires
 from tests.trainer.test_transformers_models import QUIET, _check_against_one_process, _train, check_resumed_at
@@ -128,7 +128,7 @@ def test_config_values_that_contradict_the_arguments_are_listed(tmp_path):
 
 def test_a_warmup_scheduler_without_warmup_steps_is_refused_with_what_to_set():
     from lockstep.backends.deepspeed.plugin import DeepSpeedPlugin
-    from lockstep.trainer.deepspeed_options import fill_schedule
+    from lockstep.backends.deepspeed.trainer_options import fill_schedule
 
     plugin = DeepSpeedPlugin(hf_ds_config=AUTO)
     with pytest.raises(ValueError, match="WarmupDecayLR needs at least one warm-up step.*Set warmup_steps"):

@@ -17,6 +17,7 @@ __getattr__, __all__ = lazy_exports(
         "BackendRequest": "lockstep.config.backend_specs",
         "BackendSpec": "lockstep.config.backend_specs",
         "Capability": "lockstep.backends.capabilities",
+        "ConfiguredOptimizer": "lockstep.backends.capabilities",
         "ContextParallel": "lockstep.backends.capabilities",
         "GatheredForward": "lockstep.backends.capabilities",
         "JointPreparation": "lockstep.backends.capabilities",

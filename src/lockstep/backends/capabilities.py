@@ -27,6 +27,8 @@ capability                    what it does                                      
 :class:`GatheredForward`      parameters are sharded over processes and each     FSDP, N-D, pipeline,
                               forward gathers them (generation must then run     DeepSpeed
                               on every process until all have finished)
+:class:`ConfiguredOptimizer`  its config may declare the optimizer and           DeepSpeed
+                              scheduler: what to give ``prepare`` for them
 ============================  =================================================  ==========================
 """
 
@@ -250,3 +252,23 @@ class GatheredForward(Capability):
     def root_parameters_gathered(self, model: nn.Module) -> contextlib.AbstractContextManager:
         """A block in which the parameters sharded with ``model``'s root are whole: code that calls submodules
         directly (``generate`` calls the encoder) bypasses the root's forward, which would gather them."""
+
+class ConfiguredOptimizer(Capability):
+    """The backend's own config may declare the optimizer and the scheduler (DeepSpeed's ``optimizer`` and
+    ``scheduler`` entries); the backend builds them at ``prepare`` from placeholders."""
+
+    @abstractmethod
+    def optimizer_and_scheduler(
+        self,
+        model: nn.Module,
+        *,
+        learning_rate: float,
+        weight_decay: float,
+        warmup_steps: int,
+        max_steps: int,
+        build_optimizer: Callable[[], Any],
+        build_scheduler: Callable[[Any], Any],
+    ) -> tuple[Any, Any]:
+        """What to give ``prepare`` for ``model``: the config's optimizer and scheduler as placeholders (their
+        ``"auto"`` values filled from the arguments), or the caller's own (``build_optimizer()``, and
+        ``build_scheduler(optimizer)`` on the optimizer given or on the one the config declares)."""

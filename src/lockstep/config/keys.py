@@ -8,7 +8,7 @@ table with the functions below: the config file's section check (:func:`file_key
 name, such as the Trainer's ``fsdp_config`` (:func:`by_spelling`), and the dataclass keyword arguments of
 a section (:func:`section_kwargs`, :func:`field_values`).
 
-The tables: ``FSDP_KEYS`` (:mod:`lockstep.config.fsdp_keys`), ``DYNAMO_KEYS``
+The tables: ``FSDP_KEYS`` (:mod:`lockstep.backends.fsdp.keys`), ``DYNAMO_KEYS``
 (:mod:`lockstep.config.plugins`) and ``DEEPSPEED_KEYS`` (:mod:`lockstep.backends.deepspeed.keys`).
 
 This module must not import torch: the command line reads the tables at start-up.

@@ -51,6 +51,16 @@ class Vocabulary:
     """The ``Accelerator`` keyword its plugin is passed as (``fsdp_plugin``, ``fault_tolerance``)."""
     trainer_argument: str | None = None
     """The ``TrainingArguments`` field that asks the Trainer for it (``fsdp``, ``deepspeed``)."""
+    trainer_normalize: str | Callable[[Any], None] | None = None
+    """Checks its ``TrainingArguments`` field(s) in ``TrainingArguments.__post_init__`` and puts them in their
+    parsed form, in place (``fsdp="full_shard offload"`` -> a list, ``deepspeed`` JSON text -> a dict); raises
+    ``ValueError`` naming the field. A callable ``(arguments) -> None``, or ``"module:function"`` imported on
+    first use (keeps specs torch-free)."""
+    trainer_plugin: str | Callable[[Any, Any, dict[str, Any] | None], Any] | None = None
+    """Builds its plugin from the ``TrainingArguments``, which the Trainer passes as ``accelerator_argument``:
+    ``(arguments, model, launched) -> plugin``, None when its field is unset; ``launched`` is its config
+    section as ``lockstep launch`` passed it when the launcher chose it too (raise ``ValueError`` where the
+    arguments contradict it), else None. A callable, or ``"module:function"`` imported on first use."""
     config_section: str | None = None
     """The config-file section that configures it (``fsdp_config``)."""
     keys: tuple[SettingKey, ...] = ()

@@ -14,7 +14,6 @@ from lockstep.config.activation_policy import parse_activation_policy
 from lockstep.trainer import _argument_parsers
 from lockstep.trainer._optimizer_menu import check_optim, optimizer_kwargs
 from lockstep.trainer.accelerator_config import AcceleratorConfig
-from lockstep.trainer.fsdp_options import normalize_fsdp_config, parse_fsdp_options
 
 # The TrainingArguments being validated; typed loosely because arguments.py imports this module.
 TrainingArguments = Any
@@ -397,25 +396,34 @@ def check_distributed(args: TrainingArguments) -> None:
     check_int(args, "ddp_timeout", minimum=1)
     check_int(args, "ddp_bucket_cap_mb", minimum=1, optional=True)
     args.accelerator_config = AcceleratorConfig.from_value(args.accelerator_config)
-    # As in transformers: without FSDP, fsdp and fsdp_config stay None (or as given).
-    if args.fsdp:
-        args.fsdp = parse_fsdp_options(args.fsdp)
-    if args.fsdp_config is not None:
-        args.fsdp_config = normalize_fsdp_config(
-            _argument_parsers.load_json_dict(args.fsdp_config, argument="fsdp_config")
-        )
-    args.deepspeed = _argument_parsers.load_json_dict(args.deepspeed, argument="deepspeed")
-    if args.fsdp and args.deepspeed:
-        raise ValueError(
-            "TrainingArguments sets both fsdp and deepspeed: they are two ways of sharding the model; choose one."
-        )
+    asked = _check_backend_fields(args)
     _check_parallelism_config(args)
-    if args.save_only_model and args.load_best_model_at_end and (args.fsdp or args.deepspeed):
+    if args.save_only_model and args.load_best_model_at_end and asked:
         raise ValueError(
-            "TrainingArguments(save_only_model=True, load_best_model_at_end=True) with fsdp/deepspeed: the best "
+            f"TrainingArguments(save_only_model=True, load_best_model_at_end=True) with {asked[0]}: the best "
             "model of a model-only checkpoint cannot be loaded into a sharded model (as in transformers). Set "
             "save_only_model=False, or load_best_model_at_end=False."
         )
+
+
+def _check_backend_fields(args: TrainingArguments) -> list[str]:
+    """Each registered backend's fields (``fsdp``, ``deepspeed``) checked and parsed by its spec's
+    ``trainer_normalize``; returns the fields that ask for a backend (at most one: two are an error)."""
+    from lockstep.config.backend_specs import backend_specs
+    from lockstep.config.vocabulary import resolve_target
+
+    asked = []
+    for spec in backend_specs():
+        if spec.trainer_normalize is not None:
+            resolve_target(spec.trainer_normalize)(args)
+        if spec.trainer_argument and getattr(args, spec.trainer_argument, None):
+            asked.append(spec.trainer_argument)
+    if len(asked) > 1:
+        raise ValueError(
+            f"TrainingArguments sets both {asked[1]} and {asked[0]}: they are two ways of sharding the model; "
+            "choose one."
+        )
+    return asked
 
 
 def _check_parallelism_config(args: TrainingArguments) -> None:
@@ -437,11 +445,6 @@ def _check_parallelism_config(args: TrainingArguments) -> None:
         raise TypeError(
             f"TrainingArguments(parallelism_config=...) must be a ParallelismConfig (from lockstep import "
             f"ParallelismConfig) or a dict of its sizes, got {type(config).__name__}."
-        )
-    if args.deepspeed:
-        raise ValueError(
-            "TrainingArguments sets both parallelism_config and deepspeed: lockstep's device mesh runs on FSDP2 and "
-            "tensor parallelism, not DeepSpeed. Drop deepspeed (shard with dp_shard_size)."
         )
 
 

@@ -8,8 +8,9 @@ Accelerator settings (the counterpart of transformers' method of the same name):
 * ``accelerator_config`` -> ``DataLoaderConfiguration`` (with ``non_blocking`` and the data seed), and its
   ``gradient_accumulation_kwargs`` -> the ``GradientAccumulationPlugin`` (:func:`accumulation_plugin`);
 * ``ddp_*`` -> ``DistributedDataParallelKwargs``; ``ddp_backend``/``ddp_timeout`` ->
-  ``InitProcessGroupKwargs``; ``torch_compile*`` -> ``TorchDynamoPlugin``; ``fsdp``/``fsdp_config`` ->
-  ``FullyShardedDataParallelPlugin``; ``deepspeed`` -> ``DeepSpeedPlugin`` (:mod:`lockstep.trainer.deepspeed_options`); ``report_to`` -> trackers;
+  ``InitProcessGroupKwargs``; ``torch_compile*`` -> ``TorchDynamoPlugin``; each registered backend's field
+  (``fsdp``/``fsdp_config``, ``deepspeed``) -> its plugin, built by its spec's ``trainer_plugin``
+  (:func:`backend_plugins`); ``report_to`` -> trackers;
   ``output_dir`` -> project folder; ``parallelism_config`` -> the device mesh (a model transformers sharded
   at load time, ``tp_plan="auto"``, sets its tensor-parallel size by itself, as in transformers).
 """
@@ -35,18 +36,15 @@ from lockstep.config import (
 )
 from lockstep.config.backend_specs import (
     add_on_arguments,
-    launched_plugin,
+    backend_specs,
     sectioned_specs,
     spec_for_distributed_type,
 )
-from lockstep.config.fsdp_keys import plugin_fields
 from lockstep.config.parallelism import ParallelismConfig
+from lockstep.config.vocabulary import resolve_target
 from lockstep.trainer._arguments_api import check_configured_state
 from lockstep.trainer.accelerator_config import AcceleratorConfig
 from lockstep.trainer.arguments import TrainingArguments
-from lockstep.trainer.deepspeed_options import deepspeed_plugin_for
-from lockstep.trainer.fsdp_options import fsdp_plugin_kwargs
-from lockstep.utils import FullyShardedDataParallelPlugin
 
 logger = logging.getLogger("lockstep.trainer")
 
@@ -119,23 +117,27 @@ def dynamo_plugin(args: TrainingArguments) -> TorchDynamoPlugin | None:
     return TorchDynamoPlugin(backend=args.torch_compile_backend or "inductor", mode=args.torch_compile_mode)
 
 
-def build_fsdp_plugin(args: TrainingArguments, model: nn.Module | None) -> Any:
-    """The FSDP plugin for ``args.fsdp`` (None without it)."""
-    if not args.fsdp:
-        if args.fsdp_config:
-            logger.warning("TrainingArguments(fsdp_config=...) is ignored: fsdp is empty, so FSDP is off.")
-        return None
-    no_split = getattr(model, "_no_split_modules", None) if model is not None else None
-    kwargs = fsdp_plugin_kwargs(args.fsdp, args.fsdp_config, no_split_modules=no_split)  # type: ignore[arg-type]
-    return FullyShardedDataParallelPlugin(**kwargs)
+def backend_plugins(
+    args: TrainingArguments, model: nn.Module | None, launch: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The ``Accelerator`` keyword of each registered backend that maps a ``TrainingArguments`` field to its
+    plugin (``fsdp_plugin``, ``deepspeed_plugin``), with the plugin its spec's ``trainer_plugin`` builds (None
+    when the field is unset). The backend the launcher chose also gets the section it passed, to check the
+    arguments against it (a launcher config that selected FSDP makes ``fsdp``/``fsdp_config`` unnecessary;
+    giving them anyway is allowed only when every setting they name agrees).
+    """
+    launched = spec_for_distributed_type(launch.get("distributed_type") or None)
+    plugins: dict[str, Any] = {}
+    for spec in backend_specs():
+        if spec.trainer_plugin is None or spec.accelerator_argument is None:
+            continue
+        section = dict(launch.get(spec.config_section or "") or {}) if spec is launched else None
+        plugins[spec.accelerator_argument] = resolve_target(spec.trainer_plugin)(args, model, section)
+    return plugins
 
 
 def check_launcher_agreement(args: TrainingArguments, launch: Mapping[str, Any]) -> None:
-    """Fail when the launcher's config selected a sharding backend that the arguments contradict.
-
-    A launcher config that selected FSDP makes ``fsdp``/``fsdp_config`` unnecessary; giving them anyway
-    is allowed only when every FSDP setting they name agrees with the launcher's.
-    """
+    """Fail when the launcher's config selected a backend and the arguments ask for another one."""
     launched = spec_for_distributed_type(launch.get("distributed_type") or None)
     if launched is None or launched.trainer_argument is None:
         return
@@ -146,22 +148,6 @@ def check_launcher_agreement(args: TrainingArguments, launch: Mapping[str, Any])
                 f"asks for {spec.title}. Remove {spec.trainer_argument} from the arguments or change the launcher's "
                 "config."
             )
-    if not args.fsdp or launched_plugin(launch, launched.accelerator_argument or "") is None:
-        return
-    ours = fsdp_plugin_kwargs(args.fsdp, args.fsdp_config, no_split_modules=["?"])  # type: ignore[arg-type]
-    theirs = plugin_fields(launch.get(launched.config_section or "") or {})
-    conflicts = [
-        f"{key}: arguments {ours.get(key)!r}, launcher config {value!r}"
-        for key, value in sorted(theirs.items())
-        if key in ours and ours[key] != value
-    ]
-    if conflicts:
-        raise ValueError(
-            "TrainingArguments(fsdp/fsdp_config) contradict the launcher's FSDP config ("
-            + "; ".join(conflicts)
-            + "). The launcher's config already enables FSDP: drop fsdp/fsdp_config from the arguments, or make "
-            "them agree."
-        )
 
 
 def check_accumulation(args: TrainingArguments, launch: Mapping[str, Any]) -> None:
@@ -215,16 +201,15 @@ def create_accelerator_and_postprocess(
     """Create the Accelerator the Trainer drives, then validate the combination.
 
     Raises:
-        ValueError: DeepSpeed config values that contradict the arguments; FSDP activation checkpointing together with ``gradient_checkpointing``; a launcher
-            config that contradicts the arguments.
+        ValueError: a backend's settings that contradict the arguments (DeepSpeed config values, FSDP's
+            activation checkpointing with ``gradient_checkpointing``) or the launcher's config.
     """
     check_configured_state(args)
     launch = launcher_settings()  # the Accelerator's reading of what lockstep launch asked for
     check_launcher_agreement(args, launch)
     accumulation = accumulation_plugin(args)  # may set gradient_accumulation_steps: before anything reads it
     check_accumulation(args, launch)
-    fsdp_plugin = build_fsdp_plugin(args, model)
-    _check_activation_checkpointing(args, fsdp_plugin)
+    plugins = backend_plugins(args, model, launch)
     accelerator = Accelerator(
         mixed_precision=args.mixed_precision,
         cpu=args.use_cpu,
@@ -240,8 +225,7 @@ def create_accelerator_and_postprocess(
             InitProcessGroupKwargs(backend=args.ddp_backend, timeout=timedelta(seconds=args.ddp_timeout)),
         ],
         dynamo_plugin=dynamo_plugin(args),
-        fsdp_plugin=fsdp_plugin,
-        deepspeed_plugin=deepspeed_plugin_for(args, _world_size()),
+        **plugins,
         **add_on_arguments(lambda field: getattr(args, field, None)),
         elastic_keep_global_batch=args.elastic_keep_global_batch,
         parallelism_config=parallelism_config_for(args, model),
@@ -276,25 +260,7 @@ def parallelism_config_for(args: TrainingArguments, model: nn.Module | None) -> 
     return config
 
 
-def _world_size() -> int:
-    """The job's number of processes before the Accelerator exists (the launcher's WORLD_SIZE)."""
-    from lockstep.state import PartialState
-
-    return PartialState().num_processes
-
-
-def _check_activation_checkpointing(args: TrainingArguments, fsdp_plugin: Any) -> None:
-    if args.gradient_checkpointing and getattr(fsdp_plugin, "activation_checkpointing", False):
-        raise ValueError(
-            "TrainingArguments(gradient_checkpointing=True) and fsdp_config activation_checkpointing=True both "
-            "recompute activations, which is redundant and breaks FSDP's backward. Use fsdp_config "
-            "activation_checkpointing for FSDP models and turn gradient_checkpointing off."
-        )
-
-
 def _postprocess(args: TrainingArguments, accelerator: Accelerator) -> None:
-    if accelerator.fsdp_plugin is not None:  # also when the launcher's config chose FSDP
-        _check_activation_checkpointing(args, accelerator.fsdp_plugin)
     if accelerator.non_blocking and not args.dataloader_pin_memory:
         logger.warning(
             "accelerator_config non_blocking=True has no effect without dataloader_pin_memory=True: copies from "

@@ -24,6 +24,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
+from lockstep.backends import ConfiguredOptimizer
 from lockstep.integrations.peft import gathered_adapter
 from lockstep.progress import ProgressBar
 from lockstep.trainer import (
@@ -54,7 +55,6 @@ from lockstep.trainer.callbacks import (
     TrainerControl,
     TrainerState,
 )
-from lockstep.trainer.deepspeed_options import optimizer_and_scheduler
 from lockstep.utils import clear_device_cache, find_batch_size, find_executable_batch_size, is_peft_model
 
 if TYPE_CHECKING:
@@ -262,19 +262,20 @@ class Trainer:
         self._prepared = True
 
     def _optimizer_and_scheduler(self, max_steps: int) -> tuple[Any, Any]:
-        """The given optimizer and scheduler, else the Trainer's own (or the DeepSpeed config's)."""
+        """The given optimizer and scheduler, else the Trainer's own (or those the backend's config declares:
+        :class:`~lockstep.backends.ConfiguredOptimizer`, DeepSpeed's)."""
         warmup = self.args.warmup_steps_for(max_steps)
 
         def schedule(optimizer: Any) -> Any:
             return self.create_scheduler(max_steps, optimizer)
 
         optimizer, scheduler = self._given_optimizers
-        plugin = self.accelerator.deepspeed_plugin
-        if optimizer is None and plugin is not None:
-            return optimizer_and_scheduler(
-                plugin,
+        configured = self.accelerator.capability(ConfiguredOptimizer)
+        if optimizer is None and configured is not None:
+            return configured.optimizer_and_scheduler(
                 self.model,
-                self.args,
+                learning_rate=self.args.learning_rate,
+                weight_decay=self.args.weight_decay,
                 warmup_steps=warmup,
                 max_steps=max_steps,
                 build_optimizer=self.create_optimizer,

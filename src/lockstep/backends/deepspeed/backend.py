@@ -10,7 +10,7 @@ cycle). Checkpoints are the engine's own files (:mod:`.checkpoint`), inside lock
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from pathlib import Path
 from typing import Any, final
 
@@ -19,12 +19,13 @@ from torch import nn
 
 from lockstep.backends.base import Backend, Indexed
 from lockstep.backends.capabilities import (
+    ConfiguredOptimizer,
     GatheredForward,
     JointlyPrepared,
     JointPreparation,
     ShardedCheckpointIO,
 )
-from lockstep.backends.deepspeed import auto, checkpoint, universal
+from lockstep.backends.deepspeed import auto, checkpoint, trainer_options, universal
 from lockstep.backends.deepspeed.loading import check_fp16_supported, import_deepspeed
 from lockstep.backends.deepspeed.placeholders import DummyOptim, DummyScheduler
 from lockstep.backends.deepspeed.plugin import DeepSpeedPlugin
@@ -38,7 +39,7 @@ _LRScheduler = torch.optim.lr_scheduler.LRScheduler
 
 
 @final
-class DeepSpeedBackend(Backend, JointPreparation, ShardedCheckpointIO, GatheredForward):
+class DeepSpeedBackend(Backend, JointPreparation, ShardedCheckpointIO, GatheredForward, ConfiguredOptimizer):
     """ZeRO through DeepSpeed engines, one per ``prepare`` call that holds a model.
 
     Args:
@@ -76,6 +77,30 @@ class DeepSpeedBackend(Backend, JointPreparation, ShardedCheckpointIO, GatheredF
     def active_plugin(self) -> DeepSpeedPlugin:
         """The selected plugin (the first one unless ``select_deepspeed_plugin`` chose another)."""
         return next((p for p in self.plugins.values() if p.selected), next(iter(self.plugins.values())))
+
+    def optimizer_and_scheduler(
+        self,
+        model: nn.Module,
+        *,
+        learning_rate: float,
+        weight_decay: float,
+        warmup_steps: int,
+        max_steps: int,
+        build_optimizer: Callable[[], Any],
+        build_scheduler: Callable[[Any], Any],
+    ) -> tuple[Any, Any]:
+        """The active plugin's config optimizer and scheduler as placeholders, or the caller's own
+        (:func:`lockstep.backends.deepspeed.trainer_options.optimizer_and_scheduler`)."""
+        return trainer_options.optimizer_and_scheduler(
+            self.active_plugin,
+            model,
+            learning_rate=learning_rate,
+            weight_decay=weight_decay,
+            warmup_steps=warmup_steps,
+            max_steps=max_steps,
+            build_optimizer=build_optimizer,
+            build_scheduler=build_scheduler,
+        )
 
     # -- parameters gathered in forward (ZeRO-3) -----------------------------------------------------
     def gathers_in_forward(self, model: nn.Module) -> bool:

@@ -71,6 +71,8 @@ SPEC = register_backend_spec(
         plugin_type="lockstep.backends.deepspeed.plugin:DeepSpeedPlugin",
         accelerator_argument="deepspeed_plugin",
         trainer_argument="deepspeed",
+        trainer_normalize="lockstep.backends.deepspeed.trainer_options:normalize_arguments",
+        trainer_plugin="lockstep.backends.deepspeed.trainer_options:plugin_for_arguments",
         distributed_types=(DistributedType.DEEPSPEED,),
         type_facts={DistributedType.DEEPSPEED: TypeFacts(deepspeed=True)},
         config_section="deepspeed_config",

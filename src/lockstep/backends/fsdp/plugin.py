@@ -21,14 +21,14 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from lockstep.config.activation_policy import ActivationPolicy, parse_activation_policy
-from lockstep.config.fsdp_keys import (
+from lockstep.backends.fsdp.keys import (
     FSDP1_RESHARD,
     LEGACY_FIELDS,
     WRAP_POLICIES,
     plugin_kwargs,
     state_dict_type,
 )
+from lockstep.config.activation_policy import ActivationPolicy, parse_activation_policy
 
 if TYPE_CHECKING:  # torch is imported where it is used, so that the command line starts fast
     from torch import nn
@@ -36,7 +36,7 @@ if TYPE_CHECKING:  # torch is imported where it is used, so that the command lin
 logger = logging.getLogger("lockstep.fsdp")
 
 _FSDP1_SHARDING = FSDP1_RESHARD
-# The FSDP1-only keys of the table (lockstep.config.fsdp_keys), and two FSDP1 fields no config file sets.
+# The FSDP1-only keys of the table (lockstep.backends.fsdp.keys), and two FSDP1 fields no config file sets.
 _FSDP1_ONLY = (*LEGACY_FIELDS, "state_dict_config", "optim_state_dict_config")
 _DEFAULT_MIN_NUM_PARAMS = 100_000_000
 """torch's default threshold for size-based wrapping."""
@@ -213,7 +213,7 @@ class FullyShardedDataParallelPlugin:
     def from_config_section(cls, section: Mapping[str, Any]) -> FullyShardedDataParallelPlugin:
         """Build the plugin from a config file's ``fsdp_config``.
 
-        Keys are renamed to fields by the key table (:data:`lockstep.config.fsdp_keys.FSDP_KEYS`); the
+        Keys are renamed to fields by the key table (:data:`lockstep.backends.fsdp.keys.FSDP_KEYS`); the
         ``fsdp_`` prefix is optional. None values are left out.
 
         Raises:

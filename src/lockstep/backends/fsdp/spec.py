@@ -1,5 +1,5 @@
 """The FSDP2 backend's vocabulary: ``FullyShardedDataParallelPlugin``, the ``fsdp_config`` section and the
-``--use-fsdp`` / ``--fsdp-*`` launch flags (from :data:`lockstep.config.fsdp_keys.FSDP_KEYS`)."""
+``--use-fsdp`` / ``--fsdp-*`` launch flags (from :data:`lockstep.backends.fsdp.keys.FSDP_KEYS`)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
+from lockstep.backends.fsdp.keys import FSDP_KEYS
 from lockstep.config.backend_specs import BackendRequest, BackendSpec, TypeFacts, register_backend_spec
 from lockstep.config.enums import DistributedType
-from lockstep.config.fsdp_keys import FSDP_KEYS
 
 
 def sharding_precision(request: BackendRequest) -> Any:
@@ -92,6 +92,8 @@ SPEC = register_backend_spec(
         plugin_type="lockstep.backends.fsdp.plugin:FullyShardedDataParallelPlugin",
         accelerator_argument="fsdp_plugin",
         trainer_argument="fsdp",
+        trainer_normalize="lockstep.backends.fsdp.trainer_options:normalize_arguments",
+        trainer_plugin="lockstep.backends.fsdp.trainer_options:plugin_for_arguments",
         distributed_types=(DistributedType.FSDP,),
         type_facts={DistributedType.FSDP: TypeFacts(fsdp2=True)},  # lockstep's FSDP is always FSDP2
         config_section="fsdp_config",

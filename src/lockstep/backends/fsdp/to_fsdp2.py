@@ -1,6 +1,6 @@
 """Converting a config file's ``fsdp_config`` from FSDP1 to FSDP2, as ``accelerate to-fsdp2`` does.
 
-Everything is derived from the FSDP key table (:data:`lockstep.config.fsdp_keys.FSDP_KEYS`): the keys that
+Everything is derived from the FSDP key table (:data:`lockstep.backends.fsdp.keys.FSDP_KEYS`): the keys that
 only FSDP1 had (``legacy``) are removed, except the sharding strategy, which becomes
 ``fsdp_reshard_after_forward``; FSDP1 strategy names under ``fsdp_reshard_after_forward`` become its bool;
 every other key is kept as written, and ``fsdp_version`` becomes 2. A file that already says
@@ -25,8 +25,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from lockstep.backends.fsdp.keys import FSDP1_RESHARD, FSDP_KEYS
 from lockstep.config import checks
-from lockstep.config.fsdp_keys import FSDP1_RESHARD, FSDP_KEYS
 from lockstep.config.keys import SettingKey, file_keys
 
 RESHARD_OF_STRATEGY: dict[str, bool] = {

@@ -2,12 +2,12 @@
 
 :data:`FSDP_KEYS` is the only place where an FSDP key is spelled. Derived from it:
 
-* the config file's ``fsdp_config`` check (``lockstep.config.file.BACKEND_SECTION_KEYS``);
+* the config file's ``fsdp_config`` check (``lockstep.config.file.section_keys``, through the spec);
 * ``FullyShardedDataParallelPlugin.from_config_section`` (:func:`plugin_kwargs`);
 * the ``lockstep launch --fsdp-*`` flags, their help and the conversion of their text
   (``lockstep.cli.launch_flags``), the FSDP1 ones among them too;
 * the Trainer's ``fsdp_config`` (transformers' spelling: with or without the ``fsdp_`` prefix, plus
-  aliases; FSDP1-only keys dropped) in ``lockstep.trainer.fsdp_options``;
+  aliases; FSDP1-only keys dropped) in :mod:`lockstep.backends.fsdp.trainer_options`;
 * the comparison of the Trainer's settings with the launcher's (:func:`plugin_fields`).
 
 This module must not import torch.

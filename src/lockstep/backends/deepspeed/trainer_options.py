@@ -1,5 +1,9 @@
 """``TrainingArguments(deepspeed=...)``: the DeepSpeed plugin the Trainer's Accelerator trains with.
 
+Named by the DeepSpeed spec: :func:`normalize_arguments` is its ``trainer_normalize``,
+:func:`plugin_for_arguments` its ``trainer_plugin``; :func:`optimizer_and_scheduler` answers the backend's
+:class:`~lockstep.backends.capabilities.ConfiguredOptimizer`.
+
 The config's ``"auto"`` values are filled from the arguments, as transformers fills them: batch sizes,
 accumulation, ``max_grad_norm``, AdamW's learning rate, betas, epsilon and weight decay, the warm-up
 scheduler's rates and steps, bf16/fp16. A value the config writes that contradicts an argument is an
@@ -13,12 +17,39 @@ config's optimizer is built on the optimizer DeepSpeed makes).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from torch import nn
+from lockstep.backends.deepspeed.plugin import DeepSpeedPlugin
+from lockstep.config.argument_values import load_json_dict
 
-from lockstep.trainer.arguments import TrainingArguments
-from lockstep.utils import DeepSpeedPlugin
+if TYPE_CHECKING:
+    from torch import nn
+
+TrainingArguments = Any
+"""The Trainer's arguments (``lockstep.trainer.TrainingArguments``; the backends never import the Trainer)."""
+
+
+def normalize_arguments(args: TrainingArguments) -> None:
+    """``deepspeed`` as a dict (given as one, as JSON text or as a JSON file's path), in place.
+
+    Raises:
+        ValueError: ``parallelism_config`` is given too: lockstep's device mesh does not run DeepSpeed.
+    """
+    args.deepspeed = load_json_dict(args.deepspeed, argument="deepspeed")
+    if args.deepspeed and args.parallelism_config is not None:
+        raise ValueError(
+            "TrainingArguments sets both parallelism_config and deepspeed: lockstep's device mesh runs on FSDP2 and "
+            "tensor parallelism, not DeepSpeed. Drop deepspeed (shard with dp_shard_size)."
+        )
+
+
+def plugin_for_arguments(args: TrainingArguments, model: Any, launched: dict[str, Any] | None) -> Any:
+    """:func:`deepspeed_plugin_for` on the job's number of processes (the launcher's ``WORLD_SIZE``)."""
+    if not args.deepspeed:
+        return None
+    from lockstep.state import PartialState
+
+    return deepspeed_plugin_for(args, PartialState().num_processes)
 
 
 def deepspeed_plugin_for(args: TrainingArguments, num_processes: int) -> DeepSpeedPlugin | None:
@@ -78,8 +109,9 @@ def fill_schedule(plugin: DeepSpeedPlugin, *, warmup_steps: int, max_steps: int)
 def optimizer_and_scheduler(
     plugin: DeepSpeedPlugin,
     model: nn.Module,
-    args: TrainingArguments,
     *,
+    learning_rate: float,
+    weight_decay: float,
     warmup_steps: int,
     max_steps: int,
     build_optimizer: Callable[[], Any],
@@ -87,13 +119,13 @@ def optimizer_and_scheduler(
 ) -> tuple[Any, Any]:
     """What the Trainer hands to ``prepare``: the config's optimizer and scheduler as placeholders, or its
     own (``build_scheduler(optimizer)`` makes the Trainer's schedule on an optimizer)."""
-    from lockstep.utils import DummyOptim, DummyScheduler
+    from lockstep.backends.deepspeed.placeholders import DummyOptim, DummyScheduler
 
     config = plugin.deepspeed_config
     if "optimizer" not in config:
         optimizer = build_optimizer()
         return optimizer, build_scheduler(optimizer)
-    optimizer = DummyOptim(model.parameters(), lr=args.learning_rate, weight_decay=args.weight_decay)
+    optimizer = DummyOptim(model.parameters(), lr=learning_rate, weight_decay=weight_decay)
     if "scheduler" in config:
         fill_schedule(plugin, warmup_steps=warmup_steps, max_steps=max_steps)
         return optimizer, DummyScheduler(optimizer, warmup_num_steps=warmup_steps)

@@ -2,9 +2,11 @@
 
 transformers describes FSDP with a list of options (``"full_shard auto_wrap offload"``) plus a config
 dict whose keys may carry an ``fsdp_`` prefix. lockstep's :class:`FullyShardedDataParallelPlugin` uses
-Accelerate's field names. This module is the pure mapping between the two; it imports nothing heavy. The
+Accelerate's field names. This module is the mapping between the two, named by the FSDP spec
+(:func:`normalize_arguments` is its ``trainer_normalize``, :func:`plugin_for_arguments` its
+``trainer_plugin``); it imports nothing heavy until a plugin is built. The
 ``fsdp_config`` names, the field each one sets and the check of its value come from the key table
-(:data:`lockstep.config.fsdp_keys.FSDP_KEYS`): every key with or without the ``fsdp_`` prefix, and its
+(:data:`lockstep.backends.fsdp.keys.FSDP_KEYS`): every key with or without the ``fsdp_`` prefix, and its
 aliases; FSDP1-only keys are accepted and dropped with one warning.
 
 Example:
@@ -18,9 +20,9 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from lockstep.config.fsdp_keys import PREFIX, SPELLINGS, fsdp_key
+from lockstep.backends.fsdp.keys import PREFIX, SPELLINGS, fsdp_key, plugin_fields
+from lockstep.config.argument_values import load_json_dict, name_list
 from lockstep.config.keys import SettingKey
-from lockstep.trainer._argument_parsers import name_list
 
 logger = logging.getLogger("lockstep.trainer")
 
@@ -31,6 +33,67 @@ FSDP_OPTIONS = SHARDING_OPTIONS + MODIFIER_OPTIONS
 KNOWN_CONFIG_KEYS = frozenset(SPELLINGS)
 """``fsdp_config`` keys (without the prefix) that the mapping understands, from the key table."""
 _XLA_KEYS = ("xla", "xla_fsdp_v2", "xla_fsdp_grad_ckpt", "xla_fsdp_settings")
+
+
+def normalize_arguments(args: Any) -> None:
+    """``fsdp`` as a checked option list and ``fsdp_config`` as a dict without prefixes, in place; as in
+    transformers, without FSDP they stay None (or as given)."""
+    if args.fsdp:
+        args.fsdp = parse_fsdp_options(args.fsdp)
+    if args.fsdp_config is not None:
+        args.fsdp_config = normalize_fsdp_config(load_json_dict(args.fsdp_config, argument="fsdp_config"))
+
+
+def plugin_for_arguments(args: Any, model: Any, launched: dict[str, Any] | None) -> Any:
+    """The FSDP plugin for ``args.fsdp`` and ``fsdp_config`` (None without ``fsdp``), checked against the
+    launcher's ``fsdp_config`` section when the launcher chose FSDP too (``launched``).
+
+    Raises:
+        ValueError: a setting the arguments and the launcher's section both name, with different values;
+            FSDP's activation checkpointing (the arguments' or the launcher's) with ``gradient_checkpointing``.
+    """
+    if not args.fsdp:
+        if args.fsdp_config:
+            logger.warning("TrainingArguments(fsdp_config=...) is ignored: fsdp is empty, so FSDP is off.")
+        if launched is not None:  # FSDP comes from the launcher alone
+            _check_activation_checkpointing(args, plugin_fields(launched))
+        return None
+    if launched is not None:
+        _check_agreement(args, launched)
+    from lockstep.backends.fsdp.plugin import FullyShardedDataParallelPlugin
+
+    no_split = getattr(model, "_no_split_modules", None) if model is not None else None
+    kwargs = fsdp_plugin_kwargs(args.fsdp, args.fsdp_config, no_split)
+    _check_activation_checkpointing(args, kwargs)
+    return FullyShardedDataParallelPlugin(**kwargs)
+
+
+def _check_activation_checkpointing(args: Any, fields: dict[str, Any]) -> None:
+    if args.gradient_checkpointing and fields.get("activation_checkpointing"):
+        raise ValueError(
+            "TrainingArguments(gradient_checkpointing=True) and fsdp_config activation_checkpointing=True both "
+            "recompute activations, which is redundant and breaks FSDP's backward. Use fsdp_config "
+            "activation_checkpointing for FSDP models and turn gradient_checkpointing off."
+        )
+
+
+def _check_agreement(args: Any, launched: dict[str, Any]) -> None:
+    """Giving ``fsdp``/``fsdp_config`` when the launcher's config selected FSDP is allowed only when every
+    setting they name agrees with the launcher's."""
+    ours = fsdp_plugin_kwargs(args.fsdp, args.fsdp_config, no_split_modules=["?"])
+    theirs = plugin_fields(launched)
+    conflicts = [
+        f"{key}: arguments {ours.get(key)!r}, launcher config {value!r}"
+        for key, value in sorted(theirs.items())
+        if key in ours and ours[key] != value
+    ]
+    if conflicts:
+        raise ValueError(
+            "TrainingArguments(fsdp/fsdp_config) contradict the launcher's FSDP config ("
+            + "; ".join(conflicts)
+            + "). The launcher's config already enables FSDP: drop fsdp/fsdp_config from the arguments, or make "
+            "them agree."
+        )
 
 
 def parse_fsdp_options(value: Any) -> list[str]:
