@@ -33,6 +33,11 @@ FORBIDDEN_IMPORTS = [
         "backends sit below the Accelerator",
     ),
     (
+        "lockstep.layers",
+        ("lockstep.accelerator", "lockstep.trainer", "lockstep.cli", "lockstep.launcher"),
+        "layers sit below the Accelerator, which runs their step hooks",
+    ),
+    (
         "lockstep.checkpoint",
         (
             "lockstep.accelerator",
@@ -56,6 +61,7 @@ FORBIDDEN_IMPORTS = [
             "lockstep.cli",
             "lockstep.launcher",
             "lockstep.backends",
+            "lockstep.layers",
         ),
         "config/ is the vocabulary everything else uses",
     ),
@@ -369,8 +375,9 @@ def test_the_accelerator_loads_the_optional_parts_on_first_use():
 # -- every spelling of "which backend is this?" -----------------------------------------------------------
 # Asking which backend is active is the registry's job (a loop over the specs) and the configuration
 # vocabulary's; everything else asks a backend for a capability. These are the spellings found in use.
-IDENTITY_HOMES = ("lockstep.backends", "lockstep.config")
-"""Where backend vocabulary may be spelled: the backends' own folders (and their specs) and config/."""
+IDENTITY_HOMES = ("lockstep.backends", "lockstep.layers", "lockstep.config")
+"""Where backend vocabulary may be spelled: the backends' and layers' own folders (and their specs) and
+config/."""
 SETTINGS_RESOLUTION = (
     "lockstep.accelerator.settings",
     "lockstep.trainer.accelerator_factory",

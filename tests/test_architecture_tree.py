@@ -49,6 +49,9 @@ ACCELERATE_PATH_SHIMS = (
 """Top-level modules that exist only for an import path (``accelerate.data_loader``, ``accelerate.hooks``,
 ``accelerate.inference``, ``accelerate.optimizer``, ..., and the documented ``lockstep.memory_accounting``):
 re-exports of names defined in a package."""
+MOVED_PATH_SHIMS = ("lockstep.backends.ft",)
+"""Former import paths kept for users' code after the code moved, re-exports only: fault tolerance is a layer
+(``lockstep.layers.fault_tolerance``), and the docs once said ``from lockstep.backends.ft import ...``."""
 
 
 def top_level_modules(root: Path = SRC) -> list[str]:
@@ -87,11 +90,15 @@ def _is_reexport(node: ast.stmt, index: int) -> bool:
     return len(targets) == 1 and isinstance(targets[0], ast.Name) and targets[0].id == "__all__"
 
 
-def shim_violations(modules: Iterable[Module], shims: Iterable[str] = ACCELERATE_PATH_SHIMS) -> list[str]:
-    """Statements of a shim other than its docstring, imports and ``__all__``."""
+def shim_violations(
+    modules: Iterable[Module],
+    shims: Iterable[str] = ACCELERATE_PATH_SHIMS,
+    kind: str = "an Accelerate path shim",
+) -> list[str]:
+    """Statements of a shim (``kind``) other than its docstring, imports and ``__all__``."""
     shims = set(shims)
     return [
-        f"{module.name}:{node.lineno} is an Accelerate path shim and holds a {type(node).__name__}: "
+        f"{module.name}:{node.lineno} is {kind} and holds a {type(node).__name__}: "
         "a shim re-exports only (move the code into a package)"
         for module in modules
         if module.name in shims
@@ -124,6 +131,13 @@ def test_the_shim_rule_catches_code_in_a_shim():
         "lockstep.scheduler:2 is an Accelerate path shim and holds a Expr: a shim re-exports only (move the code "
         "into a package)"
     ]
+    moved = parse(
+        "lockstep.backends.ft", '"""Moved."""\nfrom lockstep.errors import ReplicaQuorumError\nX = 1\n'
+    )
+    assert shim_violations([moved], MOVED_PATH_SHIMS, "a moved path shim") == [
+        "lockstep.backends.ft:3 is a moved path shim and holds a Assign: a shim re-exports only (move the code "
+        "into a package)"
+    ]
 
 
 def test_the_placement_rule_catches_an_unplaced_top_level_module():
@@ -145,3 +159,9 @@ def test_the_accelerate_path_shims_are_re_exports_only():
     modules = [m for m in package_modules() if m.name in ACCELERATE_PATH_SHIMS]
     assert sorted(m.name for m in modules) == sorted(ACCELERATE_PATH_SHIMS)
     assert shim_violations(modules) == []
+
+
+def test_the_moved_path_shims_are_re_exports_only():
+    modules = [m for m in package_modules() if m.name in MOVED_PATH_SHIMS]
+    assert sorted(m.name for m in modules) == sorted(MOVED_PATH_SHIMS)
+    assert shim_violations(modules, MOVED_PATH_SHIMS, "a moved path shim") == []

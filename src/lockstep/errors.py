@@ -2,7 +2,7 @@
 
 Each error is also re-exported where it is raised (``lockstep.config.file.ConfigFileError``,
 ``lockstep.checkpoint.CheckpointError``, ``lockstep.collectives.DistributedOperationException``,
-``lockstep.backends.ft.ReplicaQuorumError``), so either
+``lockstep.layers.fault_tolerance.ReplicaQuorumError``), so either
 import path works.
 """
 

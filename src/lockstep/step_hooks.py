@@ -13,7 +13,8 @@ prepared objects see it::
                                                #   hooks.commit(optimizer) decides whether it is applied
 
 Built-in layers on this interface: the step timer (:mod:`lockstep.throughput`), the hang watchdog's progress
-note (:mod:`lockstep.diagnostics`), and the commit answer of fault tolerance (:mod:`lockstep.backends.ft`).
+note (:mod:`lockstep.diagnostics`), and the commit answer of fault tolerance
+(:mod:`lockstep.layers.fault_tolerance`; built-in layers live in :mod:`lockstep.layers`).
 Add your own with ``accelerator.add_step_hook(hook)``, or make it a *layer* users switch on like a built-in
 feature: a :class:`LayerSpec` (registered with :func:`register_layer`, or by an installed package in the
 ``lockstep.layers`` entry-point group) names its ``Accelerator`` keyword, ``TrainingArguments`` field, config

@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from lockstep.backends import LiveRecovery
-from lockstep.backends.ft import FaultToleranceConfig
+from lockstep.layers.fault_tolerance import FaultToleranceConfig
 from tests.helpers import ft_worker
 from tests.helpers.ft_heal_worker import set_mean_gradients
 from tests.helpers.ft_lighthouse import lighthouse_process
@@ -431,7 +431,7 @@ def test_no_lighthouse_anywhere(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_unsupported_layouts_are_refused() -> None:
     from lockstep import Accelerator, ParallelismConfig
-    from lockstep.backends.ft.layer import fault_tolerance_hooks
+    from lockstep.layers.fault_tolerance.layer import fault_tolerance_hooks
 
     # DeepSpeed's engine needs its package and a GPU to build: the layer's refusal, asked of a stand-in run.
     deepspeed_run = SimpleNamespace(

@@ -1,8 +1,7 @@
 """How a fault-tolerant job's prepared loaders deal each step's batches over the replica groups of that step
-(lockstep.backends.ft.data), with the quorum played by hand: several groups' loaders in one process, each
-told the step's participants and its rank, and each step's commit decision. The same loaders under real
-torchft quorums, with a group killed and relaunched: tests/backends/test_fault_tolerance_heal.py.
-"""
+(lockstep.layers.fault_tolerance.data), with the quorum played by hand: several groups' loaders in one
+process, each told the step's participants and its rank, and each step's commit decision. The same loaders
+under real torchft quorums, with a group killed and relaunched: tests/backends/test_fault_tolerance_heal.py."""
 
 from __future__ import annotations
 
@@ -12,8 +11,8 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-from lockstep.backends.ft.data import GroupReading, QuorumDataLoader, quorum_loader
 from lockstep.collectives import gather_for_metrics_truncate
+from lockstep.layers.fault_tolerance.data import GroupReading, QuorumDataLoader, quorum_loader
 
 NO_REFUSALS: dict[str, bool] = {}
 

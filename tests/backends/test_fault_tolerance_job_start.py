@@ -1,6 +1,6 @@
-"""What a starting replica group reads at the lighthouse (lockstep.backends.ft.job_start), against torchft's
-real lighthouse and its status page; and the training state a returning group receives for objects it
-registers after ``prepare`` (lockstep.accelerator.live_state). The start rules themselves, with groups
+"""What a starting replica group reads at the lighthouse (lockstep.layers.fault_tolerance.job_start), against
+torchft's real lighthouse and its status page; and the training state a returning group receives for objects
+it registers after ``prepare`` (lockstep.accelerator.live_state). The start rules themselves, with groups
 started apart and a group killed and relaunched: tests/e2e/test_fault_tolerance_one_history.py."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 from lockstep.accelerator.accumulation import GradientAccumulation
 from lockstep.accelerator.live_state import LiveTrainingState
 from lockstep.accelerator.prepared import PreparedObjects
-from lockstep.backends.ft.job_start import read_lighthouse
+from lockstep.layers.fault_tolerance.job_start import read_lighthouse
 from lockstep.state import GradientState
 
 pytest.importorskip("torchft")

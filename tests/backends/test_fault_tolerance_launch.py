@@ -259,7 +259,7 @@ def test_every_group_on_one_machine_shares_out_the_cores_unless_the_threads_are_
 ) -> None:
     from types import SimpleNamespace
 
-    from lockstep.backends.ft import all_groups
+    from lockstep.layers.fault_tolerance import all_groups
 
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setattr(os, "cpu_count", lambda: 16)

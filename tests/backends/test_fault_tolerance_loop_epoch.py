@@ -1,9 +1,8 @@
-"""The loop that reads a fault-tolerant loader keeps an epoch of its own (lockstep.backends.ft.data): a group
-that heals into a later epoch of the job reads nothing for the loop epochs the others trained, and meets the
-job where it stands, with or without ``set_epoch``. The quorum is played by hand here (one group, one
-participant); the same under real torchft quorums with a group killed and relaunched by ``lockstep launch``:
-tests/e2e/test_fault_tolerance_one_history.py.
-"""
+"""The loop that reads a fault-tolerant loader keeps an epoch of its own
+(lockstep.layers.fault_tolerance.data): a group that heals into a later epoch of the job reads nothing for the
+loop epochs the others trained, and meets the job where it stands, with or without ``set_epoch``. The quorum
+is played by hand here (one group, one participant); the same under real torchft quorums with a group killed
+and relaunched by ``lockstep launch``: tests/e2e/test_fault_tolerance_one_history.py."""
 
 from __future__ import annotations
 
@@ -13,7 +12,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from lockstep.backends.ft.data import QuorumDataLoader, quorum_loader
+from lockstep.layers.fault_tolerance.data import QuorumDataLoader, quorum_loader
 
 BATCHES = 4
 """Global batches per epoch (the loader's data is 8 ids in batches of 2)."""
@@ -44,7 +43,7 @@ def test_a_loop_without_set_epoch_skips_the_epochs_a_heal_passed_and_ends_with_t
 ) -> None:
     loader = _loader()
     _healed(loader, epoch=2, consumed=1)  # healed in prepare, before the loop began
-    with caplog.at_level(logging.WARNING, logger="lockstep.backends"):
+    with caplog.at_level(logging.WARNING, logger="lockstep.layers"):
         passes = [_epoch(loader) for _ in range(4)]  # for epoch in range(4): for batch in loader
     assert passes == [[], [], [2, 4, 6], [0, 2, 4, 6]]  # epoch 2 from its second batch, then epoch 3 whole
     assert loader.steps.epoch == 4 and loader.steps.loop_epoch == 4

@@ -131,7 +131,7 @@ def _arguments(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str]) -> None:
     from lockstep import Accelerator, ProjectConfiguration
     from lockstep.backends import LiveRecovery
-    from lockstep.backends.ft import FaultToleranceConfig
+    from lockstep.layers.fault_tolerance import FaultToleranceConfig
 
     args = _arguments(argv)
     out = args.out

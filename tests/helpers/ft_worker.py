@@ -38,7 +38,7 @@ def loss_of(module: nn.Module, inputs: torch.Tensor) -> torch.Tensor:
 def main(group: int, groups: int, lighthouse: str, steps: int, out: str, pause: float = 0.0) -> None:
     from lockstep import Accelerator
     from lockstep.backends import LiveRecovery
-    from lockstep.backends.ft import FaultToleranceConfig
+    from lockstep.layers.fault_tolerance import FaultToleranceConfig
 
     config = FaultToleranceConfig(
         replica_group=group,

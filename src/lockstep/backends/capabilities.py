@@ -2,11 +2,11 @@
 
 A backend that can do one of these lists the interface among its bases and implements its methods;
 :meth:`lockstep.backends.base.Backend.capability` answers ``backend.capability(PipelineSchedule)`` with the
-object that does it, or None. Callers ask for the capability, never for the backend (Fabric's
-``_BackwardSyncControl`` / ``_Sharded``):
+object that does it, or None. A layer (:mod:`lockstep.layers`) may provide one through its step hooks.
+Callers ask for the capability, never for the backend (Fabric's ``_BackwardSyncControl`` / ``_Sharded``):
 
 ============================  =================================================  ==========================
-capability                    what it does                                       built-in backends
+capability                    what it does                                       provided by (built-ins)
 ============================  =================================================  ==========================
 :class:`JointPreparation`     builds model, optimizer and scheduler as one       DeepSpeed
                               engine that steps itself in ``backward``
@@ -19,10 +19,10 @@ capability                    what it does                                      
 :class:`TrainingStateTransfer`  hands the whole training state of this replica   one process, DDP
                               to a peer and takes one from a peer (live
                               recovery without a checkpoint on disk)
-:class:`LiveRecovery`         a replica group that (re)joins a running job       fault tolerant (torchft)
+:class:`LiveRecovery`         a replica group that (re)joins a running job       the fault tolerance layer
                               takes the Accelerator's own state (loaders,
                               schedulers, counters) from a live peer too
-:class:`StepDataAssignment`   builds the prepared dataloaders itself: each       fault tolerant (torchft)
+:class:`StepDataAssignment`   builds the prepared dataloaders itself: each       the fault tolerance layer
                               step's batches dealt over that step's replicas
 :class:`GatheredForward`      parameters are sharded over processes and each     FSDP, N-D, pipeline,
                               forward gathers them (generation must then run     DeepSpeed

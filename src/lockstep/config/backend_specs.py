@@ -7,7 +7,8 @@ of a config file that mean it, its config-file section and key table, its launch
 "which backend?" iterates over :func:`backend_specs` instead: the backend registry
 (:func:`lockstep.backends.registry.select_backend`), the config file's sections, the launch flags and the
 launcher's checks, ``lockstep env``. What goes beside the chosen backend (fault tolerance) is a layer, with
-the same :class:`~lockstep.config.vocabulary.Vocabulary`: :mod:`lockstep.config.layer_specs`.
+the same :class:`~lockstep.config.vocabulary.Vocabulary`: :mod:`lockstep.config.layer_specs`, one folder of
+:mod:`lockstep.layers` each.
 
 Built-in specs are found by looking for ``spec`` modules in the subpackages of ``lockstep.backends`` (a
 new way to train is one folder: nothing lists it); installed packages add theirs through the

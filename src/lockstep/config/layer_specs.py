@@ -6,6 +6,8 @@ A layer is not a way to train: it adds to whichever backend trains, through the 
 ``TrainingArguments`` field, config-file section with its key table and launch switch, the launcher's checks,
 a service beside the workers) and how it builds its hooks, so that adding one is one folder:
 
+- a built-in layer is a folder of :mod:`lockstep.layers` whose ``spec.py`` calls :func:`register_layer` on
+  import (fault tolerance: :mod:`lockstep.layers.fault_tolerance.spec`);
 - code registers it with :func:`register_layer`;
 - an installed package declares it in the ``lockstep.layers`` entry-point group (a ``LayerSpec``, an iterable
   of them, a callable returning either, or a module that calls :func:`register_layer` on import), read on the
@@ -107,7 +109,7 @@ def layer_specs() -> list[LayerSpec]:
         _REGISTRY.discovered = True
         from lockstep.entry_points import loaded_specs
 
-        import_built_in_specs()  # fault tolerance's spec registers its layer
+        import_built_in_specs()  # each folder of lockstep.layers registers its layer (fault tolerance)
 
         for spec in loaded_specs(ENTRY_POINT_GROUP, LayerSpec):
             register_layer(spec, replace=True)

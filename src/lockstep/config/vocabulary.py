@@ -45,8 +45,8 @@ class Vocabulary:
     title: str = ""
     """The name people know it by (``FSDP``), before its launch flags' help; the name when empty."""
     plugin_type: str | type | None = None
-    """Its plugin/config type (``"lockstep.backends.ft.config:FaultToleranceConfig"``), imported on first use:
-    what its ``Accelerator`` keyword takes and its section builds."""
+    """Its plugin/config type (``"lockstep.layers.fault_tolerance.config:FaultToleranceConfig"``), imported on
+    first use: what its ``Accelerator`` keyword takes and its section builds."""
     accelerator_argument: str | None = None
     """The ``Accelerator`` keyword its plugin is passed as (``fsdp_plugin``, ``fault_tolerance``)."""
     trainer_argument: str | None = None
@@ -89,23 +89,27 @@ class Vocabulary:
         return None if self.plugin_type is None else resolve_target(self.plugin_type)
 
 
-BUILT_IN_PACKAGE = "lockstep.backends"
-"""The package whose subpackages hold the built-in extensions, each with a ``spec`` module that registers its
-vocabulary on import (a backend's ``BackendSpec``, or a layer's ``LayerSpec``: fault tolerance)."""
+BUILT_IN_PACKAGES = ("lockstep.backends", "lockstep.layers")
+"""The packages whose subpackages hold the built-in extensions, each with a ``spec`` module that registers its
+vocabulary on import (a backend's ``BackendSpec`` in ``lockstep.backends``, a layer's ``LayerSpec`` in
+``lockstep.layers``: fault tolerance)."""
 
 
 def import_built_in_specs() -> None:
-    """Import every built-in extension's ``spec`` module, by name (``config/`` never imports ``backends/``: the
-    specs import ``config/``), so that each registers itself; a folder is an extension, nothing lists it."""
-    package = importlib.util.find_spec(BUILT_IN_PACKAGE)
-    folders = list(package.submodule_search_locations or []) if package is not None else []
-    for info in sorted(pkgutil.iter_modules(folders), key=lambda i: i.name):
-        if info.ispkg:
-            try:
-                importlib.import_module(f"{BUILT_IN_PACKAGE}.{info.name}.spec")
-            except ModuleNotFoundError as error:
-                if error.name != f"{BUILT_IN_PACKAGE}.{info.name}.spec":
-                    raise
+    """Import every built-in extension's ``spec`` module, by name (``config/`` never imports ``backends/`` or
+    ``layers/``: the specs import ``config/``), so that each registers itself; a folder of one of
+    :data:`BUILT_IN_PACKAGES` is an extension, nothing lists it. A folder without a ``spec`` module, and a
+    plain module (``lockstep.backends.ft``, fault tolerance's former path), is no extension."""
+    for name in BUILT_IN_PACKAGES:
+        package = importlib.util.find_spec(name)
+        folders = list(package.submodule_search_locations or []) if package is not None else []
+        for info in sorted(pkgutil.iter_modules(folders), key=lambda i: i.name):
+            if info.ispkg:
+                try:
+                    importlib.import_module(f"{name}.{info.name}.spec")
+                except ModuleNotFoundError as error:
+                    if error.name != f"{name}.{info.name}.spec":
+                        raise
 
 
 def resolve_target(target: Any) -> Any:

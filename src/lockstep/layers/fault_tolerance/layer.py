@@ -21,7 +21,7 @@ the backend. Per optimizer step:
    averaged gradient or none do.
 
 Prepared loaders deal each step's global batches over that step's participants (over every process of
-each), and consume them only when the step commits (:mod:`lockstep.backends.ft.data`).
+each), and consume them only when the step commits (:mod:`lockstep.layers.fault_tolerance.data`).
 """
 
 from __future__ import annotations
@@ -38,17 +38,17 @@ from torch import nn
 
 from lockstep.backends.base import Backend
 from lockstep.backends.capabilities import LiveRecovery, StepDataAssignment
-from lockstep.backends.ft.config import FaultToleranceConfig
-from lockstep.backends.ft.data import GroupReading, StepBatches, quorum_loader
-from lockstep.backends.ft.job_start import JobStart
-from lockstep.backends.ft.launch import PIP_LINE
-from lockstep.backends.ft.manager import shut_down, start_manager
-from lockstep.backends.ft.optimizer import average_gradients, trained_parameters
 from lockstep.errors import ReplicaQuorumError
+from lockstep.layers.fault_tolerance.config import FaultToleranceConfig
+from lockstep.layers.fault_tolerance.data import GroupReading, StepBatches, quorum_loader
+from lockstep.layers.fault_tolerance.job_start import JobStart
+from lockstep.layers.fault_tolerance.launch import PIP_LINE
+from lockstep.layers.fault_tolerance.manager import shut_down, start_manager
+from lockstep.layers.fault_tolerance.optimizer import average_gradients, trained_parameters
 from lockstep.state import PartialState
 from lockstep.step_hooks import StepHook
 
-logger = logging.getLogger("lockstep.backends")
+logger = logging.getLogger("lockstep.layers")
 PEER_KEY = "lockstep_peer"
 """The shared state that names the group a healing group received the others from."""
 
@@ -107,7 +107,7 @@ class FaultTolerance(LiveRecovery, StepDataAssignment, StepHook):
 
     def prepare_data_loader(self, data_loader: Any, *, device: torch.device | None, config: Any) -> Any:
         """A loader that reads, at each step, this process's global batch among the step's participants
-        (:mod:`lockstep.backends.ft.data`)."""
+        (:mod:`lockstep.layers.fault_tolerance.data`)."""
         refusals = {
             "DataLoaderConfiguration(split_batches=True)": config.split_batches,
             "DataLoaderConfiguration(dispatch_batches=True)": bool(config.dispatch_batches),
@@ -254,8 +254,8 @@ class FaultTolerance(LiveRecovery, StepDataAssignment, StepHook):
 
     def _start_quorum(self, *, training: bool = True) -> None:
         """Join this step's quorum (healing first when behind); a group that starts at step 0 follows the
-        job's start rules (:mod:`lockstep.backends.ft.job_start`), so that the job keeps one history.
-        ``training=False``: the quorum ``prepare`` joins (see :meth:`JobStart.may_train`)."""
+        job's start rules (:mod:`lockstep.layers.fault_tolerance.job_start`), so that the job keeps one
+        history. ``training=False``: the quorum ``prepare`` joins (see :meth:`JobStart.may_train`)."""
         if self._quorum_started:
             return
         start = self._job_start
@@ -330,7 +330,7 @@ class FaultTolerance(LiveRecovery, StepDataAssignment, StepHook):
 
 
 def fault_tolerance_hooks(config: FaultToleranceConfig, accelerator: Any) -> list[StepHook]:
-    """The layer for ``accelerator`` (its spec's hook builder: :mod:`lockstep.backends.ft.spec`).
+    """The layer for ``accelerator`` (its spec's hook builder: :mod:`lockstep.layers.fault_tolerance.spec`).
 
     Raises:
         ValueError: a layout it does not support yet (DeepSpeed, a ParallelismConfig), by name.

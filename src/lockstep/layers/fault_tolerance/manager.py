@@ -19,8 +19,8 @@ from typing import Any
 import torch.distributed as dist
 from torch.distributed import TCPStore
 
-from lockstep.backends.ft.config import FaultToleranceConfig
 from lockstep.errors import ReplicaQuorumError
+from lockstep.layers.fault_tolerance.config import FaultToleranceConfig
 from lockstep.state import PartialState
 
 

@@ -8,8 +8,8 @@ from lockstep._lazy import lazy_exports
 __getattr__, __all__ = lazy_exports(
     __name__,
     {
-        "FaultToleranceConfig": "lockstep.backends.ft.config",
-        "FaultTolerance": "lockstep.backends.ft.layer",
+        "FaultToleranceConfig": "lockstep.layers.fault_tolerance.config",
+        "FaultTolerance": "lockstep.layers.fault_tolerance.layer",
         "ReplicaQuorumError": "lockstep.errors",
     },
 )

@@ -1,23 +1,23 @@
 """Fault tolerance's vocabulary: ``Accelerator(fault_tolerance=FaultToleranceConfig(...))``, the
 ``TrainingArguments(fault_tolerance=...)`` field, the ``fault_tolerance_config`` section and ``lockstep launch
---fault-tolerance`` (:mod:`lockstep.backends.ft.launch`).
+--fault-tolerance`` (:mod:`lockstep.layers.fault_tolerance.launch`).
 
 A layer, not a backend: the backend the settings choose trains each group inside (one process, DDP or FSDP2),
-and the layer's step hooks (:mod:`lockstep.backends.ft.layer`) add the quorum, the average across groups and
-the heal. A run that combines fault tolerance with a layout it does not support yet (DeepSpeed, a
+and the layer's step hooks (:mod:`lockstep.layers.fault_tolerance.layer`) add the quorum, the average across
+groups and the heal. A run that combines fault tolerance with a layout it does not support yet (DeepSpeed, a
 ParallelismConfig) is refused by name when the Accelerator is built.
 """
 
 from __future__ import annotations
 
-from lockstep.backends.ft.launch import (
+from lockstep.config.layer_specs import LayerSpec, register_layer
+from lockstep.layers.fault_tolerance.launch import (
     FT_KEYS,
     SECTION,
     check_section,
     config_from_section,
     lighthouse_for,
 )
-from lockstep.config.layer_specs import LayerSpec, register_layer
 
 NAME = "fault_tolerance"
 
@@ -26,8 +26,8 @@ SPEC = register_layer(
         name=NAME,
         summary="live fault tolerance: replica groups averaged through torchft's per-step quorum (pip install 'lockstep[ft]')",
         title="torchft",
-        step_hooks="lockstep.backends.ft.layer:fault_tolerance_hooks",
-        plugin_type="lockstep.backends.ft.config:FaultToleranceConfig",
+        step_hooks="lockstep.layers.fault_tolerance.layer:fault_tolerance_hooks",
+        plugin_type="lockstep.layers.fault_tolerance.config:FaultToleranceConfig",
         accelerator_argument="fault_tolerance",
         trainer_argument="fault_tolerance",
         requirement="torchft",

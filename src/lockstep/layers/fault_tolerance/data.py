@@ -45,7 +45,7 @@ from lockstep._nested import send_to_device
 from lockstep.data.samplers import SeedableRandomSampler, global_batches, process_share
 from lockstep.state import GradientState
 
-logger = logging.getLogger("lockstep.backends")
+logger = logging.getLogger("lockstep.layers")
 DEFAULT_DATA_SEED = 0
 """Shuffling seed of every group when ``DataLoaderConfiguration(data_seed=...)`` is not set: the groups must
 draw the same order, and a seed of each process's own would differ."""

@@ -46,7 +46,7 @@ import torch.distributed as dist
 
 from lockstep.errors import ReplicaQuorumError
 
-logger = logging.getLogger("lockstep.backends")
+logger = logging.getLogger("lockstep.layers")
 POLL_SECONDS = 0.05
 """How often a starting group reads the lighthouse's status page, and how long it waits before asking again
 for a quorum that may not train."""

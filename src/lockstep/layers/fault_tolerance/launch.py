@@ -9,7 +9,7 @@ One launch is one replica group (``--replica-group I --num-replica-groups N``) o
 lighthouse (``--lighthouse http://host:29510``). A launch without ``--lighthouse`` starts one in the
 launcher for the duration of the launch, binds it to ``--lighthouse-port`` (default 29510) on every interface,
 prints its address, and gives it to its workers. ``--replica-group all`` starts every group on this machine,
-each as its own launch (:mod:`lockstep.backends.ft.all_groups`).
+each as its own launch (:mod:`lockstep.layers.fault_tolerance.all_groups`).
 """
 
 from __future__ import annotations
@@ -98,7 +98,7 @@ def config_from_section(section: Mapping[str, Any]) -> Any:
     Raises:
         ValueError: a missing or bad setting, naming the flag or key.
     """
-    from lockstep.backends.ft.config import FaultToleranceConfig
+    from lockstep.layers.fault_tolerance.config import FaultToleranceConfig
 
     keys = {entry.key: entry for entry in FT_KEYS}
     unknown = sorted(set(section) - set(keys))
@@ -168,7 +168,7 @@ def lighthouse_for(section: dict[str, Any], settings: Any = None) -> Iterator[di
     and the lighthouse, and ends with their exit code (``SystemExit``) instead of starting workers itself.
     """
     if str(section.get("replica_group")).lower() == ALL_GROUPS:
-        from lockstep.backends.ft import all_groups
+        from lockstep.layers.fault_tolerance import all_groups
 
         own = all_groups.group_of_this_launch()
         if own is not None:  # one of the launches started for `all`
