@@ -18,6 +18,7 @@ from datetime import timedelta
 import pytest
 
 from tests.helpers.cli import SCRIPTS, cli_env
+from tests.helpers.deadlines import scaled
 from tests.helpers.multiprocess import run_distributed
 from tests.helpers.ports import held_store, reserved_port
 
@@ -165,7 +166,7 @@ def test_launches_started_together_without_a_port_all_succeed(tmp_path):
         subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env())
         for _ in range(LAUNCHES)
     ]
-    outputs = [run.communicate(timeout=240) for run in runs]
+    outputs = [run.communicate(timeout=scaled(240)) for run in runs]
     for run, (out, err) in zip(runs, outputs):
         assert run.returncode == 0, err[-3000:]
         assert out.count('"world": 2') == 2 and out.count('"sum": 3.0') == 2, out

@@ -25,6 +25,7 @@ import torch
 from tests.helpers import ft_group_worker
 from tests.helpers import ft_heal_worker as worker
 from tests.helpers.cli import cli_env
+from tests.helpers.deadlines import scaled, wait_for
 from tests.helpers.ft_lighthouse import lighthouse_process
 
 pytest.importorskip("torchft")
@@ -79,8 +80,8 @@ def _lines(folder: Path, name: str) -> list[dict]:
 
 def _committed_step(folder: Path, name: str, launch: subprocess.Popen, step: int) -> dict:
     """The line of ``name``'s first committed iteration at ``step`` or later, once written."""
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
+
+    def committed() -> dict | None:
         found = [line for line in _lines(folder, name) if line["step"] >= step and line["committed"]]
         if found:
             return found[0]
@@ -90,8 +91,9 @@ def _committed_step(folder: Path, name: str, launch: subprocess.Popen, step: int
                 f"group {name[1]} exited {launch.returncode} before {name} committed step {step}; its steps: "
                 f"{steps.read_text() if steps.is_file() else None}\n{(folder / f'launch{name[1]}.err').read_text()[-3000:]}"
             )
-        time.sleep(0.01)
-    raise AssertionError(f"{name} did not commit step {step} in 90 s")
+        return None
+
+    return wait_for(committed, 90, f"{name} committing step {step}")
 
 
 @contextlib.contextmanager
@@ -108,7 +110,7 @@ def _one_process_killed(folder: Path, layout: list[str], steps: int) -> Iterator
             os.kill(victim, signal.SIGKILL)
             killed = time.time()
             for group, launch in launches.items():
-                code = launch.wait(timeout=180)
+                code = launch.wait(timeout=scaled(180))
                 assert code == 0, (
                     f"group {group} exited {code}:\n{(folder / f'launch{group}.err').read_text()[-4000:]}"
                 )

@@ -14,7 +14,6 @@ import random
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,6 +21,7 @@ import pytest
 import torch
 
 from tests.helpers import ft_heal_worker as worker
+from tests.helpers.deadlines import scaled, wait_for
 from tests.helpers.ft_lighthouse import lighthouse_process
 
 pytest.importorskip("torchft")
@@ -61,16 +61,16 @@ def _lines(folder: Path, name: str) -> list[dict]:
 def _wait_for_step(
     folder: Path, name: str, process: subprocess.Popen, step: int, timeout: float = 60
 ) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def committed() -> bool:
         if any(line["step"] >= step and line["committed"] for line in _lines(folder, name)):
-            return
+            return True
         if process.poll() is not None:
             raise AssertionError(
                 f"{name} exited {process.returncode}:\n{(folder / f'{name}.err').read_text()[-3000:]}"
             )
-        time.sleep(0.01)
-    raise AssertionError(f"{name} did not commit step {step} in {timeout} s")
+        return False
+
+    wait_for(committed, timeout, f"{name} committing step {step}")
 
 
 @contextlib.contextmanager
@@ -84,14 +84,14 @@ def _killed_and_relaunched(folder: Path) -> Iterator[dict]:
                 processes[f"group{group}"] = _start(folder, f"group{group}", group, address, SEED)
             _wait_for_step(folder, "group2", processes["group2"], KILL_AFTER)
             processes["group2"].send_signal(signal.SIGKILL)
-            assert processes["group2"].wait(timeout=10) == -signal.SIGKILL
+            assert processes["group2"].wait(timeout=scaled(10)) == -signal.SIGKILL
             _wait_for_step(
                 folder, "group0", processes["group0"], KILL_AFTER + 1
             )  # the survivors step on without it
             processes["relaunched"] = _start(folder, "relaunched", 2, address, RELAUNCH_SEED)
             results = {}
             for name in ("group0", "group1", "relaunched"):
-                code = processes[name].wait(timeout=120)
+                code = processes[name].wait(timeout=scaled(120))
                 assert code == 0, f"{name} exited {code}:\n{(folder / f'{name}.err').read_text()[-3000:]}"
                 results[name] = {**torch.load(folder / f"{name}.pt"), "lines": _lines(folder, name)}
             results["first_life"] = {"pid": processes["group2"].pid, "lines": _lines(folder, "group2")}

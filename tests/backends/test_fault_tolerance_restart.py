@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from tests.helpers import ft_heal_worker as worker
+from tests.helpers.deadlines import scaled, wait_for
 from tests.helpers.ft_lighthouse import lighthouse_process
 
 pytest.importorskip("torchft")
@@ -71,14 +72,14 @@ def _replay(steps: int) -> dict[str, torch.Tensor]:
 
 
 def _wait_for_commits(folder: Path, processes: list[subprocess.Popen], count: int) -> None:
-    deadline = time.monotonic() + 60
-    while min(_committed(folder, f"first{g}") for g in range(GROUPS)) < count:
+    def committed() -> bool:
         for group, process in enumerate(processes):
             if process.poll() is not None:
                 err = (folder / f"first{group}.err").read_text()[-3000:]
                 raise AssertionError(f"group {group} exited {process.returncode}:\n{err}")
-        assert time.monotonic() < deadline, f"the groups did not commit {count} steps in 60 s"
-        time.sleep(0.01)
+        return min(_committed(folder, f"first{g}") for g in range(GROUPS)) >= count
+
+    wait_for(committed, 60, f"the groups committing {count} steps")
 
 
 def test_a_lost_lighthouse_stops_the_groups_and_a_restart_resumes_exactly(tmp_path: Path) -> None:
@@ -88,7 +89,7 @@ def test_a_lost_lighthouse_stops_the_groups_and_a_restart_resumes_exactly(tmp_pa
             _wait_for_commits(tmp_path, first, STOP_AFTER)
             lighthouse.kill()
             killed = time.monotonic()
-            codes = [process.wait(timeout=60) for process in first]
+            codes = [process.wait(timeout=scaled(60)) for process in first]
             stopped = time.monotonic() - killed
         finally:
             for process in first:
@@ -96,7 +97,8 @@ def test_a_lost_lighthouse_stops_the_groups_and_a_restart_resumes_exactly(tmp_pa
                     process.kill()
                     process.wait()
     assert codes == [1] * GROUPS
-    assert stopped < TIMEOUT + 10  # the quorum's timeout, the step in flight and the exit; never a hang
+    # the quorum's timeout (the product's number), then the step in flight and the exit; never a hang
+    assert stopped < TIMEOUT + scaled(10)
     stops = [(tmp_path / f"first{g}.pt.error").read_text().split("\n", 1) for g in range(GROUPS)]
     for _, message in stops:
         assert f"got no quorum from the torchft lighthouse at {address} within 3 s" in message
@@ -106,7 +108,7 @@ def test_a_lost_lighthouse_stops_the_groups_and_a_restart_resumes_exactly(tmp_pa
     with lighthouse_process(min_replicas=GROUPS) as (_, address):
         second = [_start(tmp_path, f"second{g}", g, address, RESTART_SEED) for g in range(GROUPS)]
         try:
-            codes = [process.wait(timeout=120) for process in second]
+            codes = [process.wait(timeout=scaled(120)) for process in second]
         finally:
             for process in second:
                 if process.poll() is None:

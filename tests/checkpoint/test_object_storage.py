@@ -26,6 +26,7 @@ from lockstep import Accelerator, ProjectConfiguration
 from lockstep.checkpoint import CheckpointError
 from lockstep.checkpoint.storage import LocalStorage, fsspec_store, scheme_of, storage_for
 from tests.helpers.cli import REPO, SCRIPTS, cli_env
+from tests.helpers.deadlines import scaled
 from tests.helpers.multiprocess import run_distributed
 from tests.helpers.ports import held_store
 
@@ -380,7 +381,7 @@ def test_a_rank_killed_inside_its_upload_leaves_no_manifest_however_long_rank_0_
             )
             for rank in range(2)
         ]
-        (out0, err0), (_, err1) = (rank.communicate(timeout=120) for rank in ranks)
+        (out0, err0), (_, err1) = (rank.communicate(timeout=scaled(120)) for rank in ranks)
     assert ranks[1].returncode == -9, err1[-3000:]
     assert ranks[0].returncode == 0, err0[-3000:]
     root = f"{s3_url}/checkpoints"

@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from tests.helpers.cli import SCRIPTS
+from tests.helpers.deadlines import scaled
 from tests.helpers.ports import held_store
 from tests.helpers.soak import soak_runs
 
@@ -45,7 +46,7 @@ def _start_pair(store: dict[str, str], script, *args: str, **extra_env: str) -> 
         )
     results = []
     for proc in procs:
-        out, err = proc.communicate(timeout=120)
+        out, err = proc.communicate(timeout=scaled(120))
         results.append((proc.returncode, out + err))
     return results
 

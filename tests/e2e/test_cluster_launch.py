@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.cli import REPO, SCRIPTS, cli_env, lockstep_popen
+from tests.helpers.deadlines import scaled
 from tests.helpers.ports import reserved_port
 
 pytestmark = pytest.mark.distributed
@@ -37,7 +38,7 @@ def _launch_two_nodes(
         )
         for node in range(2)
     ]
-    outputs = [launcher.communicate(timeout=120) for launcher in launchers]
+    outputs = [launcher.communicate(timeout=scaled(120)) for launcher in launchers]
     for launcher, (_, stderr) in zip(launchers, outputs):
         assert launcher.returncode == 0, stderr
     return _reports("".join(stdout for stdout, _ in outputs)), [stderr for _, stderr in outputs]

@@ -14,6 +14,7 @@ import pytest
 
 from tests.e2e.test_cluster_launch import ONE_JOB_OF_TWO, _launch_two_nodes, _reports
 from tests.helpers.cli import REPO, SCRIPTS, cli_env
+from tests.helpers.deadlines import scaled
 from tests.helpers.ports import reserved_port
 
 pytestmark = pytest.mark.distributed
@@ -52,7 +53,7 @@ def test_processes_the_lab_starts_read_their_place_from_the_plugin(installed: st
         )
         for task in range(2)
     ]
-    outputs = [worker.communicate(timeout=120) for worker in workers]
+    outputs = [worker.communicate(timeout=scaled(120)) for worker in workers]
     for worker, (_, stderr) in zip(workers, outputs):
         assert worker.returncode == 0, stderr
     reports = _reports("".join(stdout for stdout, _ in outputs))

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.cli import REPO, cli_env, lockstep
+from tests.helpers.deadlines import scaled
 from tests.helpers.ports import reserved_port
 from tests.helpers.resume import assert_each_sample_once_per_epoch, resumed_lines, trained_ids
 
@@ -72,13 +73,13 @@ def test_a_lost_machine_leaves_the_survivor_training_alone_to_the_end(tmp_path):
     # endpoint with the host's names); is_host says which one is, as the hostnames would on two machines.
     second = _machine(port, project, tmp_path / "second", hosts_store=False)
     progress = tmp_path / "run" / "progress"
-    deadline = time.monotonic() + 180
+    deadline = time.monotonic() + scaled(180)
     while time.monotonic() < deadline and not (progress.exists() and int(progress.read_text() or 0) >= 8):
         time.sleep(0.05)
     assert progress.exists(), "the job never trained"
     _lose_machine(second)
     second.communicate()
-    first.wait(timeout=240)
+    first.wait(timeout=scaled(240))
     stdout, stderr = ((tmp_path / f"first.{kind}").read_text() for kind in ("out", "err"))
     assert first.returncode == 0, stderr[-4000:]
     worlds = _worlds(stdout)

@@ -11,7 +11,9 @@ import pytest
 import torch
 
 from tests.helpers.cli import REPO, SCRIPTS, cli_env, lockstep, lockstep_popen
+from tests.helpers.deadlines import scaled, wait_for
 from tests.helpers.ports import TORCHRUN_STANDALONE, reserved_port
+from tests.helpers.rank_output import rank_log_flags, rank_stdout
 from tests.helpers.soak import soak_runs
 from tests.helpers.training import reference_training
 
@@ -19,15 +21,17 @@ pytestmark = pytest.mark.distributed
 
 
 def _reports(stdout: str) -> list[dict]:
+    """The ``REPORT`` lines of report_env.py, by rank: pass :func:`rank_stdout`, each rank's own file."""
     return sorted(
         (json.loads(line[7:]) for line in stdout.splitlines() if line.startswith("REPORT ")),
         key=lambda r: r["rank"],
     )
 
 
-def test_two_cpu_processes_form_one_group_and_get_the_settings():
+def test_two_cpu_processes_form_one_group_and_get_the_settings(tmp_path):
     result = lockstep(
         "launch",
+        *rank_log_flags(tmp_path),
         "--num_processes",
         "2",
         "--mixed-precision",
@@ -39,7 +43,7 @@ def test_two_cpu_processes_form_one_group_and_get_the_settings():
         "0.1",
     )
     assert result.returncode == 0, result.stderr
-    reports = _reports(result.stdout)
+    reports = _reports(rank_stdout(tmp_path))
     assert [r["rank"] for r in reports] == [0, 1]
     assert all(r["world"] == 2 and r["type"] == "MULTI_CPU" for r in reports)
     assert all(r["mixed_precision"] == "bf16" and r["accumulation"] == 3 for r in reports)
@@ -48,13 +52,16 @@ def test_two_cpu_processes_form_one_group_and_get_the_settings():
     assert all(r["threads"] == expected_threads for r in reports)
 
 
-def test_module_launch_keeps_the_users_thread_setting():
+def test_module_launch_keeps_the_users_thread_setting(tmp_path):
     # One launch checks both (each launch costs seconds of imports on the 2-core CI machine).
     result = lockstep(
-        "launch", "--num-processes", "2", "-m", "tests.scripts.report_env", env=cli_env(OMP_NUM_THREADS="3")
+        "launch",
+        *rank_log_flags(tmp_path),
+        *("--num-processes", "2", "-m", "tests.scripts.report_env"),
+        env=cli_env(OMP_NUM_THREADS="3"),
     )
     assert result.returncode == 0, result.stderr
-    reports = _reports(result.stdout)
+    reports = _reports(rank_stdout(tmp_path))
     assert [r["world"] for r in reports] == [2, 2]
     assert [r["threads"] for r in reports] == ["3", "3"]
 
@@ -86,9 +93,12 @@ def test_worker_exception_is_reported_with_its_rank(tmp_path):
 
 def _wait_until_ready(folder, ranks: tuple[int, ...], seconds: float = 60) -> None:
     """Wait for wait_for_signal.py's ``ready_<rank>`` files (each holds that worker's pid)."""
-    deadline = time.monotonic() + seconds
-    while not all((folder / f"ready_{r}").exists() for r in ranks) and time.monotonic() < deadline:
-        time.sleep(0.1)
+    wait_for(
+        lambda: all((folder / f"ready_{r}").exists() for r in ranks),
+        seconds,
+        f"the ready files of ranks {ranks}",
+        interval=0.1,
+    )
 
 
 def test_killed_worker_is_reported_within_seconds(tmp_path):
@@ -98,8 +108,8 @@ def test_killed_worker_is_reported_within_seconds(tmp_path):
     _wait_until_ready(tmp_path, ranks=(1,))
     os.kill(int((tmp_path / "ready_1").read_text()), signal.SIGKILL)
     killed_at = time.monotonic()
-    _, stderr = launcher.communicate(timeout=60)
-    assert time.monotonic() - killed_at < 15
+    _, stderr = launcher.communicate(timeout=scaled(60))
+    assert time.monotonic() - killed_at < scaled(15)  # at once: no rendezvous or collective timeout
     assert launcher.returncode == 137
     assert "rank 1 (local rank 1" in stderr and "was killed by SIGKILL" in stderr
 
@@ -110,7 +120,7 @@ def test_sigterm_to_the_launcher_reaches_every_worker(tmp_path):
     )
     _wait_until_ready(tmp_path, ranks=(0, 1))
     launcher.send_signal(signal.SIGTERM)
-    launcher.communicate(timeout=60)
+    launcher.communicate(timeout=scaled(60))
     assert launcher.returncode == 143
     assert sorted(p.name for p in tmp_path.glob("term_*")) == ["term_0", "term_1"]
 
@@ -123,8 +133,8 @@ def test_workers_of_a_launcher_killed_with_sigkill_get_sigterm_and_end(tmp_path)
     _wait_until_ready(tmp_path, ranks=(0, 1))
     workers = [int((tmp_path / f"ready_{r}").read_text()) for r in range(2)]
     launcher.kill()
-    launcher.communicate(timeout=60)
-    deadline = time.monotonic() + 15
+    launcher.communicate(timeout=scaled(60))
+    deadline = time.monotonic() + scaled(15)
     while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not any(_alive(pid) for pid in workers), "a worker outlived its killed launcher"
@@ -161,7 +171,7 @@ def _train_on_two_machines(rdzv_backend: str) -> list[float]:
         )
         for rank in range(2)
     ]
-    outputs = [launcher.communicate(timeout=180) for launcher in launchers]
+    outputs = [launcher.communicate(timeout=scaled(180)) for launcher in launchers]
     for launcher, (_, stderr) in zip(launchers, outputs):
         assert launcher.returncode == 0, stderr
     line = next(line for line in outputs[0][0].splitlines() if line.startswith("PARAMS "))
@@ -193,18 +203,19 @@ def test_restart_after_a_crash_works_every_time():
     [["torch.distributed.run"], ["torch.distributed.launch", "--use_env"]],
     ids=["torchrun", "torch.distributed.launch --use_env"],
 )
-def test_plain_torch_launchers_run_a_lockstep_script(launcher):
+def test_plain_torch_launchers_run_a_lockstep_script(launcher, tmp_path):
     command = [sys.executable, "-m", *launcher, "--nproc_per_node", "2", *TORCHRUN_STANDALONE]
+    command += rank_log_flags(tmp_path)  # torchrun's flags too
     result = subprocess.run(
         [*command, str(SCRIPTS / "report_env.py")],
         capture_output=True,
         text=True,
-        timeout=180,
+        timeout=scaled(180),
         env=cli_env(),
         cwd=REPO,
     )
     assert result.returncode == 0, result.stderr
-    assert [(r["rank"], r["world"], r["type"]) for r in _reports(result.stdout)] == [
+    assert [(r["rank"], r["world"], r["type"]) for r in _reports(rank_stdout(tmp_path))] == [
         (0, 2, "MULTI_CPU"),
         (1, 2, "MULTI_CPU"),
     ]

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.cli import REPO, SCRIPTS, cli_env, lockstep
+from tests.helpers.rank_output import rank_log_flags, rank_stdout
 
 pytestmark = pytest.mark.distributed
 
@@ -44,15 +45,18 @@ def _report(path: Path) -> dict[int, list[tuple[int, bool]]]:
 
 
 def _expect_veto(result, report: Path, vetoed: int, *, steps: int = STEPS) -> None:
+    """``report`` is the layer's file; the ``LAYER`` lines are read from each rank's own output, in the
+    ``logs`` folder beside it (:func:`rank_log_flags`)."""
     assert result.returncode == 0, result.stderr[-3000:]
     asked = [(step, step != vetoed) for step in range(1, steps + 1)]
     assert _report(report) == {0: asked, 1: asked}
     changed = [step != vetoed for step in range(1, steps + 1)]
-    for line in _lines(result.stdout):
+    lines = _lines(rank_stdout(report.parent / "logs"))
+    for line in lines:
         assert line["changed"] == changed
         if "skipped" in line:
             assert line["skipped"] == [not applied for applied in changed]
-    assert len(_lines(result.stdout)) == 2
+    assert len(lines) == 2
 
 
 def test_the_layer_is_listed_and_its_flags_are_offered(env: dict[str, str]) -> None:
@@ -70,7 +74,10 @@ def test_a_config_file_section_turns_it_on(env: dict[str, str], tmp_path: Path) 
         "distributed_type: MULTI_CPU\nnum_processes: 2\nuse_cpu: true\n"
         f"step_veto_config:\n  veto_step: 3\n  veto_report: {report}\n"
     )
-    result = lockstep("launch", "--config-file", str(config), str(SCRIPTS / "layer_loop.py"), "-", env=env)
+    result = lockstep(
+        "launch", *rank_log_flags(tmp_path / "logs"), "--config-file", str(config),
+        str(SCRIPTS / "layer_loop.py"), "-", env=env,
+    )  # fmt: skip
     _expect_veto(result, report, vetoed=3)
 
 
@@ -81,7 +88,8 @@ def test_launch_flags_turn_it_on_and_its_check_runs_before_any_process(
     assert refused.returncode == 2 and "--step-veto needs --veto-step N" in refused.stderr
     report = tmp_path / "report"
     result = lockstep(
-        "launch", "--cpu", "--num-processes", "2", "--step-veto", "--veto-step", "5", "--veto-report",
+        "launch", *rank_log_flags(tmp_path / "logs"), "--cpu", "--num-processes", "2", "--step-veto",
+        "--veto-step", "5", "--veto-report",
         str(report), str(SCRIPTS / "layer_loop.py"), "-", env=env,
     )  # fmt: skip
     _expect_veto(result, report, vetoed=5)
@@ -91,12 +99,8 @@ def test_the_accelerator_keyword_turns_it_on(env: dict[str, str], tmp_path: Path
     report = tmp_path / "report"
     result = lockstep(
         "launch",
-        "--cpu",
-        "--num-processes",
-        "2",
-        str(SCRIPTS / "layer_loop.py"),
-        str(report),
-        "keyword",
+        *rank_log_flags(tmp_path / "logs"),
+        *("--cpu", "--num-processes", "2", str(SCRIPTS / "layer_loop.py"), str(report), "keyword"),
         env=env,
     )
     _expect_veto(result, report, vetoed=2)
@@ -105,7 +109,8 @@ def test_the_accelerator_keyword_turns_it_on(env: dict[str, str], tmp_path: Path
 def test_the_trainer_field_turns_it_on(env: dict[str, str], tmp_path: Path) -> None:
     report = tmp_path / "report"
     result = lockstep(
-        "launch", "--cpu", "--num-processes", "2", str(SCRIPTS / "layer_trainer.py"), str(tmp_path / "out"),
+        "launch", *rank_log_flags(tmp_path / "logs"), "--cpu", "--num-processes", "2",
+        str(SCRIPTS / "layer_trainer.py"), str(tmp_path / "out"),
         str(report), env=env,
     )  # fmt: skip
     _expect_veto(result, report, vetoed=3)

@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.cli import REPO, SCRIPTS, cli_env
+from tests.helpers.deadlines import scaled
 from tests.helpers.multiprocess import run_distributed
 from tests.helpers.optional import requires
 from tests.helpers.resume import draw_step, last_checkpoint_before
@@ -80,7 +81,7 @@ def _run_driver(storage: Path, ray_dir: str, kill_at: int) -> subprocess.Complet
         command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True
     )
     try:
-        stdout, stderr = driver.communicate(timeout=DRIVER_TIMEOUT)
+        stdout, stderr = driver.communicate(timeout=scaled(DRIVER_TIMEOUT))
     except subprocess.TimeoutExpired:
         os.killpg(driver.pid, signal.SIGKILL)  # Ray's processes share the driver's session
         stdout, stderr = driver.communicate()
@@ -89,7 +90,7 @@ def _run_driver(storage: Path, ray_dir: str, kill_at: int) -> subprocess.Complet
 
 
 def _wait_until_gone(tag: str, seconds: float = 20.0) -> list[str]:
-    deadline = time.monotonic() + seconds
+    deadline = time.monotonic() + scaled(seconds)
     while (left := _cluster_processes(tag)) and time.monotonic() < deadline:
         time.sleep(0.2)
     return left

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.helpers.deadlines import scaled
+
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = REPO / "tests" / "scripts"
 
@@ -28,12 +30,13 @@ def cli_env(**extra: str) -> dict[str, str]:
 def lockstep(
     *args: str, timeout: float = 180, env: dict[str, str] | None = None, **kwargs
 ) -> subprocess.CompletedProcess:
-    """Run ``lockstep ARGS`` (as ``python -m lockstep.cli.main``) and capture its output."""
+    """Run ``lockstep ARGS`` (as ``python -m lockstep.cli.main``) and capture its output; ``timeout`` is the
+    wait on an idle machine, scaled by the load (:mod:`tests.helpers.deadlines`)."""
     return subprocess.run(
         [sys.executable, "-m", "lockstep.cli.main", *args],
         capture_output=True,
         text=True,
-        timeout=timeout,
+        timeout=scaled(timeout),
         env=env or cli_env(),
         cwd=REPO,
         **kwargs,

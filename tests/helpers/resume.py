@@ -12,6 +12,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.helpers.deadlines import scaled
+
 SEED_VARIABLE = "LOCKSTEP_RESUME_TEST_SEED"
 """Set it to draw other steps; a failing test prints the seed it drew with."""
 
@@ -65,13 +67,13 @@ def preempt(launch: list[str], script: str, project: Path, stop_after: int) -> t
 
     launcher = lockstep_popen(*launch, script, str(project), "--step-delay", "0.2")
     progress = project / "progress"
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + scaled(120)
     while time.monotonic() < deadline and not (
         progress.exists() and int(progress.read_text() or 0) >= stop_after
     ):
         time.sleep(0.02)
     launcher.send_signal(signal.SIGTERM)
-    stdout, stderr = launcher.communicate(timeout=120)
+    stdout, stderr = launcher.communicate(timeout=scaled(120))
     assert launcher.returncode == 143, stderr[-3000:]
     latest = (project / "checkpoints" / "latest").read_text().strip()
     return int(progress.read_text()), str(project / "checkpoints" / latest), stdout

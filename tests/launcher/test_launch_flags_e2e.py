@@ -11,6 +11,7 @@ import pytest
 
 from lockstep.launcher._worker import cpu_share
 from tests.helpers.cli import lockstep
+from tests.helpers.rank_output import rank_log_flags, rank_stdout
 
 pytestmark = pytest.mark.distributed
 
@@ -62,9 +63,12 @@ def test_no_python_runs_the_target_as_a_program(tmp_path):
     program = tmp_path / "run.sh"
     program.write_text('#!/bin/sh\necho "PROGRAM rank $RANK of $WORLD_SIZE: $*"\n')
     program.chmod(program.stat().st_mode | stat.S_IXUSR)
-    result = lockstep("launch", "--num-processes", "2", "--no_python", str(program), "a", "b")
+    logs = tmp_path / "logs"
+    result = lockstep(
+        "launch", *rank_log_flags(logs), "--num-processes", "2", "--no_python", str(program), "a", "b"
+    )
     assert result.returncode == 0, result.stderr
-    lines = sorted(line for line in result.stdout.splitlines() if line.startswith("PROGRAM"))
+    lines = [line for line in rank_stdout(logs).splitlines() if line.startswith("PROGRAM")]
     assert lines == ["PROGRAM rank 0 of 2: a b", "PROGRAM rank 1 of 2: a b"]
 
 
@@ -77,11 +81,19 @@ def test_main_training_function_is_called_in_every_worker(tmp_path):
         "if __name__ == '__main__':\n"
         "    raise SystemExit('the script ran as __main__')\n"
     )
-    result = lockstep("launch", "--num-processes", "2", "--main_training_function", "main", str(script), "-x")
+    logs = tmp_path / "logs"
+    result = lockstep(
+        "launch",
+        *rank_log_flags(logs),
+        "--num-processes",
+        "2",
+        "--main_training_function",
+        "main",
+        str(script),
+        "-x",
+    )
     assert result.returncode == 0, result.stderr
-    # Two workers share the launcher's stdout: one's line may land inside the other's (print writes the
-    # text and its newline separately), so the calls are found in the text, not line by line.
-    calls = sorted(re.findall(r"CALLED \d \S+ \[[^\]]*\]", result.stdout))
+    calls = [line for line in rank_stdout(logs).splitlines() if line.startswith("CALLED")]
     assert calls == ["CALLED 0 notebook_style ['-x']", "CALLED 1 notebook_style ['-x']"]
 
 

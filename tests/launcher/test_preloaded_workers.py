@@ -14,6 +14,7 @@ import pytest
 
 from lockstep.launcher import preloaded
 from tests.helpers.cli import SCRIPTS, cli_env, lockstep, lockstep_popen
+from tests.helpers.deadlines import scaled
 
 pytestmark = pytest.mark.distributed
 
@@ -27,14 +28,14 @@ def _launch_and_read_facts(out: Path, **env: str) -> list[dict]:
         "launch", "--num-processes", "2", str(SCRIPTS / "worker_facts.py"), str(out), env=environment
     )
     text = ""  # two workers share the pipe; a read may end inside a line
-    deadline = time.monotonic() + 90  # the workers wait for go up to 300 s
+    deadline = time.monotonic() + scaled(90)  # the workers wait for go up to 300 s
     assert launcher.stdout is not None
     while len(_records("FACTS", text)) < 2 and time.monotonic() < deadline and launcher.poll() is None:
         if select.select([launcher.stdout], [], [], 1.0)[0]:
             text += os.read(launcher.stdout.fileno(), 65536).decode()
     facts = _records("FACTS", text)
     (out / "go").write_text("")
-    stdout, stderr = launcher.communicate(timeout=120)
+    stdout, stderr = launcher.communicate(timeout=scaled(120))
     assert launcher.returncode == 0, stderr
     assert len(facts) == 2, f"the workers' lines did not arrive while they ran: {facts}\n{stderr}"
     draws = {d["rank"]: d["draw"] for d in _records("NUMPY", text + stdout)}

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.cli import cli_env
+from tests.helpers.deadlines import scaled
 from tests.helpers.reference import accelerate_pythonpath, transformers_overlay
 
 pytest.importorskip("transformers")
@@ -83,7 +84,7 @@ def test_rank0_loading_is_announced_only_where_transformers_from_pretrained_hono
         )
     seen = {}
     for name, process in running.items():
-        out, err = process.communicate(timeout=180)
+        out, err = process.communicate(timeout=scaled(180))
         assert process.returncode == 0, (name, err[-3000:])
         seen[name] = json.loads(out.strip().splitlines()[-1])
     for name, result in seen.items():  # lockstep's answer is what from_pretrained does
