@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 
-def rank_log_flags(log_dir: Path) -> list[str]:
+def rank_log_flags(log_dir: Path | str) -> list[str]:
     """``lockstep launch`` flags that write each rank's stdout to its own file under ``log_dir``."""
     return ["--tee", "1", "--log-dir", str(log_dir)]
 
@@ -30,7 +30,7 @@ class RankOutput:
     text: str
 
 
-def rank_outputs(log_dir: Path) -> list[RankOutput]:
+def rank_outputs(log_dir: Path | str) -> list[RankOutput]:
     """Every rank's stdout under ``log_dir``, by launch, attempt and local rank.
 
     Raises:
@@ -49,6 +49,6 @@ def rank_outputs(log_dir: Path) -> list[RankOutput]:
     return sorted(found, key=lambda out: (out.run, out.attempt, out.local_rank))
 
 
-def rank_stdout(log_dir: Path) -> str:
+def rank_stdout(log_dir: Path | str) -> str:
     """All ranks' stdout under ``log_dir``, one rank after another (whole lines, never interleaved)."""
     return "".join(out.text if out.text.endswith("\n") else out.text + "\n" for out in rank_outputs(log_dir))
