@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
@@ -85,3 +86,22 @@ def test_indivisible_experts_and_unbuilt_compositions_are_refused() -> None:
         assert "Use an ep_size that divides 8." in messages["indivisible"]
         assert messages["mesh_2d"].startswith("ExpertParallelNotBuiltError: apply_expert_parallel(group=<2-D")
         assert "composing expert parallelism with them is not built yet" in messages["ddp"]
+
+
+def _tuple_output_worker() -> str:
+    dist.init_process_group("gloo")
+    model = _build("qwen3_moe")
+    apply_expert_parallel(model)
+    ids = torch.arange(8).view(1, 8)
+    assert model(input_ids=ids, labels=ids, output_router_logits=False, return_dict=False)[0].ndim == 0
+    with pytest.raises(ExpertParallelNotBuiltError) as raised:
+        model(input_ids=ids, labels=ids, return_dict=False)
+    return str(raised.value)
+
+
+def test_a_tuple_output_with_router_logits_is_refused() -> None:
+    for message in run_distributed(_tuple_output_worker, 2, timeout=120.0):
+        assert message.startswith(
+            "Qwen3MoeForCausalLM(..., return_dict=False) with output_router_logits under"
+        )
+        assert "Call the model with return_dict=True" in message

@@ -1,9 +1,10 @@
 """Expert parallelism over 2 real gloo processes equals one process on the global batch.
 
-Each rank trains the same tiny MoE model (transformers' own Qwen3-MoE and Mixtral, built from their configs)
-with its experts sharded (ep=2) on its half of every global batch: AdamW, gradient accumulation 2, clipping
-1.0, 10 optimizer steps, the router's auxiliary loss in the loss. The reference is one process on the whole
-batch. Losses (aux loss included), dense parameters and each rank's expert shard must match within 1e-5.
+Each rank trains the same tiny MoE model (transformers' own Qwen3-MoE, Mixtral, OLMoE and Qwen2-MoE with its
+shared expert, built from their configs; Qwen3-MoE also with right padding, which the router's aux loss leaves
+out) with its experts sharded (ep=2) on its half of every global batch: AdamW, gradient accumulation 2,
+clipping 1.0, 10 optimizer steps, the router's auxiliary loss in the loss. The reference is one process on the
+whole batch. Losses (aux loss included), dense parameters and each rank's expert shard must match within 1e-5.
 """
 
 from __future__ import annotations
@@ -14,7 +15,16 @@ import pytest
 import torch
 import torch.distributed as dist
 from torch import nn
-from transformers import MixtralConfig, MixtralForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
+from transformers import (
+    MixtralConfig,
+    MixtralForCausalLM,
+    OlmoeConfig,
+    OlmoeForCausalLM,
+    Qwen2MoeConfig,
+    Qwen2MoeForCausalLM,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
+)
 
 from lockstep.expert_parallel import ExpertParallel, apply_expert_parallel
 from tests.helpers.multiprocess import run_distributed
@@ -52,9 +62,16 @@ def _build(kind: str) -> nn.Module:
         "attn_implementation": "eager",
     }
     torch.manual_seed(0)
-    if kind == "qwen3_moe":
+    if kind.startswith("qwen3_moe"):
         config = Qwen3MoeConfig(num_experts=8, moe_intermediate_size=16, intermediate_size=64, **common)
         return Qwen3MoeForCausalLM(config)
+    if kind == "qwen2_moe":  # with a dense shared expert beside the routed ones
+        config = Qwen2MoeConfig(
+            num_experts=8, moe_intermediate_size=16, shared_expert_intermediate_size=16, **common
+        )
+        return Qwen2MoeForCausalLM(config)
+    if kind == "olmoe":
+        return OlmoeForCausalLM(OlmoeConfig(num_experts=8, intermediate_size=16, **common))
     config = MixtralConfig(num_local_experts=8, intermediate_size=16, router_jitter_noise=0.0, **common)
     return MixtralForCausalLM(config)
 
@@ -69,14 +86,28 @@ def _micro_batch(index: int) -> torch.Tensor:
     return (starts + torch.arange(SEQUENCE)) % VOCAB
 
 
-def _train(model: nn.Module, rows: slice, ep: ExpertParallel | None) -> dict[str, Any]:
+def _attention_mask(kind: str) -> torch.Tensor | None:
+    """For ``*_padded`` runs: row ``i`` of each global batch ends with ``i`` padding positions (right padding).
+
+    The router's auxiliary loss leaves padding out, so each rank's share of it differs from the global one; the
+    cross-entropy still counts every position (labels are not masked), so its mean of means stays the global
+    mean and only the aux loss tells the mask's handling apart.
+    """
+    if not kind.endswith("_padded"):
+        return None
+    return (torch.arange(SEQUENCE) < SEQUENCE - torch.arange(GLOBAL_BATCH).unsqueeze(1)).long()
+
+
+def _train(
+    model: nn.Module, rows: slice, ep: ExpertParallel | None, mask: torch.Tensor | None
+) -> dict[str, Any]:
     """10 optimizer steps on ``rows`` of every global batch; the per-micro-step losses and final weights."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR, eps=ADAM_EPS)
     losses, aux_losses = [], []
     for step in range(STEPS):
         for micro in range(ACCUMULATION):
             ids = _micro_batch(step * ACCUMULATION + micro)[rows]
-            out = model(input_ids=ids, labels=ids)
+            out = model(input_ids=ids, labels=ids, attention_mask=None if mask is None else mask[rows])
             (out.loss / ACCUMULATION).backward()
             losses.append(out.loss.item())
             aux_losses.append(out.aux_loss.item())
@@ -97,7 +128,7 @@ def _ep_worker(kind: str) -> dict[str, Any]:
     model = _build(kind)
     ep = apply_expert_parallel(model)
     per_rank = GLOBAL_BATCH // EP_SIZE
-    result = _train(model, slice(rank * per_rank, (rank + 1) * per_rank), ep)
+    result = _train(model, slice(rank * per_rank, (rank + 1) * per_rank), ep, _attention_mask(kind))
     result["first_expert"] = {name: module.first_expert for name, module in ep.experts.items()}
     result["expert_bytes"] = sum(p.numel() * p.element_size() for p in ep.expert_parameters())
     result["dense_bytes"] = sum(p.numel() * p.element_size() for p in ep.dense_parameters())
@@ -108,14 +139,14 @@ def _expert_bytes(model: nn.Module) -> int:
     return sum(p.numel() * p.element_size() for n, p in model.named_parameters() if ".experts." in n)
 
 
-@pytest.fixture(scope="module", params=["qwen3_moe", "mixtral"])
+@pytest.fixture(scope="module", params=["qwen3_moe", "mixtral", "olmoe", "qwen2_moe", "qwen3_moe_padded"])
 def runs(request: pytest.FixtureRequest) -> dict[str, Any]:
     """The one-process reference and the ep=2 ranks' results, trained once per model kind."""
     kind = request.param
     reference_model = _build(kind)
     expert_bytes = _expert_bytes(reference_model)
     dense_bytes = sum(p.numel() * p.element_size() for p in reference_model.parameters()) - expert_bytes
-    reference = _train(reference_model, slice(None), None)
+    reference = _train(reference_model, slice(None), None, _attention_mask(kind))
     ranks = run_distributed(_ep_worker, EP_SIZE, kind, timeout=300.0)
     return {
         "kind": kind,

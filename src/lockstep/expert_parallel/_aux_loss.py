@@ -92,11 +92,14 @@ def install_global_aux_loss(model: nn.Module, group: dist.ProcessGroup) -> Remov
     signature = inspect.signature(model.forward)
 
     def hook(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
+        bound = signature.bind_partial(*args, **kwargs).arguments
+        if isinstance(output, tuple):
+            _refuse_tuple_output(module, bound)
+            return output
         router_logits = getattr(output, "router_logits", None)
         local_aux = getattr(output, "aux_loss", None)
         if not router_logits or local_aux is None:
             return output
-        bound = signature.bind_partial(*args, **kwargs).arguments
         global_aux = global_load_balancing_loss(
             tuple(router_logits),
             loss_function=loss_function,
@@ -112,3 +115,16 @@ def install_global_aux_loss(model: nn.Module, group: dist.ProcessGroup) -> Remov
         return output
 
     return model.register_forward_hook(hook, with_kwargs=True)
+
+
+def _refuse_tuple_output(model: nn.Module, arguments: dict[str, Any]) -> None:
+    """A tuple output (``return_dict=False``) cannot be told apart field by field: refuse it if it holds an aux loss."""
+    wants_router_logits = arguments.get("output_router_logits")
+    if wants_router_logits is None:
+        wants_router_logits = getattr(getattr(model, "config", None), "output_router_logits", False)
+    if wants_router_logits:
+        raise ExpertParallelNotBuiltError(
+            f"{type(model).__name__}(..., return_dict=False) with output_router_logits under expert parallelism "
+            "is not built: its per-rank auxiliary loss cannot be replaced by the global one in a tuple. Call the "
+            "model with return_dict=True (the default)."
+        )
