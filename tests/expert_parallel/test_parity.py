@@ -132,6 +132,9 @@ def _ep_worker(kind: str) -> dict[str, Any]:
     result["first_expert"] = {name: module.first_expert for name, module in ep.experts.items()}
     result["expert_bytes"] = sum(p.numel() * p.element_size() for p in ep.expert_parameters())
     result["dense_bytes"] = sum(p.numel() * p.element_size() for p in ep.dense_parameters())
+    # the original experts modules, kept to compute, hold only this rank's shard: the full tensors are released
+    kept = {id(p): p for module in ep.experts.values() for p in module._local_math[0].parameters()}
+    result["kept_bytes"] = sum(p.numel() * p.element_size() for p in kept.values())
     return result
 
 
@@ -199,5 +202,6 @@ def test_parameters_equal_one_process(runs: dict[str, Any]) -> None:
 def test_expert_bytes_per_rank_are_one_over_ep(runs: dict[str, Any]) -> None:
     for rank in runs["ranks"]:
         assert rank["expert_bytes"] * EP_SIZE == runs["expert_bytes"]
+        assert rank["kept_bytes"] == rank["expert_bytes"]
         assert rank["dense_bytes"] == runs["dense_bytes"]
     assert runs["expert_bytes"] > runs["dense_bytes"] / 4  # the experts are a real share of the model
