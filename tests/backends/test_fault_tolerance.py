@@ -26,6 +26,7 @@ import torch
 from lockstep.backends import LiveRecovery
 from lockstep.layers.fault_tolerance import FaultToleranceConfig
 from tests.helpers import ft_worker
+from tests.helpers.deadlines import scaled, wait_for
 from tests.helpers.ft_heal_worker import set_mean_gradients
 from tests.helpers.ft_lighthouse import lighthouse_process
 from tests.helpers.multiprocess import run_distributed
@@ -88,7 +89,7 @@ def _groups(
 
 
 def _finish(processes: list[subprocess.Popen], folder: Path, timeout: float = 90) -> list[dict]:
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + scaled(timeout)
     results = []
     for group, process in enumerate(processes):
         if process.returncode == -signal.SIGKILL:
@@ -139,12 +140,12 @@ def test_two_groups_average_gradients_bitwise(tmp_path: Path) -> None:
 
 
 def _wait_for_step(progress: Path, step: int, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if progress.is_file() and str(step) in progress.read_text().split():
-            return
-        time.sleep(0.01)
-    raise AssertionError(f"{progress} did not reach step {step} in {timeout} s")
+    """Until ``progress`` holds ``step``: ``timeout`` seconds on an idle machine, scaled by the load."""
+    wait_for(
+        lambda: progress.is_file() and str(step) in progress.read_text().split(),
+        timeout,
+        f"{progress} reaching step {step}",
+    )
 
 
 def test_a_killed_group_leaves_the_others_stepping(tmp_path: Path) -> None:
@@ -160,7 +161,7 @@ def test_a_killed_group_leaves_the_others_stepping(tmp_path: Path) -> None:
     ):
         _wait_for_step(tmp_path / "group2.pt.steps", kill_after)
         processes[2].send_signal(signal.SIGKILL)
-        assert processes[2].wait(timeout=10) == -signal.SIGKILL
+        assert processes[2].wait(timeout=scaled(10)) == -signal.SIGKILL
         results = _finish(processes, tmp_path)
     assert [r["pid"] for r in results] == [processes[0].pid, processes[1].pid]  # no restart
     log = results[0]["log"]

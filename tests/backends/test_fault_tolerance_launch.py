@@ -13,7 +13,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,7 @@ from lockstep.cli.main import main
 from lockstep.config.backend_specs import add_on_arguments
 from lockstep.trainer.arguments import TrainingArguments
 from tests.helpers.cli import REPO, cli_env, lockstep
+from tests.helpers.deadlines import scaled, wait_for
 from tests.helpers.ft_lighthouse import lighthouse_process
 
 SCRIPT = """
@@ -135,17 +135,17 @@ def test_one_launch_starts_the_lighthouse_and_another_joins_it(tmp_path: Path) -
             env=cli_env(),
             cwd=REPO,
         )
+
+    def lighthouse_address() -> str | None:
+        assert first.poll() is None, first_err.read_text()[-3000:]
+        found = re.search(r"started the torchft lighthouse at (\S+)", first_err.read_text())
+        return found.group(1) if found else None
+
     try:
-        deadline, address = time.monotonic() + 60, None
-        while address is None:
-            found = re.search(r"started the torchft lighthouse at (\S+)", first_err.read_text())
-            address = found.group(1) if found else None
-            assert first.poll() is None, first_err.read_text()[-3000:]
-            assert time.monotonic() < deadline, "the first launch printed no lighthouse address in 60 s"
-            time.sleep(0.05)
+        address = wait_for(lighthouse_address, 60, "the first launch printing its lighthouse address")
         second = lockstep("launch", *GROUP, "--replica-group", "1", "--lighthouse", address, str(script))
         assert second.returncode == 0, second.stderr[-3000:]
-        assert first.wait(timeout=120) == 0, first_err.read_text()[-3000:]
+        assert first.wait(timeout=scaled(120)) == 0, first_err.read_text()[-3000:]
     finally:
         if first.poll() is None:
             first.kill()
@@ -231,15 +231,16 @@ def test_a_stop_signal_reaches_every_group_of_one_launch(tmp_path: Path) -> None
             cwd=tmp_path,
         )
     pids: list[int] = []
+
+    def both_wait() -> bool:  # both groups trained and wait
+        assert launch.poll() is None, (tmp_path / "err.txt").read_text()[-3000:]
+        return out.read_text().count("WAITING") >= 2
+
     try:
-        deadline = time.monotonic() + 90
-        while out.read_text().count("WAITING") < 2:  # both groups trained and wait
-            assert launch.poll() is None, (tmp_path / "err.txt").read_text()[-3000:]
-            assert time.monotonic() < deadline, "the groups did not finish training within 90 s"
-            time.sleep(0.05)
+        wait_for(both_wait, 90, "the groups finishing their training", interval=0.05)
         pids = [int(p) for p in re.findall(r"\(pids (\d+), (\d+)\)", (tmp_path / "err.txt").read_text())[0]]
         launch.send_signal(signal.SIGTERM)
-        assert launch.wait(timeout=60) == 143, (tmp_path / "err.txt").read_text()[-3000:]
+        assert launch.wait(timeout=scaled(60)) == 143, (tmp_path / "err.txt").read_text()[-3000:]
         for pid in pids:  # the groups' launches are gone (the launch waited for them)
             with pytest.raises(ProcessLookupError):
                 os.kill(pid, 0)
