@@ -253,6 +253,7 @@ class GatheredForward(Capability):
         """A block in which the parameters sharded with ``model``'s root are whole: code that calls submodules
         directly (``generate`` calls the encoder) bypasses the root's forward, which would gather them."""
 
+
 class ConfiguredOptimizer(Capability):
     """The backend's own config may declare the optimizer and the scheduler (DeepSpeed's ``optimizer`` and
     ``scheduler`` entries); the backend builds them at ``prepare`` from placeholders."""
