@@ -687,7 +687,7 @@ class Trainer:
         """
         self._setup()
         loader = self._eval_loader(eval_dataset, "Trainer.evaluate(eval_dataset=...)")
-        output = self._run_evaluation(loader, metric_key_prefix, ignore_keys=ignore_keys)
+        output = _trainer_parts.run_evaluation(self, loader, metric_key_prefix, ignore_keys=ignore_keys)
         self.log(output.metrics)
         self.control = self._event("on_evaluate", metrics=output.metrics)
         return output.metrics
@@ -699,7 +699,8 @@ class Trainer:
         self._setup()
         if test_dataset is None:
             raise ValueError("Trainer.predict(test_dataset=...) needs a dataset; got None.")
-        output = self._run_evaluation(
+        output = _trainer_parts.run_evaluation(
+            self,
             self._eval_loader(test_dataset, "Trainer.predict(test_dataset=...)"),
             metric_key_prefix,
             predict=True,
@@ -707,17 +708,6 @@ class Trainer:
         )
         self.control = self._event("on_predict", metrics=output.metrics)
         return output
-
-    def _run_evaluation(
-        self,
-        loader: DataLoader,
-        prefix: str,
-        predict: bool = False,
-        prediction_loss_only: bool | None = None,
-        ignore_keys: list[str] | None = None,
-    ) -> PredictionOutput:
-        """The evaluation loop over a prepared loader, with the Trainer's options (and its overrides)."""
-        return _trainer_parts.run_evaluation(self, loader, prefix, predict, prediction_loss_only, ignore_keys)
 
     # -- logging and saving -----------------------------------------------------------------------
     def log(self, logs: dict[str, float]) -> None:
