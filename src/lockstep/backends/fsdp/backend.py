@@ -17,12 +17,8 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from lockstep.backends.fsdp.loading import broadcast_from_main, to_meta
-from lockstep.backends.fsdp.plugin import FullyShardedDataParallelPlugin
-from lockstep.backends.fsdp.precision import FSDPPrecision
 from lockstep.backends.fsdp.sharded import ShardedBackend, parameter_owners
 from lockstep.config.enums import DistributedType
-from lockstep.config.plugins import TorchDynamoPlugin
-from lockstep.state import PartialState
 
 
 @final
@@ -38,17 +34,7 @@ class FSDPBackend(ShardedBackend):
     """
 
     distributed_type = DistributedType.FSDP
-
-    def __init__(
-        self,
-        state: PartialState,
-        *,
-        plugin: FullyShardedDataParallelPlugin,
-        precision: FSDPPrecision,
-        dynamo_plugin: TorchDynamoPlugin | None = None,
-    ) -> None:
-        super().__init__(state, plugin=plugin, precision=precision, dynamo_plugin=dynamo_plugin)
-        self._mesh: DeviceMesh | None = None
+    _mesh: DeviceMesh | None = None  # built on first use of :attr:`mesh`
 
     @property
     def mesh(self) -> DeviceMesh:
