@@ -272,16 +272,10 @@ def dispatch_model(
             )
         model.to(device)
     else:
+        main_device = _main_device(device_map, main_device)
+        weights_map = _weights_map(model, device_map, main_device, state_dict, offload_dir, offload_index)
         _attach_hooks(
-            model,
-            device_map,
-            _main_device(device_map, main_device),
-            state_dict,
-            offload_dir,
-            offload_index,
-            offload_buffers,
-            skip_keys,
-            preload_module_classes,
+            model, device_map, main_device, weights_map, offload_buffers, skip_keys, preload_module_classes
         )
     model.hf_device_map = dict(device_map)
     return model
@@ -291,14 +285,11 @@ def _attach_hooks(
     model: nn.Module,
     device_map: Mapping[str, Device],
     main_device: Device,
-    state_dict: Mapping[str, torch.Tensor] | None,
-    offload_dir: PathLike | None,
-    offload_index: Mapping[str, Any] | None,
+    weights_map: OffloadedWeightsLoader | None,
     offload_buffers: bool,
     skip_keys: str | Sequence[str] | None,
     preload_module_classes: Sequence[str] | None,
 ) -> None:
-    weights_map = _weights_map(model, device_map, main_device, state_dict, offload_dir, offload_index)
     offloaded = ("disk",) if str(main_device) in ("cpu", "mps") else _OFFLOAD_TARGETS
     execution = {
         name: main_device if str(device) in _OFFLOAD_TARGETS else device
