@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +23,6 @@ from lockstep.config.enums import BUILT_IN_TRACKERS
 from lockstep.trainer import _argument_parsers
 from lockstep.trainer import _arguments_api as _api
 from lockstep.trainer import _arguments_post_init as _checks
-from lockstep.trainer import _arguments_setters as _setters
 from lockstep.trainer._arguments_api import ParallelMode
 from lockstep.trainer._arguments_post_init import (
     DDP_BACKENDS,
@@ -512,7 +511,9 @@ class TrainingArguments:
         """:meth:`to_dict` plus the batch sizes, every value a bool, int, float or str (TensorBoard's hparams)."""
         return _api.to_sanitized_dict(self)
 
-    # -- transformers' grouped setters (see _arguments_setters) ---------------------------------------
+    # -- transformers' grouped setters ----------------------------------------------------------------
+    # Each sets its group of fields, checks the result as the constructor does (see _rebuilt) and returns the
+    # arguments. Defaults and parameter names are transformers 5.24's.
     def set_training(
         self,
         learning_rate: float = 5e-5,
@@ -525,18 +526,27 @@ class TrainingArguments:
         activation_checkpointing: bool = False,
         gradient_checkpointing: bool | None = None,
     ) -> TrainingArguments:
-        """Set the basic training values (and ``do_train=True``)."""
-        return _setters.set_training(
+        """Set the basic training values (and ``do_train=True``).
+
+        Example:
+            >>> args = TrainingArguments(output_dir="runs/a").set_training(learning_rate=1e-4, batch_size=32)
+            >>> args.learning_rate, args.per_device_train_batch_size
+            (0.0001, 32)
+        """
+        if gradient_checkpointing is not None:
+            activation_checkpointing = gradient_checkpointing
+        return _rebuilt(
             self,
-            learning_rate,
-            batch_size,
-            weight_decay,
-            num_epochs,
-            max_steps,
-            gradient_accumulation_steps,
-            seed,
-            activation_checkpointing,
-            gradient_checkpointing,
+            do_train=True,
+            learning_rate=learning_rate,
+            per_device_train_batch_size=batch_size,
+            weight_decay=weight_decay,
+            num_train_epochs=num_epochs,
+            max_steps=max_steps,
+            gradient_accumulation_steps=gradient_accumulation_steps,
+            seed=seed,
+            activation_checkpointing=activation_checkpointing,
+            gradient_checkpointing=activation_checkpointing,
         )
 
     def set_evaluate(
@@ -549,11 +559,23 @@ class TrainingArguments:
         loss_only: bool = False,
     ) -> TrainingArguments:
         """Set when and how to evaluate (``do_eval`` follows ``strategy``)."""
-        return _setters.set_evaluate(self, strategy, steps, batch_size, accumulation_steps, delay, loss_only)
+        _check_steps(strategy, steps, "set_evaluate")
+        return _rebuilt(
+            self,
+            eval_strategy=getattr(strategy, "value", strategy),
+            do_eval=str(getattr(strategy, "value", strategy)).lower() != "no",
+            eval_steps=steps,
+            per_device_eval_batch_size=batch_size,
+            eval_accumulation_steps=accumulation_steps,
+            eval_delay=0 if delay is None else delay,
+            prediction_loss_only=loss_only,
+        )
 
     def set_testing(self, batch_size: int = 8, loss_only: bool = False) -> TrainingArguments:
         """Set the prediction batch size (and ``do_predict=True``)."""
-        return _setters.set_testing(self, batch_size, loss_only)
+        return _rebuilt(
+            self, do_predict=True, per_device_eval_batch_size=batch_size, prediction_loss_only=loss_only
+        )
 
     def set_save(
         self,
@@ -563,7 +585,14 @@ class TrainingArguments:
         on_each_node: bool = False,
     ) -> TrainingArguments:
         """Set when checkpoints are saved and how many are kept."""
-        return _setters.set_save(self, strategy, steps, total_limit, on_each_node)
+        _check_steps(strategy, steps, "set_save")
+        return _rebuilt(
+            self,
+            save_strategy=getattr(strategy, "value", strategy),
+            save_steps=steps,
+            save_total_limit=total_limit,
+            save_on_each_node=on_each_node,
+        )
 
     def set_logging(
         self,
@@ -577,8 +606,17 @@ class TrainingArguments:
         replica_level: str = "passive",
     ) -> TrainingArguments:
         """Set when and where the run logs."""
-        return _setters.set_logging(
-            self, strategy, steps, report_to, level, first_step, nan_inf_filter, on_each_node, replica_level
+        _check_steps(strategy, steps, "set_logging")
+        return _rebuilt(
+            self,
+            logging_strategy=getattr(strategy, "value", strategy),
+            logging_steps=steps,
+            report_to=report_to,
+            log_level=level,
+            logging_first_step=first_step,
+            logging_nan_inf_filter=nan_inf_filter,
+            log_on_each_node=on_each_node,
+            log_level_replica=replica_level,
         )
 
     def set_push_to_hub(
@@ -591,7 +629,16 @@ class TrainingArguments:
         revision: str | None = None,
     ) -> TrainingArguments:
         """Refused: lockstep does not upload (``push_to_hub=True`` raises the arguments' NotImplementedError)."""
-        return _setters.set_push_to_hub(self, model_id, strategy, token, private_repo, always_push, revision)
+        return _rebuilt(
+            self,
+            push_to_hub=True,
+            hub_model_id=model_id,
+            hub_strategy=strategy,
+            hub_token=token,
+            hub_private_repo=private_repo,
+            hub_always_push=always_push,
+            hub_revision=revision,
+        )
 
     def set_optimizer(
         self,
@@ -604,13 +651,28 @@ class TrainingArguments:
         args: str | None = None,
     ) -> TrainingArguments:
         """Set the optimizer and its hyperparameters."""
-        return _setters.set_optimizer(self, name, learning_rate, weight_decay, beta1, beta2, epsilon, args)
+        return _rebuilt(
+            self,
+            optim=getattr(name, "value", name),
+            learning_rate=learning_rate,
+            weight_decay=weight_decay,
+            adam_beta1=beta1,
+            adam_beta2=beta2,
+            adam_epsilon=epsilon,
+            optim_args=args,
+        )
 
     def set_lr_scheduler(
         self, name: str = "linear", num_epochs: float = 3.0, max_steps: int = -1, warmup_steps: float = 0
     ) -> TrainingArguments:
         """Set the learning-rate schedule and the run's length."""
-        return _setters.set_lr_scheduler(self, name, num_epochs, max_steps, warmup_steps)
+        return _rebuilt(
+            self,
+            lr_scheduler_type=getattr(name, "value", name),
+            num_train_epochs=num_epochs,
+            max_steps=max_steps,
+            warmup_steps=warmup_steps,
+        )
 
     def set_dataloader(
         self,
@@ -628,20 +690,20 @@ class TrainingArguments:
         sampler_seed: int | None = None,
     ) -> TrainingArguments:
         """Set the batch sizes and the data loaders' options."""
-        return _setters.set_dataloader(
+        return _rebuilt(
             self,
-            train_batch_size,
-            eval_batch_size,
-            drop_last,
-            num_workers,
-            pin_memory,
-            persistent_workers,
-            prefetch_factor,
-            multiprocessing_context,
-            in_order,
-            auto_find_batch_size,
-            ignore_data_skip,
-            sampler_seed,
+            per_device_train_batch_size=train_batch_size,
+            per_device_eval_batch_size=eval_batch_size,
+            dataloader_drop_last=drop_last,
+            dataloader_num_workers=num_workers,
+            dataloader_pin_memory=pin_memory,
+            dataloader_persistent_workers=persistent_workers,
+            dataloader_prefetch_factor=prefetch_factor,
+            dataloader_multiprocessing_context=multiprocessing_context,
+            dataloader_in_order=in_order,
+            auto_find_batch_size=auto_find_batch_size,
+            ignore_data_skip=ignore_data_skip,
+            data_seed=sampler_seed,
         )
 
     # -- command line -----------------------------------------------------------------------------
@@ -699,3 +761,19 @@ class TrainingArguments:
         from lockstep.trainer._cli import parse
 
         return parse(cls, argv, defaults or {}, parser=parser, allow_unknown=False)
+
+
+def _rebuilt(args: TrainingArguments, **updates: Any) -> TrainingArguments:
+    """Rebuild ``args`` with ``updates`` (every check of the constructor runs, so an invalid combination raises
+    the constructor's error and leaves ``args`` unchanged), then take the new values into ``args``."""
+    current = {f.name: getattr(args, f.name) for f in fields(args) if f.init}
+    rebuilt = type(args)(**{**current, **updates})
+    args.__dict__.update(rebuilt.__dict__)
+    return args
+
+
+def _check_steps(strategy: Any, steps: float, setter: str) -> None:
+    if str(getattr(strategy, "value", strategy)).lower() == "steps" and steps == 0:
+        raise ValueError(
+            f"{setter}(strategy='steps', steps=0) is invalid: set steps >= 1 (or a fraction < 1)."
+        )
