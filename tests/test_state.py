@@ -66,6 +66,7 @@ def test_fork_launched_says_whether_the_notebook_launcher_forked_this_process(mo
     import torch.distributed.launcher.api as launcher_api
 
     from lockstep.launcher import notebook
+    from lockstep.launcher.settings import LaunchSettings
     from lockstep.utils import patch_environment
 
     assert AcceleratorState().fork_launched is False
@@ -77,7 +78,7 @@ def test_fork_launched_says_whether_the_notebook_launcher_forked_this_process(mo
         return lambda *args: seen.append(os.environ.get("FORK_LAUNCHED"))
 
     monkeypatch.setattr(launcher_api, "elastic_launch", fake_elastic_launch)
-    notebook._run_forked(print, (), num_processes=2, settings={})
+    notebook._run_forked(print, (), LaunchSettings(num_processes=2), settings={})
     assert seen == ["1"] and "FORK_LAUNCHED" not in os.environ  # set for the workers only
 
 

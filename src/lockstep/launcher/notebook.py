@@ -98,36 +98,15 @@ def _exit_after_failure(error: Exception) -> NoReturn:
 
 
 def _run_forked(
-    function: Callable[..., Any],
-    args: tuple,
-    *,
-    num_processes: int,
-    settings: dict[str, Any],
-    master_addr: str = "127.0.0.1",
-    port: int | None = None,
-    node_rank: int = 0,
-    num_nodes: int = 1,
-    rdzv_backend: str = "static",
-    max_restarts: int = 0,
-    monitor_interval: float = 0.1,
+    function: Callable[..., Any], args: tuple, launch_settings: LaunchSettings, *, settings: dict[str, Any]
 ) -> None:
     import json
 
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import elastic_launch
 
-    launch_settings = LaunchSettings(
-        num_processes=num_processes * num_nodes,
-        num_machines=num_nodes,
-        machine_rank=node_rank,
-        main_process_ip=master_addr,
-        main_process_port=port,
-        rdzv_backend=rdzv_backend,
-        max_restarts=max_restarts,
-        monitor_interval=monitor_interval,
-    )
     config = torch_launch_config(launch_settings, start_method="fork")
-    threads = str(cpu_threads_per_process(num_processes))
+    threads = str(cpu_threads_per_process(launch_settings.num_processes // launch_settings.num_machines))
     environment = {
         _env.LOCKSTEP_LAUNCH_CONFIG: json.dumps(settings),
         _env.FORK_LAUNCHED: "1",  # PartialState().fork_launched, as in Accelerate
@@ -198,19 +177,17 @@ def notebook_launcher(
         with _patched_environment(**{_env.LOCKSTEP_LAUNCH_CONFIG: __import__("json").dumps(settings)}):
             _fresh_process_entry(function)(*args)
         return
-    _run_forked(
-        function,
-        args,
-        num_processes=num_processes,
-        settings=settings,
-        master_addr=master_addr,
-        port=_usable_port(use_port, num_nodes),
-        node_rank=node_rank,
-        num_nodes=num_nodes,
+    launch_settings = LaunchSettings(
+        num_processes=num_processes * num_nodes,
+        num_machines=num_nodes,
+        machine_rank=node_rank,
+        main_process_ip=master_addr,
+        main_process_port=_usable_port(use_port, num_nodes),
         rdzv_backend=rdzv_backend,
         max_restarts=max_restarts,
         monitor_interval=monitor_interval,
     )
+    _run_forked(function, args, launch_settings, settings=settings)
 
 
 def _usable_port(use_port: str | int, num_nodes: int) -> int | None:
@@ -240,5 +217,5 @@ def debug_launcher(function: Callable[..., Any], args: tuple = (), num_processes
     """
     if num_processes < 1:
         raise ValueError(f"debug_launcher(num_processes={num_processes}) is invalid: it must be >= 1.")
-    _run_forked(function, args, num_processes=num_processes, settings={"use_cpu": True})
+    _run_forked(function, args, LaunchSettings(num_processes=num_processes), settings={"use_cpu": True})
     sys.stdout.flush()
