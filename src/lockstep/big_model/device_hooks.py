@@ -94,13 +94,7 @@ class AlignDevicesHook(ModelHook):
             for name, tensor in named_module_tensors(module, recurse=self.place_submodules):
                 if tensor.device == target:
                     continue  # already there: keeping the object keeps weights tied in the model tied
-                set_module_tensor_to_device(
-                    module,
-                    name,
-                    self.execution_device,
-                    tied_params_map=self.tied_params_map,
-                    clear_cache=False,
-                )
+                self._to_execution_device(module, name)
         elif self.offload:
             self._offload_at_init(module)
         return module
@@ -127,16 +121,16 @@ class AlignDevicesHook(ModelHook):
             return
         if not self.offload_buffers:
             for name, _ in module.named_buffers(recurse=self.place_submodules):
-                set_module_tensor_to_device(
-                    module,
-                    name,
-                    self.execution_device,
-                    tied_params_map=self.tied_params_map,
-                    clear_cache=False,
-                )
+                self._to_execution_device(module, name)
         else:  # non-persistent buffers are not in the weights map: they stay, on the execution device
             for name in _non_persistent(module, self.place_submodules):
                 set_module_tensor_to_device(module, name, self.execution_device, clear_cache=False)
+
+    def _to_execution_device(self, module: nn.Module, name: str) -> None:
+        assert self.execution_device is not None
+        set_module_tensor_to_device(
+            module, name, self.execution_device, tied_params_map=self.tied_params_map, clear_cache=False
+        )
 
     def _is_tied(self, tensor: torch.Tensor) -> bool:
         pointer = tensor.data_ptr() if tensor.device.type != "meta" else 0
