@@ -39,6 +39,15 @@ ALLOWED: dict[tuple[str, str], str] = {
         "torch calls the load_state_dict post-hook with the PipelinedModel it is registered on (asserted): "
         "the writer's own class, reached through torch's hook signature"
     ),
+    ("lockstep.layers.expert_parallel._layer", "model._ddp_params_and_buffers_to_ignore"): (
+        "torch's DistributedDataParallel reads the parameters to leave out of its broadcast and all-reduce from "
+        "this attribute of the module it wraps (its _set_params_and_buffers_to_ignore_for_model writes it): "
+        "expert parallelism's experts are sharded over the ranks, not replicated"
+    ),
+    (
+        "lockstep.layers.expert_parallel._layer",
+        "param._ddp_ignored",
+    ): "as model._ddp_params_and_buffers_to_ignore",
     ("lockstep.data._position", "loader._continues"): (
         "_continuing_copy builds the copy as type(self)(...) two lines before: its own class, just made"
     ),

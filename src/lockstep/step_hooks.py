@@ -5,16 +5,22 @@ optimizer or a loader, and nothing writes attributes onto those objects: the Acc
 :class:`StepHooks` list and gives it to every optimizer and loader it prepares, which run it. The step, as the
 prepared objects see it::
 
+    model = accelerator.prepare(model)         # hooks.preparing_model(model) before the backend wraps it,
+                                               #   hooks.prepared_model(prepared) after
     for batch in loader:                       # hooks.batches(...) wraps each iteration's batches
         loss = model(batch)
         accelerator.backward(loss)             # inside hooks.around_backward()
+        accelerator.clip_grad_norm_(...)       # hooks.before_clip(), then hooks.clip_grad_norm_(...) or
+                                               #   the backend's clip
         optimizer.step()                       # a synchronising step runs inside
                                                #   hooks.around_optimizer_step(optimizer), where
                                                #   hooks.commit(optimizer) decides whether it is applied
 
 Built-in layers on this interface: the step timer (:mod:`lockstep.throughput`), the hang watchdog's progress
 note (:mod:`lockstep.diagnostics`), and the commit answer of fault tolerance
-(:mod:`lockstep.layers.fault_tolerance`; built-in layers live in :mod:`lockstep.layers`).
+(:mod:`lockstep.layers.fault_tolerance`), and expert parallelism (:mod:`lockstep.layers.expert_parallel`: it
+shards a model's experts before the backend wraps it and clips by the norm over every rank's experts);
+built-in layers live in :mod:`lockstep.layers`.
 Add your own with ``accelerator.add_step_hook(hook)``, or make it a *layer* users switch on like a built-in
 feature: a :class:`LayerSpec` (registered with :func:`register_layer`, or by an installed package in the
 ``lockstep.layers`` entry-point group) names its ``Accelerator`` keyword, ``TrainingArguments`` field, config
@@ -55,6 +61,12 @@ class StepHook(abc.ABC):  # noqa: B024 (every moment has a default: a hook overr
     The moments run on every step, so keep them cheap: take a clock mark, count, note progress.
     """
 
+    def preparing_model(self, model: Any) -> Any:
+        """A model ``prepare`` is about to hand to the backend for training (not one prepared for evaluation
+        only): return it, changed in place or replaced. A layer that changes what the backend distributes does
+        it here (expert parallelism shards the experts and has DDP leave them out of its all-reduce)."""
+        return model
+
     def prepared_model(self, model: object) -> None:
         """A model ``prepare`` has just prepared for training (as the backend returned it; not one prepared
         for evaluation only): a layer notes it (fault tolerance sends it to a healing peer)."""
@@ -82,6 +94,13 @@ class StepHook(abc.ABC):  # noqa: B024 (every moment has a default: a hook overr
         """The step's gradients are about to be clipped (``accelerator.clip_grad_norm_``): a layer that changes
         them before they are applied does so here, so that the norm is the one of the step's gradients (fault
         tolerance averages them over the replica groups here instead of in :meth:`commit`)."""
+        return None
+
+    def clip_grad_norm_(self, parameters: list[Any], max_norm: float, norm_type: float) -> Any:
+        """Clip ``parameters``' gradients instead of the backend and return their total norm (a tensor), or
+        None to leave the clip to the backend (the default). For a layer that distributes gradients in a way
+        the backend does not know (expert parallelism: each rank holds other experts' gradients, so the norm
+        is reduced over the ranks). The first hook that answers clips; runs after :meth:`before_clip`."""
         return None
 
     def commit(self, optimizer: object) -> bool:
@@ -179,6 +198,7 @@ class StepHooks:
         self._stepping = [hook for hook in hooks if _overrides(hook, "around_optimizer_step")]
         self._committing = [hook for hook in hooks if _overrides(hook, "commit")]
         self._clipping = [hook for hook in hooks if _overrides(hook, "before_clip")]
+        self._clippers = [hook for hook in hooks if _overrides(hook, "clip_grad_norm_")]
 
     def capability(self, kind: type[C]) -> C | None:
         """The first hook that is a ``kind`` (a layer may provide one of the capabilities of
@@ -186,6 +206,12 @@ class StepHooks:
         return next((hook for hook in self._hooks if isinstance(hook, kind)), None)
 
     # -- the moments, as the Accelerator and the prepared objects run them ------------------------------
+    def preparing_model(self, model: Any) -> Any:
+        """``model`` as every hook changed it, in the order they were added."""
+        for hook in self._hooks:
+            model = hook.preparing_model(model)
+        return model
+
     def prepared_model(self, model: object) -> None:
         for hook in self._hooks:
             hook.prepared_model(model)
@@ -197,6 +223,14 @@ class StepHooks:
     def before_clip(self) -> None:
         for hook in self._clipping:
             hook.before_clip()
+
+    def clip_grad_norm_(self, parameters: list[Any], max_norm: float, norm_type: float) -> Any:
+        """The total norm from the first hook that clips (see :meth:`StepHook.clip_grad_norm_`), else None."""
+        for hook in self._clippers:
+            norm = hook.clip_grad_norm_(parameters, max_norm, norm_type)
+            if norm is not None:
+                return norm
+        return None
 
     def batches(self, batches: Iterator[Any]) -> Iterator[Any]:
         """``batches`` as every hook wraps them (the first hook added wraps innermost)."""

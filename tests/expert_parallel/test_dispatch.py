@@ -16,8 +16,8 @@ import torch.distributed as dist
 from transformers import Qwen3MoeConfig
 from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeExperts
 
-from lockstep.expert_parallel import ExpertParallelExperts
-from lockstep.expert_parallel._aux_loss import gather_rows
+from lockstep.layers.expert_parallel import ExpertParallelExperts
+from lockstep.layers.expert_parallel._aux_loss import gather_rows
 from tests.helpers.multiprocess import run_distributed
 
 pytestmark = pytest.mark.distributed

@@ -8,7 +8,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 
-from lockstep.expert_parallel import (
+from lockstep.layers.expert_parallel import (
     ExpertParallelNotBuiltError,
     ExpertShardingError,
     MoEModelNotSupportedError,

@@ -26,7 +26,7 @@ from transformers import (
     Qwen3MoeForCausalLM,
 )
 
-from lockstep.expert_parallel import ExpertParallel, apply_expert_parallel
+from lockstep.layers.expert_parallel import ExpertParallel, apply_expert_parallel
 from tests.helpers.multiprocess import run_distributed
 
 pytestmark = pytest.mark.distributed

@@ -72,6 +72,7 @@ from lockstep.config.kwargs import (
     InitProcessGroupKwargs,
     ProfileKwargs,
 )
+from lockstep.config.layer_specs import layers_from_layout
 from lockstep.config.plugins import GradientAccumulationPlugin, TorchDynamoPlugin
 from lockstep.config.project import ProjectConfiguration
 from lockstep.data import skip_first_batches as _skip_first_batches
@@ -249,8 +250,9 @@ class Accelerator:
         handlers = self.settings.handlers
         given = given_add_ons(add_ons, launcher_settings())  # keywords, else lockstep launch's sections
         backend_plugins = handlers.backend_plugins + tuple(p for s, p in given if isinstance(s, BackendSpec))
-        self._layers = [(spec, plugin) for spec, plugin in given if not isinstance(spec, BackendSpec)]
         layout = self.settings.parallelism_config
+        self._layers = [(spec, plugin) for spec, plugin in given if not isinstance(spec, BackendSpec)]
+        self._layers += layers_from_layout(layout)  # turned on by the layout (expert parallelism: ep_size)
         if layout is not None:
             build_layout(layout, self.state)
         backend = select_backend(
@@ -899,7 +901,8 @@ class Accelerator:
         parameters = list(parameters)
         self.unscale_gradients()
         self._step_hooks.before_clip()  # a layer's change of the step's gradients (fault tolerance's average)
-        return self.backend.clip_grad_norm_(parameters, max_norm, norm_type)
+        norm = self._step_hooks.clip_grad_norm_(parameters, max_norm, norm_type)  # expert parallelism's clip
+        return norm if norm is not None else self.backend.clip_grad_norm_(parameters, max_norm, norm_type)
 
     def clip_grad_value_(self, parameters: Iterable[torch.Tensor], clip_value: float) -> None:
         """Clip gradients to ``[-clip_value, clip_value]`` (after unscaling under fp16)."""

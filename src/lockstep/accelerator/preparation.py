@@ -133,6 +133,8 @@ class Preparer:
         keep_4bit_layout(model)
         # A dispatched model stays where its device map put it (as in Accelerate).
         placement = self._placement(device_placement) and not has_device_map(model)
+        if not evaluation_mode:  # a layer's change before the backend distributes it (expert parallelism)
+            model = self.step_hooks.preparing_model(model)
         prepared = self.backend.prepare_model(
             model, device_placement=placement, evaluation_mode=evaluation_mode
         )

@@ -56,6 +56,11 @@ class LayerSpec(Vocabulary):
     """Builds its step hooks: a callable ``(plugin, accelerator) -> hooks``, or ``"module:function"`` imported
     on first use (keeps the spec torch-free)."""
 
+    from_layout: str | Callable[[Any], Any] | None = None
+    """For a layer that a setting of the layout turns on, without a keyword or section of its own (expert
+    parallelism: ``ParallelismConfig(ep_size=...)``): ``(parallelism_config) -> plugin``, None when it stays
+    off; a callable or ``"module:function"``. Asked when the Accelerator is built, with its layout."""
+
     add_on: ClassVar[bool] = True
     """Its section goes to the workers beside the backend's, chosen by its switch or its flags."""
     distributed_types: ClassVar[tuple[Any, ...]] = ()
@@ -101,6 +106,19 @@ def register_layer(spec: LayerSpec, *, replace: bool = False) -> LayerSpec:
 def unregister_layer(name: str) -> None:
     """Remove a registered layer (tests, notebooks that redefine one); unknown names are ignored."""
     _REGISTRY.specs.pop(name, None)
+
+
+def layers_from_layout(layout: Any) -> list[tuple[LayerSpec, Any]]:
+    """The layers ``layout`` (a ``ParallelismConfig``, or None) turns on, each with its plugin (see
+    :attr:`LayerSpec.from_layout`)."""
+    if layout is None:
+        return []
+    found = []
+    for spec in layer_specs():
+        plugin = None if spec.from_layout is None else resolve_target(spec.from_layout)(layout)
+        if plugin is not None:
+            found.append((spec, plugin))
+    return found
 
 
 def layer_specs() -> list[LayerSpec]:

@@ -136,6 +136,9 @@ class ParallelismConfig:
             has no pipeline training).
         pp_handler: a :class:`~lockstep.config.pipeline.TorchPipelineParallelConfig` (made when
             ``pp_size > 1`` and none is given): schedule, micro-batches, split points.
+        ep_size: processes a mixture-of-experts model's experts are sharded over (expert parallelism,
+            lockstep's extension: :mod:`lockstep.layers.expert_parallel`). Borrowed from data parallelism, not a
+            dimension of its own: it must divide the data-parallel size, and it does not change ``total_size``.
 
     Example:
         >>> from lockstep import Accelerator
@@ -156,6 +159,7 @@ class ParallelismConfig:
     sp_handler: Any = None
     pp_size: int | None = None
     pp_handler: TorchPipelineParallelConfig | None = None
+    ep_size: int | None = None
     device_mesh: DeviceMesh | None = field(default=None, init=False, repr=False, compare=False)
     """The mesh, once :meth:`get_device_mesh` built it (the Accelerator builds it)."""
     _flattened_meshes: dict[str, DeviceMesh] = field(
@@ -172,6 +176,7 @@ class ParallelismConfig:
                     f"ParallelismConfig({name}={value!r}) is invalid: every size must be an integer >= 1 "
                     "(1 switches the dimension off)."
                 )
+        self._check_expert_parallel()
         if self.cp_backend is None:
             self.cp_backend = _env.parallelism_setting("cp_backend", "torch")
         if self.sp_backend is None:
@@ -182,6 +187,27 @@ class ParallelismConfig:
             )
         self._check_handlers()
         self._check_combinations()
+
+    def _check_expert_parallel(self) -> None:
+        if self.ep_size is None:
+            self.ep_size = _size_from_environment("ep_size")
+        if isinstance(self.ep_size, bool) or not isinstance(self.ep_size, int) or self.ep_size < 1:
+            raise ValueError(
+                f"ParallelismConfig(ep_size={self.ep_size!r}) is invalid: it must be an integer >= 1 (1 switches "
+                "expert parallelism off)."
+            )
+        others = {
+            name: getattr(self, name)
+            for name in _SIZES
+            if name != "dp_replicate_size" and getattr(self, name) > 1
+        }
+        if self.ep_size > 1 and others:
+            sizes = ", ".join(f"{name}={size}" for name, size in others.items())
+            raise NotImplementedError(
+                f"ParallelismConfig(ep_size={self.ep_size}, {sizes}) is not built yet: expert parallelism composes "
+                "with plain data parallelism (DDP) only for now; with FSDP2 (dp_shard_size), HSDP, tensor, context "
+                "and pipeline parallelism it comes next (see lockstep.layers.expert_parallel). Set those sizes to 1."
+            )
 
     def _check_handlers(self) -> None:
         if self.tp_size > 1 and self.tp_handler is None:
@@ -242,6 +268,8 @@ class ParallelismConfig:
 
     def __repr__(self) -> str:
         sizes = ", ".join(f"{name}={getattr(self, name)}" for name in _SIZES)
+        if self.ep_size != 1:  # lockstep's extension, shown when it is on (Accelerate's repr otherwise)
+            sizes += f", ep_size={self.ep_size}"
         return (
             f"ParallelismConfig({sizes}, total_size={self.total_size}, tp_handler={self.tp_handler}, "
             f"cp_handler={self.cp_handler}, pp_handler={self.pp_handler})"
@@ -394,6 +422,13 @@ class ParallelismConfig:
             self._set_size("dp_replicate", num_processes)
         if elastic and self.total_size != num_processes:
             self.fit_data_parallel(num_processes)
+        if self.total_size == num_processes and self.data_parallel_size % self.ep_size:
+            raise ValueError(
+                f"ParallelismConfig(ep_size={self.ep_size}) does not fit {self.data_parallel_size} data-parallel "
+                f"processes: the experts are sharded over groups of ep_size data-parallel ranks, so ep_size must "
+                f"divide {self.data_parallel_size}. Choose an ep_size that divides it, or launch a multiple of "
+                f"{self.ep_size} processes."
+            )
         if self.total_size != num_processes:
             sizes = ", ".join(f"{name}={getattr(self, name)}" for name in _SIZES)
             raise ValueError(
@@ -452,7 +487,9 @@ class ParallelismConfig:
 
     def to_json(self) -> dict[str, Any]:
         """The sizes, backends and handler fields as plain data (without the mesh)."""
-        data: dict[str, Any] = {name: getattr(self, name) for name in (*_SIZES, "cp_backend", "sp_backend")}
+        data: dict[str, Any] = {
+            name: getattr(self, name) for name in (*_SIZES, "ep_size", "cp_backend", "sp_backend")
+        }
         for name in ("tp_handler", "cp_handler"):
             handler = getattr(self, name)
             data[name] = (

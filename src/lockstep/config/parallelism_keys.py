@@ -84,6 +84,14 @@ PARALLELISM_KEYS: tuple[SettingKey, ...] = (
         help="how context parallelism exchanges keys and values: allgather or alltoall",
         flag=True,
     ),
+    SettingKey(
+        key="parallelism_config_ep_size",
+        field="ep_size",
+        check=checks.int_range(1),
+        help="processes a mixture-of-experts model's experts are sharded over (expert parallelism; divides the "
+        "data-parallel size)",
+        flag=True,
+    ),
 )
 """Every ``parallelism_config`` key: the config file's, and the launch flags'."""
 

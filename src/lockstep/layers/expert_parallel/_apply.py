@@ -15,7 +15,7 @@ and the optimizer step; then the result equals one process on the global batch.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import final
 
 import torch
@@ -24,10 +24,10 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.utils.hooks import RemovableHandle
 
-from lockstep.expert_parallel._aux_loss import install_global_aux_loss
-from lockstep.expert_parallel._blocks import MoEBlock, find_moe_blocks
-from lockstep.expert_parallel._dispatch import ExpertParallelExperts
-from lockstep.expert_parallel._errors import ExpertParallelNotBuiltError, ExpertShardingError
+from lockstep.layers.expert_parallel._aux_loss import install_global_aux_loss
+from lockstep.layers.expert_parallel._blocks import MoEBlock, find_moe_blocks
+from lockstep.layers.expert_parallel._dispatch import ExpertParallelExperts
+from lockstep.layers.expert_parallel._errors import ExpertParallelNotBuiltError, ExpertShardingError
 
 
 @final
@@ -93,46 +93,79 @@ class ExpertParallel:
             for grad in dense:
                 grad.copy_(flat[offset : offset + grad.numel()].view_as(grad))
                 offset += grad.numel()
+        self.scale_expert_gradients()
+
+    @torch.no_grad()
+    def scale_expert_gradients(self) -> None:
+        """Divide the expert gradients by the group size, once per optimizer step: the all-to-all's backward
+        summed every rank's tokens into them, and the mean is what one process on the global batch has (dense
+        gradients get theirs from the all-reduce: :meth:`reduce_gradients`, or DDP under the Accelerator)."""
         for param in self._expert_params:
             if param.grad is not None:
                 param.grad.div_(self.ep_size)
 
     @torch.no_grad()
-    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+    def clip_grad_norm_(
+        self, max_norm: float, norm_type: float = 2.0, parameters: Iterable[torch.Tensor] | None = None
+    ) -> torch.Tensor:
         """Clip every gradient by the norm of the whole model's gradient, as one process would; return it.
 
         Dense gradients are the same on every rank (after :meth:`reduce_gradients`); expert gradients are
         sharded, so their part of the norm is reduced over the group. ``norm_type`` is 2 or ``inf``.
+        ``parameters``: the ones to clip (all of the model's by default); every rank passes the same ones.
         """
-        if norm_type not in (2.0, math.inf):
-            raise ValueError(
-                f"ExpertParallel.clip_grad_norm_(norm_type={norm_type!r}) is not supported: pass 2.0 or math.inf."
-            )
-        dense = [p.grad for p in self._dense_params if p.grad is not None]
-        expert = [p.grad for p in self._expert_params if p.grad is not None]
-        total = self._norm(dense, expert, norm_type)
-        coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
-        for grad in dense + expert:
-            grad.mul_(coef.to(grad.dtype))
-        return total
-
-    def _norm(self, dense: list[torch.Tensor], expert: list[torch.Tensor], norm_type: float) -> torch.Tensor:
-        zero = torch.zeros((), dtype=torch.float32)
-        if norm_type == math.inf:
-            dense_part = max((g.abs().max().float() for g in dense), default=zero)
-            expert_part = max((g.abs().max().float() for g in expert), default=zero).clone()
-            dist.all_reduce(expert_part, op=dist.ReduceOp.MAX, group=self.group)
-            return torch.maximum(dense_part, expert_part)
-        dense_sq = sum((g.float().pow(2).sum() for g in dense), zero)
-        expert_sq = sum((g.float().pow(2).sum() for g in expert), zero).clone()
-        dist.all_reduce(expert_sq, group=self.group)
-        return (dense_sq + expert_sq).sqrt()
+        expert_ids = {id(p) for p in self._expert_params}
+        given = self.model.parameters() if parameters is None else parameters
+        return clip_by_global_norm(given, expert_ids, max_norm, norm_type, self.group)
 
     def remove_aux_loss_hook(self) -> None:
         """Stop replacing the model's auxiliary loss by the global one."""
         if self._aux_loss_hook is not None:
             self._aux_loss_hook.remove()
             self._aux_loss_hook = None
+
+
+@torch.no_grad()
+def clip_by_global_norm(
+    parameters: Iterable[torch.Tensor],
+    expert_ids: set[int],
+    max_norm: float,
+    norm_type: float,
+    group: dist.ProcessGroup,
+) -> torch.Tensor:
+    """Clip ``parameters``' gradients by their norm over the whole model, as one process computes it; return it.
+
+    A parameter whose ``id`` is in ``expert_ids`` is this rank's shard of experts: its part of the norm is
+    reduced over ``group``; the others are replicated (their gradients equal on every rank) and count once.
+    """
+    if norm_type not in (2.0, math.inf):
+        raise ValueError(
+            f"clip_grad_norm_(norm_type={norm_type!r}) with expert parallelism is not supported: pass 2.0 or "
+            "math.inf."
+        )
+    grads = [(id(p) in expert_ids, p.grad) for p in parameters if p.grad is not None]
+    dense = [grad for is_expert, grad in grads if not is_expert]
+    expert = [grad for is_expert, grad in grads if is_expert]
+    total = _norm(dense, expert, norm_type, group)
+    coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+    for _, grad in grads:
+        grad.mul_(coef.to(grad.dtype))
+    return total
+
+
+def _norm(
+    dense: list[torch.Tensor], expert: list[torch.Tensor], norm_type: float, group: dist.ProcessGroup
+) -> torch.Tensor:
+    zero = torch.zeros((), dtype=torch.float32)
+    if norm_type == math.inf:
+        dense_part = max((g.abs().max().float() for g in dense), default=zero)
+        expert_part = max((g.abs().max().float() for g in expert), default=zero).clone()
+        dist.all_reduce(expert_part, op=dist.ReduceOp.MAX, group=group)
+        return torch.maximum(dense_part, expert_part)
+    dense_sq = sum((g.float().pow(2).sum() for g in dense), zero)
+    expert_sq = sum((g.float().pow(2).sum() for g in expert), zero).clone()
+    dist.all_reduce(expert_sq, group=group)
+    return (dense_sq + expert_sq).sqrt()
 
 
 def apply_expert_parallel(
@@ -202,7 +235,7 @@ def _check_divisible(blocks: list[MoEBlock], ep_size: int) -> None:
 def _refuse_unbuilt(model: nn.Module, group: dist.ProcessGroup | DeviceMesh | None) -> None:
     from torch.distributed.tensor import DTensor
 
-    later = "lockstep builds that next (see lockstep.expert_parallel)"
+    later = "lockstep builds that next (see lockstep.layers.expert_parallel)"
     if isinstance(group, DeviceMesh) and group.ndim != 1:
         raise ExpertParallelNotBuiltError(
             f"apply_expert_parallel(group=<{group.ndim}-D DeviceMesh>) is not built: pass the 1-D 'ep' mesh. "

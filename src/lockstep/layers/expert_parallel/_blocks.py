@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from lockstep.expert_parallel._errors import MoEModelNotSupportedError
+from lockstep.layers.expert_parallel._errors import MoEModelNotSupportedError
 
 _RECOGNISED_BLOCKS: dict[str, str] = {
     "Qwen3MoeSparseMoeBlock": "experts",
@@ -34,7 +34,7 @@ def register_moe_block(block_class: type[nn.Module] | str, experts_attribute: st
         experts_attribute: the name of the block's attribute that holds the fused experts module.
 
     Example:
-        >>> from lockstep.expert_parallel import register_moe_block
+        >>> from lockstep.layers.expert_parallel import register_moe_block
         >>> register_moe_block("MyMoeSparseMoeBlock")
     """
     name = block_class if isinstance(block_class, str) else block_class.__name__
@@ -86,7 +86,7 @@ def find_moe_blocks(model: nn.Module) -> list[MoEBlock]:
             f"the blocks {sorted(_RECOGNISED_BLOCKS)} (transformers 5.x, fused experts). If the model has a "
             "block whose experts module holds 3-D parameters indexed by expert and is called as "
             "experts(hidden_states, top_k_index, top_k_weights), recognise it with "
-            "lockstep.expert_parallel.register_moe_block(BlockClass); otherwise train it without expert "
+            "lockstep.layers.expert_parallel.register_moe_block(BlockClass); otherwise train it without expert "
             "parallelism."
         )
     for found_block in found:

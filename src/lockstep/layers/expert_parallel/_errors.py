@@ -15,4 +15,4 @@ class ExpertShardingError(ValueError):
 
 
 class ExpertParallelNotBuiltError(NotImplementedError):
-    """A part of expert parallelism that lockstep does not build yet (see ``lockstep.expert_parallel``)."""
+    """A part of expert parallelism that lockstep does not build yet (see ``lockstep.layers.expert_parallel``)."""

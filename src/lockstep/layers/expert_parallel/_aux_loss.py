@@ -26,7 +26,7 @@ from torch import nn
 from torch.distributed import _functional_collectives as funcol
 from torch.utils.hooks import RemovableHandle
 
-from lockstep.expert_parallel._errors import ExpertParallelNotBuiltError
+from lockstep.layers.expert_parallel._errors import ExpertParallelNotBuiltError
 
 
 def gather_rows(rows: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:

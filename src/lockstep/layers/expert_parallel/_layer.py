@@ -1,0 +1,127 @@
+"""Expert parallelism under the Accelerator: a layer of step hooks the layout's ``ep_size`` turns on.
+
+The backend (DDP) trains the dense weights as usual; this layer's moments (:mod:`lockstep.step_hooks`) add the
+experts:
+
+* ``preparing_model``: before DDP wraps a model, its experts are sharded over the data-parallel ranks
+  (:func:`apply_expert_parallel`) and named in DDP's list of parameters to leave alone (torch's
+  ``_ddp_params_and_buffers_to_ignore``, which DDP reads when it wraps the module): their gradients are not
+  replicas to average, each rank holds other experts;
+* ``prepared_optimizer``: an optimizer built on the model before ``prepare`` holds its full expert tensors,
+  which the sharding replaced; they are swapped for this rank's shards (before the first step);
+* ``around_backward``: a new backward starts the step's gradients again (the expert gradients are not yet
+  scaled);
+* ``before_clip`` (on a synchronising step) and ``around_optimizer_step``: the expert gradients are divided by
+  the group size once per optimizer step, also with gradient accumulation (their all-to-all's backward summed
+  every rank's tokens into them; DDP averaged the dense ones);
+* ``clip_grad_norm_``: the clip uses the norm over the dense gradients and every rank's experts, as one process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any, final
+
+import torch
+from torch import nn
+
+from lockstep.backends.capabilities import JointPreparation
+from lockstep.layers.expert_parallel._apply import ExpertParallel, apply_expert_parallel, clip_by_global_norm
+from lockstep.layers.expert_parallel._errors import ExpertParallelNotBuiltError
+from lockstep.step_hooks import StepHook
+
+_NEXT = "it comes next (see lockstep.layers.expert_parallel)"
+
+
+@final
+class ExpertParallelLayer(StepHook):
+    """The step hooks of expert parallelism borrowed from plain data parallelism (DDP).
+
+    Args:
+        sync_gradients: whether the current step synchronises gradients (not a micro-step of accumulation).
+    """
+
+    def __init__(self, *, sync_gradients: Callable[[], bool]) -> None:
+        self._sync_gradients = sync_gradients
+        self.parallel: list[ExpertParallel] = []
+        """One per prepared model, in the order they were prepared."""
+        self._sharded: dict[int, nn.Parameter] = {}  # id of a full expert tensor -> this rank's shard
+        self._scaled = False
+
+    def preparing_model(self, model: Any) -> Any:
+        full = dict(model.named_parameters())
+        parallel = apply_expert_parallel(model)
+        expert_ids = {id(p) for p in parallel.expert_parameters()}
+        names = [name for name, param in model.named_parameters() if id(param) in expert_ids]
+        for name in names:
+            self._sharded[id(full[name])] = dict(model.named_parameters())[name]
+        # The experts are sharded, not replicated: the data-parallel backend must neither broadcast nor average
+        # them. torch's DDP leaves out the parameters its module names in this attribute and those marked
+        # _ddp_ignored (what its _set_params_and_buffers_to_ignore_for_model writes, with the same names).
+        model._ddp_params_and_buffers_to_ignore = names
+        for param in parallel.expert_parameters():
+            param._ddp_ignored = True
+        self.parallel.append(parallel)
+        return model
+
+    def prepared_optimizer(self, optimizer: Any) -> None:
+        stale = [p for group in optimizer.param_groups for p in group["params"] if id(p) in self._sharded]
+        if stale and any(p in optimizer.state for p in stale):
+            raise RuntimeError(
+                f"{type(optimizer).__name__} has stepped on the model's full expert tensors before prepare(): with "
+                "expert parallelism each rank holds its shard of the experts. Prepare the model and the optimizer "
+                "before the first optimizer step."
+            )
+        for group in optimizer.param_groups:
+            group["params"] = [self._sharded.get(id(p), p) for p in group["params"]]
+
+    def around_backward(self) -> contextlib.AbstractContextManager[None]:
+        self._scaled = False
+        return contextlib.nullcontext()
+
+    def before_clip(self) -> None:
+        if self._sync_gradients():
+            self._scale_once()
+
+    def clip_grad_norm_(
+        self, parameters: list[Any], max_norm: float, norm_type: float
+    ) -> torch.Tensor | None:
+        if not self.parallel:
+            return None
+        expert_ids = {id(p) for parallel in self.parallel for p in parallel.expert_parameters()}
+        return clip_by_global_norm(parameters, expert_ids, max_norm, norm_type, self.parallel[0].group)
+
+    @contextlib.contextmanager
+    def around_optimizer_step(self, optimizer: object) -> Iterator[None]:
+        self._scale_once()
+        yield
+
+    def _scale_once(self) -> None:
+        if not self._scaled:
+            for parallel in self.parallel:
+                parallel.scale_expert_gradients()
+            self._scaled = True
+
+
+def expert_parallel_hooks(layout: Any, accelerator: Any) -> list[StepHook]:
+    """The layer's hooks for ``accelerator`` (its ``LayerSpec``'s builder), given the layout that turned it on.
+
+    Raises:
+        ExpertParallelNotBuiltError: a backend that prepares the model together with its optimizer
+            (DeepSpeed), or experts replicated over part of the data-parallel ranks (``ep_size`` smaller than
+            the data-parallel size).
+    """
+    if accelerator.backend.capability(JointPreparation) is not None:
+        raise ExpertParallelNotBuiltError(
+            f"ParallelismConfig(ep_size={layout.ep_size}) with DeepSpeed is not built yet: DeepSpeed's engine "
+            f"prepares the model itself, so its experts cannot be sharded first; {_NEXT}. Train with DDP "
+            "(drop the DeepSpeed plugin) or set ep_size=1."
+        )
+    if layout.ep_size != layout.data_parallel_size:
+        raise ExpertParallelNotBuiltError(
+            f"ParallelismConfig(ep_size={layout.ep_size}) on {layout.data_parallel_size} data-parallel processes "
+            f"is not built yet: the experts would be replicated over {layout.data_parallel_size // layout.ep_size} "
+            f"groups; {_NEXT}. Set ep_size={layout.data_parallel_size} (every data-parallel process)."
+        )
+    return [ExpertParallelLayer(sync_gradients=lambda: accelerator.sync_gradients)]
