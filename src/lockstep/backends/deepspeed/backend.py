@@ -90,17 +90,16 @@ class DeepSpeedBackend(Backend, JointPreparation, ShardedCheckpointIO, GatheredF
         build_scheduler: Callable[[Any], Any],
     ) -> tuple[Any, Any]:
         """The active plugin's config optimizer and scheduler as placeholders, or the caller's own
-        (:func:`lockstep.backends.deepspeed.trainer_options.optimizer_and_scheduler`)."""
-        return trainer_options.optimizer_and_scheduler(
-            self.active_plugin,
-            model,
-            learning_rate=learning_rate,
-            weight_decay=weight_decay,
-            warmup_steps=warmup_steps,
-            max_steps=max_steps,
-            build_optimizer=build_optimizer,
-            build_scheduler=build_scheduler,
-        )
+        (``build_scheduler(optimizer)`` makes the Trainer's schedule on an optimizer)."""
+        plugin = self.active_plugin
+        if "optimizer" not in plugin.deepspeed_config:
+            optimizer = build_optimizer()
+            return optimizer, build_scheduler(optimizer)
+        optimizer = DummyOptim(model.parameters(), lr=learning_rate, weight_decay=weight_decay)
+        if "scheduler" in plugin.deepspeed_config:
+            trainer_options.fill_schedule(plugin, warmup_steps=warmup_steps, max_steps=max_steps)
+            return optimizer, DummyScheduler(optimizer, warmup_num_steps=warmup_steps)
+        return optimizer, DummyScheduler(optimizer, lr_scheduler_callable=build_scheduler)
 
     # -- parameters gathered in forward (ZeRO-3) -----------------------------------------------------
     def gathers_in_forward(self, model: nn.Module) -> bool:

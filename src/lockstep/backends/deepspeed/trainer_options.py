@@ -1,8 +1,8 @@
 """``TrainingArguments(deepspeed=...)``: the DeepSpeed plugin the Trainer's Accelerator trains with.
 
 Named by the DeepSpeed spec: :func:`normalize_arguments` is its ``trainer_normalize``,
-:func:`plugin_for_arguments` its ``trainer_plugin``; :func:`optimizer_and_scheduler` answers the backend's
-:class:`~lockstep.backends.capabilities.ConfiguredOptimizer`.
+:func:`plugin_for_arguments` its ``trainer_plugin``; :func:`fill_schedule` fills the config scheduler's
+``"auto"`` values for the backend's :class:`~lockstep.backends.capabilities.ConfiguredOptimizer`.
 
 The config's ``"auto"`` values are filled from the arguments, as transformers fills them: batch sizes,
 accumulation, ``max_grad_norm``, AdamW's learning rate, betas, epsilon and weight decay, the warm-up
@@ -16,14 +16,10 @@ config's optimizer is built on the optimizer DeepSpeed makes).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from lockstep.backends.deepspeed.plugin import DeepSpeedPlugin
 from lockstep.config.argument_values import load_json_dict
-
-if TYPE_CHECKING:
-    from torch import nn
 
 TrainingArguments = Any
 """The Trainer's arguments (``lockstep.trainer.TrainingArguments``; the backends never import the Trainer)."""
@@ -104,32 +100,6 @@ def fill_schedule(plugin: DeepSpeedPlugin, *, warmup_steps: int, max_steps: int)
         },
         only_auto={"scheduler.params.last_batch_iteration"},
     )
-
-
-def optimizer_and_scheduler(
-    plugin: DeepSpeedPlugin,
-    model: nn.Module,
-    *,
-    learning_rate: float,
-    weight_decay: float,
-    warmup_steps: int,
-    max_steps: int,
-    build_optimizer: Callable[[], Any],
-    build_scheduler: Callable[[Any], Any],
-) -> tuple[Any, Any]:
-    """What the Trainer hands to ``prepare``: the config's optimizer and scheduler as placeholders, or its
-    own (``build_scheduler(optimizer)`` makes the Trainer's schedule on an optimizer)."""
-    from lockstep.backends.deepspeed.placeholders import DummyOptim, DummyScheduler
-
-    config = plugin.deepspeed_config
-    if "optimizer" not in config:
-        optimizer = build_optimizer()
-        return optimizer, build_scheduler(optimizer)
-    optimizer = DummyOptim(model.parameters(), lr=learning_rate, weight_decay=weight_decay)
-    if "scheduler" in config:
-        fill_schedule(plugin, warmup_steps=warmup_steps, max_steps=max_steps)
-        return optimizer, DummyScheduler(optimizer, warmup_num_steps=warmup_steps)
-    return optimizer, DummyScheduler(optimizer, lr_scheduler_callable=build_scheduler)
 
 
 def _fill(plugin: DeepSpeedPlugin, values: dict[str, Any], only_auto: set[str] | None = None) -> None:
