@@ -82,8 +82,9 @@ def json_of(command: list[str]) -> dict:
 def interleaved(commands: dict[str, Callable[[], float]], repeats: int) -> dict[str, list[float]]:
     from harness import abba_order
 
-    for command in commands.values():  # warms the file cache and writes bytecode
-        command()
+    if repeats > 1:  # a measured run warms the file cache and writes bytecode first; --quick only tries it
+        for command in commands.values():
+            command()
     samples: dict[str, list[float]] = {tool: [] for tool in commands}
     for order in abba_order(list(commands), repeats):
         for tool in order:
@@ -286,7 +287,7 @@ def machine() -> dict:
 
 
 # repeats of import and launch; blocks x steps of each step measure; steps of each equal-work run;
-# checkpoint size (M parameters), repeats
+# checkpoint size (M parameters), repeats of the checkpoint and resume-time measures
 SIZES = {
     "full": {
         "repeats": 7,
@@ -296,6 +297,7 @@ SIZES = {
         "equal_work_steps": 20,
         "params": 25.0,
         "io": 5,
+        "resume": 7,
     },
     "quick": {
         "repeats": 1,
@@ -305,6 +307,7 @@ SIZES = {
         "equal_work_steps": 4,
         "params": 1.0,
         "io": 2,
+        "resume": 2,
     },
 }
 
@@ -334,7 +337,7 @@ def run(sizes: dict, log: Callable[[str], None], groups: tuple[str, ...] = GROUP
         measures.update(measure_checkpoints(sizes["params"], sizes["io"]))
     if "resume" in groups:
         log("resume time")
-        measures.update(measure_resume_time(sizes["io"] + 2))
+        measures.update(measure_resume_time(sizes["resume"]))
         log("mid-epoch resume correctness")
         checks["resume_correctness"] = resume_correctness(stop_at=25)
     return measures, checks
