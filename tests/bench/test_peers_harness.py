@@ -157,10 +157,11 @@ MEASURES = {
 
 @pytest.fixture(scope="module")
 def quick_result(tmp_path_factory) -> dict:
-    """``bench/peers/run --quick`` end to end (about 220 CPU-s, mostly one process at a time), against the real Accelerate and
-    Lightning Fabric in bench/peers/.venv, which ``make test`` builds: a broken worker, a renamed helper or a
-    peer's release that breaks the harness fails CI, not the next person who runs the table. Only what does
-    not depend on the machine's load is checked; a quick run's timings are not figures."""
+    """``bench/peers/run --quick`` end to end (about 220 CPU-s, mostly one process at a time), against the real
+    Accelerate and Lightning Fabric in bench/peers/.venv, which ``make test`` builds: a broken worker, a
+    renamed helper or a peer's release that breaks the harness fails CI, not the next person who runs the
+    table. Only what does not depend on the machine's load is checked; a quick run's timings are not
+    figures."""
     if not PEERS_PYTHON.exists():
         if os.environ.get("CI") == "true":
             pytest.fail("bench/peers/.venv is missing: make test builds it (bash bench/peers/setup.sh)")
