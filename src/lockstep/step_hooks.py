@@ -103,6 +103,13 @@ class StepHook(abc.ABC):  # noqa: B024 (every moment has a default: a hook overr
         is reduced over the ranks). The first hook that answers clips; runs after :meth:`before_clip`."""
         return None
 
+    def before_checkpoint(self, operation: str) -> None:
+        """The model's weights are about to be written or read (``operation``: ``"save_state"``,
+        ``"load_state"``, ``"save_model"`` or ``"get_state_dict"``), before any file or collective: a layer
+        whose weights the backend's checkpoint cannot capture raises here, saying why (expert parallelism,
+        until its checkpoints reshard), instead of a checkpoint that silently lacks them."""
+        return None
+
     def commit(self, optimizer: object) -> bool:
         """Whether the synchronising step of the prepared ``optimizer`` is applied, asked once per step with
         the gradients final, before the wrapped optimizer uses them. False discards the step: the weights,
@@ -223,6 +230,10 @@ class StepHooks:
     def before_clip(self) -> None:
         for hook in self._clipping:
             hook.before_clip()
+
+    def before_checkpoint(self, operation: str) -> None:
+        for hook in self._hooks:
+            hook.before_checkpoint(operation)
 
     def clip_grad_norm_(self, parameters: list[Any], max_norm: float, norm_type: float) -> Any:
         """The total norm from the first hook that clips (see :meth:`StepHook.clip_grad_norm_`), else None."""

@@ -90,3 +90,41 @@ def test_skipping_the_expert_gradient_scaling_breaks_parity(reference: dict[str,
     print(f"ep=2 without the expert scaling vs 1 process: {diff}")
     # measured: norm 1.3e-4, parameters 9.0e-4 (the parity test's bound is 1e-5)
     assert diff["norm"] > 10 * TOLERANCE and diff["params"] > 50 * TOLERANCE
+
+
+def _checkpoint_refusals(folder: str) -> dict[str, Any]:
+    """Train a few steps with ep=2, then ask for each checkpoint operation: each is refused before it writes."""
+    import os
+
+    from lockstep import Accelerator, ParallelismConfig
+    from lockstep.layers.expert_parallel import ExpertParallelNotBuiltError
+    from tests.expert_parallel.test_parity import _build
+
+    accelerator = Accelerator(parallelism_config=ParallelismConfig(ep_size=2))
+    model = _build("qwen3_moe")
+    optimizer = torch.optim.AdamW(model.parameters())
+    model, optimizer = accelerator.prepare(model, optimizer)
+    refused = {}
+    operations = {
+        "save_state": lambda: accelerator.save_state(os.path.join(folder, "state")),
+        "save_model": lambda: accelerator.save_model(model, os.path.join(folder, "model")),
+        "get_state_dict": lambda: accelerator.get_state_dict(model),
+        "load_state": lambda: accelerator.load_state(os.path.join(folder, "state")),
+    }
+    for name, operation in operations.items():
+        try:
+            operation()
+        except ExpertParallelNotBuiltError as error:
+            refused[name] = str(error)
+    return {"refused": refused, "files": sorted(os.listdir(folder))}
+
+
+def test_checkpoints_are_refused_by_name_until_they_reshard(tmp_path: Any) -> None:
+    ranks = run_distributed(_checkpoint_refusals, 2, str(tmp_path), timeout=300.0)
+    for rank in ranks:
+        assert set(rank["refused"]) == {"save_state", "save_model", "get_state_dict", "load_state"}
+        assert (
+            "accelerator.save_state() of a model trained with expert parallelism"
+            in rank["refused"]["save_state"]
+        )
+        assert rank["files"] == []  # nothing written: no checkpoint that lacks the other processes' experts

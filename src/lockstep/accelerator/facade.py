@@ -927,6 +927,7 @@ class Accelerator:
 
     def get_state_dict(self, model: nn.Module, unwrap: bool = True) -> dict[str, torch.Tensor]:
         """The model's state dict (of the unwrapped model by default)."""
+        self._step_hooks.before_checkpoint("get_state_dict")
         target = self.unwrap_model(model, keep_torch_compile=False) if unwrap else model
         return self.backend.full_state_dict(target)
 
@@ -1087,6 +1088,7 @@ class Accelerator:
             ...     project_dir="runs/a", automatic_checkpoint_naming=True, total_limit=3))
             >>> accelerator.save_state()  # runs/a/checkpoints/checkpoint_0  # doctest: +SKIP
         """
+        self._step_hooks.before_checkpoint("save_state")
         return self._saving.save_state(output_dir, safe_serialization, async_save, durable, **kwargs)
 
     def wait_for_checkpoint(self) -> None:
@@ -1102,6 +1104,7 @@ class Accelerator:
     def load_state(self, input_dir: str | None = None, **kwargs: Any) -> None:
         """Restore a checkpoint written by :meth:`save_state`; prepared dataloaders continue at the next
         unseen batch. Without ``input_dir``, loads the newest valid checkpoint of the project."""
+        self._step_hooks.before_checkpoint("load_state")
         self._saving.load_state(input_dir, **kwargs)
 
     def register_for_checkpointing(self, *objects: Any) -> None:
@@ -1141,6 +1144,7 @@ class Accelerator:
         ``PeftModel.from_pretrained(base, save_directory)``; Accelerate writes the base and adapter weights
         into ``model.safetensors`` instead. Every process calls it.
         """
+        self._step_hooks.before_checkpoint("save_model")
         self._saving.save_model(model, save_directory, max_shard_size, safe_serialization)
 
     @property

@@ -30,10 +30,11 @@ global batch through the user's loop and through ``lockstep launch``.
 
 Not built yet (next, each refused by name before the first step): ``ep_size`` smaller than the data-parallel
 size (experts replicated over groups); composition with FSDP2 (``dp_shard_size``), HSDP, TP, CP and pipeline
-parallelism, and with DeepSpeed. Not built and not refused yet: checkpoints (``save_state`` and
-``save_model`` write the main process's model, which holds only its own experts: do not rely on them with
-``ep_size > 1``); the Trainer with ``ep_size`` (untested); ``memory_accounting`` of experts. Passing an already-distributed model or a multi-dimensional mesh to :func:`apply_expert_parallel`
-raises :class:`ExpertParallelNotBuiltError`.
+parallelism, and with DeepSpeed; checkpoints (``save_state``, ``load_state``, ``save_model`` and
+``get_state_dict`` are refused before they write or read anything, by the layer's ``before_checkpoint``:
+each process holds only its own experts). Not built yet: the Trainer with ``ep_size`` (untested);
+``memory_accounting`` of experts. Passing an already-distributed model or a multi-dimensional mesh to
+:func:`apply_expert_parallel` raises :class:`ExpertParallelNotBuiltError`.
 
 Example:
     >>> from lockstep import Accelerator, ParallelismConfig

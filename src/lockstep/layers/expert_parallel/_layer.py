@@ -92,6 +92,16 @@ class ExpertParallelLayer(StepHook):
         expert_ids = {id(p) for parallel in self.parallel for p in parallel.expert_parameters()}
         return clip_by_global_norm(parameters, expert_ids, max_norm, norm_type, self.parallel[0].group)
 
+    def before_checkpoint(self, operation: str) -> None:
+        if not self.parallel:
+            return
+        raise ExpertParallelNotBuiltError(
+            f"accelerator.{operation}() of a model trained with expert parallelism is not built yet: each "
+            "process holds only its own experts, and the checkpoint would lack the others' (or load them into "
+            f"the wrong process); resharding checkpoints over ep {_NEXT.removeprefix('it ')}. Until then, train "
+            "without ParallelismConfig(ep_size=...) where you need checkpoints."
+        )
+
     @contextlib.contextmanager
     def around_optimizer_step(self, optimizer: object) -> Iterator[None]:
         self._scale_once()
