@@ -264,26 +264,6 @@ def run_evaluation(
     )
 
 
-def evaluation_loop(
-    self: Trainer,
-    dataloader: DataLoader,
-    description: str,
-    prediction_loss_only: bool | None = None,
-    ignore_keys: list[str] | None = None,
-    metric_key_prefix: str = "eval",
-) -> EvalLoopOutput:
-    """``Trainer.evaluation_loop``: predictions, labels and metrics of a prepared loader (see there)."""
-    self._setup()
-    output = run_evaluation(
-        self,
-        dataloader,
-        metric_key_prefix,
-        prediction_loss_only=prediction_loss_only,
-        ignore_keys=ignore_keys,
-    )
-    return EvalLoopOutput(output.predictions, output.label_ids, output.metrics, self.num_examples(dataloader))
-
-
 def processing_class_of(processing_class: Any, tokenizer: Any) -> Any:
     """``processing_class``, or transformers 4's ``tokenizer=`` name of it (not both)."""
     if processing_class is not None and tokenizer is not None and processing_class is not tokenizer:

@@ -790,8 +790,16 @@ class Trainer:
     ) -> EvalLoopOutput:
         """Predictions, labels, metrics (``compute_metrics`` included) and the number of examples of a prepared
         loader (from :meth:`get_eval_dataloader`); ``description`` is transformers' label of the run."""
-        return _trainer_parts.evaluation_loop(
-            self, dataloader, description, prediction_loss_only, ignore_keys, metric_key_prefix
+        self._setup()
+        output = _trainer_parts.run_evaluation(
+            self,
+            dataloader,
+            metric_key_prefix,
+            prediction_loss_only=prediction_loss_only,
+            ignore_keys=ignore_keys,
+        )
+        return _trainer_parts.EvalLoopOutput(
+            output.predictions, output.label_ids, output.metrics, self.num_examples(dataloader)
         )
 
     def create_optimizer(self, model: nn.Module | None = None) -> torch.optim.Optimizer:
