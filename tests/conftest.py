@@ -7,6 +7,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import pytest
 import torch
 
+from tests.helpers import forking  # noqa: F401 (notes the test runner's own threads, before any test's)
+
 torch.set_num_threads(1)
 
 

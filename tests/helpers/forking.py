@@ -30,15 +30,25 @@ GRACE = 2.0
 _PRELOAD = ["torch", "tests.helpers.multiprocess"]
 
 
-def other_threads() -> list[str]:
-    """The names of this process's threads other than the calling one (empty where /proc is missing)."""
+def _tasks() -> set[int]:
     try:
-        tasks = os.listdir("/proc/self/task")
+        return {int(task) for task in os.listdir("/proc/self/task")}
     except OSError:
-        return []
+        return set()
+
+
+RUNNER_THREADS = frozenset(_tasks() - {threading.get_native_id()})
+"""The threads that ran before any test (tests/conftest.py imports this module first): the test runner's own,
+pytest-xdist's execnet channel thread in a worker. They never touch what a worker uses (torch, gloo, the
+logging module), so a fork may copy them; every thread started after them counts."""
+
+
+def other_threads() -> list[str]:
+    """The names of this process's threads other than the calling one and the test runner's
+    (:data:`RUNNER_THREADS`); empty where /proc is missing."""
     names = []
-    for task in tasks:
-        if int(task) == threading.get_native_id():
+    for task in sorted(_tasks() - RUNNER_THREADS):
+        if task == threading.get_native_id():
             continue
         try:
             with open(f"/proc/self/task/{task}/comm") as comm:
