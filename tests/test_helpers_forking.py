@@ -47,23 +47,9 @@ def thread_holding_the_lock():
 
 
 @pytest.mark.distributed
-def test_without_threads_the_workers_are_forked_from_the_test_process():
-    assert forking.other_threads() == []
+def test_the_workers_are_forked_from_the_test_process():
+    """They inherit the test's set-up (registrations, test-local functions): no forkserver."""
     assert run_distributed(_parent_and_lock, 2) == [(os.getpid(), True)] * 2
-
-
-@pytest.mark.distributed
-def test_with_a_thread_holding_a_lock_the_workers_start_from_a_clean_process(thread_holding_the_lock):
-    """Forked from here, each worker would find the lock held by a thread it does not have: ``False``."""
-    assert forking.other_threads()
-    results = run_distributed(_parent_and_lock, 2)
-    assert [taken for _, taken in results] == [True, True]
-    assert os.getpid() not in [parent for parent, _ in results]  # the forkserver's children
-
-
-def test_a_function_that_cannot_be_pickled_is_refused_while_threads_run(thread_holding_the_lock):
-    with pytest.raises(RuntimeError, match=r"cannot start workers: this process runs threads \['"):
-        forking.worker_context((lambda: None, ()))
 
 
 def test_fork_is_refused_while_a_thread_runs(thread_holding_the_lock, monkeypatch):

@@ -1,4 +1,4 @@
-"""The one way tests start worker processes: fork only a process without threads.
+"""The one way tests fork worker processes, and the guard on the forks scripts make themselves.
 
 A fork copies the memory of every thread but runs only the forking one: a lock another thread held at
 that moment (an allocator's, the logging module's, libgomp's, a gloo or store thread's) stays held in the
@@ -6,10 +6,8 @@ child for ever, and the worker hangs until the test's timeout. Forking is still 
 (``run_distributed``'s workers inherit the imported torch, dynamo and DeepSpeed instead of paying seconds
 each to import them), so every fork goes through here:
 
-* :func:`worker_context` gives ``run_distributed`` the ``fork`` context when this process runs one
-  thread, and otherwise the ``forkserver`` one: the workers then fork from a clean server process (which
-  preloads torch) and get the function and its arguments pickled; a function that cannot be pickled is
-  refused with the threads named;
+* :func:`worker_context` gives ``run_distributed`` the ``fork`` context (its workers must inherit the test's
+  set-up; see there why not a forkserver);
 * :func:`fork` is ``os.fork`` for a script that forks children itself; it refuses while a thread runs.
 
 Threads are read from ``/proc/self/task``: torch's and gloo's threads are invisible to ``threading``.
@@ -19,15 +17,12 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
-import pickle
 import threading
 import time
 from typing import Any
 
 GRACE = 2.0
 """How long a fork waits for threads that are ending (a store's server thread after ``del store``)."""
-
-_PRELOAD = ["torch", "tests.helpers.multiprocess"]
 
 
 def _tasks() -> set[int]:
@@ -67,26 +62,17 @@ def threads_after_grace() -> list[str]:
 
 
 def worker_context(target: Any = None) -> mp.context.BaseContext:
-    """The multiprocessing context to start workers running ``target`` (what they will be sent) with:
-    ``fork`` when this process runs one thread, else ``forkserver``.
+    """The multiprocessing context ``run_distributed`` starts workers running ``target`` with: ``fork``.
 
-    Raises:
-        RuntimeError: threads run here and ``target`` cannot be pickled for the forkserver.
+    Workers must inherit what the test process set up: the registrations a test makes (a user backend, a
+    tracker), fixtures' module state, test-local functions, imported torch. A forkserver fallback while
+    threads run (the test runner's, jemalloc's, a Ray or lighthouse client's) lost all of that: it failed 10
+    tests in CI (a user backend unknown to the workers, test-local functions that cannot be pickled) and
+    added about 1,300 s of forkserver start-ups. The threads of those tests hold no lock a worker takes;
+    :func:`fork` guards the forks scripts make themselves.
     """
-    threads = threads_after_grace()
-    if not threads:
-        return mp.get_context("fork")
-    try:
-        pickle.dumps(target)
-    except Exception as error:
-        raise RuntimeError(
-            f"cannot start workers: this process runs threads {threads} (a fork could copy a lock one of them "
-            f"holds), and what the workers run cannot be pickled for a clean forkserver ({error}). End the "
-            "threads first (destroy the process group, close the store), or pass module-level functions."
-        ) from error
-    context = mp.get_context("forkserver")
-    context.set_forkserver_preload(_PRELOAD)
-    return context
+    del target
+    return mp.get_context("fork")
 
 
 def fork() -> int:

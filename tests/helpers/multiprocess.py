@@ -1,7 +1,7 @@
 """Start real multi-process gloo groups on loopback for tests.
 
-Each worker is a process forked from this one (through :mod:`tests.helpers.forking`, which forks only a
-process without threads) with one thread, its own rank in the torchrun environment variables,
+Each worker is a process forked from this one (through :mod:`tests.helpers.forking`: it inherits the test's
+set-up) with one thread, its own rank in the torchrun environment variables,
 and a fresh lockstep state. A worker's exception is re-raised in the test with its rank and traceback;
 a worker that does not finish in time fails the test instead of hanging it.
 """
