@@ -69,7 +69,7 @@ def worker_context(target: Any = None) -> mp.context.BaseContext:
     threads run (the test runner's, jemalloc's, a Ray or lighthouse client's) lost all of that: it failed 10
     tests in CI (a user backend unknown to the workers, test-local functions that cannot be pickled), and
     that run took 3,662 s against 2,364 s at the stop before (each fallback waited 2 s, then started a server
-    that imports torch; not measured apart). The threads of those tests hold no lock a worker takes;
+    that imports torch; not measured apart). Forking beside those threads passed every CI run before it;
     :func:`fork` guards the forks scripts make themselves.
     """
     del target
