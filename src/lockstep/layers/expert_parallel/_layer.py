@@ -14,7 +14,10 @@ experts:
 * ``before_clip`` (on a synchronising step) and ``around_optimizer_step``: the expert gradients are divided by
   the group size once per optimizer step, also with gradient accumulation (their all-to-all's backward summed
   every rank's tokens into them; DDP averaged the dense ones);
-* ``clip_grad_norm_``: the clip uses the norm over the dense gradients and every rank's experts, as one process.
+* ``clip_grad_norm_``: the clip uses the norm over the dense gradients and every rank's experts, as one process;
+* ``before_checkpoint``: ``save_state``, ``save_model`` and ``get_state_dict`` get the one-process layout (every
+  rank's experts gathered first; ``save_state`` also the optimizer states), and ``load_state`` slices this
+  rank's experts out of it (:mod:`lockstep.layers.expert_parallel._checkpoint`).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from torch import nn
 
 from lockstep.backends.capabilities import JointPreparation
 from lockstep.layers.expert_parallel._apply import ExpertParallel, apply_expert_parallel, clip_by_global_norm
+from lockstep.layers.expert_parallel._checkpoint import ExpertStateDicts
 from lockstep.layers.expert_parallel._errors import ExpertParallelNotBuiltError
 from lockstep.step_hooks import StepHook
 
@@ -48,6 +52,7 @@ class ExpertParallelLayer(StepHook):
         """One per prepared model, in the order they were prepared."""
         self._sharded: dict[int, nn.Parameter] = {}  # id of a full expert tensor -> this rank's shard
         self._scaled = False
+        self._state_dicts: ExpertStateDicts | None = None
 
     def preparing_model(self, model: Any) -> Any:
         full = dict(model.named_parameters())
@@ -63,6 +68,9 @@ class ExpertParallelLayer(StepHook):
         for param in parallel.expert_parameters():
             param._ddp_ignored = True
         self.parallel.append(parallel)
+        if self._state_dicts is None:
+            self._state_dicts = ExpertStateDicts(parallel.group)
+        self._state_dicts.add_experts(parallel.experts.values())
         return model
 
     def prepared_optimizer(self, optimizer: Any) -> None:
@@ -75,6 +83,8 @@ class ExpertParallelLayer(StepHook):
             )
         for group in optimizer.param_groups:
             group["params"] = [self._sharded.get(id(p), p) for p in group["params"]]
+        if self._state_dicts is not None:
+            self._state_dicts.add_optimizer(optimizer)
 
     def around_backward(self) -> contextlib.AbstractContextManager[None]:
         self._scaled = False
@@ -93,17 +103,17 @@ class ExpertParallelLayer(StepHook):
         return clip_by_global_norm(parameters, expert_ids, max_norm, norm_type, self.parallel[0].group)
 
     def before_checkpoint(self, operation: str) -> None:
-        if not self.parallel:
+        if self._state_dicts is None:
             return
-        raise ExpertParallelNotBuiltError(
-            f"accelerator.{operation}() of a model trained with expert parallelism is not built yet: each "
-            "process holds only its own experts, and the checkpoint would lack the others' (or load them into "
-            f"the wrong process); resharding checkpoints over ep {_NEXT.removeprefix('it ')}. Until then, train "
-            "without ParallelismConfig(ep_size=...) where you need checkpoints."
-        )
+        if operation == "load_state":
+            self._state_dicts.forget_gathered()
+        else:  # save_state, save_model, get_state_dict: every rank calls them together
+            self._state_dicts.gather(optimizers=operation == "save_state")
 
     @contextlib.contextmanager
     def around_optimizer_step(self, optimizer: object) -> Iterator[None]:
+        if self._state_dicts is not None:
+            self._state_dicts.forget_gathered()
         self._scale_once()
         yield
 
