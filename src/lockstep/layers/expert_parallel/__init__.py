@@ -24,17 +24,34 @@ model ``prepare`` gets for training, before DDP wraps it; DDP averages the dense
 out; the layer's step hooks divide the expert gradients by ``N`` once per optimizer step (also with
 ``accelerator.accumulate``) and make ``accelerator.clip_grad_norm_`` use the norm over every rank's experts.
 
+Checkpoints hold the layout one process has (:mod:`lockstep.layers.expert_parallel._checkpoint`).
+``save_state``, ``save_model`` and ``get_state_dict`` write the unswapped model's own keys and shapes (every
+block's ``E`` experts under the original parameter names) and, for ``save_state``, the optimizer state one
+process has (the expert parameters' Adam moments with all ``E`` rows, under the same parameter indices):
+the layer's ``before_checkpoint`` all-gathers every rank's experts and their optimizer states, and torch's
+state-dict post-hooks of the experts modules and of the prepared optimizer put them in. ``load_state`` (and
+any ``load_state_dict`` of the model or the optimizer) takes this rank's rows out of that layout in the load
+pre-hooks, so a checkpoint saved on ``ep=2`` loads on one process, on ``ep=2`` and on ``ep=4``, and one saved
+on one process loads on ``ep=2``: parameters and Adam moments bitwise equal, and an ``ep=2`` run resumes
+bitwise-exactly (``tests/expert_parallel/test_checkpoint.py``). ``save_model``'s folder loads into the
+one-process model with ``load_state_dict(strict=True)`` and, with the model's config, ``from_pretrained``.
+Every process calls ``save_state``, ``save_model`` and ``get_state_dict`` together (the gathering is a
+collective); a plain ``model.state_dict()`` or ``optimizer.state_dict()`` outside them gives this rank's shard
+and never communicates.
+
 Built: the engine above; under the Accelerator, expert parallelism over every data-parallel process of plain
 data parallelism (``ep_size`` equal to the number of processes, DDP), checked against one process on the
-global batch through the user's loop and through ``lockstep launch``.
+global batch through the user's loop and through ``lockstep launch``; checkpoints, as above.
 
 Not built yet (next, each refused by name before the first step): ``ep_size`` smaller than the data-parallel
 size (experts replicated over groups); composition with FSDP2 (``dp_shard_size``), HSDP, TP, CP and pipeline
-parallelism, and with DeepSpeed; checkpoints (``save_state``, ``load_state``, ``save_model`` and
-``get_state_dict`` are refused before they write or read anything, by the layer's ``before_checkpoint``:
-each process holds only its own experts). Not built yet: the Trainer with ``ep_size`` (untested);
-``memory_accounting`` of experts. Passing an already-distributed model or a multi-dimensional mesh to
-:func:`apply_expert_parallel` raises :class:`ExpertParallelNotBuiltError`.
+parallelism, and with DeepSpeed. Checkpoints of an optimizer whose state of an expert parameter is not shaped
+like the parameter (Adafactor's factored moments) are refused by ``save_state`` before it writes anything
+(:class:`ExpertParallelNotBuiltError`); ``save_model`` still works. A ``save_state`` between the micro-steps
+of gradient accumulation keeps each process's pending gradients in its own shard's shape: it resumes on the
+same ``ep_size`` only (on another, putting the gradients back fails with torch's size error). Not built yet:
+the Trainer with ``ep_size`` (untested); ``memory_accounting`` of experts. Passing an already-distributed model
+or a multi-dimensional mesh to :func:`apply_expert_parallel` raises :class:`ExpertParallelNotBuiltError`.
 
 Example:
     >>> from lockstep import Accelerator, ParallelismConfig
