@@ -52,9 +52,9 @@ def _install(site: Path, name: str, entry_points_txt: str, monkeypatch: pytest.M
 @pytest.fixture
 def registries(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
     """Every kind's registry as a fresh process has it (built-ins only, entry points not read yet)."""
-    monkeypatch.setattr(backend_specs._REGISTRY, "discovered", False)
-    monkeypatch.setattr(layer_specs._REGISTRY, "discovered", False)
-    monkeypatch.setattr(cluster_registry, "_discovered", False)
+    monkeypatch.setattr(backend_specs.BACKENDS, "discovered", False)
+    monkeypatch.setattr(layer_specs.LAYERS, "discovered", False)
+    monkeypatch.setattr(cluster_registry.CLUSTERS, "discovered", False)
     monkeypatch.setattr(
         storage_registry,
         "_REGISTRY",

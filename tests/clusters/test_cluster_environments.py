@@ -241,7 +241,7 @@ def test_an_entry_point_registers_on_first_use(tmp_path, monkeypatch):
         "[lockstep.cluster_environments]\nlab = tests.plugins.lab_cluster:LabCluster\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(registry, "_discovered", False)
+    monkeypatch.setattr(registry.CLUSTERS, "discovered", False)
     try:
         assert "lab" in [cluster.name for cluster in cluster_environments()]
         assert read_cluster_environment({**LAB_MACHINE, "LAB_TASK": "0", "LAB_TASKS": "2"}).source == "lab"

@@ -5,6 +5,7 @@ the config file and of the launch at once."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 import pytest
 
@@ -92,8 +93,9 @@ def test_a_group_registered_in_code_is_a_section_of_the_file_and_the_launch():
         )
     )
     try:
+        assert register_setting_spec(spec) is spec  # the same group again (its module imported twice): no change
         with pytest.raises(ValueError, match="A setting group named 'doc_group' is registered already"):
-            register_setting_spec(spec)
+            register_setting_spec(dataclasses.replace(spec, summary="another group"))
         config = ClusterConfig(doc_group_config={"doc_size": 3})
         assert config.doc_group_config == {"doc_size": 3}
         launched = resolve({"use_cpu": True}, config, "cfg.yaml")

@@ -17,12 +17,33 @@ from lockstep.clusters.mpi import MpiCluster
 from lockstep.clusters.pbs import PbsCluster
 from lockstep.clusters.slurm import SlurmCluster
 from lockstep.clusters.torchrun import TorchElasticCluster
+from lockstep.entry_points import Registry
 
 ENTRY_POINT_GROUP = "lockstep.cluster_environments"
 """The entry-point group an installed package registers its cluster environments under."""
 C = TypeVar("C", bound=type[Cluster])
-_REGISTERED: dict[str, type[Cluster]] = {}
-_discovered = False
+
+
+def _has_a_name_of_its_own(cluster: type[Cluster], others: list[type[Cluster]]) -> None:
+    name = cluster.name
+    if not isinstance(name, str) or not name or name in ("auto", "none"):
+        raise ValueError(
+            f"register_cluster_environment({cluster.__name__}) is invalid: its name is {name!r}; set the class's "
+            "name to a word of its own (not 'auto' or 'none', which --cluster uses)."
+        )
+
+
+CLUSTERS: Registry[type[Cluster]] = Registry(
+    noun="cluster environment",
+    function="register_cluster_environment",
+    kind=Cluster,
+    subclasses=True,
+    name_of=lambda cluster: cluster.name,
+    order=lambda cluster: (cluster.priority, cluster.name),
+    group=ENTRY_POINT_GROUP,
+    check=_has_a_name_of_its_own,
+)
+"""The table of cluster environments (the built-ins are registered when this module is imported)."""
 
 
 def register_cluster_environment(cluster: C, *, replace: bool = False) -> C:
@@ -55,50 +76,17 @@ def register_cluster_environment(cluster: C, *, replace: bool = False) -> C:
         2
         >>> unregister_cluster_environment("lab")
     """
-    if not (isinstance(cluster, type) and issubclass(cluster, Cluster)):
-        shown = getattr(cluster, "__name__", None) or repr(cluster)
-        raise TypeError(
-            f"register_cluster_environment({shown}) is invalid: it takes a subclass of "
-            "lockstep.clusters.Cluster (the class, not an instance)."
-        )
-    name = cluster.name
-    if not isinstance(name, str) or not name or name in ("auto", "none"):
-        raise ValueError(
-            f"register_cluster_environment({cluster.__name__}) is invalid: its name is {name!r}; set the class's "
-            "name to a word of its own (not 'auto' or 'none', which --cluster uses)."
-        )
-    taken = _REGISTERED.get(name)
-    if taken is not None and taken is not cluster and not replace:
-        raise ValueError(
-            f"A cluster environment named {name!r} is registered already ({taken.__module__}.{taken.__qualname__}); "
-            "pick another name, or pass replace=True."
-        )
-    _REGISTERED[name] = cluster
-    return cluster
+    return CLUSTERS.register(cluster, replace=replace)
 
 
 def unregister_cluster_environment(name: str) -> None:
     """Remove a registered environment (tests, notebooks that redefine one); unknown names are ignored."""
-    _REGISTERED.pop(name, None)
+    CLUSTERS.unregister(name)
 
 
 def cluster_environments() -> list[type[Cluster]]:
     """Every registered environment, in the order they are asked (entry points are read on the first call)."""
-    _discover()
-    return sorted(_REGISTERED.values(), key=lambda cluster: (cluster.priority, cluster.name))
-
-
-def _discover() -> None:
-    global _discovered
-    if _discovered:
-        return
-    _discovered = True
-    from lockstep.entry_points import installed_entry_points
-
-    for entry in installed_entry_points(ENTRY_POINT_GROUP):
-        loaded = entry.load()
-        if isinstance(loaded, type):
-            register_cluster_environment(loaded)
+    return CLUSTERS.entries()
 
 
 for _built_in in (KubeflowCluster, TorchElasticCluster, MpiCluster, SlurmCluster, LsfCluster, PbsCluster):

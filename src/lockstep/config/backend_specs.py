@@ -38,6 +38,7 @@ from lockstep.config.enums import DistributedType
 from lockstep.config.layer_specs import layer_specs
 from lockstep.config.setting_specs import setting_specs
 from lockstep.config.vocabulary import Vocabulary, import_built_in_specs, resolve_target
+from lockstep.entry_points import Registry
 
 ENTRY_POINT_GROUP = "lockstep.backends"
 """The entry-point group an installed package registers its backend specs under (each entry point names a
@@ -128,13 +129,33 @@ class BackendSpec(Vocabulary):
         return resolve_target(self.build)(request)
 
 
-@dataclass
-class _Registry:
-    specs: dict[str, BackendSpec] = field(default_factory=dict)
-    discovered: bool = False
+def _no_shared_words(spec: BackendSpec, others: list[BackendSpec]) -> None:
+    """A ``distributed_type`` and a config section each name one backend."""
+    for other in others:
+        shared = set(other.distributed_types) & set(spec.distributed_types)
+        if shared:
+            raise ValueError(
+                f"Backend {spec.name!r} claims distributed_type {sorted(t.value for t in shared)}, which backend "
+                f"{other.name!r} has; a distributed_type names one backend."
+            )
+        if spec.config_section is not None and spec.config_section == other.config_section:
+            raise ValueError(
+                f"Backend {spec.name!r} claims the config section {spec.config_section!r} of backend "
+                f"{other.name!r}; give it a section of its own."
+            )
 
 
-_REGISTRY = _Registry()
+BACKENDS: Registry[BackendSpec] = Registry(
+    noun="backend",
+    function="register_backend_spec",
+    kind=BackendSpec,
+    name_of=lambda spec: spec.name,
+    order=lambda spec: (spec.priority, spec.name),
+    group=ENTRY_POINT_GROUP,
+    built_ins=import_built_in_specs,  # each folder of lockstep.backends registers its backend
+    check=_no_shared_words,
+)
+"""The table of ways to train."""
 
 
 def register_backend_spec(spec: BackendSpec, *, replace: bool = False) -> BackendSpec:
@@ -147,40 +168,17 @@ def register_backend_spec(spec: BackendSpec, *, replace: bool = False) -> Backen
     Raises:
         ValueError: the name, a ``distributed_type`` or the config section is taken by another backend.
     """
-    if not isinstance(spec, BackendSpec):
-        raise TypeError(f"register_backend_spec() takes a BackendSpec, got {type(spec).__name__}.")
-    taken = _REGISTRY.specs.get(spec.name)
-    if taken is not None and not replace:
-        raise ValueError(
-            f"A backend named {spec.name!r} is registered already; pick another name, or pass replace=True."
-        )
-    for other in _REGISTRY.specs.values():
-        if other.name == spec.name:
-            continue
-        shared = set(other.distributed_types) & set(spec.distributed_types)
-        if shared:
-            raise ValueError(
-                f"Backend {spec.name!r} claims distributed_type {sorted(t.value for t in shared)}, which backend "
-                f"{other.name!r} has; a distributed_type names one backend."
-            )
-        if spec.config_section is not None and spec.config_section == other.config_section:
-            raise ValueError(
-                f"Backend {spec.name!r} claims the config section {spec.config_section!r} of backend "
-                f"{other.name!r}; give it a section of its own."
-            )
-    _REGISTRY.specs[spec.name] = spec
-    return spec
+    return BACKENDS.register(spec, replace=replace)
 
 
 def unregister_backend_spec(name: str) -> None:
     """Remove a registered backend (tests, notebooks that redefine one); unknown names are ignored."""
-    _REGISTRY.specs.pop(name, None)
+    BACKENDS.unregister(name)
 
 
 def backend_specs() -> list[BackendSpec]:
     """Every registered backend, in the order they are asked whether they apply."""
-    _discover()
-    return sorted(_REGISTRY.specs.values(), key=lambda spec: (spec.priority, spec.name))
+    return BACKENDS.entries()
 
 
 def spec_for_distributed_type(distributed_type: str | DistributedType | None) -> BackendSpec | None:
@@ -328,18 +326,3 @@ def plugin_types() -> dict[type, Vocabulary]:
         if kind is not None:
             found[kind] = spec
     return found
-
-
-def _discover() -> None:
-    if _REGISTRY.discovered:
-        return
-    _REGISTRY.discovered = True
-    import_built_in_specs()
-    _load_entry_points()
-
-
-def _load_entry_points() -> None:
-    from lockstep.entry_points import loaded_specs
-
-    for spec in loaded_specs(ENTRY_POINT_GROUP, BackendSpec):
-        register_backend_spec(spec)

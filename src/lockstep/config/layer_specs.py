@@ -30,10 +30,11 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from lockstep.config.vocabulary import Vocabulary, import_built_in_specs, resolve_target
+from lockstep.entry_points import Registry
 
 ENTRY_POINT_GROUP = "lockstep.layers"
 """The entry-point group an installed package registers its layers under."""
@@ -73,13 +74,16 @@ class LayerSpec(Vocabulary):
         return list(resolve_target(self.step_hooks)(plugin, accelerator))
 
 
-@dataclass
-class _Registry:
-    specs: dict[str, LayerSpec] = field(default_factory=dict)
-    discovered: bool = False
-
-
-_REGISTRY = _Registry()
+LAYERS: Registry[LayerSpec] = Registry(
+    noun="layer",
+    function="register_layer",
+    kind=LayerSpec,
+    name_of=lambda spec: spec.name,
+    order=lambda spec: spec.name,
+    group=ENTRY_POINT_GROUP,
+    built_ins=import_built_in_specs,  # each folder of lockstep.layers registers its layer (fault tolerance)
+)
+"""The table of layers."""
 
 
 def register_layer(spec: LayerSpec, *, replace: bool = False) -> LayerSpec:
@@ -93,19 +97,12 @@ def register_layer(spec: LayerSpec, *, replace: bool = False) -> LayerSpec:
         TypeError: ``spec`` is not a :class:`LayerSpec`.
         ValueError: a layer of that name is registered already.
     """
-    if not isinstance(spec, LayerSpec):
-        raise TypeError(f"register_layer() takes a LayerSpec, got {type(spec).__name__}.")
-    if spec.name in _REGISTRY.specs and not replace:
-        raise ValueError(
-            f"A layer named {spec.name!r} is registered already; pick another name, or pass replace=True."
-        )
-    _REGISTRY.specs[spec.name] = spec
-    return spec
+    return LAYERS.register(spec, replace=replace)
 
 
 def unregister_layer(name: str) -> None:
     """Remove a registered layer (tests, notebooks that redefine one); unknown names are ignored."""
-    _REGISTRY.specs.pop(name, None)
+    LAYERS.unregister(name)
 
 
 def layers_from_layout(layout: Any) -> list[tuple[LayerSpec, Any]]:
@@ -123,12 +120,4 @@ def layers_from_layout(layout: Any) -> list[tuple[LayerSpec, Any]]:
 
 def layer_specs() -> list[LayerSpec]:
     """Every registered layer, in the order their hooks run (by name)."""
-    if not _REGISTRY.discovered:
-        _REGISTRY.discovered = True
-        from lockstep.entry_points import loaded_specs
-
-        import_built_in_specs()  # each folder of lockstep.layers registers its layer (fault tolerance)
-
-        for spec in loaded_specs(ENTRY_POINT_GROUP, LayerSpec):
-            register_layer(spec, replace=True)
-    return sorted(_REGISTRY.specs.values(), key=lambda spec: spec.name)
+    return LAYERS.entries()

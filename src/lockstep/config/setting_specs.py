@@ -24,10 +24,11 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from lockstep.config.vocabulary import Vocabulary
+from lockstep.entry_points import Registry
 
 BUILT_IN_MODULES = ("lockstep.config.parallelism_keys",)
 """The modules that register the built-in setting groups on import."""
@@ -60,13 +61,20 @@ class SettingSpec(Vocabulary):
         return self.summarize(section) if section and self.summarize is not None else ""
 
 
-@dataclass
-class _Registry:
-    specs: dict[str, SettingSpec] = field(default_factory=dict)
-    discovered: bool = False
+def _import_built_in_groups() -> None:
+    for module in BUILT_IN_MODULES:
+        importlib.import_module(module)
 
 
-_REGISTRY = _Registry()
+SETTING_GROUPS: Registry[SettingSpec] = Registry(
+    noun="setting group",
+    function="register_setting_spec",
+    kind=SettingSpec,
+    name_of=lambda spec: spec.name,
+    order=lambda spec: spec.name,
+    built_ins=_import_built_in_groups,
+)
+"""The table of setting groups (no entry-point group: a capability that adds settings is a layer)."""
 
 
 def register_setting_spec(spec: SettingSpec, *, replace: bool = False) -> SettingSpec:
@@ -76,25 +84,14 @@ def register_setting_spec(spec: SettingSpec, *, replace: bool = False) -> Settin
         TypeError: ``spec`` is not a :class:`SettingSpec`.
         ValueError: a group of that name is registered already.
     """
-    if not isinstance(spec, SettingSpec):
-        raise TypeError(f"register_setting_spec() takes a SettingSpec, got {type(spec).__name__}.")
-    if spec.name in _REGISTRY.specs and not replace:
-        raise ValueError(
-            f"A setting group named {spec.name!r} is registered already; pick another name, or pass replace=True."
-        )
-    _REGISTRY.specs[spec.name] = spec
-    return spec
+    return SETTING_GROUPS.register(spec, replace=replace)
 
 
 def unregister_setting_spec(name: str) -> None:
     """Remove a registered setting group (tests, notebooks that redefine one); unknown names are ignored."""
-    _REGISTRY.specs.pop(name, None)
+    SETTING_GROUPS.unregister(name)
 
 
 def setting_specs() -> list[SettingSpec]:
     """Every registered setting group, by name."""
-    if not _REGISTRY.discovered:
-        _REGISTRY.discovered = True
-        for module in BUILT_IN_MODULES:
-            importlib.import_module(module)
-    return sorted(_REGISTRY.specs.values(), key=lambda spec: spec.name)
+    return SETTING_GROUPS.entries()
