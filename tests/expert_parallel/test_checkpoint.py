@@ -72,15 +72,17 @@ def _local(accelerator: Any, model: Any, optimizer: Any) -> dict[str, Any]:
     return {"rank": accelerator.process_index, "params": params, "moments": moments, "first": first}
 
 
-def _save_and_train_on(folder: str, ep_size: int) -> dict[str, Any]:
-    """Train 3 steps, save, train 3 more: the state at the save, the batches after it and the final state."""
+def _save_and_train_on(folder: str, ep_size: int, async_save: bool = False) -> dict[str, Any]:
+    """Train 3 steps, save, train 3 more: the state at the save, the batches after it and the final state.
+    With ``async_save``, training goes on while the checkpoint is written."""
     accelerator = _accelerator(ep_size)
     model, optimizer, loader = _prepared(accelerator, other_weights=False)
     batches = iter(loader)
     _train(accelerator, model, optimizer, batches, STEPS_BEFORE)
-    accelerator.save_state(folder)
+    accelerator.save_state(folder, async_save=async_save)
     saved = _local(accelerator, model, optimizer)
     after = _train(accelerator, model, optimizer, batches, STEPS_AFTER)
+    accelerator.wait_for_checkpoint()
     return {"saved": saved, "after": after, "final": _local(accelerator, model, optimizer)}
 
 
@@ -184,7 +186,8 @@ def test_saved_on_one_process_loads_on_ep2_bitwise(tmp_path: Any) -> None:
 
 def test_saved_on_ep2_resumes_exactly_on_ep2(tmp_path: Any) -> None:
     folder = str(tmp_path / "ep2")
-    uninterrupted = run_distributed(_save_and_train_on, 2, folder, 2, timeout=300.0)
+    # saved in the background: the gathered tensors are copied before the training goes on
+    uninterrupted = run_distributed(_save_and_train_on, 2, folder, 2, True, timeout=300.0)
     resumed = run_distributed(_load_and_train_on, 2, folder, 2, timeout=300.0)
     for before, after in zip(uninterrupted, resumed, strict=True):
         assert after["loaded"]["rank"] == before["saved"]["rank"]
