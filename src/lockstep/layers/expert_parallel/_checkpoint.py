@@ -24,7 +24,7 @@ and ``exp_avg_sq``, SGD's ``momentum_buffer``) have ``n`` rows instead of ``E``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, final
 
@@ -98,7 +98,7 @@ class ExpertStateDicts:
 
     def __init__(self, group: dist.ProcessGroup) -> None:
         self._group = group
-        self._shards: dict[int, tuple[nn.Parameter, _Shard]] = {}  # id of an expert shard -> where it lies
+        self._shards: dict[int, _Shard] = {}  # id of an expert shard -> where its rows lie
         self._optimizers: list[torch.optim.Optimizer] = []
         self._gathered_modules: dict[int, dict[str, torch.Tensor]] = {}
         self._gathered_optimizers: dict[int, dict[int, dict[str, torch.Tensor]]] = {}
@@ -107,7 +107,7 @@ class ExpertStateDicts:
         """Hook the experts modules of a model that was just sharded."""
         for module in modules:
             for name, param in module.named_parameters(recurse=False):
-                self._shards[id(param)] = (param, _Shard(module, name))
+                self._shards[id(param)] = _Shard(module, name)
             module.register_state_dict_post_hook(_function(self._module_state_dict))
             module.register_load_state_dict_pre_hook(_function(self._load_module_state_dict))
 
@@ -131,7 +131,9 @@ class ExpertStateDicts:
         """Every rank together: gather the full experts (and, with ``optimizers``, their optimizer states) for
         the next ``state_dict()`` of each experts module and optimizer."""
         self.forget_gathered()
-        modules = {id(shard.module): shard.module for _, shard in self._shards.values()}
+        for optimizer in self._optimizers if optimizers else ():
+            self._check_shapes(optimizer)  # before the first collective: every rank refuses alike
+        modules = {id(shard.module): shard.module for shard in self._shards.values()}
         for key, module in modules.items():
             self._gathered_modules[key] = {
                 name: _gather_rows(param, self._group)
@@ -141,19 +143,18 @@ class ExpertStateDicts:
             for optimizer in self._optimizers:
                 self._gathered_optimizers[id(optimizer)] = self._gather_optimizer(optimizer)
 
-    def _gather_optimizer(self, optimizer: torch.optim.Optimizer) -> dict[int, dict[str, torch.Tensor]]:
-        """The full states of ``optimizer``'s expert parameters, by their index in its state dict."""
-        gathered: dict[int, dict[str, torch.Tensor]] = {}
+    def _expert_states(self, optimizer: torch.optim.Optimizer) -> Iterator[tuple[int, nn.Parameter, dict]]:
+        """(index in its state dict, parameter, state) of each expert parameter ``optimizer`` holds state of."""
         params = [p for group in optimizer.param_groups for p in group["params"]]
         for index, param in enumerate(params):
-            if id(param) not in self._shards or param not in optimizer.state:
-                continue
-            full = {}
-            for key in sorted(optimizer.state[param]):
-                value = optimizer.state[param][key]
-                if not isinstance(value, torch.Tensor) or value.dim() == 0:
-                    continue
-                if value.shape != param.shape:
+            if id(param) in self._shards and param in optimizer.state:
+                yield index, param, optimizer.state[param]
+
+    def _check_shapes(self, optimizer: torch.optim.Optimizer) -> None:
+        for _, param, state in self._expert_states(optimizer):
+            for key in sorted(state):
+                value = state[key]
+                if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape != param.shape:
                     raise ExpertParallelNotBuiltError(
                         f"{type(optimizer).__name__}'s state {key!r} of an expert parameter has shape "
                         f"{tuple(value.shape)}, not the parameter's {tuple(param.shape)}: lockstep gathers "
@@ -161,9 +162,18 @@ class ExpertStateDicts:
                         "other optimizers whose states have the parameter's shape), and cannot save this one yet. "
                         "Use such an optimizer, or train without ParallelismConfig(ep_size=...)."
                     )
-                full[key] = _gather_rows(value, self._group)
-            gathered[index] = full
-        return gathered
+
+    def _gather_optimizer(self, optimizer: torch.optim.Optimizer) -> dict[int, dict[str, torch.Tensor]]:
+        """The full states of ``optimizer``'s expert parameters, by their index in its state dict (the
+        scalars, such as Adam's ``step``, are the same on every rank and stay as they are)."""
+        return {
+            index: {
+                key: _gather_rows(state[key], self._group)
+                for key in sorted(state)
+                if isinstance(state[key], torch.Tensor) and state[key].dim() > 0
+            }
+            for index, _, state in self._expert_states(optimizer)
+        }
 
     def _module_state_dict(
         self, module: nn.Module, state_dict: dict[str, Any], prefix: str, local_metadata: Any
@@ -199,7 +209,7 @@ class ExpertStateDicts:
         for name, param in module.named_parameters(recurse=False):
             key = prefix + name
             if key in state_dict:
-                _, shard = self._shards[id(param)]
+                shard = self._shards[id(param)]
                 state_dict[key] = _this_ranks_rows(state_dict[key], param, shard, f"the saved {key!r}")
 
     def _load_optimizer_state_dict(
@@ -211,7 +221,7 @@ class ExpertStateDicts:
         for index, param in enumerate(params):
             if id(param) not in self._shards or index not in state:
                 continue
-            _, shard = self._shards[id(param)]
+            shard = self._shards[id(param)]
             state[index] = {
                 key: _this_ranks_rows(
                     value,
