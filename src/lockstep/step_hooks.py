@@ -105,9 +105,10 @@ class StepHook(abc.ABC):  # noqa: B024 (every moment has a default: a hook overr
 
     def before_checkpoint(self, operation: str) -> None:
         """The model's weights are about to be written or read (``operation``: ``"save_state"``,
-        ``"load_state"``, ``"save_model"`` or ``"get_state_dict"``), before any file or collective: a layer
-        whose weights the backend's checkpoint cannot capture raises here, saying why (expert parallelism,
-        until its checkpoints reshard), instead of a checkpoint that silently lacks them."""
+        ``"load_state"``, ``"save_model"`` or ``"get_state_dict"``), on every process, before any file is
+        written or read: a layer whose weights the backend's checkpoint does not capture as they are gathers
+        them here (expert parallelism collects every rank's experts, so the files hold the one-process layout),
+        or raises saying why, instead of a checkpoint that silently lacks them."""
         return None
 
     def commit(self, optimizer: object) -> bool:
