@@ -309,6 +309,15 @@ class DataLoaderStateMixin:
                 )
         parent._active_copy = self
 
+    def _epoch(self, batches: Callable[[int], Iterator[Any]]) -> Iterator[Any]:
+        """One epoch of ``batches(skip)`` (this process's batches after the ``skip`` first), tracked between
+        :meth:`_begin_epoch` and :meth:`_end_epoch` (which runs when the epoch is broken off too)."""
+        skip = self._begin_epoch()
+        try:
+            yield from self._track(batches(skip))
+        finally:
+            self._end_epoch()
+
     def _begin_epoch(self) -> int:
         """Start an iteration; returns how many of this process's batches to skip."""
         if self._continues is not None:

@@ -296,11 +296,7 @@ class DataLoaderDispatcher(DataLoader, DataLoaderStateMixin):
             yield piece
 
     def __iter__(self) -> Iterator[Any]:
-        skip = self._begin_epoch()
-        try:
-            yield from self._track(self._my_batches(skip))
-        finally:
-            self._end_epoch()
+        return self._epoch(self._my_batches)
 
     def __len__(self) -> int:
         shard = self._shard()

@@ -137,11 +137,7 @@ class DataLoaderShard(DataLoader, DataLoaderStateMixin):
 
     # -- iteration --------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
-        skip = self._begin_epoch()
-        try:
-            yield from self._track(self._batches(skip))
-        finally:
-            self._end_epoch()
+        return self._epoch(self._batches)
 
     def _batches(self, skip: int) -> Iterator[Any]:
         shard = self._shard()
