@@ -49,8 +49,28 @@ Device = int | str | torch.device
 _OFFLOAD_TARGETS = ("cpu", "disk")
 
 
-def _first_device(model: nn.Module) -> torch.device:
-    return next(iter(model.parameters())).device
+def _offload_every_module(
+    model: nn.Module,
+    weights_map: Mapping[str, torch.Tensor],
+    *,
+    execution_device: Device | None,
+    offload_buffers: bool,
+    preload_module_classes: Sequence[str] | None,
+) -> nn.Module:
+    """Hook ``model`` so that each module's weights come from ``weights_map`` onto ``execution_device`` (the
+    device of its first parameter when None) as it runs, and its outputs return to the inputs' device."""
+    if execution_device is None:
+        execution_device = next(iter(model.parameters())).device
+    add_hook_to_module(model, AlignDevicesHook(io_same_device=True), append=True)
+    attach_align_device_hook(
+        model,
+        execution_device=execution_device,
+        offload=True,
+        offload_buffers=offload_buffers,
+        weights_map=weights_map,
+        preload_module_classes=preload_module_classes,
+    )
+    return model
 
 
 def cpu_offload(
@@ -76,20 +96,15 @@ def cpu_offload(
         >>> model.weight.device.type, model(torch.ones(1, 2)).shape
         ('meta', torch.Size([1, 2]))
     """
-    if execution_device is None:
-        execution_device = _first_device(model)
     if state_dict is None:
         state_dict = {name: tensor.to("cpu") for name, tensor in model.state_dict().items()}
-    add_hook_to_module(model, AlignDevicesHook(io_same_device=True), append=True)
-    attach_align_device_hook(
+    return _offload_every_module(
         model,
+        state_dict,
         execution_device=execution_device,
-        offload=True,
         offload_buffers=offload_buffers,
-        weights_map=state_dict,
         preload_module_classes=preload_module_classes,
     )
-    return model
 
 
 def cpu_offload_with_hook(
@@ -131,19 +146,13 @@ def disk_offload(
     """
     if not (Path(offload_dir) / INDEX_FILE).is_file():
         offload_state_dict(offload_dir, model.state_dict())
-    if execution_device is None:
-        execution_device = _first_device(model)
-    weights_map = OffloadedWeightsLoader(save_folder=offload_dir)
-    add_hook_to_module(model, AlignDevicesHook(io_same_device=True), append=True)
-    attach_align_device_hook(
+    return _offload_every_module(
         model,
+        OffloadedWeightsLoader(save_folder=offload_dir),
         execution_device=execution_device,
-        offload=True,
         offload_buffers=offload_buffers,
-        weights_map=weights_map,
         preload_module_classes=preload_module_classes,
     )
-    return model
 
 
 def _accelerator_count() -> int:
