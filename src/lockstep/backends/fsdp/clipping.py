@@ -80,9 +80,15 @@ def clip_sharded_gradients(
     returns the norm before clipping."""
     grads = [p.grad for p in parameters if p.grad is not None]
     total = global_grad_norm(grads, float(norm_type), state)
+    scale_to_max_norm(grads, total, max_norm)
+    return total
+
+
+def scale_to_max_norm(grads: list[torch.Tensor], total: torch.Tensor, max_norm: float) -> None:
+    """Scale ``grads`` (each local part, in place) by ``max_norm / total`` when ``total``, their global norm,
+    is above ``max_norm``; leave them as they are otherwise."""
     coefficient = torch.clamp(max_norm / (total + 1e-6), max=1.0)
     with torch.no_grad():
         for grad in grads:
             local = grad.to_local() if isinstance(grad, DTensor) else grad
             local.mul_(coefficient.to(device=local.device, dtype=local.dtype))
-    return total

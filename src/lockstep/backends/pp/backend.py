@@ -42,7 +42,7 @@ from torch.distributed.tensor import DTensor
 from lockstep.backends.base import Backend, DataShard, Indexed
 from lockstep.backends.capabilities import PipelineSchedule
 from lockstep.backends.fsdp import checkpoint as shards
-from lockstep.backends.fsdp.clipping import global_grad_norm
+from lockstep.backends.fsdp.clipping import global_grad_norm, scale_to_max_norm
 from lockstep.backends.fsdp.plugin import FullyShardedDataParallelPlugin
 from lockstep.backends.fsdp.precision import FSDPPrecision
 from lockstep.backends.fsdp.sharded import ShardedBackend, gathered_state_dict, parameter_owners
@@ -277,11 +277,7 @@ class PipelineBackend(ShardedBackend, PipelineSchedule):
             powered = local**norm_type
             dist.all_reduce(powered, op=dist.ReduceOp.SUM, group=group)
             total = powered ** (1.0 / norm_type)
-        coefficient = torch.clamp(max_norm / (total + 1e-6), max=1.0)
-        with torch.no_grad():
-            for grad in grads:
-                part = grad.to_local() if isinstance(grad, DTensor) else grad
-                part.mul_(coefficient.to(device=part.device, dtype=part.dtype))
+        scale_to_max_norm(grads, total, max_norm)
         return total
 
     # -- state dicts and checkpoints --------------------------------------------------------------
