@@ -16,8 +16,9 @@ Example:
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from lockstep._lazy import lazy_exports
 
 # Loaded on first use: the Accelerator imports this package for ThroughputKwargs, and the timer itself is
 # needed only when step timing is switched on.
@@ -48,8 +49,4 @@ if TYPE_CHECKING:
     from lockstep.throughput.step_timer import StepTimer
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'lockstep.throughput' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+__getattr__ = lazy_exports(__name__, _EXPORTS)[0]

@@ -12,8 +12,9 @@ Example:
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from lockstep._lazy import lazy_exports
 
 _EXPORTS = {
     "MemoryEstimate": "lockstep.memory.estimate.estimator",
@@ -32,11 +33,7 @@ if TYPE_CHECKING:
     from lockstep.memory.estimate.model_source import ModelDescription, describe_model
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'lockstep.memory.estimate' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+__getattr__ = lazy_exports(__name__, _EXPORTS)[0]
 
 
 __all__ = [
