@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from types import ModuleType
 from typing import Any
 
@@ -116,50 +116,53 @@ def _refuse_mask(arguments: dict[str, Any]) -> None:
         )
 
 
+def _on_ring(
+    arguments: dict[str, Any],
+    ring: Callable[..., tuple[Any, ...]],
+    kernel: torch._ops.OpOverload,
+    tensors: tuple[str, ...],
+    **extra: Any,
+) -> tuple[Any, ...]:
+    """A call on sequence-sharded DTensors (its ``arguments`` by name), run by torch's ``ring`` function with
+    ``kernel`` on the local parts of its ``tensors`` (``extra`` passed as given); the results sharded again."""
+    _refuse_mask(arguments)
+    mesh = arguments["query"].device_mesh
+    results = ring(
+        mesh.get_group(),
+        _SEQ_DIM,
+        kernel,
+        **{name: _local(arguments[name]) for name in tensors},
+        is_causal=arguments["is_causal"],
+        dropout_p=arguments["dropout_p"],
+        scale=arguments["scale"],
+        **extra,
+    )
+    return _sequence_sharded(results, mesh)
+
+
 def _ring_flash_attention_for_cpu(
     op_call: torch._ops.OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> tuple[Any, ...]:
     """``aten._scaled_dot_product_flash_attention_for_cpu`` on sequence-sharded DTensors: torch's ring."""
-    arguments = _arguments(op_call, args, kwargs)
-    _refuse_mask(arguments)
-    mesh = arguments["query"].device_mesh
-    outputs = _torch_ring_attention()._templated_ring_attention(
-        mesh.get_group(),
-        _SEQ_DIM,
+    return _on_ring(
+        _arguments(op_call, args, kwargs),
+        _torch_ring_attention()._templated_ring_attention,
         torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
-        query=_local(arguments["query"]),
-        key=_local(arguments["key"]),
-        value=_local(arguments["value"]),
-        is_causal=arguments["is_causal"],
-        dropout_p=arguments["dropout_p"],
-        scale=arguments["scale"],
+        ("query", "key", "value"),
     )
-    return _sequence_sharded(outputs, mesh)
 
 
 def _ring_flash_attention_for_cpu_backward(
     op_call: torch._ops.OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> tuple[Any, ...]:
     """``aten._scaled_dot_product_flash_attention_for_cpu_backward`` on sequence-sharded DTensors."""
-    arguments = _arguments(op_call, args, kwargs)
-    _refuse_mask(arguments)
-    mesh = arguments["query"].device_mesh
-    gradients = _torch_ring_attention()._templated_ring_attention_backward(
-        mesh.get_group(),
-        _SEQ_DIM,
+    return _on_ring(
+        _arguments(op_call, args, kwargs),
+        _torch_ring_attention()._templated_ring_attention_backward,
         torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default,
-        grad_out=_local(arguments["grad_out"]),
+        ("grad_out", "query", "key", "value", "out", "logsumexp"),
         grad_out_name="grad_out",
-        query=_local(arguments["query"]),
-        key=_local(arguments["key"]),
-        value=_local(arguments["value"]),
-        out=_local(arguments["out"]),
-        logsumexp=_local(arguments["logsumexp"]),
-        is_causal=arguments["is_causal"],
-        dropout_p=arguments["dropout_p"],
-        scale=arguments["scale"],
     )
-    return _sequence_sharded(gradients, mesh)
 
 
 def register_cpu_ring_attention() -> None:
