@@ -78,6 +78,8 @@ __getattr__, __all__ = lazy_exports(
         "ExpertParallelLayer": f"{_PACKAGE}._layer",
         "ExpertParallelNotBuiltError": f"{_PACKAGE}._errors",
         "ExpertShardingError": f"{_PACKAGE}._errors",
+        "GlobalLossTerm": f"{_PACKAGE}._aux_loss",
+        "LossMultiplier": f"{_PACKAGE}._aux_loss",
         "MoEBlock": f"{_PACKAGE}._blocks",
         "MoEModelNotSupportedError": f"{_PACKAGE}._errors",
         "apply_expert_parallel": f"{_PACKAGE}._apply",

@@ -24,7 +24,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.utils.hooks import RemovableHandle
 
-from lockstep.layers.expert_parallel._aux_loss import install_global_aux_loss
+from lockstep.layers.expert_parallel._aux_loss import LossMultiplier, install_global_aux_loss
 from lockstep.layers.expert_parallel._blocks import MoEBlock, find_moe_blocks
 from lockstep.layers.expert_parallel._dispatch import ExpertParallelExperts
 from lockstep.layers.expert_parallel._errors import ExpertParallelNotBuiltError, ExpertShardingError
@@ -40,6 +40,9 @@ class ExpertParallel:
         ep_size: the size of ``group``.
         ep_rank: this process's rank in ``group``.
         experts: the swapped-in experts modules, by block name.
+        loss_multiplier: the factor the training loop multiplies each rank's loss by (the global aux loss's
+            share in the loss is divided by it); 1 unless a loop says otherwise
+            (``ep.loss_multiplier.multiplied_by(n)``).
     """
 
     def __init__(
@@ -49,6 +52,7 @@ class ExpertParallel:
         group: dist.ProcessGroup,
         experts: dict[str, ExpertParallelExperts],
         aux_loss_hook: RemovableHandle | None,
+        loss_multiplier: LossMultiplier,
     ) -> None:
         """Hold what :func:`apply_expert_parallel` built; use that function to build one."""
         self.model = model
@@ -57,6 +61,7 @@ class ExpertParallel:
         self.ep_rank = dist.get_rank(group)
         self.experts = experts
         self._aux_loss_hook = aux_loss_hook
+        self.loss_multiplier = loss_multiplier
         expert_ids = {id(p) for module in experts.values() for p in module.parameters()}
         self._expert_params = [p for p in model.parameters() if id(p) in expert_ids]
         self._dense_params = [p for p in model.parameters() if id(p) not in expert_ids]
@@ -205,8 +210,11 @@ def apply_expert_parallel(
         sharded = ExpertParallelExperts(block.experts, group=process_group, ep_rank=ep_rank, ep_size=ep_size)
         setattr(block.block, block.experts_attribute, sharded)
         experts[block.name] = sharded
-    hook = install_global_aux_loss(model, process_group)
-    return ExpertParallel(model, group=process_group, experts=experts, aux_loss_hook=hook)
+    multiplier = LossMultiplier()
+    hook = install_global_aux_loss(model, process_group, multiplier)
+    return ExpertParallel(
+        model, group=process_group, experts=experts, aux_loss_hook=hook, loss_multiplier=multiplier
+    )
 
 
 def _process_group(group: dist.ProcessGroup | DeviceMesh | None) -> dist.ProcessGroup:

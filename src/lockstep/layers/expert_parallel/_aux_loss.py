@@ -11,14 +11,22 @@ every rank differentiates the same global loss, so each rank's router logits rec
 their one-process gradient; averaging gradients over the ranks (as for every replicated parameter) divides it
 back. The per-rank loss the model added (``router_aux_loss_coef * aux_loss``) is replaced by the global one;
 its gradient cancels exactly (``+coef`` and ``-coef`` into the same node).
+
+A training loop that multiplies each rank's loss by the number of replicas before its backward (transformers'
+Trainer, and lockstep's, with ``num_items_in_batch`` summed over the processes: each rank's loss is then its
+share of the job's summed loss) would multiply the global term, which every rank adds, by that number too.
+Such a loop says so (:meth:`LossMultiplier.multiplied_by`, which the layer's :class:`GlobalLossTerm` capability
+opens): each rank then adds ``coef * aux_loss / factor``, and the term counts once, as in one process.
 """
 
 from __future__ import annotations
 
+import abc
+import contextlib
 import inspect
 import sys
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, final
 
 import torch
 import torch.distributed as dist
@@ -27,6 +35,44 @@ from torch.distributed import _functional_collectives as funcol
 from torch.utils.hooks import RemovableHandle
 
 from lockstep.layers.expert_parallel._errors import ExpertParallelNotBuiltError
+
+
+@final
+class LossMultiplier:
+    """The factor by which the training loop multiplies each rank's loss before its backward (1 by default).
+
+    The global auxiliary loss is the same on every rank, and its gradient reaches every rank's router logits
+    from every rank; a loop that multiplies each rank's loss by ``factor`` would count it ``factor`` times, so
+    each rank adds ``coef * aux_loss / factor`` to the loss instead of ``coef * aux_loss``.
+    """
+
+    def __init__(self) -> None:
+        self.factor = 1.0
+
+    @contextlib.contextmanager
+    def multiplied_by(self, factor: float) -> Iterator[None]:
+        """The forwards inside return a loss that the loop multiplies by ``factor`` before its backward."""
+        if not factor > 0:
+            raise ValueError(f"LossMultiplier.multiplied_by({factor!r}) is invalid: the factor must be > 0.")
+        previous, self.factor = self.factor, float(factor)
+        try:
+            yield
+        finally:
+            self.factor = previous
+
+
+class GlobalLossTerm(abc.ABC):
+    """A capability (``accelerator.capability(GlobalLossTerm)``): the model adds to each rank's loss a term computed
+    over every rank's batch, the same on each (expert parallelism's global router loss).
+
+    A training loop that multiplies each rank's loss by a factor before its backward (a loss summed over the
+    job: the Trainer's ``num_items_in_batch`` with ``average_tokens_across_devices``) runs the forward inside
+    :meth:`loss_multiplied_by`, so that the term counts once.
+    """
+
+    @abc.abstractmethod
+    def loss_multiplied_by(self, factor: float) -> contextlib.AbstractContextManager[None]:
+        """The forwards inside return a loss that the loop multiplies by ``factor`` before its backward."""
 
 
 def gather_rows(rows: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
@@ -69,8 +115,13 @@ def global_load_balancing_loss(
     return loss_function(global_logits, num_experts, top_k, global_mask)
 
 
-def install_global_aux_loss(model: nn.Module, group: dist.ProcessGroup) -> RemovableHandle | None:
+def install_global_aux_loss(
+    model: nn.Module, group: dist.ProcessGroup, multiplier: LossMultiplier | None = None
+) -> RemovableHandle | None:
     """Make ``model``'s ``aux_loss`` (and the share of it in ``loss``) the one-process value over ``group``.
+
+    ``multiplier``: the factor the loop multiplies each rank's loss by (the term added to ``loss`` is divided
+    by it; ``aux_loss`` stays the global value); None for 1.
 
     A forward hook on the causal-LM module (no change to its forward). Returns None when ``model`` computes no
     auxiliary loss (no ``router_aux_loss_coef``): then the caller's own aux loss must use
@@ -90,6 +141,7 @@ def install_global_aux_loss(model: nn.Module, group: dist.ProcessGroup) -> Remov
             "over the whole batch for this model yet. Set output_router_logits=False, or router_aux_loss_coef=0."
         )
     signature = inspect.signature(model.forward)
+    loss_multiplier = multiplier if multiplier is not None else LossMultiplier()
 
     def hook(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
         bound = signature.bind_partial(*args, **kwargs).arguments
@@ -110,7 +162,8 @@ def install_global_aux_loss(model: nn.Module, group: dist.ProcessGroup) -> Remov
         )
         if output.loss is not None:
             coef = module.router_aux_loss_coef
-            output.loss = output.loss - coef * local_aux.to(output.loss.device) + coef * global_aux
+            share = coef / loss_multiplier.factor
+            output.loss = output.loss - coef * local_aux.to(output.loss.device) + share * global_aux
         output.aux_loss = global_aux
         return output
 

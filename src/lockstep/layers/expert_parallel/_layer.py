@@ -15,6 +15,9 @@ experts:
   the group size once per optimizer step, also with gradient accumulation (their all-to-all's backward summed
   every rank's tokens into them; DDP averaged the dense ones);
 * ``clip_grad_norm_``: the clip uses the norm over the dense gradients and every rank's experts, as one process;
+* ``loss_multiplied_by`` (the :class:`GlobalLossTerm` capability): a loop that multiplies each rank's loss by
+  the number of replicas (the Trainer's ``num_items_in_batch`` summed over the processes) says so around the
+  forward, and the global router loss's share in each rank's loss is divided by it;
 * ``before_checkpoint``: ``save_state``, ``save_model`` and ``get_state_dict`` get the one-process layout (every
   rank's experts gathered first; ``save_state`` also the optimizer states), and ``load_state`` slices this
   rank's experts out of it (:mod:`lockstep.layers.expert_parallel._checkpoint`).
@@ -31,6 +34,7 @@ from torch import nn
 
 from lockstep.backends.capabilities import JointPreparation
 from lockstep.layers.expert_parallel._apply import ExpertParallel, apply_expert_parallel, clip_by_global_norm
+from lockstep.layers.expert_parallel._aux_loss import GlobalLossTerm
 from lockstep.layers.expert_parallel._checkpoint import ExpertStateDicts
 from lockstep.layers.expert_parallel._errors import ExpertParallelNotBuiltError
 from lockstep.step_hooks import StepHook
@@ -39,7 +43,7 @@ _NEXT = "it comes next (see lockstep.layers.expert_parallel)"
 
 
 @final
-class ExpertParallelLayer(StepHook):
+class ExpertParallelLayer(StepHook, GlobalLossTerm):
     """The step hooks of expert parallelism borrowed from plain data parallelism (DDP).
 
     Args:
@@ -101,6 +105,13 @@ class ExpertParallelLayer(StepHook):
             return None
         expert_ids = {id(p) for parallel in self.parallel for p in parallel.expert_parameters()}
         return clip_by_global_norm(parameters, expert_ids, max_norm, norm_type, self.parallel[0].group)
+
+    @contextlib.contextmanager
+    def loss_multiplied_by(self, factor: float) -> Iterator[None]:
+        with contextlib.ExitStack() as stack:
+            for parallel in self.parallel:
+                stack.enter_context(parallel.loss_multiplier.multiplied_by(factor))
+            yield
 
     def before_checkpoint(self, operation: str) -> None:
         if self._state_dicts is None:

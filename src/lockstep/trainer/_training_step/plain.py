@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from typing import Any, final
 
@@ -9,6 +10,7 @@ import torch
 from torch import nn
 
 from lockstep.accelerator import Accelerator
+from lockstep.layers.expert_parallel import GlobalLossTerm
 from lockstep.trainer._num_items import ItemCounter, MicroBatch
 from lockstep.trainer._training_step.base import TrainingStep
 from lockstep.trainer._training_step.sequence_split import SequenceSplit
@@ -25,7 +27,9 @@ class PlainStep(TrainingStep):
     A counted loss (``num_items_in_batch``) is multiplied by the item counter's ``loss_scale``, since the
     gradients are averaged over the ranks that hold parts of the step's labels. With ``cp_size > 1`` the batch is
     split along the sequence by ``sequence_split`` and the logged loss is the whole sequences' (averaged over the
-    ``cp`` ranks).
+    ``cp`` ranks). A layer whose model adds a term computed over every rank's batch (expert parallelism's router
+    loss: :class:`~lockstep.layers.expert_parallel.GlobalLossTerm`) is told of that factor, so the term counts
+    once.
 
     Args:
         accelerator: the Trainer's accelerator.
@@ -53,6 +57,7 @@ class PlainStep(TrainingStep):
         )
         self.sequence_split = sequence_split
         self.compute_loss = compute_loss if compute_loss is not None else self.loss
+        self._global_term = accelerator.capability(GlobalLossTerm)
 
     def prepare_model(self, dataset: Any, *, collate: Callable[[list[Any]], Any], batch_size: int) -> None:
         """Nothing: the model is prepared as it is, and reads no example batch."""
@@ -68,10 +73,17 @@ class PlainStep(TrainingStep):
         if micro_batch.num_items is None:
             loss = self.compute_loss(model, micro_batch.batch)
         else:  # DDP averages the replicas' gradients: a loss over the whole job's tokens undoes it
-            loss = self.compute_loss(model, micro_batch.batch, num_items_in_batch=micro_batch.num_items)
-            loss = loss * self.item_counter.loss_scale  # type: ignore[union-attr]
+            scale = self.item_counter.loss_scale  # type: ignore[union-attr]
+            with self._multiplied_by(scale):
+                loss = self.compute_loss(model, micro_batch.batch, num_items_in_batch=micro_batch.num_items)
+            loss = loss * scale
         self.accelerator.backward(loss)
         return loss
+
+    def _multiplied_by(self, scale: float) -> contextlib.AbstractContextManager[None]:
+        if self._global_term is None:
+            return contextlib.nullcontext()
+        return self._global_term.loss_multiplied_by(scale)
 
     def _writer(self, model: nn.Module) -> nn.Module:
         return self.accelerator.unwrap_model(model, keep_torch_compile=False)
