@@ -62,11 +62,10 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("lockstep.data._position", "parent._resume_lookahead_rng"): "as parent._pending_skip",
     ("lockstep.data._position", "parent._active_copy"): "as parent._pending_skip",
     ("lockstep.data._position", "self._continues._active_copy"): "as parent._pending_skip",
-    ("lockstep.data.dispatcher", "iterator._base_seed"): (
+    ("lockstep.data._position", "iterator._base_seed"): (
         "a resumed epoch replays the workers' seeds: torch's multi-process iterator draws _base_seed when "
         "it is built and has no parameter for it"
     ),
-    ("lockstep.data.loader", "iterator._base_seed"): "as lockstep.data.dispatcher's iterator._base_seed",
     ("lockstep.big_model.module_hooks", "module._old_forward"): (
         "Accelerate's add_hook_to_module keeps the original forward on the user's module under this name, "
         "and code written for Accelerate reads it there"

@@ -318,6 +318,24 @@ class DataLoaderStateMixin:
         finally:
             self._end_epoch()
 
+    def _seeded_iterator(self, open_iterator: Callable[[], Iterator[Any]], resuming: bool) -> Iterator[Any]:
+        """torch's own iterator for this epoch, from ``open_iterator``.
+
+        Creating it draws the epoch's base seed (for worker seeding) from the global generator, once per
+        epoch. An epoch resumed from a checkpoint (``resuming``) must not draw again: the checkpoint restored
+        the global generator to its mid-epoch state, after that draw. So the draw is undone and the saved seed
+        reused.
+        """
+        global_state = torch.get_rng_state() if resuming and self.generator is None else None
+        iterator = open_iterator()
+        if global_state is not None:
+            torch.set_rng_state(global_state)
+        if resuming and self._resume_base_seed is not None and hasattr(iterator, "_base_seed"):
+            iterator._base_seed = self._resume_base_seed
+        self._resume_base_seed = None
+        self._epoch_base_seed = getattr(iterator, "_base_seed", None)
+        return iterator
+
     def _begin_epoch(self) -> int:
         """Start an iteration; returns how many of this process's batches to skip."""
         if self._continues is not None:

@@ -162,7 +162,7 @@ class DataLoaderDispatcher(DataLoader, DataLoaderStateMixin):
             shard.start_batch, skip = skip * group, 0
         elif in_stream:  # the restored data source starts there by itself; its first batch came with it
             skip, first = 0, restored_first
-        raw = self._watch(self._epoch_iterator(resuming), group)
+        raw = self._watch(self._seeded_iterator(super().__iter__, resuming), group)
         replay = self._take_lookahead_replay()  # the generator to read the resumed epoch's first step with
         restored = torch.get_rng_state() if replay is not None else None
         for step in itertools.count():
@@ -187,19 +187,6 @@ class DataLoaderDispatcher(DataLoader, DataLoaderStateMixin):
                     first = first if first is not None else self._read_first(shard, group)
                     batch = _pad(batch, first, full)
             yield batch, real, self._per_process(full)
-
-    def _epoch_iterator(self, resuming: bool) -> Iterator[Any]:
-        """torch's iterator for this epoch; a resumed epoch undoes its base-seed draw and reuses the saved
-        seed (the checkpoint restored the global generator to after that draw)."""
-        global_state = torch.get_rng_state() if resuming and self.generator is None else None
-        iterator = super().__iter__()
-        if global_state is not None:
-            torch.set_rng_state(global_state)
-        if resuming and self._resume_base_seed is not None and hasattr(iterator, "_base_seed"):
-            iterator._base_seed = self._resume_base_seed
-        self._resume_base_seed = None
-        self._epoch_base_seed = getattr(iterator, "_base_seed", None)
-        return iterator
 
     def _per_process(self, full: int) -> int:
         if full % self._world != 0:

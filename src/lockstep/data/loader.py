@@ -153,22 +153,9 @@ class DataLoaderShard(DataLoader, DataLoaderStateMixin):
             yield batch
 
     def _base_iterator(self) -> Iterator[Any]:
-        """torch's own iterator for this epoch.
-
-        Creating it draws the epoch's base seed (for worker seeding) from the global generator, once per
-        epoch. An epoch resumed from a checkpoint must not draw again: the checkpoint restored the global
-        generator to its mid-epoch state, after that draw. So the draw is undone and the saved seed reused.
-        """
+        """torch's own iterator for this epoch (a resumed epoch's keeps its saved seed: ``_seeded_iterator``)."""
         resuming, self._resume_mid_epoch = self._resume_mid_epoch, False
-        global_state = torch.get_rng_state() if resuming and self.generator is None else None
-        iterator = self._open_iterator()
-        if global_state is not None:
-            torch.set_rng_state(global_state)
-        if resuming and self._resume_base_seed is not None and hasattr(iterator, "_base_seed"):
-            iterator._base_seed = self._resume_base_seed
-        self._resume_base_seed = None
-        self._epoch_base_seed = getattr(iterator, "_base_seed", None)
-        return self._watch(iterator, 1)
+        return self._watch(self._seeded_iterator(self._open_iterator, resuming), 1)
 
     def _open_iterator(self) -> Iterator[Any]:
         """The iterator of the next class in the MRO: torch's ``DataLoader``, or torchdata's
