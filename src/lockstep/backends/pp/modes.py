@@ -134,25 +134,19 @@ def follow_module_modes(stage_modules: Sequence[nn.Module]) -> list[str]:
     """Rewrite the traced graphs of ``stage_modules`` so their mode-dependent operators follow the owning
     module's ``training`` flag (see the module docs). Returns ``"module: operator"`` for each one rewritten."""
     rewritten = []
-    for stage in stage_modules:
-        for name, owner in stage.named_modules():
-            graph = getattr(owner, "graph", None)
-            if not isinstance(graph, fx.Graph):
+    for name, owner, graph in _traced_modules(stage_modules):
+        changed = False
+        for node in _aten_calls(graph):
+            if _counts_batches(node):
+                node.target = _ModeAware(node.target, owner, only_in_training=True)
+            elif _mode_dependent(node.target):
+                node.target = _ModeAware(node.target, owner)
+            else:
                 continue
-            changed = False
-            for node in graph.nodes:
-                if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
-                    continue
-                if _counts_batches(node):
-                    node.target = _ModeAware(node.target, owner, only_in_training=True)
-                elif _mode_dependent(node.target):
-                    node.target = _ModeAware(node.target, owner)
-                else:
-                    continue
-                changed = True
-                rewritten.append(f"{name}: {node.target.op}")
-            if changed:
-                _recompile(owner)
+            changed = True
+            rewritten.append(f"{name}: {node.target.op}")
+        if changed:
+            _recompile(owner)
     return rewritten
 
 
@@ -161,18 +155,28 @@ def training_only_suspects(stage_modules: Sequence[nn.Module]) -> list[str]:
     (``torch.randn_like``, ``bernoulli``, ...): traced in training mode, it runs in eval mode too, which is
     wrong when the model draws it only ``if self.training`` (see the module docs)."""
     found = []
+    for name, _, graph in _traced_modules(stage_modules):
+        for node in _aten_calls(graph):
+            op = node.target
+            if torch.Tag.nondeterministic_seeded in op.tags and not _mode_dependent(op):
+                found.append(f"{name}: {op}")
+    return found
+
+
+def _traced_modules(stage_modules: Sequence[nn.Module]) -> Iterator[tuple[str, nn.Module, fx.Graph]]:
+    """Each module of the stages that holds a traced graph: its name in its stage, the module, the graph."""
     for stage in stage_modules:
         for name, owner in stage.named_modules():
             graph = getattr(owner, "graph", None)
-            if not isinstance(graph, fx.Graph):
-                continue
-            for node in graph.nodes:
-                op = node.target
-                if node.op != "call_function" or not isinstance(op, torch._ops.OpOverload):
-                    continue
-                if torch.Tag.nondeterministic_seeded in op.tags and not _mode_dependent(op):
-                    found.append(f"{name}: {op}")
-    return found
+            if isinstance(graph, fx.Graph):
+                yield name, owner, graph
+
+
+def _aten_calls(graph: fx.Graph) -> Iterator[fx.Node]:
+    """The nodes of ``graph`` that call an ATen operator (an ``OpOverload``)."""
+    for node in graph.nodes:
+        if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
+            yield node
 
 
 def _recompile(owner: nn.Module) -> None:
