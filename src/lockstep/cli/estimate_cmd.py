@@ -25,6 +25,7 @@ _STRATEGY_NOTES = {
     "zero3": "ZeRO-3: + parameters sharded",
     "fsdp": "FSDP FULL_SHARD (= ZeRO-3)",
     "mesh": "an N-D layout: TP splits what the model's tp plan names, FSDP shards over dp_shard x cp",
+    "ep": "expert parallelism (DDP): num_experts / ep_size experts per block on each rank, the rest replicated",
 }
 
 
@@ -76,6 +77,15 @@ def register(subparsers: Any) -> None:
             metavar="N",
             help=f"{what} of an N-D layout (ParallelismConfig): adds a 'mesh' row",
         )
+    parser.add_argument(
+        "--ep-size",
+        "--ep_size",
+        dest="ep_size",
+        metavar="N",
+        help="expert parallelism over N processes (ParallelismConfig(ep_size=N)) of a mixture-of-experts "
+        "model (its config sets num_experts or num_local_experts): adds an 'ep' row, each rank holding "
+        "num_experts / N experts per layer",
+    )
     parser.add_argument(
         "--activation-policies",
         "--activation_policies",
@@ -168,6 +178,8 @@ def run_estimate(args: argparse.Namespace) -> int:
                 if value
             }
         )
+    if args.ep_size is not None:
+        options["ep_size"] = _positive_ints(args.ep_size, "--ep-size")[0]
     settings = _settings(args.settings)
     policies = _names(args.activation_policies or "")
     input_shape = _positive_ints(args.input_shape, "--input-shape") if args.input_shape else None

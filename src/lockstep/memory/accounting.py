@@ -74,13 +74,49 @@ def account_memory(
         >>> account_memory(torch.nn.Linear(4, 2)).parameter_bytes
         40
     """
-    if isinstance(optimizers, torch.optim.Optimizer):
-        optimizers = [optimizers]
+    return _account(list(model.parameters()), _optimizer_state_tensors(_optimizer_list(optimizers)))
+
+
+def account_parameters(
+    parameters: Iterable[torch.Tensor],
+    optimizers: torch.optim.Optimizer | Iterable[torch.optim.Optimizer] = (),
+) -> MemoryAccount:
+    """:func:`account_memory` of some parameters only: their storages, their gradients, and the optimizers'
+    state kept for them (not for the others), so that a model's parts can be counted apart.
+
+    Example:
+        >>> model = torch.nn.Linear(4, 2)
+        >>> account_parameters([model.bias]).parameter_bytes
+        8
+    """
+    parameters = list(parameters)
+    wanted = {id(p) for p in parameters}
+    states = (
+        value
+        for optimizer in _optimizer_list(optimizers)
+        for param, per_parameter in _inner(optimizer).state.items()
+        if id(param) in wanted
+        for value in per_parameter.values()
+        if isinstance(value, torch.Tensor)
+    )
+    return _account(parameters, states)
+
+
+def _optimizer_list(
+    optimizers: torch.optim.Optimizer | Iterable[torch.optim.Optimizer],
+) -> list[torch.optim.Optimizer]:
+    return [optimizers] if isinstance(optimizers, torch.optim.Optimizer) else list(optimizers)
+
+
+def _inner(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    return getattr(optimizer, "optimizer", optimizer)  # AcceleratedOptimizer wraps the user's
+
+
+def _account(parameters: list[torch.Tensor], optimizer_states: Iterable[torch.Tensor]) -> MemoryAccount:
     seen: set[tuple[str, int]] = set()
-    parameters = list(model.parameters())
     parameter_bytes = _bytes_of(parameters, seen)
     gradient_bytes = _bytes_of((p.grad for p in parameters if p.grad is not None), seen)
-    optimizer_bytes = _bytes_of(_optimizer_state_tensors(optimizers), seen)
+    optimizer_bytes = _bytes_of(optimizer_states, seen)
     return MemoryAccount(
         num_parameters=sum(_local(p).numel() for p in parameters),
         parameter_bytes=parameter_bytes,
@@ -129,9 +165,8 @@ def _bytes_of(tensors: Iterable[torch.Tensor], seen: set[tuple[str, int]]) -> in
 
 def _optimizer_state_tensors(optimizers: Iterable[torch.optim.Optimizer]) -> Iterator[torch.Tensor]:
     for optimizer in optimizers:
-        inner = getattr(optimizer, "optimizer", optimizer)  # AcceleratedOptimizer wraps the user's
-        for per_parameter in inner.state.values():
+        for per_parameter in _inner(optimizer).state.values():
             yield from (value for value in per_parameter.values() if isinstance(value, torch.Tensor))
 
 
-__all__ = ["MemoryAccount", "account_memory", "peak_rss_bytes"]
+__all__ = ["MemoryAccount", "account_memory", "account_parameters", "peak_rss_bytes"]

@@ -39,6 +39,19 @@ Every process calls ``save_state``, ``save_model`` and ``get_state_dict`` togeth
 collective); a plain ``model.state_dict()`` or ``optimizer.state_dict()`` outside them gives this rank's shard
 and never communicates.
 
+The Trainer. ``TrainingArguments(parallelism_config=ParallelismConfig(ep_size=N))`` (or ``{"ep_size": N}``)
+trains as the Trainer does on one process on the same global batch (``tests/expert_parallel/test_trainer.py``),
+its checkpoints resume and ``save_model`` writes the one-process model. The Trainer multiplies each rank's loss
+by the replicas when it normalises by the whole step's tokens (``num_items_in_batch``); the layer is the
+:class:`GlobalLossTerm` capability the Trainer tells so (:class:`LossMultiplier`), and the global aux loss,
+added by every rank, then counts once.
+
+Memory (:mod:`lockstep.layers.expert_parallel._memory`). :func:`expert_memory` measures a rank's experts apart
+from its dense part (each rank: ``num_experts / ep_size`` experts per block, their gradients and optimizer
+state; the dense part whole); ``lockstep estimate-memory --ep-size N`` predicts them (:func:`count_experts`
+counts the model's expert elements; the formula lives with the other strategies' in
+:func:`lockstep.memory.estimate.formulas.expert_parallel_model_state_bytes`), equal to the measured bytes.
+
 Built: the engine above; under the Accelerator, expert parallelism over every data-parallel process of plain
 data parallelism (``ep_size`` equal to the number of processes, DDP), checked against one process on the
 global batch through the user's loop and through ``lockstep launch``; checkpoints, as above.
@@ -49,8 +62,7 @@ parallelism, and with DeepSpeed. Checkpoints of an optimizer whose state of an e
 like the parameter (Adafactor's factored moments) are refused by ``save_state`` before it writes anything
 (:class:`ExpertParallelNotBuiltError`); ``save_model`` still works. A ``save_state`` between the micro-steps
 of gradient accumulation keeps each process's pending gradients in its own shard's shape: it resumes on the
-same ``ep_size`` only (on another, putting the gradients back fails with torch's size error). Not built yet:
-the Trainer with ``ep_size`` (untested); ``memory_accounting`` of experts. Passing an already-distributed model
+same ``ep_size`` only (on another, putting the gradients back fails with torch's size error). Passing an already-distributed model
 or a multi-dimensional mesh to :func:`apply_expert_parallel` raises :class:`ExpertParallelNotBuiltError`.
 
 Example:
@@ -78,11 +90,15 @@ __getattr__, __all__ = lazy_exports(
         "ExpertParallelLayer": f"{_PACKAGE}._layer",
         "ExpertParallelNotBuiltError": f"{_PACKAGE}._errors",
         "ExpertShardingError": f"{_PACKAGE}._errors",
+        "ExpertCount": f"{_PACKAGE}._memory",
+        "ExpertMemory": f"{_PACKAGE}._memory",
         "GlobalLossTerm": f"{_PACKAGE}._aux_loss",
         "LossMultiplier": f"{_PACKAGE}._aux_loss",
         "MoEBlock": f"{_PACKAGE}._blocks",
         "MoEModelNotSupportedError": f"{_PACKAGE}._errors",
         "apply_expert_parallel": f"{_PACKAGE}._apply",
+        "count_experts": f"{_PACKAGE}._memory",
+        "expert_memory": f"{_PACKAGE}._memory",
         "find_moe_blocks": f"{_PACKAGE}._blocks",
         "global_load_balancing_loss": f"{_PACKAGE}._aux_loss",
         "recognised_blocks": f"{_PACKAGE}._blocks",

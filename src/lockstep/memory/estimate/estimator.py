@@ -14,6 +14,7 @@ from lockstep.memory.estimate.formulas import (
     RankMemory,
     activation_bytes,
     check_choices,
+    expert_parallel_model_state_bytes,
     mesh_activation_bytes,
     mesh_model_state_bytes,
     model_state_bytes,
@@ -69,6 +70,7 @@ def estimate_memory(
     batch_size: int = 1,
     seq_len: int = 512,
     layout: MeshLayout | None = None,
+    ep_size: int | None = None,
 ) -> MemoryEstimate:
     """Estimate the training memory each rank needs.
 
@@ -82,6 +84,9 @@ def estimate_memory(
         seq_len: sequence length (activations).
         layout: an N-D layout (tensor, context, sharded and replicated data parallel sizes); adds one
             ``mesh`` row per dtype (the model's own tensor-parallel plan says what TP splits).
+        ep_size: expert parallelism over this many processes (``ParallelismConfig(ep_size=N)``); adds one
+            ``ep`` row per dtype: each rank holds ``num_experts / ep_size`` experts of every block and the
+            whole dense part. The model must have mixture-of-experts blocks whose experts ``ep_size`` divides.
 
     Example:
         >>> from lockstep.memory.estimate import describe_model
@@ -92,6 +97,8 @@ def estimate_memory(
     if batch_size < 1 or seq_len < 1:
         raise UsageError(f"batch size and sequence length must be >= 1, got {batch_size} and {seq_len}.")
     check_choices(dtypes=dtypes, strategies=strategies, optimizer=optimizer)
+    if ep_size is not None:
+        check_expert_parallel(model, ep_size)
     rows = []
     for dtype in dtypes:
         activations = None
@@ -110,11 +117,41 @@ def estimate_memory(
                     optimizer=optimizer,
                 )
                 rows.append(RankMemory(strategy, dtype, count, params, grads, optim, activations))
+        if ep_size is not None:
+            state = expert_parallel_model_state_bytes(
+                ep_size,
+                dtype,
+                trainable=model.trainable_parameters,
+                frozen=model.frozen_parameters,
+                experts=model.expert_parameters,
+                optimizer=optimizer,
+            )
+            rows.append(RankMemory("ep", dtype, ep_size, *state, activations, layout=f"ep={ep_size}"))
         if layout is not None:
             rows.append(
                 _mesh_row(model, layout, dtype, optimizer=optimizer, batch_size=batch_size, seq_len=seq_len)
             )
     return MemoryEstimate(model=model, optimizer=optimizer, batch_size=batch_size, seq_len=seq_len, rows=rows)
+
+
+def check_expert_parallel(model: ModelDescription, ep_size: int) -> None:
+    """Raise UsageError unless expert parallelism over ``ep_size`` processes can shard ``model``'s experts."""
+    passed = f"--ep-size {ep_size} (ep_size={ep_size})"
+    if ep_size < 1:
+        raise UsageError(f"{passed} is invalid: it must be >= 1.")
+    if not model.num_experts:
+        raise UsageError(
+            f"{passed} asks for expert parallelism, but {model.model_class} from {model.source} has no "
+            "mixture-of-experts block it recognises (a transformers 5 model whose config sets num_experts or "
+            "num_local_experts: Qwen3-MoE, Mixtral, OLMoE, Qwen2-MoE). Drop --ep-size for a dense model."
+        )
+    indivisible = sorted({count for count in model.num_experts if count % ep_size})
+    if indivisible:
+        raise UsageError(
+            f"{passed} does not divide the {indivisible[0]} experts per block of {model.model_class}: each rank "
+            f"holds num_experts / ep_size experts of every block, so num_experts % ep_size must be 0. Pass an "
+            f"--ep-size that divides {indivisible[0]}."
+        )
 
 
 def _mesh_row(

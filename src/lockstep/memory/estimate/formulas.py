@@ -172,6 +172,34 @@ def mesh_model_state_bytes(
     return math.ceil(sharded * param), math.ceil(trained * grad), math.ceil(trained * optim)
 
 
+def expert_parallel_model_state_bytes(
+    ep_size: int,
+    dtype: str,
+    *,
+    trainable: int,
+    frozen: int = 0,
+    experts: int,
+    optimizer: str = "adamw",
+) -> tuple[int, int, int]:
+    """(parameters, gradients, optimizer state) bytes per rank of expert parallelism as lockstep builds it
+    (``ParallelismConfig(ep_size=N)`` over every data-parallel process, DDP): the ``experts`` elements of the
+    mixture-of-experts blocks are split over ``ep_size`` ranks (each holds ``num_experts / ep_size`` experts of
+    every block, their gradients and optimizer state), everything else is replicated whole. Experts count as
+    trainable unless fewer elements are trainable than they hold (a frozen base under LoRA).
+
+    Example:
+        >>> expert_parallel_model_state_bytes(2, "fp32", trainable=1000, experts=800)
+        (2400, 2400, 4800)
+    """
+    param, grad, optim = bytes_per_parameter(dtype, optimizer)
+    if ep_size < 1:
+        raise UsageError(f"ep_size {ep_size} is invalid: it must be >= 1.")
+    trained_experts = min(experts, trainable)
+    local = trainable + frozen - experts + -(-experts // ep_size)
+    trained = trainable - trained_experts + -(-trained_experts // ep_size)
+    return local * param, trained * grad, trained * optim
+
+
 def mesh_activation_bytes(
     shape: TransformerShape, layout: MeshLayout, *, batch_size: int, seq_len: int, dtype: str
 ) -> int:

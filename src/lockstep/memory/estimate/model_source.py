@@ -54,6 +54,11 @@ class ModelDescription:
     model's own plan names; 0 without a plan."""
     adapters: str | None = None
     """The LoRA adapters counted as the trainable parameters (``--lora-r``), described; None without."""
+    num_experts: tuple[int, ...] = ()
+    """The experts of each mixture-of-experts block expert parallelism recognises, in module order; empty
+    without such blocks."""
+    expert_parameters: int = 0
+    """Elements of those blocks' expert parameters (all experts): what ``--ep-size`` shards."""
 
     @property
     def num_parameters(self) -> int:
@@ -260,7 +265,23 @@ def describe_module(source: str, model: nn.Module) -> ModelDescription:
         transformer=shape,
         unknown_activations_reason=reason,
         tensor_parallel_parameters=tensor_parallel_elements(model),
+        **_experts(model),
     )
+
+
+def _experts(model: nn.Module) -> dict[str, Any]:
+    """``num_experts`` and ``expert_parameters`` of a mixture-of-experts model (what expert parallelism
+    recognises in it: :func:`lockstep.layers.expert_parallel.count_experts`); nothing for another model."""
+    from lockstep.layers.expert_parallel import MoEModelNotSupportedError, count_experts, recognised_blocks
+
+    names = recognised_blocks()
+    if not any(type(module).__name__ in names for module in model.modules()):
+        return {}
+    try:
+        count = count_experts(model)
+    except MoEModelNotSupportedError:  # a recognised block that is not fused: expert parallelism refuses it
+        return {}
+    return {"num_experts": tuple(count.num_experts.values()), "expert_parameters": count.expert_parameters}
 
 
 def tensor_parallel_elements(model: nn.Module) -> int:
