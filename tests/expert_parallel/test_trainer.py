@@ -157,3 +157,16 @@ def test_the_json_form_of_the_argument_turns_expert_parallelism_on() -> None:
     args = TrainingArguments(output_dir="unused", parallelism_config='{"ep_size": 2}')
     assert isinstance(args.parallelism_config, ParallelismConfig)
     assert args.parallelism_config.ep_size == 2
+
+
+def test_a_bad_parallelism_config_or_loss_factor_is_refused_by_name() -> None:
+    from lockstep import TrainingArguments
+    from lockstep.layers.expert_parallel import LossMultiplier
+
+    with pytest.raises(ValueError, match=r"parallelism_config=\{'ep': 2\}\) is invalid: .*, ep_size\)"):
+        TrainingArguments(output_dir="unused", parallelism_config={"ep": 2})
+    with pytest.raises(
+        ValueError, match=r"LossMultiplier.multiplied_by\(0\) is invalid: the factor must be > 0"
+    ):
+        with LossMultiplier().multiplied_by(0):
+            pass

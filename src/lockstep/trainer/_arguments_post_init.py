@@ -439,7 +439,7 @@ def _check_parallelism_config(args: TrainingArguments) -> None:
         except TypeError:
             raise ValueError(
                 f"TrainingArguments(parallelism_config={sizes!r}) is invalid: its keys are ParallelismConfig's "
-                "arguments (dp_replicate_size, dp_shard_size, tp_size, cp_size)."
+                "arguments (dp_replicate_size, dp_shard_size, tp_size, cp_size, sp_size, pp_size, ep_size)."
             ) from None
     if not isinstance(config, ParallelismConfig):
         raise TypeError(
