@@ -9,9 +9,10 @@ implementations (``OMPI_COMM_WORLD_*``, ``PMI_*``). Each is read by its class in
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from lockstep.clusters import ClusterEnvironment, cluster_environments
@@ -42,6 +43,22 @@ FORK_LAUNCHED = "FORK_LAUNCHED"
 
 # Accelerate's device override; Ray Train sets it in each worker to the device it assigned that worker.
 ACCELERATE_TORCH_DEVICE = "ACCELERATE_TORCH_DEVICE"
+
+
+@contextlib.contextmanager
+def patched(values: Mapping[str, str]) -> Iterator[None]:
+    """Set ``values`` in ``os.environ`` inside the block; afterwards each variable has its previous value
+    again (one that was not set before is removed)."""
+    previous = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in previous.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def read_cluster_environment(env: Mapping[str, str] | None = None) -> ClusterEnvironment:

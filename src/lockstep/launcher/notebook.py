@@ -8,12 +8,11 @@ as Accelerate raises, and a ``RuntimeError``).
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 from lockstep import _env
@@ -22,20 +21,6 @@ from lockstep.launcher.settings import LaunchSettings, cpu_threads_per_process
 
 DEFAULT_PORT = 29500
 """``use_port``'s default (Accelerate's); on one machine it means: any free port."""
-
-
-@contextlib.contextmanager
-def _patched_environment(**values: str) -> Iterator[None]:
-    saved = {key: os.environ.get(key) for key in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 def _fresh_process_entry(function: Callable[..., Any]) -> Callable[..., Any]:
@@ -113,7 +98,7 @@ def _run_forked(
         "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", threads),
     }
     quiet_agent_logs()
-    with _patched_environment(**environment):
+    with _env.patched(environment):
         try:
             elastic_launch(config, _fresh_process_entry(function))(*args)
         except ChildFailedError as error:
@@ -174,7 +159,7 @@ def notebook_launcher(
         )
     settings = {"mixed_precision": str(mixed_precision)}
     if num_processes == 1 and num_nodes == 1:
-        with _patched_environment(**{_env.LOCKSTEP_LAUNCH_CONFIG: __import__("json").dumps(settings)}):
+        with _env.patched({_env.LOCKSTEP_LAUNCH_CONFIG: __import__("json").dumps(settings)}):
             _fresh_process_entry(function)(*args)
         return
     launch_settings = LaunchSettings(

@@ -199,19 +199,8 @@ def patch_environment(**kwargs: Any) -> Iterator[None]:
         >>> "LOCKSTEP_DOC_BAR" in os.environ
         False
     """
-    previous: dict[str, str | None] = {}
-    for key, value in kwargs.items():
-        name = key.upper()
-        previous.setdefault(name, os.environ.get(name))
-        os.environ[name] = str(value)
-    try:
+    with _env.patched({key.upper(): str(value) for key, value in kwargs.items()}):
         yield
-    finally:
-        for name, old in previous.items():
-            if old is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = old
 
 
 def _own_variables() -> dict[str, str]:
