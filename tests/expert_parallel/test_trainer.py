@@ -5,7 +5,7 @@ tiny Qwen3-MoE of :mod:`tests.expert_parallel.test_parity`, router aux loss on, 
 exactly on ep=2 (the dict form of the argument), and ``save_model`` writes the one-process model.
 
 The Trainer multiplies each rank's loss by the number of replicas (``num_items_in_batch`` summed over the
-processes); without the layer's :class:`~lockstep.layers.expert_parallel.GlobalLossTerm` the global aux loss
+processes); without the layer's :class:`~lockstep.backends.GlobalLossTerm` the global aux loss
 counted twice (measured: losses 0.40 and parameters 4.0e-3 away from one process).
 """
 

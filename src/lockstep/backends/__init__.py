@@ -20,6 +20,7 @@ __getattr__, __all__ = lazy_exports(
         "ConfiguredOptimizer": "lockstep.backends.capabilities",
         "ContextParallel": "lockstep.backends.capabilities",
         "GatheredForward": "lockstep.backends.capabilities",
+        "GlobalLossTerm": "lockstep.backends.capabilities",
         "JointPreparation": "lockstep.backends.capabilities",
         "LiveRecovery": "lockstep.backends.capabilities",
         "PipelineSchedule": "lockstep.backends.capabilities",

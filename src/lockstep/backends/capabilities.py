@@ -29,6 +29,9 @@ capability                    what it does                                      
                               on every process until all have finished)
 :class:`ConfiguredOptimizer`  its config may declare the optimizer and           DeepSpeed
                               scheduler: what to give ``prepare`` for them
+:class:`GlobalLossTerm`       the model adds a term computed over every rank's   the expert parallelism
+                              batch: a loop that multiplies each rank's loss     layer
+                              says so, and the term counts once
 ============================  =================================================  ==========================
 """
 
@@ -273,3 +276,17 @@ class ConfiguredOptimizer(Capability):
         """What to give ``prepare`` for ``model``: the config's optimizer and scheduler as placeholders (their
         ``"auto"`` values filled from the arguments), or the caller's own (``build_optimizer()``, and
         ``build_scheduler(optimizer)`` on the optimizer given or on the one the config declares)."""
+
+
+class GlobalLossTerm(Capability):
+    """The model adds to each rank's loss a term computed over every rank's batch, the same on each (expert
+    parallelism's global router loss).
+
+    A training loop that multiplies each rank's loss by a factor before its backward (a loss summed over the
+    job: the Trainer's ``num_items_in_batch`` with ``average_tokens_across_devices``) runs the forward inside
+    :meth:`loss_multiplied_by`, so that the term counts once.
+    """
+
+    @abstractmethod
+    def loss_multiplied_by(self, factor: float) -> contextlib.AbstractContextManager[None]:
+        """The forwards inside return a loss that the loop multiplies by ``factor`` before its backward."""

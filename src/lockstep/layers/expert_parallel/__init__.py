@@ -43,7 +43,7 @@ The Trainer. ``TrainingArguments(parallelism_config=ParallelismConfig(ep_size=N)
 trains as the Trainer does on one process on the same global batch (``tests/expert_parallel/test_trainer.py``),
 its checkpoints resume and ``save_model`` writes the one-process model. The Trainer multiplies each rank's loss
 by the replicas when it normalises by the whole step's tokens (``num_items_in_batch``); the layer is the
-:class:`GlobalLossTerm` capability the Trainer tells so (:class:`LossMultiplier`), and the global aux loss,
+:class:`~lockstep.backends.GlobalLossTerm` capability the Trainer tells so (:class:`LossMultiplier`), and the global aux loss,
 added by every rank, then counts once.
 
 Memory (:mod:`lockstep.layers.expert_parallel._memory`). :func:`expert_memory` measures a rank's experts apart
@@ -92,7 +92,6 @@ __getattr__, __all__ = lazy_exports(
         "ExpertShardingError": f"{_PACKAGE}._errors",
         "ExpertCount": f"{_PACKAGE}._memory",
         "ExpertMemory": f"{_PACKAGE}._memory",
-        "GlobalLossTerm": f"{_PACKAGE}._aux_loss",
         "LossMultiplier": f"{_PACKAGE}._aux_loss",
         "MoEBlock": f"{_PACKAGE}._blocks",
         "MoEModelNotSupportedError": f"{_PACKAGE}._errors",

@@ -21,7 +21,6 @@ opens): each rank then adds ``coef * aux_loss / factor``, and the term counts on
 
 from __future__ import annotations
 
-import abc
 import contextlib
 import inspect
 import sys
@@ -59,20 +58,6 @@ class LossMultiplier:
             yield
         finally:
             self.factor = previous
-
-
-class GlobalLossTerm(abc.ABC):
-    """A capability (``accelerator.capability(GlobalLossTerm)``): the model adds to each rank's loss a term computed
-    over every rank's batch, the same on each (expert parallelism's global router loss).
-
-    A training loop that multiplies each rank's loss by a factor before its backward (a loss summed over the
-    job: the Trainer's ``num_items_in_batch`` with ``average_tokens_across_devices``) runs the forward inside
-    :meth:`loss_multiplied_by`, so that the term counts once.
-    """
-
-    @abc.abstractmethod
-    def loss_multiplied_by(self, factor: float) -> contextlib.AbstractContextManager[None]:
-        """The forwards inside return a loss that the loop multiplies by ``factor`` before its backward."""
 
 
 def gather_rows(rows: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:

@@ -32,9 +32,8 @@ from typing import Any, final
 import torch
 from torch import nn
 
-from lockstep.backends.capabilities import JointPreparation
+from lockstep.backends.capabilities import GlobalLossTerm, JointPreparation
 from lockstep.layers.expert_parallel._apply import ExpertParallel, apply_expert_parallel, clip_by_global_norm
-from lockstep.layers.expert_parallel._aux_loss import GlobalLossTerm
 from lockstep.layers.expert_parallel._checkpoint import ExpertStateDicts
 from lockstep.layers.expert_parallel._errors import ExpertParallelNotBuiltError
 from lockstep.step_hooks import StepHook

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from lockstep.accelerator import Accelerator
-from lockstep.layers.expert_parallel import GlobalLossTerm
+from lockstep.backends import GlobalLossTerm
 from lockstep.trainer._num_items import ItemCounter, MicroBatch
 from lockstep.trainer._training_step.base import TrainingStep
 from lockstep.trainer._training_step.sequence_split import SequenceSplit
@@ -28,7 +28,7 @@ class PlainStep(TrainingStep):
     gradients are averaged over the ranks that hold parts of the step's labels. With ``cp_size > 1`` the batch is
     split along the sequence by ``sequence_split`` and the logged loss is the whole sequences' (averaged over the
     ``cp`` ranks). A layer whose model adds a term computed over every rank's batch (expert parallelism's router
-    loss: :class:`~lockstep.layers.expert_parallel.GlobalLossTerm`) is told of that factor, so the term counts
+    loss: :class:`~lockstep.backends.GlobalLossTerm`) is told of that factor, so the term counts
     once.
 
     Args:
