@@ -66,6 +66,10 @@ ALLOWED: dict[tuple[str, str], str] = {
         "a resumed epoch replays the workers' seeds: torch's multi-process iterator draws _base_seed when "
         "it is built and has no parameter for it"
     ),
+    ("lockstep.data._position", "worker._worker_info"): (
+        "as iterator._base_seed: in a resumed epoch's worker, get_worker_info().seed is the interrupted "
+        "epoch's seed, which torch keeps in this module global and sets before worker_init_fn runs"
+    ),
     ("lockstep.big_model.module_hooks", "module._old_forward"): (
         "Accelerate's add_hook_to_module keeps the original forward on the user's module under this name, "
         "and code written for Accelerate reads it there"

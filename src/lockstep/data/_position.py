@@ -42,7 +42,9 @@ A loader prepared with ``use_stateful_dataloader=True`` adds torchdata's own sta
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import random
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -113,6 +115,43 @@ def replay_first_read(iterator: Iterator[Any], skip: int, before: torch.Tensor |
             return
         yield first
     yield from iterator
+
+
+class ResumedWorkerSeeds:
+    """The ``worker_init_fn`` of a resumed epoch: seeds each worker from the interrupted epoch's base seed.
+
+    torch seeds worker ``k`` with ``base seed + k`` (Python's ``random``, torch, NumPy, and
+    ``get_worker_info().seed``) from the seed its iterator drew when it started the workers, before lockstep
+    can hand it the saved one. This runs first in each worker and seeds it as torch would have from
+    ``base_seed``, then calls the user's ``worker_init_fn``. It is a plain class, so that workers started
+    with ``spawn`` can unpickle it.
+
+    Example:
+        >>> ResumedWorkerSeeds(7, None).base_seed
+        7
+    """
+
+    def __init__(self, base_seed: int, worker_init_fn: Callable[[int], None] | None) -> None:
+        self.base_seed = base_seed
+        self.worker_init_fn = worker_init_fn
+
+    def __call__(self, worker_id: int) -> None:
+        from torch.utils.data._utils import worker
+
+        seed = self.base_seed + worker_id
+        random.seed(seed)
+        torch.manual_seed(seed)
+        with contextlib.suppress(ImportError):
+            import numpy
+
+            numpy.random.seed(worker._generate_state(self.base_seed, worker_id))
+        info = worker.get_worker_info()
+        if info is not None:
+            worker._worker_info = worker.WorkerInfo(
+                id=worker_id, num_workers=info.num_workers, seed=seed, dataset=info.dataset
+            )
+        if self.worker_init_fn is not None:
+            self.worker_init_fn(worker_id)
 
 
 class DataLoaderStateMixin:
@@ -324,14 +363,22 @@ class DataLoaderStateMixin:
         Creating it draws the epoch's base seed (for worker seeding) from the global generator, once per
         epoch. An epoch resumed from a checkpoint (``resuming``) must not draw again: the checkpoint restored
         the global generator to its mid-epoch state, after that draw. So the draw is undone and the saved seed
-        reused.
+        reused: its workers are seeded from it (:class:`ResumedWorkerSeeds`, since torch hands the drawn seed
+        to the workers as it starts them), and the iterator records it for the next checkpoint.
         """
         global_state = torch.get_rng_state() if resuming and self.generator is None else None
-        iterator = open_iterator()
+        saved_seed = self._resume_base_seed if resuming else None
+        user_init = self.worker_init_fn
+        if saved_seed is not None and self.num_workers > 0:
+            self.worker_init_fn = ResumedWorkerSeeds(saved_seed, user_init)
+        try:
+            iterator = open_iterator()
+        finally:
+            self.worker_init_fn = user_init
         if global_state is not None:
             torch.set_rng_state(global_state)
-        if resuming and self._resume_base_seed is not None and hasattr(iterator, "_base_seed"):
-            iterator._base_seed = self._resume_base_seed
+        if saved_seed is not None and hasattr(iterator, "_base_seed"):
+            iterator._base_seed = saved_seed
         self._resume_base_seed = None
         self._epoch_base_seed = getattr(iterator, "_base_seed", None)
         return iterator
