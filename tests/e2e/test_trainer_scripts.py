@@ -14,7 +14,8 @@ environment's ``examples`` folder holds versions that import with transformers 4
 
 Every script runs in CI (its time: see :data:`SCRIPT_NAMES`). Per script, three runs of 12 optimizer steps (global batch 8, a checkpoint every 5 steps):
 
-- transformers.Trainer (the unchanged script) under torchrun, 2 processes: the reference;
+- transformers.Trainer (the unchanged script) under torchrun, 2 processes, with DeepSpeed (which no script
+  uses) hidden from its start-up: the reference;
 - lockstep under ``lockstep launch --num-processes 2``, uninterrupted;
 - lockstep under torchrun, resumed from the uninterrupted run's ``checkpoint-5`` into a new folder.
 
@@ -492,9 +493,19 @@ def _script_args(root: Path, script: str, output_dir: Path) -> list[str]:
     ]
 
 
+# transformers 4.56's Trainer imports DeepSpeed whenever it is installed (2.4 s a process here: a reference run
+# took 12-13 s with it, 10-12 s without), though no script uses it: the reference runs see it as not installed.
+NO_DEEPSPEED = 'import sys\n\nsys.modules["deepspeed"] = None  # find_spec() says None, import fails\n'
+
+
 def _env(root: Path, which: str) -> dict[str, str]:
     trainer = accelerate_pythonpath() if which == "transformers" else str(REPO / "src")
     paths = [transformers_overlay(TRANSFORMERS), examples_overlay(), trainer, str(REPO)]
+    if which == "transformers":
+        site = root / "no_deepspeed"  # its sitecustomize.py runs at start-up
+        site.mkdir(exist_ok=True)
+        (site / "sitecustomize.py").write_text(NO_DEEPSPEED)
+        paths.insert(0, str(site))
     hub = root / "hf_home"
     env = {
         key: value for key, value in os.environ.items() if not key.startswith(("LOCKSTEP_", "ACCELERATE_"))
@@ -558,10 +569,10 @@ class Runs:
     resumed: Run  # lockstep, torchrun, from the whole run's checkpoint-5
 
 
-# CI's time: the six scripts' 18 two-process runs took 111 s of wall time and 190 s of CPU on this 2-core
-# machine when quiet (2026-12-04; under load 6-9 the first four took 546 s), so every script runs in CI;
-# the three runs of run_seq2seq_qa.py, run_translation.py, run_qa_beam_search.py and run_summarization.py
-# take 20-25 s each.
+# CI's time: the 11 scripts' 33 two-process runs took 549 s of wall time on this 2-core machine under load 4-5
+# (2026-12-07: 26 s for run_seq2seq_qa.py's three runs to 82 s for run_summarization.py's; a quiet machine
+# runs run_glue.py's in 28 s), so every script runs in CI. Most of a run is start-up (importing torch,
+# transformers and datasets in each process: 5-6 s); training and evaluation take under a second.
 SCRIPT_NAMES = [
     *("run_clm.py", "run_qa.py", "run_mlm.py", "run_swag.py"),
     *("run_glue.py", "run_ner.py", "run_classification.py", "run_seq2seq_qa.py", "run_translation.py"),
