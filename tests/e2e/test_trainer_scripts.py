@@ -571,7 +571,7 @@ class Runs:
 
 # CI's time: the 11 scripts' 33 two-process runs took 549 s of wall time on this 2-core machine under load 4-5
 # (2026-12-07: 26 s for run_seq2seq_qa.py's three runs to 82 s for run_summarization.py's; a quiet machine
-# runs run_glue.py's in 28 s), so every script runs in CI. Most of a run is start-up (importing torch,
+# took 270 s in all, 22-31 s a script), so every script runs in CI. Most of a run is start-up (importing torch,
 # transformers and datasets in each process: 5-6 s); training and evaluation take under a second.
 SCRIPT_NAMES = [
     *("run_clm.py", "run_qa.py", "run_mlm.py", "run_swag.py"),
