@@ -93,7 +93,9 @@ def test_a_group_registered_in_code_is_a_section_of_the_file_and_the_launch():
         )
     )
     try:
-        assert register_setting_spec(spec) is spec  # the same group again (its module imported twice): no change
+        assert (
+            register_setting_spec(spec) is spec
+        )  # the same group again (its module imported twice): no change
         with pytest.raises(ValueError, match="A setting group named 'doc_group' is registered already"):
             register_setting_spec(dataclasses.replace(spec, summary="another group"))
         config = ClusterConfig(doc_group_config={"doc_size": 3})
