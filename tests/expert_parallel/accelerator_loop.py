@@ -26,8 +26,9 @@ from tests.expert_parallel.test_parity import (
 MAX_NORM = 1.0
 
 
-def train(accelerator: Any, kind: str = "qwen3_moe") -> dict[str, Any]:
-    """Train with ``accelerator``; each micro-step's loss and aux loss, each step's norm, the final weights."""
+def train(accelerator: Any, kind: str = "qwen3_moe", *, measure: bool = False) -> dict[str, Any]:
+    """Train with ``accelerator``; each micro-step's loss and aux loss, each step's norm, the final weights;
+    with ``measure``, the bytes of this rank's experts and dense part (parameters and optimizer state)."""
     model = _build(kind)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR, eps=ADAM_EPS)
     rows = torch.cat([_micro_batch(i) for i in range(STEPS * ACCUMULATION)])
@@ -44,11 +45,23 @@ def train(accelerator: Any, kind: str = "qwen3_moe") -> dict[str, Any]:
                 norms.append(accelerator.clip_grad_norm_(model.parameters(), MAX_NORM).item())
             optimizer.step()
             optimizer.zero_grad()
-    state = accelerator.unwrap_model(model).state_dict()
-    return {
+    unwrapped = accelerator.unwrap_model(model)
+    state = unwrapped.state_dict()
+    result = {
         "rank": accelerator.process_index,
+        "first": {n: m.first_expert for n, m in unwrapped.named_modules() if hasattr(m, "first_expert")},
         "losses": losses,
         "aux": aux,
         "norms": norms,
         "state": {name: tensor.detach().clone() for name, tensor in state.items()},
     }
+    if measure:
+        from lockstep.layers.expert_parallel import expert_memory
+
+        held = expert_memory(unwrapped, optimizer)
+        result["memory"] = {
+            "experts": held.experts.as_dict(),
+            "dense": held.dense.as_dict(),
+            "per_block": held.experts_per_block,
+        }
+    return result

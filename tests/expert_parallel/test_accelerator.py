@@ -27,8 +27,8 @@ def _expert_parallel(scale_experts: bool = True) -> dict[str, Any]:
     from lockstep import Accelerator, ParallelismConfig
     from lockstep.layers.expert_parallel import ExpertParallel
 
-    if not scale_experts:  # the check of this test: skip the expert gradients' division by ep_size
-        ExpertParallel.scale_expert_gradients = lambda self: None
+    if not scale_experts:  # the check of this test: skip the expert gradients' reduction (their division)
+        ExpertParallel.reduce_expert_gradients = lambda self: None
     accelerator = Accelerator(gradient_accumulation_steps=2, parallelism_config=ParallelismConfig(ep_size=2))
     result = train(accelerator)
     result["distributed_type"] = str(accelerator.distributed_type)

@@ -10,7 +10,7 @@ import pytest
 from lockstep import ParallelismConfig
 from lockstep.config.layer_specs import layers_from_layout
 from lockstep.config.parallelism_keys import LAYOUT, check_section, config_from_section
-from lockstep.layers.expert_parallel import ExpertParallelNotBuiltError
+from lockstep.layers.expert_parallel import ExpertParallelNotBuiltError, ExpertShardingError
 from lockstep.layers.expert_parallel._layer import expert_parallel_hooks
 from tests.helpers.multiprocess import run_distributed
 from tests.helpers.optional import requires
@@ -87,14 +87,15 @@ def test_deepspeed_is_refused_by_name() -> None:
         expert_parallel_hooks(layout, _accelerator(joint=object()))
 
 
-def test_experts_replicated_over_part_of_the_data_parallel_ranks_are_refused_by_name() -> None:
-    layout = ParallelismConfig(ep_size=2, dp_replicate_size=4)
-    with pytest.raises(
-        ExpertParallelNotBuiltError,
-        match=r"ep_size=2\) on 4 data-parallel processes is not built yet: .*Set ep_size=4",
-    ):
-        expert_parallel_hooks(layout, _accelerator())
+def test_experts_replicated_over_part_of_the_data_parallel_ranks_are_accepted() -> None:
+    # ep_size smaller than the data-parallel size: the experts are replicated over dp / ep groups (built)
+    (layer,) = expert_parallel_hooks(ParallelismConfig(ep_size=2, dp_replicate_size=4), _accelerator())
+    assert layer._ep_size == 2
     assert len(expert_parallel_hooks(ParallelismConfig(ep_size=2, dp_replicate_size=2), _accelerator())) == 1
+    with pytest.raises(
+        ExpertShardingError, match=r"ParallelismConfig\(ep_size=2\) does not fit 3 data-parallel"
+    ):
+        expert_parallel_hooks(ParallelismConfig(ep_size=2, dp_replicate_size=3), _accelerator())
 
 
 def _deepspeed_with_ep() -> str:

@@ -1,15 +1,20 @@
 """``apply_expert_parallel``: shard a model's experts over an expert-parallel group, and the gradient step.
 
-Gradient semantics (expert parallelism borrowed from data parallelism: each rank routes its own tokens, and
-the loss of each rank is the mean over its own tokens, as under DDP):
+Gradient semantics (expert parallelism borrowed from data parallelism: each of the ``W`` data-parallel ranks
+routes its own tokens, and the loss of each rank is the mean over its own tokens, as under DDP). The ranks form
+ep groups of ``ep_size`` consecutive ranks, each holding every expert once; with ``ep_size < W`` each expert
+shard is replicated over the ``W / ep_size`` ranks with the same rank in their ep group
+(:mod:`lockstep.layers.expert_parallel._groups`):
 
 * a dense (replicated) parameter's gradient on rank ``r`` is the gradient of rank ``r``'s loss; averaging it
   over the ``W`` ranks (all-reduce sum, divided by ``W``) gives the gradient of the global batch's loss;
-* an expert parameter exists on one rank only, and the all-to-all's backward already brings it the gradient of
-  *every* rank's loss: the sum over the ranks. Dividing it by ``W`` gives the same mean.
+* an expert parameter's all-to-all backward brings it the gradient of the losses of every rank of its ep group
+  (the sum over those ranks' tokens); summing it over its replicas (all-reduce over the replica group) gives
+  the sum over all ``W`` ranks, and dividing by ``W`` the same mean. The divisor is ``W``, not ``ep_size``.
 
 :meth:`ExpertParallel.reduce_gradients` does both, after the last backward of a step and before clipping
-and the optimizer step; then the result equals one process on the global batch.
+and the optimizer step; then the result equals one process on the global batch. The clip's norm counts each
+expert shard once: its part is summed over the ep group (every expert once), not over the replicas.
 """
 
 from __future__ import annotations
@@ -28,6 +33,11 @@ from lockstep.layers.expert_parallel._aux_loss import LossMultiplier, install_gl
 from lockstep.layers.expert_parallel._blocks import MoEBlock, find_moe_blocks
 from lockstep.layers.expert_parallel._dispatch import ExpertParallelExperts
 from lockstep.layers.expert_parallel._errors import ExpertParallelNotBuiltError, ExpertShardingError
+from lockstep.layers.expert_parallel._groups import (
+    ExpertParallelGroups,
+    check_ep_size,
+    expert_parallel_groups,
+)
 
 
 @final
@@ -36,9 +46,13 @@ class ExpertParallel:
 
     Attributes:
         model: the model, changed in place.
-        group: the expert-parallel process group (also the data-parallel group: ep is borrowed from it).
+        groups: this rank's process groups (ep group, replica group, data-parallel group).
+        group: the expert-parallel process group (``groups.ep``): this rank's tokens are routed among its ranks,
+            which hold every expert once between them.
         ep_size: the size of ``group``.
         ep_rank: this process's rank in ``group``.
+        data_parallel_size: the ranks that each route their own tokens (``ep_size`` times the replicas); the
+            gradients' divisor.
         experts: the swapped-in experts modules, by block name.
         loss_multiplier: the factor the training loop multiplies each rank's loss by (the global aux loss's
             share in the loss is divided by it); 1 unless a loop says otherwise
@@ -49,16 +63,18 @@ class ExpertParallel:
         self,
         model: nn.Module,
         *,
-        group: dist.ProcessGroup,
+        groups: ExpertParallelGroups,
         experts: dict[str, ExpertParallelExperts],
         aux_loss_hook: RemovableHandle | None,
         loss_multiplier: LossMultiplier,
     ) -> None:
         """Hold what :func:`apply_expert_parallel` built; use that function to build one."""
         self.model = model
-        self.group = group
-        self.ep_size = dist.get_world_size(group)
-        self.ep_rank = dist.get_rank(group)
+        self.groups = groups
+        self.group = groups.ep
+        self.ep_size = groups.ep_size
+        self.ep_rank = groups.ep_rank
+        self.data_parallel_size = groups.data_parallel_size
         self.experts = experts
         self._aux_loss_hook = aux_loss_hook
         self.loss_multiplier = loss_multiplier
@@ -76,12 +92,11 @@ class ExpertParallel:
 
     @torch.no_grad()
     def reduce_gradients(self) -> None:
-        """Average gradients over the group so that they equal one process's on the global batch.
+        """Average gradients over the data-parallel ranks so that they equal one process's on the global batch.
 
-        Dense gradients: all-reduce sum (one flat bucket), then divide by the group size, as DDP does. Expert
-        gradients: divide by the group size only (the all-to-all backward already summed every rank's tokens
-        into them). Call once per optimizer step, after the last backward (with gradient accumulation, after
-        the last micro-batch), before clipping.
+        Dense gradients: all-reduce sum over the data-parallel group (one flat bucket), then divide by its size,
+        as DDP does. Expert gradients: :meth:`reduce_expert_gradients`. Call once per optimizer step, after the
+        last backward (with gradient accumulation, after the last micro-batch), before clipping.
 
         Example:
             >>> loss.backward()  # doctest: +SKIP
@@ -90,24 +105,27 @@ class ExpertParallel:
             >>> optimizer.step()  # doctest: +SKIP
         """
         dense = [p.grad for p in self._dense_params if p.grad is not None]
-        if dense:
-            flat = torch.cat([g.reshape(-1) for g in dense])
-            dist.all_reduce(flat, group=self.group)
-            flat.div_(self.ep_size)
-            offset = 0
-            for grad in dense:
-                grad.copy_(flat[offset : offset + grad.numel()].view_as(grad))
-                offset += grad.numel()
-        self.scale_expert_gradients()
+        _all_reduce_flat(dense, self.groups.data_parallel)
+        for grad in dense:
+            grad.div_(self.data_parallel_size)
+        self.reduce_expert_gradients()
 
     @torch.no_grad()
-    def scale_expert_gradients(self) -> None:
-        """Divide the expert gradients by the group size, once per optimizer step: the all-to-all's backward
-        summed every rank's tokens into them, and the mean is what one process on the global batch has (dense
+    def reduce_expert_gradients(self) -> None:
+        """Make the expert gradients one process's on the global batch, once per optimizer step: sum them over
+        the replicas of this rank's experts (the all-to-all's backward summed the tokens of this rank's ep group
+        into them; the replicas hold the other groups' sums), then divide by the data-parallel size (dense
         gradients get theirs from the all-reduce: :meth:`reduce_gradients`, or DDP under the Accelerator)."""
+        self._sum_over_replicas()
         for param in self._expert_params:
             if param.grad is not None:
-                param.grad.div_(self.ep_size)
+                param.grad.div_(self.data_parallel_size)
+
+    def _sum_over_replicas(self) -> None:
+        if self.groups.replicas is not None:
+            _all_reduce_flat(
+                [p.grad for p in self._expert_params if p.grad is not None], self.groups.replicas
+            )
 
     @torch.no_grad()
     def clip_grad_norm_(
@@ -116,7 +134,8 @@ class ExpertParallel:
         """Clip every gradient by the norm of the whole model's gradient, as one process would; return it.
 
         Dense gradients are the same on every rank (after :meth:`reduce_gradients`); expert gradients are
-        sharded, so their part of the norm is reduced over the group. ``norm_type`` is 2 or ``inf``.
+        sharded, so their part of the norm is reduced over the ep group (each expert once: its replicas hold
+        the same gradient and are not counted again). ``norm_type`` is 2 or ``inf``.
         ``parameters``: the ones to clip (all of the model's by default); every rank passes the same ones.
         """
         expert_ids = {id(p) for p in self._expert_params}
@@ -131,6 +150,19 @@ class ExpertParallel:
 
 
 @torch.no_grad()
+def _all_reduce_flat(grads: list[torch.Tensor], group: dist.ProcessGroup) -> None:
+    """Sum ``grads`` over ``group`` in place, as one flat bucket (one collective)."""
+    if not grads:
+        return
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat, group=group)
+    offset = 0
+    for grad in grads:
+        grad.copy_(flat[offset : offset + grad.numel()].view_as(grad))
+        offset += grad.numel()
+
+
+@torch.no_grad()
 def clip_by_global_norm(
     parameters: Iterable[torch.Tensor],
     expert_ids: set[int],
@@ -141,7 +173,8 @@ def clip_by_global_norm(
     """Clip ``parameters``' gradients by their norm over the whole model, as one process computes it; return it.
 
     A parameter whose ``id`` is in ``expert_ids`` is this rank's shard of experts: its part of the norm is
-    reduced over ``group``; the others are replicated (their gradients equal on every rank) and count once.
+    reduced over ``group``, the ep group (every expert once; replicas of a shard hold the same gradient and
+    count once); the others are replicated (their gradients equal on every rank) and count once.
     """
     if norm_type not in (2.0, math.inf):
         raise ValueError(
@@ -174,47 +207,86 @@ def _norm(
 
 
 def apply_expert_parallel(
-    model: nn.Module, group: dist.ProcessGroup | DeviceMesh | None = None
+    model: nn.Module,
+    group: dist.ProcessGroup | DeviceMesh | ExpertParallelGroups | None = None,
+    *,
+    ep_size: int | None = None,
 ) -> ExpertParallel:
-    """Shard every recognised MoE block's experts of ``model`` over ``group``, in place.
+    """Shard every recognised MoE block's experts of ``model`` over ep groups of ``ep_size`` ranks, in place.
 
-    Each rank keeps ``num_experts / ep_size`` experts per block and routes its own tokens to the ranks holding
-    their experts (all-to-all), and the model's auxiliary router loss becomes the one over every rank's tokens.
-    Expert parallelism is borrowed from data parallelism: every rank of ``group`` feeds its own batch, and
-    :meth:`ExpertParallel.reduce_gradients` replaces DDP's gradient averaging (do not wrap the model in DDP).
-    Every check runs before the first collective.
+    Each rank keeps ``num_experts / ep_size`` experts per block and routes its own tokens to the ranks of its
+    ep group holding their experts (all-to-all), and the model's auxiliary router loss becomes the one over
+    every data-parallel rank's tokens. Expert parallelism is borrowed from data parallelism: every rank of
+    ``group`` feeds its own batch, and :meth:`ExpertParallel.reduce_gradients` replaces DDP's gradient
+    averaging (do not wrap the model in DDP). With ``ep_size`` smaller than the group, the ranks form ep groups
+    of ``ep_size`` consecutive ranks and each expert shard is replicated over the ``size / ep_size`` ranks with
+    the same rank in their group (:mod:`lockstep.layers.expert_parallel._groups`); the shards are broadcast
+    from the first of them, as DDP broadcasts the dense weights from rank 0. Every check runs before the first
+    collective.
 
     Args:
         model: a model holding recognised sparse-MoE blocks (see :func:`recognised_blocks`), every rank built
             from the same weights.
-        group: the expert-parallel group: a process group or a 1-D device mesh; None for the whole world.
+        group: the data-parallel group: a process group or a 1-D device mesh; None for the whole world. Or
+            the :class:`ExpertParallelGroups` an earlier call built (to shard another model over the same
+            groups without creating them again).
+        ep_size: the ranks each expert is sharded over; None for the whole ``group``. It must divide the
+            group's size; smaller than it, the group must be the world.
 
     Raises:
         MoEModelNotSupportedError: no recognised MoE block in ``model``.
-        ExpertShardingError: a block's ``num_experts`` is not divisible by the group's size.
-        ExpertParallelNotBuiltError: the model is already distributed (DTensor parameters, DDP), or a mesh of
-            more than one dimension is passed.
+        ExpertShardingError: a block's ``num_experts`` is not divisible by ``ep_size``, or ``ep_size`` does
+            not divide the group's size.
+        ExpertParallelNotBuiltError: the model is already distributed (DTensor parameters, DDP), a mesh of
+            more than one dimension is passed, or ``ep_size`` is smaller than a group other than the world.
 
     Example:
-        >>> ep = apply_expert_parallel(model)  # doctest: +SKIP
+        >>> ep = apply_expert_parallel(model, ep_size=2)  # doctest: +SKIP
         >>> loss = model(input_ids=ids, labels=ids).loss  # doctest: +SKIP
         >>> loss.backward(); ep.reduce_gradients(); ep.clip_grad_norm_(1.0)  # doctest: +SKIP
     """
     blocks = find_moe_blocks(model)
     _refuse_unbuilt(model, group)
-    process_group = _process_group(group)
-    ep_size, ep_rank = dist.get_world_size(process_group), dist.get_rank(process_group)
-    _check_divisible(blocks, ep_size)
+    if isinstance(group, ExpertParallelGroups):
+        if ep_size is not None and ep_size != group.ep_size:
+            raise ValueError(
+                f"apply_expert_parallel(group=<ExpertParallelGroups of ep_size {group.ep_size}>, "
+                f"ep_size={ep_size}) is contradictory: the groups fix the ep size. Drop ep_size."
+            )
+        check_divisible(blocks, group.ep_size)
+        groups = group
+    else:
+        data_parallel = _process_group(group)
+        size = dist.get_world_size(data_parallel) if ep_size is None else ep_size
+        check_ep_size(size, dist.get_world_size(data_parallel))
+        check_divisible(blocks, size)
+        groups = expert_parallel_groups(size, data_parallel)  # the first collective (with replicas)
     experts = {}
     for block in blocks:
-        sharded = ExpertParallelExperts(block.experts, group=process_group, ep_rank=ep_rank, ep_size=ep_size)
+        sharded = ExpertParallelExperts(
+            block.experts, group=groups.ep, ep_rank=groups.ep_rank, ep_size=groups.ep_size
+        )
         setattr(block.block, block.experts_attribute, sharded)
         experts[block.name] = sharded
+    _broadcast_from_first_replica(experts.values(), groups)
     multiplier = LossMultiplier()
-    hook = install_global_aux_loss(model, process_group, multiplier)
+    hook = install_global_aux_loss(model, groups.data_parallel, multiplier)
     return ExpertParallel(
-        model, group=process_group, experts=experts, aux_loss_hook=hook, loss_multiplier=multiplier
+        model, groups=groups, experts=experts, aux_loss_hook=hook, loss_multiplier=multiplier
     )
+
+
+@torch.no_grad()
+def _broadcast_from_first_replica(
+    experts: Iterable[ExpertParallelExperts], groups: ExpertParallelGroups
+) -> None:
+    """Make every replica of a shard hold the first replica's weights (DDP does the same for the dense ones)."""
+    if groups.replicas is None:
+        return
+    source = dist.get_global_rank(groups.replicas, 0)
+    for module in experts:
+        for param in module.parameters(recurse=False):
+            dist.broadcast(param.data, src=source, group=groups.replicas)
 
 
 def _process_group(group: dist.ProcessGroup | DeviceMesh | None) -> dist.ProcessGroup:
@@ -230,7 +302,8 @@ def _process_group(group: dist.ProcessGroup | DeviceMesh | None) -> dist.Process
     return group
 
 
-def _check_divisible(blocks: list[MoEBlock], ep_size: int) -> None:
+def check_divisible(blocks: list[MoEBlock], ep_size: int) -> None:
+    """Raise :class:`ExpertShardingError` unless ``ep_size`` divides every block's experts (no collective)."""
     for block in blocks:
         if block.num_experts % ep_size:
             raise ExpertShardingError(
@@ -240,7 +313,9 @@ def _check_divisible(blocks: list[MoEBlock], ep_size: int) -> None:
             )
 
 
-def _refuse_unbuilt(model: nn.Module, group: dist.ProcessGroup | DeviceMesh | None) -> None:
+def _refuse_unbuilt(
+    model: nn.Module, group: dist.ProcessGroup | DeviceMesh | ExpertParallelGroups | None
+) -> None:
     from torch.distributed.tensor import DTensor
 
     later = "lockstep builds that next (see lockstep.layers.expert_parallel)"

@@ -3,18 +3,22 @@
 The backend (DDP) trains the dense weights as usual; this layer's moments (:mod:`lockstep.step_hooks`) add the
 experts:
 
-* ``preparing_model``: before DDP wraps a model, its experts are sharded over the data-parallel ranks
-  (:func:`apply_expert_parallel`) and named in DDP's list of parameters to leave alone (torch's
-  ``_ddp_params_and_buffers_to_ignore``, which DDP reads when it wraps the module): their gradients are not
-  replicas to average, each rank holds other experts;
+* ``preparing_model``: before DDP wraps a model, its experts are sharded over ep groups of ``ep_size``
+  consecutive data-parallel ranks (:func:`apply_expert_parallel`; the first model prepared creates the process
+  groups, :mod:`lockstep.layers.expert_parallel._groups`, on every rank together) and named in DDP's list of
+  parameters to leave alone (torch's ``_ddp_params_and_buffers_to_ignore``, which DDP reads when it wraps the
+  module): their gradients are not replicas over every rank to average, each rank of an ep group holds other
+  experts;
 * ``prepared_optimizer``: an optimizer built on the model before ``prepare`` holds its full expert tensors,
   which the sharding replaced; they are swapped for this rank's shards (before the first step);
 * ``around_backward``: a new backward starts the step's gradients again (the expert gradients are not yet
   scaled);
-* ``before_clip`` (on a synchronising step) and ``around_optimizer_step``: the expert gradients are divided by
-  the group size once per optimizer step, also with gradient accumulation (their all-to-all's backward summed
-  every rank's tokens into them; DDP averaged the dense ones);
-* ``clip_grad_norm_``: the clip uses the norm over the dense gradients and every rank's experts, as one process;
+* ``before_clip`` (on a synchronising step) and ``around_optimizer_step``: the expert gradients are summed over
+  the replicas of each shard (with ``ep_size`` smaller than the data-parallel size) and divided by the
+  data-parallel size once per optimizer step, also with gradient accumulation (their all-to-all's backward
+  summed the ep group's tokens into them; DDP averaged the dense ones);
+* ``clip_grad_norm_``: the clip uses the norm over the dense gradients and every expert once (summed over the
+  ep group, not the replicas), as one process;
 * ``loss_multiplied_by`` (the :class:`GlobalLossTerm` capability): a loop that multiplies each rank's loss by
   the number of replicas (the Trainer's ``num_items_in_batch`` summed over the processes) says so around the
   forward, and the global router loss's share in each rank's loss is divided by it;
@@ -33,9 +37,16 @@ import torch
 from torch import nn
 
 from lockstep.backends.capabilities import GlobalLossTerm, JointPreparation
-from lockstep.layers.expert_parallel._apply import ExpertParallel, apply_expert_parallel, clip_by_global_norm
+from lockstep.layers.expert_parallel._apply import (
+    ExpertParallel,
+    apply_expert_parallel,
+    check_divisible,
+    clip_by_global_norm,
+)
+from lockstep.layers.expert_parallel._blocks import find_moe_blocks
 from lockstep.layers.expert_parallel._checkpoint import ExpertStateDicts
-from lockstep.layers.expert_parallel._errors import ExpertParallelNotBuiltError
+from lockstep.layers.expert_parallel._errors import ExpertParallelNotBuiltError, ExpertShardingError
+from lockstep.layers.expert_parallel._groups import ExpertParallelGroups, expert_parallel_groups
 from lockstep.step_hooks import StepHook
 
 _NEXT = "it comes next (see lockstep.layers.expert_parallel)"
@@ -46,11 +57,16 @@ class ExpertParallelLayer(StepHook, GlobalLossTerm):
     """The step hooks of expert parallelism borrowed from plain data parallelism (DDP).
 
     Args:
+        ep_size: the ranks each model's experts are sharded over; it divides the data-parallel size (the
+            world under DDP), and each shard is replicated over the ``world / ep_size`` ranks with the same rank
+            in their ep group.
         sync_gradients: whether the current step synchronises gradients (not a micro-step of accumulation).
     """
 
-    def __init__(self, *, sync_gradients: Callable[[], bool]) -> None:
+    def __init__(self, *, ep_size: int, sync_gradients: Callable[[], bool]) -> None:
+        self._ep_size = ep_size
         self._sync_gradients = sync_gradients
+        self._groups: ExpertParallelGroups | None = None
         self.parallel: list[ExpertParallel] = []
         """One per prepared model, in the order they were prepared."""
         self._sharded: dict[int, nn.Parameter] = {}  # id of a full expert tensor -> this rank's shard
@@ -59,13 +75,13 @@ class ExpertParallelLayer(StepHook, GlobalLossTerm):
 
     def preparing_model(self, model: Any) -> Any:
         full = dict(model.named_parameters())
-        parallel = apply_expert_parallel(model)
+        parallel = apply_expert_parallel(model, self._process_groups(model))
         expert_ids = {id(p) for p in parallel.expert_parameters()}
         names = [name for name, param in model.named_parameters() if id(param) in expert_ids]
         for name in names:
             self._sharded[id(full[name])] = dict(model.named_parameters())[name]
-        # The experts are sharded, not replicated: the data-parallel backend must neither broadcast nor average
-        # them. torch's DDP leaves out the parameters its module names in this attribute and those marked
+        # The experts are sharded, not replicated over every rank: the data-parallel backend must neither
+        # broadcast nor average them (their replicas, if any, are summed over the replica group). torch's DDP leaves out the parameters its module names in this attribute and those marked
         # _ddp_ignored (what its _set_params_and_buffers_to_ignore_for_model writes, with the same names).
         model._ddp_params_and_buffers_to_ignore = names
         for param in parallel.expert_parameters():
@@ -75,6 +91,15 @@ class ExpertParallelLayer(StepHook, GlobalLossTerm):
             self._state_dicts = ExpertStateDicts(parallel.group)
         self._state_dicts.add_experts(parallel.experts.values())
         return model
+
+    def _process_groups(self, model: Any) -> ExpertParallelGroups:
+        """The groups, created by the first model prepared (every rank prepares the same models in the same
+        order), after its checks: a model the layer refuses creates none."""
+        if self._groups is None:
+            # apply_expert_parallel's check, run here before the groups' collective
+            check_divisible(find_moe_blocks(model), self._ep_size)
+            self._groups = expert_parallel_groups(self._ep_size)
+        return self._groups
 
     def prepared_optimizer(self, optimizer: Any) -> None:
         stale = [p for group in optimizer.param_groups for p in group["params"] if id(p) in self._sharded]
@@ -130,7 +155,7 @@ class ExpertParallelLayer(StepHook, GlobalLossTerm):
     def _scale_once(self) -> None:
         if not self._scaled:
             for parallel in self.parallel:
-                parallel.scale_expert_gradients()
+                parallel.reduce_expert_gradients()
             self._scaled = True
 
 
@@ -139,8 +164,9 @@ def expert_parallel_hooks(layout: Any, accelerator: Any) -> list[StepHook]:
 
     Raises:
         ExpertParallelNotBuiltError: a backend that prepares the model together with its optimizer
-            (DeepSpeed), or experts replicated over part of the data-parallel ranks (``ep_size`` smaller than
-            the data-parallel size).
+            (DeepSpeed). (FSDP2, HSDP, TP, CP and pipeline parallelism with ``ep_size`` are refused by
+            ``ParallelismConfig`` itself; an ``ep_size`` that does not divide the processes, by its
+            ``validate_world_size``.)
     """
     if accelerator.backend.capability(JointPreparation) is not None:
         raise ExpertParallelNotBuiltError(
@@ -148,10 +174,11 @@ def expert_parallel_hooks(layout: Any, accelerator: Any) -> list[StepHook]:
             f"prepares the model itself, so its experts cannot be sharded first; {_NEXT}. Train with DDP "
             "(drop the DeepSpeed plugin) or set ep_size=1."
         )
-    if layout.ep_size != layout.data_parallel_size:
-        raise ExpertParallelNotBuiltError(
-            f"ParallelismConfig(ep_size={layout.ep_size}) on {layout.data_parallel_size} data-parallel processes "
-            f"is not built yet: the experts would be replicated over {layout.data_parallel_size // layout.ep_size} "
-            f"groups; {_NEXT}. Set ep_size={layout.data_parallel_size} (every data-parallel process)."
+    if (
+        layout.data_parallel_size % layout.ep_size
+    ):  # validate_world_size refuses it first; kept for other callers
+        raise ExpertShardingError(
+            f"ParallelismConfig(ep_size={layout.ep_size}) does not fit {layout.data_parallel_size} data-parallel "
+            f"processes: ep_size must divide {layout.data_parallel_size}. Choose an ep_size that divides it."
         )
-    return [ExpertParallelLayer(sync_gradients=lambda: accelerator.sync_gradients)]
+    return [ExpertParallelLayer(ep_size=layout.ep_size, sync_gradients=lambda: accelerator.sync_gradients)]

@@ -1,0 +1,175 @@
+"""Expert parallelism with ``ep_size`` smaller than the data-parallel size: ep=2 on 4 real gloo processes.
+
+The 4 ranks form 2 ep groups of consecutive ranks ({0, 1} and {2, 3}, ep innermost as in torchtitan); each holds
+every expert once, and each expert shard is replicated over the ranks with the same rank in their group ({0, 2}
+holds experts 0-3 of every block, {1, 3} experts 4-7). The tiny Qwen3-MoE of
+:mod:`tests.expert_parallel.test_parity` (8 experts, top-2, router aux loss on), AdamW, accumulation 2,
+clipping 1.0, 10 optimizer steps, each rank one sequence of every global batch of 4:
+
+* through the user's loop, ``Accelerator(parallelism_config=ParallelismConfig(ep_size=2))``: losses (aux loss
+  included, computed over all 4 ranks' tokens), the clip's norms and parameters equal one process on the global
+  batch within 1e-5; the replicas of a shard hold bitwise the same experts; each rank holds half the experts;
+* by hand, ``apply_expert_parallel(model, ep_size=2)`` and ``reduce_gradients``: the same parity; without the
+  replicas' all-reduce of the expert gradients it breaks (the check of this test).
+
+One 4-process run (both loops in the same workers) for the whole module.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from tests.expert_parallel import test_parity
+from tests.expert_parallel.accelerator_loop import MAX_NORM, train
+from tests.helpers.multiprocess import run_distributed
+
+pytestmark = pytest.mark.distributed
+
+PROCESSES = 4
+EP_SIZE = 2
+TOLERANCE = 1e-5
+BLOCK = "model.layers.0.mlp.experts"
+
+
+def _one_process() -> dict[str, Any]:
+    from lockstep import Accelerator
+
+    return train(Accelerator(gradient_accumulation_steps=2), measure=True)
+
+
+def _by_hand(rank: int, sum_over_replicas: bool) -> dict[str, Any]:
+    """The parity test's loop with ``apply_expert_parallel(model, ep_size=2)`` on this rank's sequence."""
+    from lockstep.layers.expert_parallel import apply_expert_parallel
+
+    model = test_parity._build("qwen3_moe")
+    ep = apply_expert_parallel(model, ep_size=EP_SIZE)
+    if not sum_over_replicas:  # the check of this test: each replica keeps its own ep group's gradient
+        ep._sum_over_replicas = lambda: None
+    rows = test_parity.GLOBAL_BATCH // PROCESSES
+    result = test_parity._train(model, slice(rank * rows, (rank + 1) * rows), ep, None)
+    result["first"] = {f"{name}.experts": module.first_expert for name, module in ep.experts.items()}
+    result["groups"] = {
+        "ep_size": ep.ep_size,
+        "replicas": ep.groups.num_replicas,
+        "dp": ep.data_parallel_size,
+    }
+    return result
+
+
+def _ep2_on_four() -> dict[str, Any]:
+    from lockstep import Accelerator, ParallelismConfig
+
+    accelerator = Accelerator(
+        gradient_accumulation_steps=2, parallelism_config=ParallelismConfig(ep_size=EP_SIZE)
+    )
+    result = train(accelerator, measure=True)
+    result["distributed_type"] = str(accelerator.distributed_type)
+    rank = accelerator.process_index
+    result["by_hand"] = _by_hand(rank, sum_over_replicas=True)
+    result["broken"] = _by_hand(rank, sum_over_replicas=False)
+    return result
+
+
+@pytest.fixture(scope="module")
+def runs() -> dict[str, Any]:
+    """The one-process references (the Accelerator's loop and the hand loop) and the 4 ranks' results."""
+    (one,) = run_distributed(_one_process, 1, timeout=300.0)
+    by_hand = test_parity._train(test_parity._build("qwen3_moe"), slice(None), None, None)
+    ranks = run_distributed(_ep2_on_four, PROCESSES, timeout=300.0)
+    return {"one": one, "by_hand": by_hand, "ranks": ranks}
+
+
+def _expected(full: torch.Tensor, name: str, rank: dict[str, Any]) -> torch.Tensor:
+    """The reference's tensor ``name``; for experts, the rows ``rank`` holds."""
+    if ".experts." not in name:
+        return full
+    first = rank["first"][name.rsplit(".experts.", 1)[0] + ".experts"]
+    return full[first : first + full.shape[0] // EP_SIZE]
+
+
+def _differences(reference: dict[str, Any], ranks: list[dict[str, Any]]) -> dict[str, float]:
+    losses = torch.tensor([r["losses"] for r in ranks]).mean(dim=0)
+    worst = 0.0
+    for rank in ranks:
+        assert rank["state"].keys() == reference["state"].keys()
+        for name, full in reference["state"].items():
+            expected = _expected(full, name, rank)
+            assert rank["state"][name].shape == expected.shape, name
+            worst = max(worst, (rank["state"][name] - expected).abs().max().item())
+    diff = {
+        "loss": (losses - torch.tensor(reference["losses"])).abs().max().item(),
+        "aux": max(
+            (torch.tensor(r["aux"]) - torch.tensor(reference["aux"])).abs().max().item() for r in ranks
+        ),
+        "params": worst,
+    }
+    if "norms" in reference:
+        norms = [
+            (torch.tensor(r["norms"]) - torch.tensor(reference["norms"])).abs().max().item() for r in ranks
+        ]
+        diff["norm"] = max(norms)
+    return diff
+
+
+def _replicas_differ(ranks: list[dict[str, Any]]) -> float:
+    """The largest difference between two replicas of an expert shard (ranks r and r + ep_size)."""
+    return max(
+        (ranks[r]["state"][name] - ranks[r + EP_SIZE]["state"][name]).abs().max().item()
+        for r in range(PROCESSES - EP_SIZE)
+        for name in ranks[r]["state"]
+    )
+
+
+def test_ep2_on_four_processes_through_the_accelerator_equals_one_process(runs: dict[str, Any]) -> None:
+    one, ranks = runs["one"], runs["ranks"]
+    assert [r["distributed_type"] for r in ranks] == ["MULTI_CPU"] * PROCESSES  # DDP trains the dense weights
+    assert len(one["losses"]) == 20 and len(one["norms"]) == 10
+    assert max(one["norms"]) > MAX_NORM  # the clip acts
+    assert one["losses"][-1] < one["losses"][0] - 0.1  # it trained
+    diff = _differences(one, ranks)
+    print(f"ep=2 x 2 replicas (4 processes) via Accelerator vs 1 process: {diff}")
+    assert max(diff.values()) < TOLERANCE
+
+
+def test_the_ep_groups_are_consecutive_ranks_and_replicas_stay_bitwise_equal(runs: dict[str, Any]) -> None:
+    ranks = runs["ranks"]
+    assert [r["first"][BLOCK] for r in ranks] == [0, 4, 0, 4]
+    assert [r["by_hand"]["first"][BLOCK] for r in ranks] == [0, 4, 0, 4]
+    assert all(r["by_hand"]["groups"] == {"ep_size": 2, "replicas": 2, "dp": 4} for r in ranks)
+    # the replicas summed the same gradients and stepped the same AdamW: bitwise the same experts
+    assert _replicas_differ(ranks) == 0.0
+    assert _replicas_differ([r["by_hand"] for r in ranks]) == 0.0
+
+
+def test_each_rank_holds_half_the_experts_and_the_whole_dense_part(runs: dict[str, Any]) -> None:
+    one = runs["one"]["memory"]
+    assert one["per_block"] == {"model.layers.0.mlp": 8, "model.layers.1.mlp": 8}
+    for rank in runs["ranks"]:
+        held = rank["memory"]
+        assert held["per_block"] == {"model.layers.0.mlp": 4, "model.layers.1.mlp": 4}
+        assert held["experts"]["parameter_bytes"] * 2 == one["experts"]["parameter_bytes"]
+        assert held["experts"]["num_parameters"] * 2 == one["experts"]["num_parameters"]
+        assert held["dense"]["parameter_bytes"] == one["dense"]["parameter_bytes"]
+        # AdamW's moments halve; each of the 4 expert tensors keeps its 4-byte step counter
+        assert (
+            held["experts"]["optimizer_state_bytes"] - 16
+            == (one["experts"]["optimizer_state_bytes"] - 16) // 2
+        )
+        assert held["dense"]["optimizer_state_bytes"] == one["dense"]["optimizer_state_bytes"]
+
+
+def test_apply_expert_parallel_with_ep_size_by_hand_equals_one_process(runs: dict[str, Any]) -> None:
+    diff = _differences(runs["by_hand"], [r["by_hand"] for r in runs["ranks"]])
+    print(f"apply_expert_parallel(ep_size=2) on 4 processes vs 1 process: {diff}")
+    assert max(diff.values()) < TOLERANCE
+
+
+def test_without_the_replicas_all_reduce_parity_breaks(runs: dict[str, Any]) -> None:
+    broken = [r["broken"] for r in runs["ranks"]]
+    diff = _differences(runs["by_hand"], broken)
+    replicas = _replicas_differ(broken)
+    print(f"without the replicas' all-reduce: {diff}, replicas apart by {replicas:.3g}")
+    assert diff["params"] > 50 * TOLERANCE and replicas > 50 * TOLERANCE
