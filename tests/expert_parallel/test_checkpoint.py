@@ -287,3 +287,67 @@ def test_an_optimizer_state_not_shaped_like_its_parameter_is_refused_before_writ
         assert rank["message"].startswith("Adafactor's state 'col_var' of an expert parameter has shape")
         assert "Use such an optimizer, or train without ParallelismConfig(ep_size=...)" in rank["message"]
         assert rank["files"] == ["model"]  # no checkpoint folder: the refusal came before the first file
+
+
+def _assembled(ranks: list[dict[str, Any]]) -> dict[str, Any]:
+    """The one-process state (parameters and moments) put together from one ep group's shards."""
+    return {
+        "params": {n: _full(ranks, n, lambda r, n=n: r["params"][n]) for n in ranks[0]["params"]},
+        "moments": {
+            n: {
+                k: _full(ranks, n, lambda r, n=n, k=k: r["moments"][n][k]) if k != "step" else v
+                for k, v in ranks[0]["moments"][n].items()
+            }
+            for n in ranks[0]["moments"]
+        },
+    }
+
+
+def _replicated_load_train_save(from_ep2: str, from_one: str, folder: str) -> dict[str, Any]:
+    """ep=2 on 4 processes (2 replicas of each expert shard): load an ep=2 checkpoint, then a one-process one
+    (both saved at step 3), train the 3 steps left on the latter, and save."""
+    accelerator = _accelerator(2)
+    model, optimizer, loader = _prepared(accelerator, other_weights=True)
+    accelerator.load_state(from_ep2)
+    from_ep2_loaded = _local(accelerator, model, optimizer)
+    accelerator.load_state(from_one)
+    from_one_loaded = _local(accelerator, model, optimizer)
+    batches = list(loader)  # resumed at step 3
+    after = _train(accelerator, model, optimizer, iter(batches), len(batches))
+    accelerator.save_state(folder)
+    return {
+        "from_ep2": from_ep2_loaded,
+        "from_one": from_one_loaded,
+        "after": after,
+        "final": _local(accelerator, model, optimizer),
+    }
+
+
+def test_replicated_experts_load_any_layout_and_save_the_one_process_layout(tmp_path: Any) -> None:
+    """ep=2 on 4 processes loads checkpoints of 1 process and of ep=2 on 2 (each rank its rows, bitwise),
+    trains on as the one process did, and saves what 1 process loads bitwise (one ep group's experts)."""
+    one_folder, ep2_folder, four_folder = (str(tmp_path / name) for name in ("one", "ep2", "four"))
+    (one,) = run_distributed(_save_and_train_on, 1, one_folder, 1, timeout=300.0)
+    ep2 = run_distributed(_save_and_train_on, 2, ep2_folder, 2, timeout=300.0)
+    four = run_distributed(_replicated_load_train_save, 4, ep2_folder, one_folder, four_folder, timeout=300.0)
+    assert [r["final"]["first"]["model.layers.0.mlp.experts"] for r in four] == [0, 4, 0, 4]
+    _assert_shards_equal(_assembled([r["saved"] for r in ep2]), [r["from_ep2"] for r in four])
+    _assert_shards_equal(one["saved"], [r["from_one"] for r in four])
+    # trained on from the one-process checkpoint: its batches, split over the 4 ranks, and its weights
+    for step, ids in enumerate(one["after"]):
+        assert torch.equal(ids, torch.cat([r["after"][step] for r in four]))
+    worst = 0.0
+    for rank in four:
+        for name, tensor in rank["final"]["params"].items():
+            expected = one["final"]["params"][name]
+            if ".experts." in name:
+                first = rank["final"]["first"][name.rsplit(".experts.", 1)[0] + ".experts"]
+                expected = expected[first : first + tensor.shape[0]]
+            worst = max(worst, (tensor - expected).abs().max().item())
+    print(f"1 process -> ep=2 x 2 replicas, {STEPS_AFTER} steps on: max parameter difference {worst:.3g}")
+    assert worst < ACROSS_LAYOUTS
+    # the replicas of a shard are the same, bitwise; ep group {0, 1} holds the one-process model
+    for first, replica in ((four[0], four[2]), (four[1], four[3])):
+        _assert_same(replica["final"], first["final"])
+    (back,) = run_distributed(_load_and_train_on, 1, four_folder, 1, timeout=300.0)
+    _assert_full_equals([four[0]["final"], four[1]["final"]], back["loaded"])
