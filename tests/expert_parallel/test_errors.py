@@ -59,11 +59,15 @@ def test_no_process_group_is_a_wrong_order_error() -> None:
 def _bad_inputs_worker() -> dict[str, str]:
     dist.init_process_group("gloo")
     messages = {}
-    for case in ("indivisible", "mesh_2d", "ddp"):
+    for case in ("indivisible", "ep_size", "subgroup", "mesh_2d", "ddp"):
         model = _build("qwen3_moe")
         try:
             if case == "indivisible":
                 apply_expert_parallel(model)  # 8 experts over 3 ranks
+            elif case == "ep_size":
+                apply_expert_parallel(model, ep_size=2)  # ep groups of 2 out of 3 ranks
+            elif case == "subgroup":  # ep groups carved out of a group that is not the world
+                apply_expert_parallel(model, dist.new_group([0, 1, 2]), ep_size=1)
             elif case == "mesh_2d":
                 apply_expert_parallel(model, init_device_mesh("cpu", (3, 1), mesh_dim_names=("dp", "ep")))
             else:
@@ -84,6 +88,15 @@ def test_indivisible_experts_and_unbuilt_compositions_are_refused() -> None:
             "split the 8 experts of 'model.layers.0.mlp' (Qwen3MoeSparseMoeBlock)" in messages["indivisible"]
         )
         assert "Use an ep_size that divides 8." in messages["indivisible"]
+        assert messages["ep_size"] == (
+            "ExpertShardingError: expert parallelism with ep_size=2 does not fit 3 data-parallel ranks: the "
+            "ranks form groups of ep_size consecutive ranks, so ep_size must divide 3. Pass an ep_size that "
+            "divides 3."
+        )
+        assert messages["subgroup"].startswith(
+            "ExpertParallelNotBuiltError: expert parallelism with ep_size=1 over a data-parallel group of 3 of "
+            "the 3 processes is not built"
+        )
         assert messages["mesh_2d"].startswith("ExpertParallelNotBuiltError: apply_expert_parallel(group=<2-D")
         assert "composing expert parallelism with them is not built yet" in messages["ddp"]
 
