@@ -151,6 +151,29 @@ def test_a_checkpoint_of_ep2_resumes_exactly_on_ep2(runs: dict[str, Any]) -> Non
         assert all(torch.equal(after["state"][n], t) for n, t in before["state"].items())
 
 
+def test_the_trainer_with_ep2_on_four_processes_equals_one_process(runs: dict[str, Any]) -> None:
+    """ep=2 on 4 processes: 2 replicas of each expert shard; the Trainer multiplies each rank's loss by 4 (the
+    processes), and the global aux loss (over all 4 ranks' tokens) still counts once."""
+    from lockstep import ParallelismConfig
+
+    folder = runs["folder"] / "ep2x2"
+    ranks = run_distributed(_train, 4, str(folder), ParallelismConfig(ep_size=2), timeout=300, env=QUIET)
+    one = runs["one"]
+    assert [r["first"]["model.layers.0.mlp.experts"] for r in ranks] == [0, 4, 0, 4]
+    loss = max(abs(a - b) for r in ranks for a, b in zip(r["losses"], one["losses"], strict=True))
+    norm = max(abs(a - b) for r in ranks for a, b in zip(r["grad_norms"], one["grad_norms"], strict=True))
+    worst = max(_worst(one["state"], rank) for rank in ranks)
+    print(
+        f"Trainer ep=2 x 2 replicas vs 1 process: losses {loss:.3g}, grad norms {norm:.3g}, parameters {worst:.3g}"
+    )
+    assert len(ranks[0]["losses"]) == STEPS
+    assert loss < TOLERANCE and norm < TOLERANCE and worst < TOLERANCE
+    from transformers import Qwen3MoeForCausalLM
+
+    final = Qwen3MoeForCausalLM.from_pretrained(str(folder / "final")).state_dict()
+    assert max((final[n] - t).abs().max().item() for n, t in one["state"].items()) < TOLERANCE
+
+
 def test_the_json_form_of_the_argument_turns_expert_parallelism_on() -> None:
     from lockstep import ParallelismConfig, TrainingArguments
 
