@@ -98,20 +98,22 @@ def _replay(steps: dict[int, list[dict]], build, loss_of, lr: float) -> dict[str
     return model.state_dict()
 
 
-def _check_weights(out: Path, groups: int, replayed: dict[str, torch.Tensor]) -> None:
+USER_LOOP_ATOL = 1e-4
+"""How far the user loop's weights may end from the replay: its MLP carries rounding on over some 2,400
+steps (summing each step's gradients in another order ends 2e-6 away), while a step left out of the last
+five moves the weights by about 1.5e-2."""
+
+
+def _check_weights(out: Path, groups: int, replayed: dict[str, torch.Tensor], atol: float = 1e-6) -> None:
     missing = [g for g in range(groups) if not (out / f"g{g}.pt").is_file()]
     assert not missing, f"groups {missing} ended without training to the end"
     weights = [torch.load(out / f"g{g}.pt") for g in range(groups)]
     for key, value in weights[0].items():
         assert all(torch.equal(w[key], value) for w in weights[1:]), key  # all groups bitwise equal
-        assert torch.allclose(value, replayed[key], rtol=0, atol=1e-6), (
+        assert torch.allclose(value, replayed[key], rtol=0, atol=atol), (
             key,
             (value - replayed[key]).abs().max(),
         )
-
-
-def _user_loss(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
-    return model(user_loop.inputs_of(ids)).pow(2).mean()
 
 
 @pytest.mark.parametrize(
@@ -129,8 +131,8 @@ def test_groups_started_apart_and_a_group_restarted_keep_one_history(
     steps = _one_history(lines, samples=user_loop.SAMPLES, batch=user_loop.BATCH, step_key="step")
     epochs = int(env["FT_EPOCHS"])
     assert max(line["epoch"] for line in lines) == epochs - 1  # no group trained past the end
-    replayed = _replay(steps, user_loop.build, _user_loss, lr=0.1)
-    _check_weights(tmp_path, GROUPS, replayed)
+    replayed = _replay(steps, user_loop.build, user_loop.loss_of, lr=0.1)
+    _check_weights(tmp_path, GROUPS, replayed, atol=USER_LOOP_ATOL)
     assert steps[0][0]["participants"] == GROUPS  # the first step waited for every group
     if kill >= 0:
         assert "a worker failed; restarting all workers" in stderr

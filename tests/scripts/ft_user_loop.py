@@ -38,6 +38,16 @@ def inputs_of(ids: torch.Tensor) -> torch.Tensor:
     return torch.stack([torch.randn(4, generator=torch.Generator().manual_seed(int(i))) for i in ids])
 
 
+def targets_of(ids: torch.Tensor) -> torch.Tensor:
+    """Each sample's own random target, so that the weights keep moving to the last step (against a target of
+    zero the last layer reached zero and the run ended where any history would)."""
+    return torch.stack([torch.randn(1, generator=torch.Generator().manual_seed(10**6 + int(i))) for i in ids])
+
+
+def loss_of(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    return (model(inputs_of(ids)) - targets_of(ids)).pow(2).mean()
+
+
 def main() -> None:
     out = os.environ["FT_OUT"]
     group = int(os.environ["LOCKSTEP_FT_GROUP_OF_ALL"])
@@ -58,7 +68,7 @@ def main() -> None:
                 train_dl.set_epoch(epoch)
             for batch in train_dl:
                 before = layer.committed_steps
-                accelerator.backward(model(inputs_of(batch)).pow(2).mean())
+                accelerator.backward(loss_of(model, batch))
                 optimizer.step()
                 optimizer.zero_grad()
                 line = {
