@@ -9,7 +9,9 @@ and ``exp_avg_sq``, SGD's ``momentum_buffer``) have ``n`` rows instead of ``E``.
 
 * saving: :meth:`ExpertStateDicts.gather` (run by the layer's ``before_checkpoint``, on every rank together
   before anything is written) all-gathers every block's experts over the expert-parallel group, in rank order,
-  and for ``save_state`` every expert parameter's optimizer states; the hooks then put the full tensors into
+  and for ``save_state`` every expert parameter's optimizer states. With ``ep_size`` smaller than the
+  data-parallel size each ep group gathers its own (the replicas hold the same experts and moments, so every
+  group has the one-process layout, and the writing process's group is the one written); the hooks then put the full tensors into
   the next ``state_dict()`` of each experts module (``nn.Module.register_state_dict_post_hook``) and of each
   prepared optimizer (``Optimizer.register_state_dict_post_hook``). lockstep calls the model's
   ``state_dict()`` on every rank, but the optimizer's only on the processes that write the shared files, so

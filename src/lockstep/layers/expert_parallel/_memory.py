@@ -1,8 +1,9 @@
 """What expert parallelism saves in memory: the bytes of a rank's experts apart from its dense part.
 
 Each rank of an expert-parallel group of size ``ep`` holds ``num_experts / ep`` experts of every block, their
-gradients and their optimizer state; the dense part (attention, embeddings, routers, norms, shared experts) is
-replicated by DDP, whole on every rank. :func:`expert_memory` measures both parts on a rank (through
+gradients and their optimizer state, whatever the number of data-parallel processes ``ep`` divides (more
+processes replicate each shard, no rank holds more); the dense part (attention, embeddings, routers, norms,
+shared experts) is replicated by DDP, whole on every rank. :func:`expert_memory` measures both parts on a rank (through
 :func:`lockstep.memory_accounting.account_parameters`); :func:`count_experts` counts a model's expert elements
 for ``lockstep estimate-memory --ep-size`` (whose formula, with the other strategies', is
 :func:`lockstep.memory.estimate.formulas.expert_parallel_model_state_bytes`).

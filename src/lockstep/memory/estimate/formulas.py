@@ -182,9 +182,11 @@ def expert_parallel_model_state_bytes(
     optimizer: str = "adamw",
 ) -> tuple[int, int, int]:
     """(parameters, gradients, optimizer state) bytes per rank of expert parallelism as lockstep builds it
-    (``ParallelismConfig(ep_size=N)`` over every data-parallel process, DDP): the ``experts`` elements of the
-    mixture-of-experts blocks are split over ``ep_size`` ranks (each holds ``num_experts / ep_size`` experts of
-    every block, their gradients and optimizer state), everything else is replicated whole. Experts count as
+    (``ParallelismConfig(ep_size=N)`` under DDP): the ``experts`` elements of the mixture-of-experts blocks are
+    split over ``ep_size`` ranks (each holds ``num_experts / ep_size`` experts of every block, their gradients
+    and optimizer state), everything else is replicated whole. The same on every rank whatever the number of
+    data-parallel processes that ``ep_size`` divides (a larger one replicates each shard over the ep groups,
+    and no rank holds more). Experts count as
     trainable unless fewer elements are trainable than they hold (a frozen base under LoRA).
 
     Example:
