@@ -70,7 +70,21 @@ def _ep2_on_four() -> dict[str, Any]:
     rank = accelerator.process_index
     result["by_hand"] = _by_hand(rank, sum_over_replicas=True)
     result["broken"] = _by_hand(rank, sum_over_replicas=False)
+    result["broadcast"] = _built_apart(rank)
     return result
+
+
+def _built_apart(rank: int) -> dict[str, torch.Tensor]:
+    """Each rank's model built with other weights (``+ rank``), then sharded: this rank's experts."""
+    from lockstep.layers.expert_parallel import apply_expert_parallel
+
+    model = test_parity._build("qwen3_moe")
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(rank)
+    ep = apply_expert_parallel(model, ep_size=EP_SIZE)
+    expert_ids = {id(p) for p in ep.expert_parameters()}
+    return {n: p.detach().clone() for n, p in model.named_parameters() if id(p) in expert_ids}
 
 
 @pytest.fixture(scope="module")
@@ -159,6 +173,17 @@ def test_each_rank_holds_half_the_experts_and_the_whole_dense_part(runs: dict[st
             == (one["experts"]["optimizer_state_bytes"] - 16) // 2
         )
         assert held["dense"]["optimizer_state_bytes"] == one["dense"]["optimizer_state_bytes"]
+
+
+def test_replicas_start_from_the_first_replica_s_experts(runs: dict[str, Any]) -> None:
+    """As DDP broadcasts the dense weights from rank 0, each shard's replicas take the first replica's."""
+    built = test_parity._build("qwen3_moe").state_dict()
+    for rank, result in enumerate(runs["ranks"]):
+        first = rank % EP_SIZE  # the first replica of this rank's shard, which built its model with + first
+        rows = slice(4 * first, 4 * first + 4)
+        assert result["broadcast"].keys() == {n for n in built if ".experts." in n}
+        for name, tensor in result["broadcast"].items():
+            assert torch.equal(tensor, built[name][rows] + first), (rank, name)
 
 
 def test_apply_expert_parallel_with_ep_size_by_hand_equals_one_process(runs: dict[str, Any]) -> None:
