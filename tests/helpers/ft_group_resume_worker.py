@@ -1,5 +1,5 @@
 """One process of a replica group of two FSDP2 processes in a fault-tolerant job, for
-tests/backends/test_fault_tolerance_group_resume.py, started by ``lockstep launch --fault-tolerance
+tests/fault_tolerance/test_fault_tolerance_group_resume.py, started by ``lockstep launch --fault-tolerance
 --use-fsdp --num-processes 2``.
 
     ft_group_resume_worker.py save CHECKPOINT OUTDIR   # 3 steps, save_state, 2 more steps

@@ -1,6 +1,6 @@
 """One process of a replica group of several processes (DDP or FSDP2 inside the group) in a fault-tolerant
 job, started by ``lockstep launch --fault-tolerance --num-processes N`` in
-tests/backends/test_fault_tolerance_groups.py.
+tests/fault_tolerance/test_fault_tolerance_groups.py.
 
     lockstep launch ... tests/helpers/ft_group_worker.py STEPS OUTDIR SEED RELAUNCH_SEED
 

@@ -1,5 +1,5 @@
 """One replica group of a fault-tolerant job that trains on a prepared loader, run as its own process by
-tests/backends/test_fault_tolerance_heal.py.
+tests/fault_tolerance/test_fault_tolerance_heal.py.
 
     python -m tests.helpers.ft_heal_worker GROUP GROUPS LIGHTHOUSE STEPS OUT SEED [--pause SECONDS]
         [--project DIR]

@@ -1,4 +1,4 @@
-"""One replica group of a fault-tolerant job, run as its own process by tests/backends/test_fault_tolerance.py.
+"""One replica group of a fault-tolerant job, run as its own process by tests/fault_tolerance/test_fault_tolerance.py.
 
     python -m tests.helpers.ft_worker GROUP GROUPS LIGHTHOUSE STEPS OUT [PAUSE]
 
