@@ -45,6 +45,8 @@ _EXPORTS = {
     "notebook_launcher": "lockstep.launcher",
     "progress_bar": "lockstep.progress",
     "find_executable_batch_size": "lockstep.memory",
+    "chunked_causal_lm_loss": "lockstep.layers.long_context",
+    "skip_lm_head": "lockstep.layers.long_context",
     "release_memory": "lockstep.memory",
     "set_seed": "lockstep.rng",
     "synchronize_rng_states": "lockstep.rng",
@@ -103,6 +105,7 @@ __all__ = [
     "TrainerState",
     "TrainingArguments",
     "__version__",
+    "chunked_causal_lm_loss",
     "cpu_offload",
     "cpu_offload_with_hook",
     "debug_launcher",
@@ -121,6 +124,7 @@ __all__ = [
     "release_memory",
     "set_seed",
     "skip_first_batches",
+    "skip_lm_head",
     "synchronize_rng_states",
 ]
 
@@ -157,6 +161,7 @@ if TYPE_CHECKING:
     from lockstep.diagnostics import HangDetectionKwargs
     from lockstep.inference import prepare_pippy
     from lockstep.launcher import debug_launcher, notebook_launcher
+    from lockstep.layers.long_context import chunked_causal_lm_loss, skip_lm_head
     from lockstep.memory import find_executable_batch_size, release_memory
     from lockstep.parallelism_config import ParallelismConfig
     from lockstep.progress import progress_bar

@@ -68,6 +68,7 @@ VALUES: dict[str, tuple[list[str], Any]] = {
     "dataloader_multiprocessing_context": (["spawn"], "spawn"),
     "label_names": (["start", "end"], ["start", "end"]),
     "train_sampling_strategy": (["sequential"], "sequential"),
+    "loss_type": (["chunked_nll"], "chunked_nll"),
     "ddp_backend": (["gloo"], "gloo"),
     "fsdp": (["full_shard auto_wrap"], "full_shard auto_wrap"),
     "fsdp_config": (['{"min_num_params": 10}'], {"min_num_params": 10}),

@@ -203,6 +203,7 @@ CLI_SAMPLES = {
     "tf32": ("false", False),
     "max_steps": ("7", 7),
     "warmup_ratio": ("0.5", 0.5),
+    "loss_type": ("chunked_nll", "chunked_nll"),
     "adam_beta1": ("0.8", 0.8),
     "adam_beta2": ("0.99", 0.99),
     "label_smoothing_factor": ("0.1", 0.1),

@@ -16,8 +16,8 @@ def test_installed_transformers_parser_sets_every_field():
     report = hf_parser_check.run()
     assert report["failures"] == {}
     assert (
-        report["fields"] == 124
-    )  # with lockstep's activation_checkpointing_policy, fault_tolerance, elastic_...
+        report["fields"] == 125
+    )  # with lockstep's activation_checkpointing_policy, fault_tolerance, elastic_..., loss_type
     assert report["transformers"] == transformers.__version__
     assert report["optim"] == ["adamw_torch_fused", "adamw_torch_fused"]  # transformers 5.24, torch >= 2.8
 

@@ -97,6 +97,8 @@ LOCKSTEP_ONLY = {
     "separate field because transformers passes gradient_checkpointing_kwargs on to torch's checkpoint",
     "elastic_keep_global_batch": "lockstep extension: keep the global batch when resuming on another number of "
     "processes, by changing gradient_accumulation_steps",
+    "loss_type": "TRL's name (SFTConfig): 'chunked_nll' computes a causal LM's loss without the full logits "
+    "(lockstep.layers.long_context)",
 }
 
 

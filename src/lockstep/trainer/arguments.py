@@ -20,6 +20,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from lockstep.config.enums import BUILT_IN_TRACKERS
+from lockstep.layers.long_context.options import LOSS_TYPE_HELP, MODEL_LOSS, check_loss_type
 from lockstep.trainer import _argument_parsers
 from lockstep.trainer import _arguments_api as _api
 from lockstep.trainer import _arguments_post_init as _checks
@@ -155,6 +156,7 @@ class TrainingArguments:
     label_smoothing_factor: float = _help(
         0.0, "Label smoothing of the cross-entropy loss, in [0, 1) (0: none); needs logits and labels."
     )
+    loss_type: str = _help(MODEL_LOSS, LOSS_TYPE_HELP)
     average_tokens_across_devices: bool = _help(
         True,
         "Sum num_items_in_batch (the label tokens of an accumulation cycle) over all processes, so the loss "
@@ -391,6 +393,7 @@ class TrainingArguments:
         _checks.check_counts(self)
         _checks.check_strategies(self)
         _checks.check_optimization(self)
+        self.loss_type = check_loss_type(self.loss_type)
         _checks.derive_best_model_settings(self)
         _checks.check_evaluation_and_logging(self)
         _checks.check_precision_and_compile(self)

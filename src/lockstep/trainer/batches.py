@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 from collections.abc import Callable, Mapping, Sequence
@@ -182,11 +183,15 @@ def compute_loss(
     model_takes_items: bool = False,
 ) -> tuple[torch.Tensor, Any, Any]:
     """(loss, outputs, labels) of one batch. ``num_items_in_batch`` (the label count of the accumulation
-    cycle) goes to ``compute_loss_func`` and, with ``model_takes_items``, to a dict batch's forward."""
+    cycle) goes to ``compute_loss_func`` and, with ``model_takes_items``, to a dict batch's forward. A
+    ``compute_loss_func`` with a ``watching(model, inputs)`` context manager has the forward run inside it."""
     inputs, labels = split_labels(batch, label_names, pop=compute_loss_func is not None)
     if num_items_in_batch is not None and model_takes_items and isinstance(inputs, Mapping):
         inputs = {**inputs, "num_items_in_batch": num_items_in_batch}
-    outputs = call_model(model, inputs)
+    # a loss that reads the forward, not only its outputs (the chunked loss: lm_head's input), watches it
+    watching = getattr(compute_loss_func, "watching", None)
+    with watching(model, inputs) if watching is not None else contextlib.nullcontext():
+        outputs = call_model(model, inputs)
     if compute_loss_func is not None:
         if labels is None:
             raise ValueError(

@@ -25,6 +25,8 @@ from torch import nn
 
 from lockstep.accelerator import Accelerator
 from lockstep.backends import PipelineSchedule
+from lockstep.layers.long_context import trainer_loss
+from lockstep.layers.long_context.options import CHUNKED_NLL
 from lockstep.trainer import _num_items
 from lockstep.trainer._label_smoothing import LabelSmoothingLoss, is_causal_lm
 from lockstep.trainer._training_step.base import TrainingStep
@@ -57,7 +59,18 @@ def training_step_for(
         compute_loss: the Trainer's ``compute_loss`` (which a subclass may override), used by the plain step.
     """
     loss_func = compute_loss_func
-    if args.label_smoothing_factor > 0:
+    if args.loss_type == CHUNKED_NLL:
+        config = accelerator.parallelism_config
+        loss_func = trainer_loss(
+            model,
+            distributed_type=str(
+                getattr(accelerator.distributed_type, "value", accelerator.distributed_type)
+            ),
+            parallel_sizes={size: getattr(config, size, 1) for size in ("tp_size", "cp_size", "pp_size")},
+            compute_loss_func=compute_loss_func,
+            label_smoothing_factor=args.label_smoothing_factor,
+        )
+    elif args.label_smoothing_factor > 0:
         loss_func = LabelSmoothingLoss(args.label_smoothing_factor, shift_labels=is_causal_lm(model))
     if accelerator.capability(PipelineSchedule) is not None:
         return PipelineStep(accelerator, model, args, label_names=label_names, loss_func=loss_func)

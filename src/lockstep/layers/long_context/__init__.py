@@ -1,0 +1,25 @@
+"""Long sequences and big vocabularies (issue 46): the causal-LM loss that never builds the full logits.
+
+* :func:`chunked_causal_lm_loss`: ``lm_head`` and cross-entropy chunk by chunk with recompute, the positions
+  without a target dropped first; equal to the model's own loss (``num_items_in_batch`` honoured).
+* :func:`skip_lm_head`: during a model's forward, keeps the hidden states ``lm_head`` receives and lets it
+  project none of them, so that a prepared (DDP) model's forward gives what the chunked loss needs.
+* :class:`ChunkedCausalLMLoss` (built by :func:`trainer_loss`): the Trainer's loss with ``TrainingArguments(loss_type="chunked_nll")``.
+
+The package stays torch-free (``TrainingArguments`` reads :mod:`~lockstep.layers.long_context.options`);
+the rest loads on first use.
+"""
+
+from lockstep._lazy import lazy_exports
+
+__getattr__, __all__ = lazy_exports(
+    __name__,
+    {
+        "DEFAULT_CHUNK_SIZE": "lockstep.layers.long_context._chunked_loss",
+        "ChunkedCausalLMLoss": "lockstep.layers.long_context._trainer_loss",
+        "LMHeadInput": "lockstep.layers.long_context._capture",
+        "chunked_causal_lm_loss": "lockstep.layers.long_context._chunked_loss",
+        "skip_lm_head": "lockstep.layers.long_context._capture",
+        "trainer_loss": "lockstep.layers.long_context._trainer_loss",
+    },
+)
