@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 import torch
+from torch import nn
 
 from tests.expert_parallel import test_parity
 from tests.expert_parallel.accelerator_loop import MAX_NORM, train
@@ -40,11 +41,30 @@ def _one_process() -> dict[str, Any]:
     return train(Accelerator(gradient_accumulation_steps=2), measure=True)
 
 
-def _by_hand(rank: int, sum_over_replicas: bool) -> dict[str, Any]:
-    """The parity test's loop with ``apply_expert_parallel(model, ep_size=2)`` on this rank's sequence."""
+def _route_to_the_first_half(model: nn.Module, tokens: int) -> None:
+    """Layer 0's router sends the first ``tokens`` tokens of each batch to experts 0-3 only (its choice modulo 4,
+    weights unchanged): in ep group {0, 1}, rank 1 (experts 4-7) then receives no token of layer 0. The experts
+    run transformers' "eager" loop, which computes only the experts that received tokens (the default
+    "grouped_mm" touches every expert's weights, and gives zeros anyway)."""
+    model.config._experts_implementation = "eager"
+
+    def hook(module: nn.Module, args: tuple, output: tuple) -> tuple:
+        logits, weights, indices = output
+        forced = indices.clone()
+        forced[:tokens] = indices[:tokens] % 4
+        return logits, weights, forced
+
+    model.model.layers[0].mlp.gate.register_forward_hook(hook)
+
+
+def _by_hand(rank: int, sum_over_replicas: bool, idle_expert: bool = False) -> dict[str, Any]:
+    """The parity test's loop with ``apply_expert_parallel(model, ep_size=2)`` on this rank's sequence; with
+    ``idle_expert``, ranks 0 and 1 route layer 0's tokens to experts 0-3 only."""
     from lockstep.layers.expert_parallel import apply_expert_parallel
 
     model = test_parity._build("qwen3_moe")
+    if idle_expert and rank < EP_SIZE:
+        _route_to_the_first_half(model, test_parity.SEQUENCE)
     ep = apply_expert_parallel(model, ep_size=EP_SIZE)
     if not sum_over_replicas:  # the check of this test: each replica keeps its own ep group's gradient
         ep._sum_over_replicas = lambda: None
@@ -70,6 +90,7 @@ def _ep2_on_four() -> dict[str, Any]:
     rank = accelerator.process_index
     result["by_hand"] = _by_hand(rank, sum_over_replicas=True)
     result["broken"] = _by_hand(rank, sum_over_replicas=False)
+    result["idle_expert"] = _by_hand(rank, sum_over_replicas=True, idle_expert=True)
     result["broadcast"] = _built_apart(rank)
     return result
 
@@ -92,8 +113,11 @@ def runs() -> dict[str, Any]:
     """The one-process references (the Accelerator's loop and the hand loop) and the 4 ranks' results."""
     (one,) = run_distributed(_one_process, 1, timeout=300.0)
     by_hand = test_parity._train(test_parity._build("qwen3_moe"), slice(None), None, None)
+    routed = test_parity._build("qwen3_moe")
+    _route_to_the_first_half(routed, EP_SIZE * test_parity.SEQUENCE)  # the sequences of ranks 0 and 1
+    idle_expert = test_parity._train(routed, slice(None), None, None)
     ranks = run_distributed(_ep2_on_four, PROCESSES, timeout=300.0)
-    return {"one": one, "by_hand": by_hand, "ranks": ranks}
+    return {"one": one, "by_hand": by_hand, "idle_expert": idle_expert, "ranks": ranks}
 
 
 def _expected(full: torch.Tensor, name: str, rank: dict[str, Any]) -> torch.Tensor:
@@ -190,6 +214,16 @@ def test_apply_expert_parallel_with_ep_size_by_hand_equals_one_process(runs: dic
     diff = _differences(runs["by_hand"], [r["by_hand"] for r in runs["ranks"]])
     print(f"apply_expert_parallel(ep_size=2) on 4 processes vs 1 process: {diff}")
     assert max(diff.values()) < TOLERANCE
+
+
+def test_an_expert_shard_without_tokens_trains_as_in_one_process(runs: dict[str, Any]) -> None:
+    """Rank 1 gets no token of layer 0 and its experts' math runs none of them, its replica rank 3 does: rank 1
+    still runs the backward's all-to-alls with its group and gets zero gradients, so the replicas sum the same
+    tensors and AdamW steps them (weight decay) as one process."""
+    diff = _differences(runs["idle_expert"], [r["idle_expert"] for r in runs["ranks"]])
+    print(f"an ep rank without tokens in layer 0, 4 processes vs 1 process: {diff}")
+    assert max(diff.values()) < TOLERANCE
+    assert _replicas_differ([r["idle_expert"] for r in runs["ranks"]]) == 0.0
 
 
 def test_without_the_replicas_all_reduce_parity_breaks(runs: dict[str, Any]) -> None:

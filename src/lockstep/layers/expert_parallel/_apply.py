@@ -115,7 +115,9 @@ class ExpertParallel:
         """Make the expert gradients one process's on the global batch, once per optimizer step: sum them over
         the replicas of this rank's experts (the all-to-all's backward summed the tokens of this rank's ep group
         into them; the replicas hold the other groups' sums), then divide by the data-parallel size (dense
-        gradients get theirs from the all-reduce: :meth:`reduce_gradients`, or DDP under the Accelerator)."""
+        gradients get theirs from the all-reduce: :meth:`reduce_gradients`, or DDP under the Accelerator).
+        After a backward every replica holds a gradient of each of its expert parameters (a shard that received
+        no token gets zeros: :class:`ExpertParallelExperts`), so the replicas sum the same tensors."""
         self._sum_over_replicas()
         for param in self._expert_params:
             if param.grad is not None:

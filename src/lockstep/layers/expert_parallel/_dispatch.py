@@ -106,6 +106,8 @@ class ExpertParallelExperts(nn.Module):
             group=self._group,
         )
         computed = self._compute(received, received_expert, top_k_weights.dtype)
+        if computed.shape[0] == 0 and torch.is_grad_enabled() and not computed.requires_grad:
+            computed = self._in_the_graph(computed, received)
         returned = _exchange(computed, send_splits, recv_splits, self._group)
 
         inverse = torch.empty_like(order)
@@ -114,6 +116,21 @@ class ExpertParallelExperts(nn.Module):
         # The original multiplies each expert's output by its weight, then adds the k outputs into zeros.
         combined = (per_choice * top_k_weights.unsqueeze(-1)).sum(dim=1)
         return combined.to(hidden_states.dtype)
+
+    def _in_the_graph(self, computed: torch.Tensor, received: torch.Tensor) -> torch.Tensor:
+        """``computed`` (no rows) tied by a zero term to the received rows and this rank's experts.
+
+        A rank that received no token skips every expert in the model's own math (transformers' "eager" experts
+        loop runs only the experts hit), so its empty result needs no gradient: its backward would then leave
+        out the two all-to-alls that the other ranks of the group run in theirs (a hang, or a crash when it
+        exits), and its experts would get no gradient where one process has zeros (which AdamW steps: weight
+        decay), nor one to sum with their replicas'.
+        """
+        tie = received.sum() * 0
+        for param in self.parameters(recurse=False):
+            if param.requires_grad:
+                tie = tie + param.sum() * 0
+        return computed + tie.to(computed.dtype)
 
     def _compute(self, rows: torch.Tensor, local_expert: torch.Tensor, weight_dtype: torch.dtype) -> Any:
         """The model's own experts forward on the received rows: one choice each, of weight 1."""
