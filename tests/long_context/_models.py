@@ -54,3 +54,11 @@ class LargestAllocation(TorchDispatchMode):
             if isinstance(output, torch.Tensor) and output.numel() > self.largest:
                 self.largest, self.largest_op = output.numel(), str(func)
         return result
+
+
+def full_weights(model: torch.nn.Module) -> torch.Tensor:
+    """Every parameter of ``model``, whole (DTensors gathered), flat."""
+    from torch.distributed.tensor import DTensor
+
+    parts = [p.full_tensor() if isinstance(p, DTensor) else p for p in model.parameters()]
+    return torch.cat([p.detach().reshape(-1) for p in parts])

@@ -32,7 +32,7 @@ def _chunked(model, ids, labels, **loss_kwargs):
     model.zero_grad()
     with skip_lm_head(model.lm_head) as seen:
         outputs = model(input_ids=ids)
-    assert outputs.logits.shape == (ids.shape[0], 0, VOCAB)
+    assert outputs.logits.shape == (ids.shape[0], 1, VOCAB)  # the last position's only
     hidden = seen.hidden_states
     hidden.retain_grad()
     loss = chunked_causal_lm_loss(hidden, model.lm_head, labels, chunk_size=CHUNK, **loss_kwargs)

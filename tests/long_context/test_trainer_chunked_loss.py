@@ -10,7 +10,7 @@ import torch
 from lockstep import Trainer, TrainingArguments
 from lockstep.layers.long_context._trainer_loss import trainer_loss
 from tests.helpers.multiprocess import run_distributed
-from tests.long_context._models import VOCAB, LargestAllocation, make_llama, token_batch
+from tests.long_context._models import VOCAB, LargestAllocation, full_weights, make_llama, token_batch
 
 pytest.importorskip("transformers")
 
@@ -29,9 +29,14 @@ class Tokens(torch.utils.data.Dataset):
         return {"input_ids": self.ids[index], "labels": self.labels[index]}
 
 
-def _train(output_dir: str, loss_type: str, *, batch: int = 2, measure: bool = False) -> dict:
+def _train(
+    output_dir: str, loss_type: str, *, batch: int = 2, measure: bool = False, tp_size: int = 1
+) -> dict:
+    from lockstep import ParallelismConfig
+
     args = TrainingArguments(
         output_dir=output_dir,
+        parallelism_config=ParallelismConfig(tp_size=tp_size) if tp_size > 1 else None,
         loss_type=loss_type,
         max_steps=2,
         per_device_train_batch_size=batch,
@@ -58,7 +63,7 @@ def _train(output_dir: str, loss_type: str, *, batch: int = 2, measure: bool = F
     return {
         "losses": [entry["loss"] for entry in trainer.state.log_history if "loss" in entry],
         "eval_loss": metrics["eval_loss"],
-        "weights": torch.cat([p.detach().reshape(-1) for p in model.parameters()]),
+        "weights": full_weights(model),
         "largest": allocations.largest,
     }
 
@@ -102,8 +107,8 @@ def test_refused_by_name(tmp_path):
         "compute_loss_func": None,
         "label_smoothing_factor": 0,
     }
-    with pytest.raises(NotImplementedError, match=r"ParallelismConfig\(tp_size=2\).*vocabulary-parallel"):
-        trainer_loss(model, **{**common, "parallel_sizes": {"tp_size": 2}})
+    with pytest.raises(NotImplementedError, match=r"ParallelismConfig\(cp_size=2\).*not built yet"):
+        trainer_loss(model, **{**common, "parallel_sizes": {"cp_size": 2}})
     with pytest.raises(NotImplementedError, match="under FSDP: .* not built yet"):
         trainer_loss(model, **{**common, "distributed_type": "FSDP"})
     with pytest.raises(NotImplementedError, match="label smoothing in the chunked loss"):

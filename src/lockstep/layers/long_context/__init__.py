@@ -3,8 +3,10 @@
 * :func:`chunked_causal_lm_loss`: ``lm_head`` and cross-entropy chunk by chunk with recompute, the positions
   without a target dropped first; equal to the model's own loss (``num_items_in_batch`` honoured).
 * :func:`skip_lm_head`: during a model's forward, keeps the hidden states ``lm_head`` receives and lets it
-  project none of them, so that a prepared (DDP) model's forward gives what the chunked loss needs.
-* :class:`ChunkedCausalLMLoss` (built by :func:`trainer_loss`): the Trainer's loss with ``TrainingArguments(loss_type="chunked_nll")``.
+  project only the last position, so that a prepared (DDP, tensor-parallel) model's forward gives what the
+  chunked loss needs.
+* :class:`ChunkedCausalLMLoss` (built by :func:`trainer_loss`): the Trainer's loss with
+  ``TrainingArguments(loss_type="chunked_nll")``.
 
 The package stays torch-free (``TrainingArguments`` reads :mod:`~lockstep.layers.long_context.options`);
 the rest loads on first use.

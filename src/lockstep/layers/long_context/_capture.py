@@ -1,9 +1,11 @@
-"""The hidden states a model's ``lm_head`` receives, taken during its forward, with no logits built.
+"""The hidden states a model's ``lm_head`` receives, taken during its forward that projects one position.
 
 The chunked loss needs the final hidden states and the ``lm_head`` weight. Calling the base model
 (``model.model(...)``) instead of the whole model would skip what wraps it (DDP prepares its gradient
 synchronisation in its own forward), so the whole model is called and a forward pre-hook on ``lm_head`` keeps
-its input and hands it an empty slice of the sequence: the model's logits have no positions.
+its input and hands it the last position only (as ``generate``'s ``logits_to_keep=1``): the model's logits are
+``batch x vocab`` floats. (An empty slice would be cheaper, but tensor parallelism's DTensor views of an empty
+tensor fail: "integer modulo by zero".)
 """
 
 from __future__ import annotations
@@ -51,10 +53,11 @@ class LMHeadInput:
 
 @contextlib.contextmanager
 def skip_lm_head(lm_head: nn.Module, *, keep_logits: bool = False) -> Iterator[LMHeadInput]:
-    """Keep the input of ``lm_head`` during the ``with`` block, and let it project no position.
+    """Keep the input of ``lm_head`` during the ``with`` block, and let it project the last position only.
 
-    The model's logits come out with a sequence length of 0 (``(batch, 0, vocab)``); its loss is then not asked
-    for (do not pass ``labels``). With ``keep_logits`` the input is kept and the logits are built as usual.
+    The model's logits come out with a sequence length of 1 (``(batch, 1, vocab)``, the last position's); its
+    loss is then not asked for (do not pass ``labels``). With ``keep_logits`` the input is kept and the logits
+    are built as usual.
 
     Args:
         lm_head: the model's output projection (``unwrapped_model.lm_head``; for a prepared model, the module
@@ -67,7 +70,7 @@ def skip_lm_head(lm_head: nn.Module, *, keep_logits: bool = False) -> Iterator[L
         >>> with skip_lm_head(head) as seen:
         ...     logits = head(torch.randn(2, 3, 4))
         >>> tuple(logits.shape), tuple(seen.hidden_states.shape)
-        ((2, 0, 10), (2, 3, 4))
+        ((2, 1, 10), (2, 3, 4))
     """
     seen = LMHeadInput()
 
@@ -75,7 +78,7 @@ def skip_lm_head(lm_head: nn.Module, *, keep_logits: bool = False) -> Iterator[L
         seen._record(module, args)
         if keep_logits:
             return None
-        return (args[0][..., :0, :], *args[1:])
+        return (args[0][..., -1:, :], *args[1:])
 
     handle = lm_head.register_forward_pre_hook(hook)
     try:

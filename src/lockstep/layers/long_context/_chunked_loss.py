@@ -5,7 +5,9 @@ the logits to fp32 and takes the cross-entropy: ``tokens x vocab`` floats in for
 gradient in backward (16k tokens x a 248k vocabulary is 16 GB in fp32). Here the positions whose label is
 ``ignore_index`` are dropped first, then each chunk of ``chunk_size`` kept positions is projected, reduced to
 its log-sum-exp and target logit, and thrown away; backward projects each chunk again to form its gradient.
-No tensor larger than ``chunk_size x vocab`` is allocated; the cost is one more ``lm_head`` matmul.
+No tensor larger than ``chunk_size x vocab`` is allocated; the cost is one more ``lm_head`` matmul. Under
+tensor parallelism, where ``lm_head``'s weight is split by vocabulary rows, each rank projects onto its own
+rows only (:mod:`~lockstep.layers.long_context._vocab_parallel`): the logits are never gathered.
 """
 
 from __future__ import annotations
@@ -13,8 +15,16 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.nn import functional
+
+from lockstep.layers.long_context._vocab_parallel import (
+    VocabShard,
+    all_reduce,
+    local_projection,
+    local_targets,
+)
 
 IGNORE_INDEX = -100
 DEFAULT_CHUNK_SIZE = 1024
@@ -39,7 +49,9 @@ def chunked_causal_lm_loss(
     shifted left by one, logits upcast to fp32, the sum of the token losses divided by ``num_items_in_batch``
     when it is given (the Trainer's exact accumulation: the label tokens of the whole accumulation cycle and
     of every process), else their mean. Gradients flow to ``hidden_states`` and to the weight (and bias) of
-    ``lm_head``, which may be tied to the input embeddings.
+    ``lm_head``, which may be tied to the input embeddings. A weight split by vocabulary rows over
+    tensor-parallel ranks (a DTensor ``Shard(0)``: transformers' plan for ``lm_head``) is used where it lies:
+    each rank projects onto its rows, and the ranks exchange one float per position (vocabulary-parallel).
 
     Args:
         hidden_states: the final hidden states (after the last norm), ``(batch, sequence, hidden)`` or
@@ -61,13 +73,14 @@ def chunked_causal_lm_loss(
     Raises:
         TypeError: ``lm_head`` is neither a tensor nor a module with a 2-D ``weight``.
         ValueError: shapes that do not match, or a ``chunk_size`` below 1.
-        NotImplementedError: a weight sharded over tensor-parallel ranks (vocabulary-parallel: not built yet).
+        NotImplementedError: a DTensor weight laid out otherwise than by vocabulary rows (FSDP's shards).
 
     Example:
         >>> import torch
         >>> head = torch.nn.Linear(8, 50, bias=False)
         >>> hidden, labels = torch.randn(2, 6, 8), torch.randint(0, 50, (2, 6))
-        >>> full = torch.nn.functional.cross_entropy(head(hidden)[:, :-1].reshape(-1, 50), labels[:, 1:].reshape(-1))
+        >>> logits = head(hidden)[:, :-1].reshape(-1, 50)
+        >>> full = torch.nn.functional.cross_entropy(logits, labels[:, 1:].reshape(-1))
         >>> torch.allclose(chunked_causal_lm_loss(hidden, head, labels, chunk_size=4), full)
         True
     """
@@ -80,7 +93,10 @@ def chunked_causal_lm_loss(
     kept = targets.ne(ignore_index)
     flat = hidden_states.reshape(-1, hidden_states.shape[-1])
     # dropped before lm_head: the positions without a target cost no matmul, and their gradient is zero
-    total = _ChunkedLinearCrossEntropy.apply(flat[kept], weight, bias, targets[kept], chunk_size, softcap)
+    weight, bias, shard = local_projection(weight, bias)  # under tensor parallelism: this rank's vocabulary
+    total = _ChunkedLinearCrossEntropy.apply(
+        flat[kept], weight, bias, targets[kept], chunk_size, softcap, shard
+    )
     count = kept.sum() if num_items_in_batch is None else num_items_in_batch
     if isinstance(count, torch.Tensor):
         count = count.to(total.device)
@@ -104,12 +120,6 @@ def _weight_and_bias(
 
 
 def _check(hidden_states: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, chunk_size: int) -> None:
-    if _is_dtensor(weight):
-        raise NotImplementedError(
-            "chunked_causal_lm_loss got an lm_head weight sharded over tensor-parallel ranks (a DTensor): the "
-            "vocabulary-parallel chunked loss is not built yet. Leave lm_head out of the tensor-parallel plan, "
-            "or use the model's own loss."
-        )
     if chunk_size < 1:
         raise ValueError(f"chunked_causal_lm_loss(chunk_size={chunk_size}) is invalid: it must be >= 1.")
     if weight.dim() != 2 or weight.shape[1] != hidden_states.shape[-1]:
@@ -124,14 +134,6 @@ def _check(hidden_states: torch.Tensor, weight: torch.Tensor, labels: torch.Tens
         )
 
 
-def _is_dtensor(tensor: torch.Tensor) -> bool:
-    try:
-        from torch.distributed.tensor import DTensor
-    except ImportError:  # pragma: no cover - torch without distributed
-        return False
-    return isinstance(tensor, DTensor)
-
-
 def _logits(
     hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, softcap: float | None
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -144,8 +146,19 @@ def _logits(
     return tanh * softcap, tanh
 
 
+def _log_sum_exp(logits: torch.Tensor, shard: VocabShard | None) -> torch.Tensor:
+    """Each row's log-sum-exp over the whole vocabulary (over every rank's slice of it)."""
+    if shard is None:
+        return torch.logsumexp(logits, dim=-1)
+    peak = logits.amax(dim=-1) if logits.shape[-1] else logits.new_full(logits.shape[:-1], -torch.inf)
+    peak = all_reduce(peak, dist.ReduceOp.MAX, shard)
+    summed = all_reduce((logits - peak[:, None]).exp_().sum(dim=-1), dist.ReduceOp.SUM, shard)
+    return summed.log_() + peak
+
+
 class _ChunkedLinearCrossEntropy(torch.autograd.Function):
-    """``sum_i logsumexp(h_i W^T + b) - (h_i W^T + b)[t_i]`` over kept positions, one chunk at a time."""
+    """``sum_i logsumexp(h_i W^T + b) - (h_i W^T + b)[t_i]`` over kept positions, one chunk at a time; with a
+    vocabulary shard, ``W`` and ``b`` are this rank's rows and the sums run over every rank's."""
 
     @staticmethod
     def forward(
@@ -156,21 +169,27 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
         targets: torch.Tensor,
         chunk_size: int,
         softcap: float | None,
+        shard: VocabShard | None,
     ) -> torch.Tensor:
-        total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+        columns, held = local_targets(targets, weight.shape[0], shard)
+        log_sum_exp = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
+        picked = torch.zeros(hidden.shape[0], dtype=torch.float32, device=hidden.device)
         for start in range(0, hidden.shape[0], chunk_size):
-            logits, _ = _logits(hidden[start : start + chunk_size], weight, bias, softcap)
-            target = targets[start : start + chunk_size]
-            picked = logits.gather(1, target[:, None]).squeeze(1)
-            total += (torch.logsumexp(logits, dim=-1) - picked).sum()
+            end = start + chunk_size
+            logits, _ = _logits(hidden[start:end], weight, bias, softcap)
+            log_sum_exp[start:end] = _log_sum_exp(logits, shard)
+            if logits.shape[-1]:
+                picked[start:end] = logits.gather(1, columns[start:end, None]).squeeze(1)
             del logits
-        ctx.save_for_backward(hidden, weight, bias, targets)
-        ctx.chunk_size, ctx.softcap = chunk_size, softcap
-        return total
+        if held is not None:
+            picked = all_reduce(picked.mul_(held), dist.ReduceOp.SUM, shard)
+        ctx.save_for_backward(hidden, weight, bias, columns, held, log_sum_exp)
+        ctx.chunk_size, ctx.softcap, ctx.shard = chunk_size, softcap, shard
+        return (log_sum_exp - picked).sum()
 
     @staticmethod
     def backward(ctx: Any, grad_total: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        hidden, weight, bias, targets = ctx.saved_tensors
+        hidden, weight, bias, columns, held, log_sum_exp = ctx.saved_tensors
         need_hidden, need_weight, need_bias = ctx.needs_input_grad[:3]
         grad_hidden = torch.empty_like(hidden) if need_hidden else None
         # summed over chunks in fp32 (the full path's single matmul rounds once, in the weight's dtype)
@@ -180,28 +199,34 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
         grad_bias = torch.zeros(bias.shape, dtype=torch.float32, device=bias.device) if need_bias else None
         rows = torch.arange(min(ctx.chunk_size, hidden.shape[0]), device=hidden.device)
         for start in range(0, hidden.shape[0], ctx.chunk_size):
-            chunk = hidden[start : start + ctx.chunk_size]
+            end = start + ctx.chunk_size
+            chunk = hidden[start:end]
             logits, tanh = _logits(chunk, weight, bias, ctx.softcap)
             # d/dz (logsumexp(z) - z[t]) = softmax(z) - onehot(t), in place on the chunk's logits
-            grad = logits.sub_(torch.logsumexp(logits, dim=-1, keepdim=True)).exp_()
-            grad[rows[: chunk.shape[0]], targets[start : start + ctx.chunk_size]] -= 1.0
+            grad = logits.sub_(log_sum_exp[start:end, None]).exp_()
+            hit = 1.0 if held is None else held[start:end].to(grad.dtype)
+            if grad.shape[-1]:
+                grad[rows[: chunk.shape[0]], columns[start:end]] -= hit
             grad.mul_(grad_total)
             if tanh is not None:
                 grad.mul_(1.0 - tanh * tanh)
                 del tanh
             grad = grad.to(weight.dtype)
             if grad_hidden is not None:
-                grad_hidden[start : start + ctx.chunk_size] = grad @ weight
+                grad_hidden[start:end] = grad @ weight
             if grad_weight is not None and grad.dtype == torch.float32:
                 grad_weight.addmm_(grad.t(), chunk)
             elif grad_weight is not None:
                 grad_weight += (grad.t() @ chunk).float()
             if grad_bias is not None:
                 grad_bias += grad.sum(dim=0, dtype=torch.float32)
+        if grad_hidden is not None:  # each rank's slice of the vocabulary adds its part
+            all_reduce(grad_hidden, dist.ReduceOp.SUM, ctx.shard)
         return (
             grad_hidden,
             None if grad_weight is None else grad_weight.to(weight.dtype),
             None if grad_bias is None else grad_bias.to(bias.dtype),
+            None,
             None,
             None,
             None,

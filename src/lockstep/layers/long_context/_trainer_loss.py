@@ -2,9 +2,9 @@
 
 The Trainer calls it as a loss function of the outputs and labels; around the training forward it first
 enters :meth:`ChunkedCausalLMLoss.watching`, which takes the hidden states ``lm_head`` receives and lets it
-build no logits (:func:`~lockstep.layers.long_context.skip_lm_head`). A forward it did not watch (evaluation,
-which needs the logits for its predictions) has its logits: the loss is then their cross-entropy, as the
-model's own.
+project the last position only (:func:`~lockstep.layers.long_context.skip_lm_head`). A forward it did not
+watch (evaluation, which needs the logits for its predictions) has its logits: the loss is then their
+cross-entropy, as the model's own.
 """
 
 from __future__ import annotations
@@ -53,8 +53,8 @@ class ChunkedCausalLMLoss:
 
     @contextlib.contextmanager
     def watching(self, model: nn.Module, inputs: Any) -> Iterator[None]:
-        """The context of the forward whose loss comes next: ``lm_head`` builds no logits while gradients are
-        recorded (training), and its input is kept for :meth:`__call__`."""
+        """The context of the forward whose loss comes next: while gradients are recorded (training)
+        ``lm_head`` projects the last position only; its input is kept for :meth:`__call__`."""
         shifted = inputs.get("shift_labels") if isinstance(inputs, Mapping) else None
         with skip_lm_head(self.lm_head, keep_logits=not torch.is_grad_enabled()) as seen:
             yield
@@ -131,8 +131,8 @@ def _full_loss(
 
 
 _BUILT_FOR = ("NO", "MULTI_CPU", "MULTI_GPU", "MULTI_XPU", "MULTI_MPS")
-"""The distributed types the Trainer's chunked loss is built for: one process and DDP, where ``lm_head``'s
-weight is whole on every rank after the forward."""
+"""The distributed types the Trainer's chunked loss is built for: one process, DDP and tensor parallelism,
+where ``lm_head``'s weight is whole, or split by vocabulary rows, on every rank after the forward."""
 
 
 def trainer_loss(
@@ -148,7 +148,7 @@ def trainer_loss(
     Args:
         model: the user's model (not prepared).
         distributed_type: the accelerator's (``"NO"``, ``"MULTI_CPU"``, ``"FSDP"``...).
-        parallel_sizes: the layout's ``tp_size``, ``cp_size``, ``pp_size`` (1 when absent).
+        parallel_sizes: the layout's ``cp_size`` and ``pp_size`` (1 when absent); any ``tp_size`` is built.
         compute_loss_func: the user's loss function, or None.
         label_smoothing_factor: the arguments' label smoothing.
 
@@ -164,14 +164,14 @@ def trainer_loss(
     if label_smoothing_factor > 0:
         raise NotImplementedError(
             f"TrainingArguments(loss_type='chunked_nll', label_smoothing_factor={label_smoothing_factor}): "
-            "label smoothing in the chunked loss is not built yet. Set label_smoothing_factor=0 or loss_type='nll'."
+            "label smoothing in the chunked loss is not built yet. Set label_smoothing_factor=0 or "
+            "loss_type='nll'."
         )
-    for size in ("tp_size", "cp_size", "pp_size"):
+    for size in ("cp_size", "pp_size"):  # tp_size: the loss is vocabulary-parallel (loss_parallel)
         if parallel_sizes.get(size, 1) > 1:
-            what = "vocabulary-parallel under tensor parallelism" if size == "tp_size" else f"with {size} > 1"
             raise NotImplementedError(
                 f"TrainingArguments(loss_type='chunked_nll') with ParallelismConfig({size}="
-                f"{parallel_sizes[size]}): the chunked loss {what} is not built yet. Use loss_type='nll'."
+                f"{parallel_sizes[size]}): the chunked loss is not built yet for {size} > 1. Use loss_type='nll'."
             )
     if distributed_type not in _BUILT_FOR:
         raise NotImplementedError(

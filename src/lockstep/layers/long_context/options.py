@@ -10,7 +10,7 @@ LM's loss computed chunk by chunk from its final hidden states, never building t
 LOSS_TYPE_HELP = (
     "The training loss: 'nll' (default; the model's own) or 'chunked_nll' (TRL's name: a causal LM's "
     "cross-entropy computed chunk by chunk from its final hidden states, never building tokens x vocab "
-    "logits; lockstep.chunked_causal_lm_loss). Single process and DDP."
+    "logits; lockstep.chunked_causal_lm_loss). One process, DDP and tensor parallelism (vocabulary-parallel)."
 )
 
 

@@ -66,7 +66,7 @@ def training_step_for(
             distributed_type=str(
                 getattr(accelerator.distributed_type, "value", accelerator.distributed_type)
             ),
-            parallel_sizes={size: getattr(config, size, 1) for size in ("tp_size", "cp_size", "pp_size")},
+            parallel_sizes={size: getattr(config, size, 1) for size in ("cp_size", "pp_size")},
             compute_loss_func=compute_loss_func,
             label_smoothing_factor=args.label_smoothing_factor,
         )
