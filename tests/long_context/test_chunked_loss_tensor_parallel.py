@@ -4,7 +4,8 @@
 (transformers' plan); the chunked loss projects each chunk onto this rank's half only and never gathers the
 logits (no tensor of ``tokens x vocab / 2`` elements or more), and 2 SGD steps equal one process with the
 model's own loss (losses within 1e-6 relative, weights within 1e-6); so does the Trainer with
-``loss_type="chunked_nll"`` (logged losses, eval_loss, weights).
+``loss_type="chunked_nll"`` (logged losses, eval_loss, weights). FSDP2's shards of ``lm_head`` (the same
+``Shard(0)`` layout, over ranks that hold other tokens) are refused by name.
 """
 
 from __future__ import annotations
@@ -55,7 +56,24 @@ def _train_tensor_parallel(output_dir: str) -> dict:
     from tests.helpers.multiprocess import reset_lockstep_state
 
     reset_lockstep_state()  # the same processes then run the Trainer, with a fresh Accelerator
-    return {**result, "trainer": _train(output_dir, "chunked_nll", tp_size=2)}
+    result["trainer"] = _train(output_dir, "chunked_nll", tp_size=2)
+    reset_lockstep_state()
+    return {**result, "fsdp": _fsdp_refusal()}
+
+
+def _fsdp_refusal() -> str:
+    """FSDP2 leaves lm_head's weight Shard(0) too, but over ranks that hold other tokens: refused by name."""
+    from lockstep import Accelerator, FullyShardedDataParallelPlugin, chunked_causal_lm_loss, skip_lm_head
+
+    accelerator = Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=2))
+    model = accelerator.prepare(make_llama(sequence=SEQUENCE))
+    lm_head = accelerator.unwrap_model(model).lm_head
+    ids, labels = _data()
+    with skip_lm_head(lm_head) as seen:
+        model(input_ids=ids[:ROWS])
+    with pytest.raises(NotImplementedError) as refused:
+        chunked_causal_lm_loss(seen.hidden_states, lm_head, labels[:ROWS])
+    return str(refused.value)
 
 
 def _train_reference() -> dict:
@@ -89,3 +107,4 @@ def test_tensor_parallel_equals_one_process_without_gathering_the_logits(tmp_pat
     # the Trainer with loss_type="chunked_nll" under tp_size=2 equals one process's Trainer with the model's loss
     assert torch.equal(results[0]["trainer"]["weights"], results[1]["trainer"]["weights"])
     _assert_same(results[0]["trainer"], _train(str(tmp_path / "one"), "nll"))
+    assert "FSDP's shards and other layouts are not built yet" in results[0]["fsdp"]

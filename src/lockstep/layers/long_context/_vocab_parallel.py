@@ -14,6 +14,10 @@ from typing import NamedTuple
 import torch
 import torch.distributed as dist
 
+TENSOR_PARALLEL_DIM = "tp"
+"""The name of the mesh dimension over which tensor parallelism splits ``lm_head`` (lockstep's and
+transformers' meshes)."""
+
 
 class VocabShard(NamedTuple):
     """This rank's slice of the vocabulary: rows ``offset`` to ``offset + local rows`` of the weight."""
@@ -29,19 +33,22 @@ def local_projection(
     (through ``to_local``, so that their gradient reaches the DTensor parameter) and its slice.
 
     Raises:
-        NotImplementedError: a DTensor laid out otherwise than ``Shard(0)`` on a 1-D mesh (FSDP's shards of a
-            whole weight, a 2-D layout).
+        NotImplementedError: a DTensor laid out otherwise than ``Shard(0)`` on a 1-D ``"tp"`` mesh (FSDP's
+            shards of a whole weight, a 2-D layout).
     """
     from torch.distributed.tensor import DTensor, Shard
 
     if not isinstance(weight, DTensor):
         return weight, bias, None
     mesh, placements = weight.device_mesh, tuple(weight.placements)
-    if mesh.ndim != 1 or placements != (Shard(0),):
+    # FSDP2 leaves the same Shard(0) layout after the forward, on an unnamed data-parallel mesh whose ranks hold
+    # other tokens: only tensor parallelism's "tp" mesh splits one vocabulary over ranks that share the tokens.
+    if mesh.mesh_dim_names != (TENSOR_PARALLEL_DIM,) or placements != (Shard(0),):
         raise NotImplementedError(
-            f"chunked_causal_lm_loss: the lm_head weight is a DTensor placed {placements} on a {mesh.ndim}-D "
-            "mesh; the chunked loss takes a whole weight or one split by vocabulary rows (Shard(0), tensor "
-            "parallelism's colwise lm_head). Other layouts (FSDP's shards) are not built yet."
+            f"chunked_causal_lm_loss: the lm_head weight is a DTensor placed {placements} on a mesh of "
+            f"dimensions {mesh.mesh_dim_names}; the chunked loss takes a whole weight or one split by vocabulary "
+            f"rows over a tensor-parallel mesh (Shard(0) on a 1-D mesh named {TENSOR_PARALLEL_DIM!r}). FSDP's "
+            "shards and other layouts are not built yet: use the model's own loss there."
         )
     vocab, ranks = weight.shape[0], mesh.size()
     per_rank = -(-vocab // ranks)  # torch.chunk's split, as Shard(0) lays the rows out
