@@ -23,6 +23,7 @@ from lockstep.backends.capabilities import JointlyPrepared, JointPreparation, St
 from lockstep.data import prepare_data_loader
 from lockstep.integrations.peft import check_adapters_not_added_after_prepare
 from lockstep.integrations.quantized import keep_4bit_layout
+from lockstep.integrations.transformers_distributed import check_not_sharded_by_transformers
 from lockstep.state import PartialState
 from lockstep.step_hooks import StepHooks
 
@@ -47,6 +48,7 @@ def has_device_map(model: nn.Module) -> bool:
 
 
 def _check_trainable_here(model: nn.Module, state: PartialState) -> None:
+    check_not_sharded_by_transformers(model)
     if has_device_map(model) and not state.is_plain:
         raise ValueError(
             f"Cannot prepare {type(model).__name__} for {state.distributed_type} training on "
