@@ -16,6 +16,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from transformers import (
+    DeepseekV3Config,
+    DeepseekV3ForCausalLM,
     MixtralConfig,
     MixtralForCausalLM,
     OlmoeConfig,
@@ -70,6 +72,24 @@ def _build(kind: str) -> nn.Module:
             num_experts=8, moe_intermediate_size=16, shared_expert_intermediate_size=16, **common
         )
         return Qwen2MoeForCausalLM(config)
+    if kind == "deepseek_v3":  # layer 0 dense, layer 1 routed experts in 2 groups of 4 and a shared expert
+        config = DeepseekV3Config(
+            n_routed_experts=8,
+            n_shared_experts=1,
+            n_group=2,
+            topk_group=1,
+            first_k_dense_replace=1,
+            intermediate_size=64,
+            moe_intermediate_size=16,
+            q_lora_rank=16,
+            kv_lora_rank=16,
+            qk_rope_head_dim=4,
+            qk_nope_head_dim=4,
+            v_head_dim=8,
+            num_key_value_heads=4,  # multi-head latent attention: one key and value per head
+            **{k: v for k, v in common.items() if k not in ("head_dim", "num_key_value_heads")},
+        )
+        return DeepseekV3ForCausalLM(config)
     if kind == "olmoe":
         return OlmoeForCausalLM(OlmoeConfig(num_experts=8, intermediate_size=16, **common))
     config = MixtralConfig(num_local_experts=8, intermediate_size=16, router_jitter_noise=0.0, **common)
@@ -110,7 +130,7 @@ def _train(
             out = model(input_ids=ids, labels=ids, attention_mask=None if mask is None else mask[rows])
             (out.loss / ACCUMULATION).backward()
             losses.append(out.loss.item())
-            aux_losses.append(out.aux_loss.item())
+            aux_losses.append(0.0 if out.aux_loss is None else out.aux_loss.item())  # DeepSeek-V3: none
         if ep is not None:
             ep.reduce_gradients()
             ep.clip_grad_norm_(1.0)
@@ -142,7 +162,9 @@ def _expert_bytes(model: nn.Module) -> int:
     return sum(p.numel() * p.element_size() for n, p in model.named_parameters() if ".experts." in n)
 
 
-@pytest.fixture(scope="module", params=["qwen3_moe", "mixtral", "olmoe", "qwen2_moe", "qwen3_moe_padded"])
+@pytest.fixture(
+    scope="module", params=["qwen3_moe", "mixtral", "olmoe", "qwen2_moe", "qwen3_moe_padded", "deepseek_v3"]
+)
 def runs(request: pytest.FixtureRequest) -> dict[str, Any]:
     """The one-process reference and the ep=2 ranks' results, trained once per model kind."""
     kind = request.param

@@ -1,7 +1,7 @@
 """Expert parallelism: a mixture-of-experts model's experts sharded over ranks, tokens routed by all-to-all.
 
 What it does. :func:`apply_expert_parallel` finds the model's sparse-MoE blocks (transformers 5.x Qwen3-MoE,
-Mixtral, OLMoE, Qwen2-MoE, and any block recognised with :func:`register_moe_block`), keeps on rank ``r`` of
+Mixtral, OLMoE, Qwen2-MoE, DeepSeek-V3, and any block recognised with :func:`register_moe_block`), keeps on rank ``r`` of
 an expert-parallel group of size ``ep`` the experts ``[r * E / ep, (r + 1) * E / ep)`` of each block as plain
 local parameters, and swaps the block's experts module for one that sends each of this rank's (token, choice)
 pairs to the rank holding the chosen expert (``all_to_all_single`` of the counts, then of the hidden states,
@@ -10,7 +10,7 @@ router's top-k weights as the block does. The model's forward, router and expert
 router's auxiliary load-balancing loss is computed over every data-parallel rank's tokens, as one process
 computes it. :meth:`ExpertParallel.reduce_gradients` averages dense gradients over the ranks and the expert
 gradients the same way, so that training equals one process on the global batch (tested within 1e-6 on 2
-processes: Qwen3-MoE, Mixtral, OLMoE, Qwen2-MoE; AdamW, accumulation, clipping, padding).
+processes: Qwen3-MoE, Mixtral, OLMoE, Qwen2-MoE, DeepSeek-V3; AdamW, accumulation, clipping, padding).
 
 Groups (:mod:`lockstep.layers.expert_parallel._groups`). ``ep_size`` divides the data-parallel size ``W`` and
 is its inner factor, as in torchtitan: the ranks form ``W / ep_size`` ep groups of ``ep_size`` consecutive

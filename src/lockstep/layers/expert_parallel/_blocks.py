@@ -22,6 +22,7 @@ _RECOGNISED_BLOCKS: dict[str, str] = {
     "MixtralSparseMoeBlock": "experts",
     "OlmoeSparseMoeBlock": "experts",
     "Qwen2MoeSparseMoeBlock": "experts",
+    "DeepseekV3MoE": "experts",  # group-limited sigmoid routing, a shared expert beside, no aux loss
 }
 """Sparse-MoE block class name -> the attribute holding its fused experts module (transformers 5.x)."""
 

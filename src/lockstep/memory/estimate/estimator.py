@@ -142,8 +142,8 @@ def check_expert_parallel(model: ModelDescription, ep_size: int) -> None:
     if not model.num_experts:
         raise UsageError(
             f"{passed} asks for expert parallelism, but {model.model_class} from {model.source} has no "
-            "mixture-of-experts block it recognises (a transformers 5 model whose config sets num_experts or "
-            "num_local_experts: Qwen3-MoE, Mixtral, OLMoE, Qwen2-MoE). Drop --ep-size for a dense model."
+            "mixture-of-experts block it recognises (a transformers 5 model whose config sets num_experts, "
+            "num_local_experts or n_routed_experts: Qwen3-MoE, Mixtral, OLMoE, Qwen2-MoE, DeepSeek-V3). Drop --ep-size for a dense model."
         )
     indivisible = sorted({count for count in model.num_experts if count % ep_size})
     if indivisible:
