@@ -146,6 +146,15 @@ def _logits(
     return tanh * softcap, tanh
 
 
+def _autocast_state(device_type: str) -> dict[str, Any]:
+    """The forward's autocast setting, which backward (run outside autocast) restores for its recompute."""
+    return {
+        "device_type": device_type,
+        "enabled": torch.is_autocast_enabled(device_type),
+        "dtype": torch.get_autocast_dtype(device_type),
+    }
+
+
 def _log_sum_exp(logits: torch.Tensor, shard: VocabShard | None) -> torch.Tensor:
     """Each row's log-sum-exp over the whole vocabulary (over every rank's slice of it)."""
     if shard is None:
@@ -185,6 +194,7 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
             picked = all_reduce(picked.mul_(held), dist.ReduceOp.SUM, shard)
         ctx.save_for_backward(hidden, weight, bias, columns, held, log_sum_exp)
         ctx.chunk_size, ctx.softcap, ctx.shard = chunk_size, softcap, shard
+        ctx.autocast = _autocast_state(hidden.device.type)
         return (log_sum_exp - picked).sum()
 
     @staticmethod
@@ -197,29 +207,32 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
             torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_weight else None
         )
         grad_bias = torch.zeros(bias.shape, dtype=torch.float32, device=bias.device) if need_bias else None
-        rows = torch.arange(min(ctx.chunk_size, hidden.shape[0]), device=hidden.device)
-        for start in range(0, hidden.shape[0], ctx.chunk_size):
-            end = start + ctx.chunk_size
-            chunk = hidden[start:end]
-            logits, tanh = _logits(chunk, weight, bias, ctx.softcap)
-            # d/dz (logsumexp(z) - z[t]) = softmax(z) - onehot(t), in place on the chunk's logits
-            grad = logits.sub_(log_sum_exp[start:end, None]).exp_()
-            hit = 1.0 if held is None else held[start:end].to(grad.dtype)
-            if grad.shape[-1]:
-                grad[rows[: chunk.shape[0]], columns[start:end]] -= hit
-            grad.mul_(grad_total)
-            if tanh is not None:
-                grad.mul_(1.0 - tanh * tanh)
-                del tanh
-            grad = grad.to(weight.dtype)
-            if grad_hidden is not None:
-                grad_hidden[start:end] = grad @ weight
-            if grad_weight is not None and grad.dtype == torch.float32:
-                grad_weight.addmm_(grad.t(), chunk)
-            elif grad_weight is not None:
-                grad_weight += (grad.t() @ chunk).float()
-            if grad_bias is not None:
-                grad_bias += grad.sum(dim=0, dtype=torch.float32)
+        # backward runs outside autocast: the chunks are recomputed, and their gradients formed, under the
+        # forward's setting (bf16 products under autocast), wherever backward is called
+        with torch.autocast(**ctx.autocast):
+            rows = torch.arange(min(ctx.chunk_size, hidden.shape[0]), device=hidden.device)
+            for start in range(0, hidden.shape[0], ctx.chunk_size):
+                end = start + ctx.chunk_size
+                chunk = hidden[start:end]
+                logits, tanh = _logits(chunk, weight, bias, ctx.softcap)
+                # d/dz (logsumexp(z) - z[t]) = softmax(z) - onehot(t), in place on the chunk's logits
+                grad = logits.sub_(log_sum_exp[start:end, None]).exp_()
+                hit = 1.0 if held is None else held[start:end].to(grad.dtype)
+                if grad.shape[-1]:
+                    grad[rows[: chunk.shape[0]], columns[start:end]] -= hit
+                grad.mul_(grad_total)
+                if tanh is not None:
+                    grad.mul_(1.0 - tanh * tanh)
+                    del tanh
+                grad = grad.to(weight.dtype)
+                if grad_hidden is not None:
+                    grad_hidden[start:end] = grad @ weight
+                if grad_weight is not None and grad.dtype == torch.float32:
+                    grad_weight.addmm_(grad.t(), chunk)
+                elif grad_weight is not None:
+                    grad_weight += (grad.t() @ chunk).float()
+                if grad_bias is not None:
+                    grad_bias += grad.sum(dim=0, dtype=torch.float32)
         if grad_hidden is not None:  # each rank's slice of the vocabulary adds its part
             all_reduce(grad_hidden, dist.ReduceOp.SUM, ctx.shard)
         return (
