@@ -248,3 +248,47 @@ def test_full_determinism_turns_on_deterministic_algorithms(tmp_path):
         assert torch.are_deterministic_algorithms_enabled()
     finally:
         torch.use_deterministic_algorithms(False)
+
+
+class CausalTokens(Dataset):
+    """Sequences of 8 tokens labelled with themselves; the last 3 positions of every other one are -100."""
+
+    def __init__(self) -> None:
+        self.ids = torch.randint(0, 64, (6, 8), generator=torch.Generator().manual_seed(3))
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, index: int) -> dict:
+        labels = self.ids[index].clone()
+        if index % 2:
+            labels[5:] = -100
+        return {"input_ids": self.ids[index], "labels": labels}
+
+
+def test_eval_counts_a_causal_lms_shifted_labels_for_compute_loss_func(tmp_path):
+    """``compute_loss_func`` gets ``num_items_in_batch`` over ``labels[..., 1:]`` in evaluation, as in training
+    (position 0 is never a target of a causal LM): a loss that divides its sum by it gives the model's own
+    eval_loss. Counting every label (before) gave a loss smaller by the rows' position-0 labels."""
+    pytest.importorskip("transformers")
+    from transformers import LlamaForCausalLM
+
+    from tests.helpers.llama import tiny_llama_config
+
+    def summed_over_items(outputs, labels, num_items_in_batch=None):
+        logits = outputs["logits"][..., :-1, :].reshape(-1, 64).float()
+        return (
+            nn.functional.cross_entropy(
+                logits, labels[..., 1:].reshape(-1), ignore_index=-100, reduction="sum"
+            )
+            / num_items_in_batch
+        )
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(tiny_llama_config())
+    args = TrainingArguments(output_dir=str(tmp_path), per_device_eval_batch_size=2, report_to=[])
+    own = Trainer(model, args, eval_dataset=CausalTokens()).evaluate()["eval_loss"]
+    counted = Trainer(
+        model, args, eval_dataset=CausalTokens(), compute_loss_func=summed_over_items
+    ).evaluate()["eval_loss"]
+    assert counted == pytest.approx(own, rel=1e-6)

@@ -13,7 +13,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from lockstep.accelerator import Accelerator
-from lockstep.trainer import batches
+from lockstep.trainer import _num_items, batches
 from lockstep.trainer._process_setup import data_parallel_share
 
 PAD_INDEX = -100
@@ -284,7 +284,9 @@ def _evaluate_batch(
     with torch.no_grad():
         outputs = batches.call_model(model, inputs)
         if compute_loss_func is not None and labels is not None:
-            count = batches.count_items(labels)
+            count = batches.count_items(
+                labels, shift=_num_items.loss_shifts_labels(accelerator.unwrap_model(model))
+            )
             loss = compute_loss_func(outputs, labels, num_items_in_batch=count)
         else:
             loss = batches.output_loss(outputs)
@@ -296,7 +298,7 @@ def _evaluate_batch(
             # examples is recomputed without it, so eval_loss is exact. Every process runs this forward
             # (FSDP's forward is a collective); one without real examples runs one row, weighted 0.
             rows = batches.first_rows(batch, max(real, 1), size)
-            loss = _loss_of(model, rows, label_names, compute_loss_func)
+            loss = _loss_of(accelerator, model, rows, label_names, compute_loss_func)
     return loss, real, {"predictions": batches.predictions_of(outputs), "labels": labels}
 
 
@@ -341,6 +343,7 @@ def _real_examples(accelerator: Accelerator, loader: DataLoader, size: int) -> l
 
 
 def _loss_of(
+    accelerator: Accelerator,
     model: nn.Module,
     batch: Any,
     label_names: Sequence[str],
@@ -349,7 +352,8 @@ def _loss_of(
     inputs, labels = batches.split_labels(batch, label_names, pop=compute_loss_func is not None)
     outputs = batches.call_model(model, inputs)
     if compute_loss_func is not None and labels is not None:
-        return compute_loss_func(outputs, labels, num_items_in_batch=batches.count_items(labels))
+        shift = _num_items.loss_shifts_labels(accelerator.unwrap_model(model))
+        return compute_loss_func(outputs, labels, num_items_in_batch=batches.count_items(labels, shift=shift))
     return batches.output_loss(outputs)
 
 

@@ -166,10 +166,13 @@ def output_loss(outputs: Any) -> torch.Tensor | None:
     return getattr(outputs, "loss", None)
 
 
-def count_items(labels: Any) -> int:
-    """Labels that count towards the loss (not -100), as transformers' ``num_items_in_batch``."""
+def count_items(labels: Any, *, shift: bool = False) -> int:
+    """Labels that count towards the loss (not -100), as transformers' ``num_items_in_batch``; with ``shift``
+    (a causal LM, whose loss shifts its labels) over ``labels[..., 1:]``: position 0 is never a target."""
     if isinstance(labels, torch.Tensor):
-        return int((labels != -100).sum()) if labels.dtype in (torch.int64, torch.int32) else labels.shape[0]
+        if labels.dtype not in (torch.int64, torch.int32):
+            return labels.shape[0]
+        return int(((labels[..., 1:] if shift else labels) != -100).sum())
     return 0
 
 
