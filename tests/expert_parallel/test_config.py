@@ -34,7 +34,7 @@ def test_ep_size_must_be_a_positive_integer(value: object) -> None:
 @pytest.mark.parametrize(
     "sizes",
     [
-        {"dp_shard_size": 2},
+        {"dp_replicate_size": 2, "dp_shard_size": 2},
         {"dp_shard_size": 2, "tp_size": 2},
         {"dp_shard_size": 2, "cp_size": 2},
         {"pp_size": 2},
@@ -46,6 +46,17 @@ def test_compositions_not_built_yet_are_refused_by_name(sizes: dict[str, int]) -
         NotImplementedError, match=rf"ParallelismConfig\(ep_size=2, {passed}\) is not built yet: .*comes next"
     ):
         ParallelismConfig(ep_size=2, **sizes)
+
+
+def test_fsdp2_dp_shard_size_composes() -> None:
+    """``dp_shard_size`` alone (FSDP2) is built: ``tests/expert_parallel/test_fsdp.py``."""
+    config = ParallelismConfig(dp_shard_size=4, ep_size=2)
+    config.validate_world_size(4)
+    assert (config.dp_shard_size, config.ep_size, config.total_size) == (4, 2, 4)
+    with pytest.raises(
+        ValueError, match=r"ParallelismConfig\(ep_size=4\) does not fit 2 data-parallel processes"
+    ):
+        ParallelismConfig(dp_shard_size=2, ep_size=4).validate_world_size(2)
 
 
 def test_ep_size_must_divide_the_data_parallel_size() -> None:

@@ -32,6 +32,8 @@ capability                    what it does                                      
 :class:`GlobalLossTerm`       the model adds a term computed over every rank's   the expert parallelism
                               batch: a loop that multiplies each rank's loss     layer
                               says so, and the term counts once
+:class:`SeparateSharding`     a layer shards a submodule with FSDP2 over a mesh  FSDP, N-D, pipeline
+                              of its own before the backend shards the model
 ============================  =================================================  ==========================
 """
 
@@ -40,7 +42,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
@@ -290,3 +292,25 @@ class GlobalLossTerm(Capability):
     @abstractmethod
     def loss_multiplied_by(self, factor: float) -> contextlib.AbstractContextManager[None]:
         """The forwards inside return a loss that the loop multiplies by ``factor`` before its backward."""
+
+
+class SeparateSharding(Capability):
+    """The backend shards models with FSDP2 (``fully_shard``), and a layer may shard a submodule over a mesh of
+    its own first, in its ``preparing_model`` (expert parallelism: the experts over the ranks that hold the same
+    experts, not over every data-parallel rank). The backend's own sharding of the model then leaves that
+    submodule's parameters to it (``fully_shard`` skips a submodule that is sharded already)."""
+
+    @abstractmethod
+    def shard_apart(
+        self, module: nn.Module, mesh: Any, *, replaced: Mapping[str, nn.Parameter] | None = None
+    ) -> None:
+        """``fully_shard`` ``module`` over ``mesh`` (a 1-D ``DeviceMesh``) with the backend's settings (precision
+        policy, offload, resharding after forward).
+
+        Args:
+            module: a submodule of a model about to be prepared.
+            mesh: the ranks to shard it over.
+            replaced: parameters that an optimizer built before ``prepare`` may hold, by the name (in
+                ``module``) of the parameter that replaced them before sharding: ``prepare`` re-binds such an
+                optimizer to the sharded parameters.
+        """

@@ -196,17 +196,19 @@ class ParallelismConfig:
                 f"ParallelismConfig(ep_size={self.ep_size!r}) is invalid: it must be an integer >= 1 (1 switches "
                 "expert parallelism off)."
             )
+        hsdp = self.dp_shard_size > 1 and self.dp_replicate_size > 1
         others = {
             name: getattr(self, name)
             for name in _SIZES
-            if name != "dp_replicate_size" and getattr(self, name) > 1
+            if (name != "dp_replicate_size" or hsdp) and getattr(self, name) > 1
         }
-        if self.ep_size > 1 and others:
+        if self.ep_size > 1 and set(others) - {"dp_shard_size"}:  # FSDP2 alone composes (the ep layer)
             sizes = ", ".join(f"{name}={size}" for name, size in others.items())
             raise NotImplementedError(
                 f"ParallelismConfig(ep_size={self.ep_size}, {sizes}) is not built yet: expert parallelism composes "
-                "with plain data parallelism (DDP) only for now; with FSDP2 (dp_shard_size), HSDP, tensor, context "
-                "and pipeline parallelism it comes next (see lockstep.layers.expert_parallel). Set those sizes to 1."
+                "with plain data parallelism (DDP) and with FSDP2 (dp_shard_size) only for now; with HSDP, tensor, "
+                "context and pipeline parallelism it comes next (see lockstep.layers.expert_parallel). Set those "
+                "sizes to 1."
             )
 
     def _check_handlers(self) -> None:

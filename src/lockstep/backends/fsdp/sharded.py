@@ -16,7 +16,7 @@ import functools
 import logging
 import weakref
 from abc import abstractmethod
-from collections.abc import Collection, Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, OffloadPolicy, fully_shard
 
 from lockstep.backends.base import Backend, Indexed
-from lockstep.backends.capabilities import GatheredForward, ShardedCheckpointIO
+from lockstep.backends.capabilities import GatheredForward, SeparateSharding, ShardedCheckpointIO
 from lockstep.backends.fsdp import checkpoint as shards
 from lockstep.backends.fsdp.clipping import clip_sharded_gradients
 from lockstep.backends.fsdp.loading import announce_main_process_loading
@@ -42,7 +42,7 @@ from lockstep.state import PartialState
 checkpoint_logger = logging.getLogger("lockstep.checkpoint")
 
 
-class ShardedBackend(Backend, ShardedCheckpointIO, GatheredForward):
+class ShardedBackend(Backend, ShardedCheckpointIO, GatheredForward, SeparateSharding):
     """The sharding state and the FSDP2 parts of the backend interface; abstract: a subclass says over which
     mesh it shards (:attr:`mesh`) and how it wraps a model (:meth:`wrap_model`).
 
@@ -111,6 +111,21 @@ class ShardedBackend(Backend, ShardedCheckpointIO, GatheredForward):
             shard(unit)
         shard(model)
         guard_sharded(model, "FSDP2")
+
+    def shard_apart(
+        self, module: nn.Module, mesh: DeviceMesh, *, replaced: Mapping[str, nn.Parameter] | None = None
+    ) -> None:
+        """``fully_shard`` ``module`` over ``mesh`` with this backend's settings, before :meth:`wrap_model`
+        shards the model around it (:class:`~lockstep.backends.capabilities.SeparateSharding`)."""
+        fully_shard(
+            module,
+            mesh=mesh,
+            reshard_after_forward=self.plugin.reshard_after_forward,
+            mp_policy=self.mp_policy,
+            offload_policy=self.offload_policy,
+        )
+        for name, original in (replaced or {}).items():
+            self._replacements[id(original)] = (weakref.ref(original), module.get_parameter(name))
 
     def _check_wrappable(self, model: nn.Module) -> None:
         if isinstance(model, FSDPModule):

@@ -24,9 +24,19 @@ gathers the same one-process layout). With ``ep_size == W`` there is one ep grou
 groups are created once, on every rank in the same order (``torch.distributed.new_group``), after the checks.
 
 Why plain local parameters, not a DTensor ``Shard(0)``: the model's expert math indexes its 3-D parameters
-by local expert and must run on this rank's shard only; FSDP2 (next) will shard these local parameters over
-the ranks that hold the same experts, a different mesh from the dense parameters', which a DTensor placed
-on the ``ep`` mesh would first have to be unwrapped from.
+by local expert and must run on this rank's shard only; FSDP2 shards these local parameters over the ranks
+that hold the same experts, a different mesh from the dense parameters', which a DTensor placed on the ``ep``
+mesh would first have to be unwrapped from.
+
+With FSDP2 (:mod:`lockstep.layers.expert_parallel._fsdp`). ``ParallelismConfig(dp_shard_size=N, ep_size=E)``
+(``E`` dividing ``N``, the N-D backend): the same ep groups; each experts module is ``fully_shard``-ed over its
+replica group (the ``N / E`` ranks holding the same experts, torchtitan's ``dp_shard_mod_ep``; one rank when
+``E == N``) by the backend's :class:`~lockstep.backends.capabilities.SeparateSharding` before the backend
+shards the dense weights over all ``N`` ranks; FSDP2 reduce-scatters the expert gradients over the replicas and
+divides them by ``N`` (``set_gradient_divide_factor``), its ``set_requires_gradient_sync`` (accumulation)
+covers them, and the clip sums every rank's local squares once over the world (each element is held by one
+rank). Checked against one process (``tests/expert_parallel/test_fsdp.py``): ``E = 2`` with ``N = 2`` and
+``N = 4``, within 1e-6.
 
 Under the Accelerator (a layer: :mod:`lockstep.layers.expert_parallel._layer`, turned on by the layout).
 ``Accelerator(parallelism_config=ParallelismConfig(ep_size=N))``, the config file's
@@ -71,10 +81,14 @@ with any ``ep_size`` dividing the number of processes: equal to it (checked agai
 batch through the user's loop and through ``lockstep launch``, 2 processes) or smaller, the experts replicated
 over ``processes / ep_size`` ep groups (``ep=2`` on 4 processes through the user's loop, by hand with
 ``apply_expert_parallel(model, ep_size=2)`` and through the Trainer: ``tests/expert_parallel/test_replicas.py``,
-``test_trainer.py``); checkpoints, as above.
+``test_trainer.py``); checkpoints, as above. Composed with FSDP2 (``dp_shard_size``), as above, through the
+user's loop (``dp_shard_size`` 2 and 4 with ``ep_size=2``).
 
-Not built yet (next, each refused by name before the first step): composition with FSDP2 (``dp_shard_size``),
-HSDP, TP, CP and pipeline parallelism (``ParallelismConfig`` refuses them), and with DeepSpeed;
+Not built yet (next, each refused by name before the first step): checkpoints under FSDP2 with ``ep_size``
+(``save_state``, ``load_state``, ``save_model`` and ``get_state_dict`` raise :class:`ExpertParallelNotBuiltError`
+before anything is written or read); the Trainer with FSDP2 and ``ep_size`` (not checked), and
+:func:`expert_memory` there (it counts the DDP layout); composition with HSDP, TP, CP and pipeline parallelism
+(``ParallelismConfig`` refuses them), and with DeepSpeed;
 ``apply_expert_parallel(group=..., ep_size=...)`` with ``ep_size`` smaller than a group other than the world.
 Checkpoints of an optimizer whose state of an expert parameter is not shaped like the parameter (Adafactor's
 factored moments) are refused by ``save_state`` before it writes anything (:class:`ExpertParallelNotBuiltError`);

@@ -78,9 +78,15 @@ class ExpertParallel:
         self.experts = experts
         self._aux_loss_hook = aux_loss_hook
         self.loss_multiplier = loss_multiplier
-        expert_ids = {id(p) for module in experts.values() for p in module.parameters()}
-        self._expert_params = [p for p in model.parameters() if id(p) in expert_ids]
-        self._dense_params = [p for p in model.parameters() if id(p) not in expert_ids]
+        self._expert_params: list[nn.Parameter] = []
+        self._dense_params: list[nn.Parameter] = []
+        self.parameters_replaced()
+
+    def parameters_replaced(self) -> None:
+        """Read the model's parameters again, after something replaced them (FSDP2 sharding the experts)."""
+        expert_ids = {id(p) for module in self.experts.values() for p in module.parameters()}
+        self._expert_params = [p for p in self.model.parameters() if id(p) in expert_ids]
+        self._dense_params = [p for p in self.model.parameters() if id(p) not in expert_ids]
 
     def expert_parameters(self) -> Iterator[nn.Parameter]:
         """This rank's expert parameters (its shard of every block's experts)."""
@@ -324,8 +330,8 @@ def _refuse_unbuilt(
     if isinstance(group, DeviceMesh) and group.ndim != 1:
         raise ExpertParallelNotBuiltError(
             f"apply_expert_parallel(group=<{group.ndim}-D DeviceMesh>) is not built: pass the 1-D 'ep' mesh. "
-            f"Expert parallelism composed with FSDP2, TP or HSDP (ParallelismConfig(ep_size=...)) is not "
-            f"built yet; {later}."
+            "With FSDP2, use the Accelerator with ParallelismConfig(dp_shard_size=..., ep_size=...); expert "
+            f"parallelism composed with TP or HSDP is not built yet; {later}."
         )
     # A wrapper (DDP, a DeepSpeed engine, FSDP1) holds the model as ``.module``; FSDP2 and TP leave DTensors.
     wrapped = isinstance(getattr(model, "module", None), nn.Module)

@@ -71,6 +71,14 @@ class ExpertParallelExperts(nn.Module):
         # whoever replaces them later (FSDP2) is what the math reads.
         self._local_math: tuple[nn.Module] = (experts,)
 
+    def parameters_replaced(self) -> None:
+        """Point the model's expert math at this module's current parameters, after FSDP2 replaced them by its
+        sharded ones, so that the replaced tensors are released (the math reads this module's parameters at
+        every forward anyway)."""
+        (math,) = self._local_math
+        for name, param in self.named_parameters(recurse=False):
+            setattr(math, name, param)
+
     def extra_repr(self) -> str:
         """The shard this rank holds."""
         last = self.first_expert + self.num_local_experts

@@ -1,7 +1,11 @@
 """Expert parallelism under the Accelerator: a layer of step hooks the layout's ``ep_size`` turns on.
 
-The backend (DDP) trains the dense weights as usual; this layer's moments (:mod:`lockstep.step_hooks`) add the
-experts:
+The backend (DDP, or FSDP2 with ``dp_shard_size``) trains the dense weights as usual; this layer's moments
+(:mod:`lockstep.step_hooks`) add the experts. Under FSDP2 (:mod:`lockstep.layers.expert_parallel._fsdp`),
+``preparing_model`` has the backend ``fully_shard`` each experts module over its replica group first (the
+backend's :class:`~lockstep.backends.capabilities.SeparateSharding`), FSDP2 reduces and divides the expert
+gradients, the clip sums every rank's shards once, and checkpoints are refused
+(:class:`ExpertParallelNotBuiltError`, before anything is written). Under DDP:
 
 * ``preparing_model``: before DDP wraps a model, its experts are sharded over ep groups of ``ep_size``
   consecutive data-parallel ranks (:func:`apply_expert_parallel`; the first model prepared creates the process
@@ -35,8 +39,9 @@ from typing import Any, final
 
 import torch
 from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
 
-from lockstep.backends.capabilities import GlobalLossTerm, JointPreparation
+from lockstep.backends.capabilities import GlobalLossTerm, JointPreparation, SeparateSharding
 from lockstep.layers.expert_parallel._apply import (
     ExpertParallel,
     apply_expert_parallel,
@@ -46,6 +51,12 @@ from lockstep.layers.expert_parallel._apply import (
 from lockstep.layers.expert_parallel._blocks import find_moe_blocks
 from lockstep.layers.expert_parallel._checkpoint import ExpertStateDicts
 from lockstep.layers.expert_parallel._errors import ExpertParallelNotBuiltError, ExpertShardingError
+from lockstep.layers.expert_parallel._fsdp import (
+    clip_fully_sharded,
+    divide_once_on_one_rank,
+    replica_mesh,
+    shard_experts_apart,
+)
 from lockstep.layers.expert_parallel._groups import ExpertParallelGroups, expert_parallel_groups
 from lockstep.step_hooks import StepHook
 
@@ -54,18 +65,31 @@ _NEXT = "it comes next (see lockstep.layers.expert_parallel)"
 
 @final
 class ExpertParallelLayer(StepHook, GlobalLossTerm):
-    """The step hooks of expert parallelism borrowed from plain data parallelism (DDP).
+    """The step hooks of expert parallelism borrowed from data parallelism (DDP, or FSDP2's ``dp_shard``).
 
     Args:
         ep_size: the ranks each model's experts are sharded over; it divides the data-parallel size (the
-            world under DDP), and each shard is replicated over the ``world / ep_size`` ranks with the same rank
-            in their ep group.
+            world), and each shard is replicated over the ``world / ep_size`` ranks with the same rank in their
+            ep group.
         sync_gradients: whether the current step synchronises gradients (not a micro-step of accumulation).
+        sharding: under FSDP2 (``dp_shard_size``), the backend's capability to shard the experts modules over
+            their replica groups first (:mod:`lockstep.layers.expert_parallel._fsdp`); None under DDP.
+        device_type: the device the replica groups' mesh is built for (with ``sharding``).
     """
 
-    def __init__(self, *, ep_size: int, sync_gradients: Callable[[], bool]) -> None:
+    def __init__(
+        self,
+        *,
+        ep_size: int,
+        sync_gradients: Callable[[], bool],
+        sharding: SeparateSharding | None = None,
+        device_type: str = "cpu",
+    ) -> None:
         self._ep_size = ep_size
         self._sync_gradients = sync_gradients
+        self._sharding = sharding
+        self._device_type = device_type
+        self._replica_mesh: DeviceMesh | None = None
         self._groups: ExpertParallelGroups | None = None
         self.parallel: list[ExpertParallel] = []
         """One per prepared model, in the order they were prepared."""
@@ -75,7 +99,14 @@ class ExpertParallelLayer(StepHook, GlobalLossTerm):
 
     def preparing_model(self, model: Any) -> Any:
         full = dict(model.named_parameters())
-        parallel = apply_expert_parallel(model, self._process_groups(model))
+        groups = self._process_groups(model)
+        parallel = apply_expert_parallel(model, groups)
+        self.parallel.append(parallel)
+        if self._sharding is not None:  # FSDP2: the experts sharded over their replicas, then the dense ones
+            if self._replica_mesh is None:
+                self._replica_mesh = replica_mesh(groups, self._device_type)
+            shard_experts_apart(parallel, full, sharding=self._sharding, mesh=self._replica_mesh)
+            return model
         expert_ids = {id(p) for p in parallel.expert_parameters()}
         names = [name for name, param in model.named_parameters() if id(param) in expert_ids]
         for name in names:
@@ -86,7 +117,6 @@ class ExpertParallelLayer(StepHook, GlobalLossTerm):
         model._ddp_params_and_buffers_to_ignore = names
         for param in parallel.expert_parameters():
             param._ddp_ignored = True
-        self.parallel.append(parallel)
         if self._state_dicts is None:
             self._state_dicts = ExpertStateDicts(parallel.group)
         self._state_dicts.add_experts(parallel.experts.values())
@@ -100,6 +130,12 @@ class ExpertParallelLayer(StepHook, GlobalLossTerm):
             check_divisible(find_moe_blocks(model), self._ep_size)
             self._groups = expert_parallel_groups(self._ep_size)
         return self._groups
+
+    def prepared_model(self, model: object) -> None:
+        if self._sharding is not None and self._replica_mesh is not None:
+            for parallel in self.parallel:
+                parallel.parameters_replaced()  # the backend replaced the dense parameters by its sharded ones
+                divide_once_on_one_rank(parallel, self._replica_mesh)
 
     def prepared_optimizer(self, optimizer: Any) -> None:
         stale = [p for group in optimizer.param_groups for p in group["params"] if id(p) in self._sharded]
@@ -119,7 +155,7 @@ class ExpertParallelLayer(StepHook, GlobalLossTerm):
         return contextlib.nullcontext()
 
     def before_clip(self) -> None:
-        if self._sync_gradients():
+        if self._sync_gradients() and self._sharding is None:
             self._scale_once()
 
     def clip_grad_norm_(
@@ -127,6 +163,8 @@ class ExpertParallelLayer(StepHook, GlobalLossTerm):
     ) -> torch.Tensor | None:
         if not self.parallel:
             return None
+        if self._sharding is not None:
+            return clip_fully_sharded(parameters, max_norm, norm_type, self.parallel[0].groups.data_parallel)
         expert_ids = {id(p) for parallel in self.parallel for p in parallel.expert_parameters()}
         return clip_by_global_norm(parameters, expert_ids, max_norm, norm_type, self.parallel[0].group)
 
@@ -138,6 +176,13 @@ class ExpertParallelLayer(StepHook, GlobalLossTerm):
             yield
 
     def before_checkpoint(self, operation: str) -> None:
+        if self._sharding is not None and self.parallel:
+            raise ExpertParallelNotBuiltError(
+                f"{operation} with ParallelismConfig(dp_shard_size=..., ep_size={self._ep_size}) is not built yet: "
+                "the experts are sharded by FSDP2 over the ranks that hold the same experts, and gathering them "
+                f"into the one-process layout under FSDP2 {_NEXT}. Nothing was written or read. Train with "
+                "ep_size and plain data parallelism (no dp_shard_size) to save and load checkpoints."
+            )
         if self._state_dicts is None:
             return
         if operation == "load_state":
@@ -149,7 +194,8 @@ class ExpertParallelLayer(StepHook, GlobalLossTerm):
     def around_optimizer_step(self, optimizer: object) -> Iterator[None]:
         if self._state_dicts is not None:
             self._state_dicts.forget_gathered()
-        self._scale_once()
+        if self._sharding is None:  # under FSDP2 its reduce-scatter divides the expert gradients
+            self._scale_once()
         yield
 
     def _scale_once(self) -> None:
@@ -164,9 +210,9 @@ def expert_parallel_hooks(layout: Any, accelerator: Any) -> list[StepHook]:
 
     Raises:
         ExpertParallelNotBuiltError: a backend that prepares the model together with its optimizer
-            (DeepSpeed). (FSDP2, HSDP, TP, CP and pipeline parallelism with ``ep_size`` are refused by
-            ``ParallelismConfig`` itself; an ``ep_size`` that does not divide the processes, by its
-            ``validate_world_size``.)
+            (DeepSpeed), or ``dp_shard_size`` with a backend that cannot shard the experts apart. (HSDP, TP, CP
+            and pipeline parallelism with ``ep_size`` are refused by ``ParallelismConfig`` itself; an
+            ``ep_size`` that does not divide the processes, by its ``validate_world_size``.)
     """
     if accelerator.backend.capability(JointPreparation) is not None:
         raise ExpertParallelNotBuiltError(
@@ -181,4 +227,21 @@ def expert_parallel_hooks(layout: Any, accelerator: Any) -> list[StepHook]:
             f"ParallelismConfig(ep_size={layout.ep_size}) does not fit {layout.data_parallel_size} data-parallel "
             f"processes: ep_size must divide {layout.data_parallel_size}. Choose an ep_size that divides it."
         )
-    return [ExpertParallelLayer(ep_size=layout.ep_size, sync_gradients=lambda: accelerator.sync_gradients)]
+    sharding, device_type = None, "cpu"
+    if layout.dp_shard_size > 1:
+        sharding, device_type = accelerator.backend.capability(SeparateSharding), accelerator.device.type
+        if sharding is None:
+            raise ExpertParallelNotBuiltError(
+                f"ParallelismConfig(dp_shard_size={layout.dp_shard_size}, ep_size={layout.ep_size}) with the "
+                f"{type(accelerator.backend).__name__} backend is not built: the experts are sharded with FSDP2 "
+                "over their replica groups, which this backend cannot do. Use lockstep's FSDP2 backend "
+                "(ParallelismConfig's dp_shard_size selects it), or drop dp_shard_size."
+            )
+    return [
+        ExpertParallelLayer(
+            ep_size=layout.ep_size,
+            sync_gradients=lambda: accelerator.sync_gradients,
+            sharding=sharding,
+            device_type=device_type,
+        )
+    ]

@@ -1,0 +1,252 @@
+"""Expert parallelism composed with FSDP2: ``ParallelismConfig(dp_shard_size=N, ep_size=2)`` equals one process.
+
+The tiny Qwen3-MoE of :mod:`tests.expert_parallel.test_parity` (2 layers, 8 experts, top-2, router aux loss on),
+AdamW, ``accelerator.accumulate`` over 2 micro-batches, ``accelerator.clip_grad_norm_(..., 1.0)``, 10 optimizer
+steps, each rank its rows of every global batch of 4 sequences, through the user's loop:
+
+* ep=2 x dp_shard=2 on 2 processes: each rank holds half the experts (FSDP2 over a replica group of one rank)
+  and half of every dense weight;
+* ep=2 x dp_shard=4 on 4 processes: ep groups {0, 1} and {2, 3}; each half of the experts FSDP2-sharded over
+  its replicas ({0, 2} or {1, 3}), the dense weights over all 4.
+
+Losses (aux loss included), the clip's norms and the parameters (each rank's experts gathered over their
+replicas, the dense ones over every rank) equal one process's within 1e-5. The checks of this test, a second
+run in the same workers: on 2 processes the experts' gradients divided by their replica group's size (FSDP2's
+default) instead of the data-parallel size, on 4 each rank's experts sharded over itself alone (no reduction
+over the replicas); both must break parity. Checkpoints are refused by name before anything is written.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from tests.expert_parallel.accelerator_loop import MAX_NORM
+from tests.expert_parallel.test_parity import (
+    ACCUMULATION,
+    ADAM_EPS,
+    GLOBAL_BATCH,
+    LR,
+    STEPS,
+    _build,
+    _micro_batch,
+)
+from tests.helpers.multiprocess import run_distributed
+
+pytestmark = pytest.mark.distributed
+
+EP_SIZE = 2
+TOLERANCE = 1e-5
+BLOCK = "model.layers.0.mlp.experts"
+
+
+def _train(accelerator: Any) -> dict[str, Any]:
+    """The user's loop (as :func:`tests.expert_parallel.accelerator_loop.train`); the weights gathered whole,
+    experts as this rank's ep shard."""
+    from torch.distributed.tensor import DTensor
+
+    model = _build("qwen3_moe")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, eps=ADAM_EPS)
+    rows = torch.cat([_micro_batch(i) for i in range(STEPS * ACCUMULATION)])
+    loader = DataLoader(rows, batch_size=GLOBAL_BATCH // accelerator.num_processes)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    losses, aux, norms = [], [], []
+    for ids in loader:
+        with accelerator.accumulate(model):
+            out = model(input_ids=ids, labels=ids)
+            accelerator.backward(out.loss)
+            losses.append(out.loss.item())
+            aux.append(out.aux_loss.item())
+            if accelerator.sync_gradients:
+                norms.append(accelerator.clip_grad_norm_(model.parameters(), MAX_NORM).item())
+            optimizer.step()
+            optimizer.zero_grad()
+    unwrapped = accelerator.unwrap_model(model)
+    state = {  # every rank gathers the same tensors in the same order (full_tensor is a collective)
+        name: (param.full_tensor() if isinstance(param, DTensor) else param).detach().clone()
+        for name, param in unwrapped.named_parameters()
+    }
+    local = {n: p.to_local().shape[0] for n, p in unwrapped.named_parameters() if isinstance(p, DTensor)}
+    return {
+        "rank": accelerator.process_index,
+        "first": {n: m.first_expert for n, m in unwrapped.named_modules() if hasattr(m, "first_expert")},
+        "losses": losses,
+        "aux": aux,
+        "norms": norms,
+        "state": state,
+        "local_rows": local,
+        "distributed_type": str(accelerator.distributed_type),
+    }
+
+
+def _accelerator(dp_shard: int) -> Any:
+    from lockstep import Accelerator, ParallelismConfig
+
+    config = ParallelismConfig(dp_shard_size=dp_shard, ep_size=EP_SIZE)
+    return Accelerator(gradient_accumulation_steps=ACCUMULATION, parallelism_config=config)
+
+
+def _refused_checkpoint(accelerator: Any, folder: str) -> dict[str, str]:
+    """What ``save_state`` and then ``load_state`` of ``folder`` raised; nothing may be written."""
+    import os
+
+    refused = {}
+    for operation in ("save_state", "load_state"):
+        try:
+            getattr(accelerator, operation)(folder)
+        except NotImplementedError as error:
+            refused[operation] = f"{type(error).__name__}: {error}"
+        else:
+            refused[operation] = "done"
+    assert not os.path.exists(folder) or not os.listdir(folder), os.listdir(folder)
+    return refused
+
+
+def _on_two(folder: str) -> dict[str, Any]:
+    from lockstep.layers.expert_parallel import _layer
+
+    accelerator = _accelerator(2)
+    result = _train(accelerator)
+    result["refused"] = _refused_checkpoint(accelerator, folder)
+    # a check: the experts' gradients divided by their replica group's size (FSDP2's default), not by 2
+    shard = _layer.shard_experts_apart
+
+    def replicas_average(parallel: Any, full: Any, *, sharding: Any, mesh: Any) -> None:
+        shard(parallel, full, sharding=sharding, mesh=mesh)
+        for module in parallel.experts.values():
+            module.set_gradient_divide_factor(float(mesh.size()))
+
+    _layer.shard_experts_apart = replicas_average
+    result["broken"] = _train(_accelerator(2))
+    return result
+
+
+def _on_four() -> dict[str, Any]:
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from lockstep.layers.expert_parallel import _layer
+
+    result = _train(_accelerator(4))
+    # a check: each rank's experts sharded over itself alone, so that no gradient is reduced over the replicas
+    _layer.replica_mesh = lambda groups, device_type: DeviceMesh.from_group(
+        dist.new_group([dist.get_rank()], use_local_synchronization=True), device_type
+    )
+    result["broken"] = _train(_accelerator(4))
+    return result
+
+
+def _one_process() -> dict[str, Any]:
+    from lockstep import Accelerator
+
+    return _train(Accelerator(gradient_accumulation_steps=ACCUMULATION))
+
+
+@pytest.fixture(scope="module")
+def one() -> dict[str, Any]:
+    (result,) = run_distributed(_one_process, 1, timeout=300.0)
+    assert len(result["losses"]) == 20 and len(result["norms"]) == 10
+    assert max(result["norms"]) > MAX_NORM  # the clip acts
+    assert result["losses"][-1] < result["losses"][0] - 0.1  # it trained
+    return result
+
+
+@pytest.fixture(scope="module")
+def two(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    folder = str(tmp_path_factory.mktemp("fsdp_ep") / "checkpoint")
+    return run_distributed(_on_two, 2, folder, timeout=300.0)
+
+
+@pytest.fixture(scope="module")
+def four() -> list[dict[str, Any]]:
+    return run_distributed(_on_four, 4, timeout=300.0)
+
+
+def _expected(full: torch.Tensor, name: str, rank: dict[str, Any]) -> torch.Tensor:
+    if ".experts." not in name:
+        return full
+    first = rank["first"][name.rsplit(".experts.", 1)[0] + ".experts"]
+    return full[first : first + full.shape[0] // EP_SIZE]
+
+
+def _differences(reference: dict[str, Any], ranks: list[dict[str, Any]]) -> dict[str, float]:
+    losses = torch.tensor([r["losses"] for r in ranks]).mean(dim=0)
+    worst = 0.0
+    for rank in ranks:
+        assert rank["state"].keys() == reference["state"].keys()
+        for name, full in reference["state"].items():
+            expected = _expected(full, name, rank)
+            assert rank["state"][name].shape == expected.shape, name
+            worst = max(worst, (rank["state"][name] - expected).abs().max().item())
+    return {
+        "loss": (losses - torch.tensor(reference["losses"])).abs().max().item(),
+        "aux": max(
+            (torch.tensor(r["aux"]) - torch.tensor(reference["aux"])).abs().max().item() for r in ranks
+        ),
+        "norm": max(
+            (torch.tensor(r["norms"]) - torch.tensor(reference["norms"])).abs().max().item() for r in ranks
+        ),
+        "params": worst,
+    }
+
+
+def test_ep2_x_dp_shard2_on_two_processes_equals_one_process(
+    one: dict[str, Any], two: list[dict[str, Any]]
+) -> None:
+    assert [r["distributed_type"] for r in two] == ["FSDP"] * 2
+    assert [r["first"][BLOCK] for r in two] == [0, 4]
+    # FSDP2 shards each dense weight over both ranks; each rank's 4 experts over its replica group of one
+    assert all(r["local_rows"]["model.embed_tokens.weight"] == 32 for r in two)
+    assert all(r["local_rows"][f"{BLOCK}.gate_up_proj"] == 4 for r in two)
+    diff = _differences(one, two)
+    print(f"ep=2 x dp_shard=2 (2 processes) vs 1 process: {diff}")
+    assert max(diff.values()) < TOLERANCE
+
+
+def test_ep2_x_dp_shard4_on_four_processes_equals_one_process(
+    one: dict[str, Any], four: list[dict[str, Any]]
+) -> None:
+    assert [r["distributed_type"] for r in four] == ["FSDP"] * 4
+    assert [r["first"][BLOCK] for r in four] == [0, 4, 0, 4]
+    # dense weights over the 4 ranks; each half of the experts over its 2 replicas: 2 experts per rank
+    assert all(r["local_rows"]["model.embed_tokens.weight"] == 16 for r in four)
+    assert all(r["local_rows"][f"{BLOCK}.gate_up_proj"] == 2 for r in four)
+    diff = _differences(one, four)
+    print(f"ep=2 x dp_shard=4 (4 processes) vs 1 process: {diff}")
+    assert max(diff.values()) < TOLERANCE
+
+
+def test_experts_divided_by_their_replica_group_s_size_break_parity(
+    one: dict[str, Any], two: list[dict[str, Any]]
+) -> None:
+    diff = _differences(one, [r["broken"] for r in two])
+    print(f"experts' gradients divided by the replica group's size (2 processes): {diff}")
+    assert diff["norm"] > 10 * TOLERANCE and diff["params"] > 50 * TOLERANCE
+
+
+def test_experts_not_reduced_over_their_replicas_break_parity(
+    one: dict[str, Any], four: list[dict[str, Any]]
+) -> None:
+    broken = [r["broken"] for r in four]
+    diff = _differences(one, broken)
+    replicas = max(
+        (broken[r]["state"][name] - broken[r + EP_SIZE]["state"][name]).abs().max().item()
+        for r in range(2)
+        for name in broken[r]["state"]
+        if ".experts." in name
+    )
+    print(f"experts not reduced over their replicas (4 processes): {diff}, replicas apart by {replicas:.3g}")
+    assert diff["params"] > 50 * TOLERANCE and replicas > 50 * TOLERANCE
+
+
+def test_checkpoints_are_refused_by_name_before_anything_is_written(two: list[dict[str, Any]]) -> None:
+    for rank in two:
+        for operation, refused in rank["refused"].items():
+            assert refused.startswith(
+                f"ExpertParallelNotBuiltError: {operation} with ParallelismConfig(dp_shard_size=..., ep_size=2) "
+                "is not built yet"
+            ), refused
+            assert "Nothing was written or read" in refused
