@@ -6,6 +6,8 @@
 #     from the model's FLOPs and the hand-written loop's step time;
 #   - the CUDA timing paths (CUDA events of the step timer, the communication timer) on a real device.
 #   - checkpoint save/load against torch.save/torch.load, activation memory per policy (issue 29);
+#   - with >= 2 GPUs, expert parallelism ep=1 vs ep=2 (issue 45): bench/gpu_expert_parallel.sh, up to 5 more
+#     minutes, its own bench/results/gpu-expert-parallel-<date>.json;
 # Prints the figures and writes them to bench/results/gpu-<date>.json. Without a CUDA device it says so
 # and exits 0 (nothing measured), so CI and CPU machines can call it.
 #     bash bench/gpu_check.sh            # uses .venv/bin/python, or $PYTHON
@@ -28,3 +30,4 @@ unset PYTHONDONTWRITEBYTECODE
 export OMP_NUM_THREADS=1 PYTHONPATH="src${PYTHONPATH:+:$PYTHONPATH}"
 timeout 450 "$PY" -m torch.distributed.run --nproc_per_node "$NPROC" bench/_gpu_worker.py \
   --out "bench/results/gpu-$(date +%F).json" "$@"
+PYTHON="$PY" bash bench/gpu_expert_parallel.sh  # says so and exits 0 with one GPU
