@@ -13,7 +13,9 @@ Losses (aux loss included), the clip's norms and the parameters (each rank's exp
 replicas, the dense ones over every rank) equal one process's within 1e-5. The checks of this test, a second
 run in the same workers: on 2 processes the experts' gradients divided by their replica group's size (FSDP2's
 default) instead of the data-parallel size, on 4 each rank's experts sharded over itself alone (no reduction
-over the replicas); both must break parity. Checkpoints are refused by name before anything is written.
+over the replicas); both must break parity. Checkpoints are refused by name before anything is written. The
+Trainer script of :mod:`tests.expert_parallel.test_trainer` (no checkpoints) with ``{"dp_shard_size": 2,
+"ep_size": 2}`` equals the Trainer on one process, in the same workers.
 """
 
 from __future__ import annotations
@@ -82,6 +84,50 @@ def _train(accelerator: Any) -> dict[str, Any]:
     }
 
 
+def _trainer(parallelism_config: Any) -> dict[str, Any]:
+    """The Trainer script of :mod:`tests.expert_parallel.test_trainer` (5 steps, no checkpoints: refused under
+    FSDP2); its logged losses and norms, and the weights gathered as in :func:`_train`."""
+    import contextlib
+    import io
+    import os
+    import tempfile
+
+    from torch.distributed.tensor import DTensor
+
+    from lockstep import Trainer, TrainingArguments
+    from tests.expert_parallel import test_trainer
+
+    processes = int(os.environ.get("WORLD_SIZE", "1"))
+    args = TrainingArguments(
+        output_dir=tempfile.mkdtemp(),
+        parallelism_config=parallelism_config,
+        per_device_train_batch_size=GLOBAL_BATCH // processes,
+        gradient_accumulation_steps=ACCUMULATION,
+        learning_rate=LR,
+        adam_epsilon=ADAM_EPS,
+        max_grad_norm=MAX_NORM,
+        num_train_epochs=1,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+    )
+    trainer = Trainer(_build("qwen3_moe"), args, train_dataset=test_trainer._dataset())
+    with contextlib.redirect_stdout(io.StringIO()):
+        trainer.train()
+    unwrapped = trainer.accelerator.unwrap_model(trainer.model_wrapped)
+    history = trainer.state.log_history
+    return {
+        "losses": [h["loss"] for h in history if "loss" in h],
+        "norms": [h["grad_norm"] for h in history if "grad_norm" in h],
+        "first": {n: m.first_expert for n, m in unwrapped.named_modules() if hasattr(m, "first_expert")},
+        "state": {
+            name: (param.full_tensor() if isinstance(param, DTensor) else param).detach().clone()
+            for name, param in unwrapped.named_parameters()
+        },
+    }
+
+
 def _accelerator(dp_shard: int) -> Any:
     from lockstep import Accelerator, ParallelismConfig
 
@@ -111,6 +157,7 @@ def _on_two(folder: str) -> dict[str, Any]:
     accelerator = _accelerator(2)
     result = _train(accelerator)
     result["refused"] = _refused_checkpoint(accelerator, folder)
+    result["trainer"] = _trainer({"dp_shard_size": 2, "ep_size": EP_SIZE})
     # a check: the experts' gradients divided by their replica group's size (FSDP2's default), not by 2
     shard = _layer.shard_experts_apart
 
@@ -142,7 +189,9 @@ def _on_four() -> dict[str, Any]:
 def _one_process() -> dict[str, Any]:
     from lockstep import Accelerator
 
-    return _train(Accelerator(gradient_accumulation_steps=ACCUMULATION))
+    result = _train(Accelerator(gradient_accumulation_steps=ACCUMULATION))
+    result["trainer"] = _trainer(None)
+    return result
 
 
 @pytest.fixture(scope="module")
@@ -181,16 +230,18 @@ def _differences(reference: dict[str, Any], ranks: list[dict[str, Any]]) -> dict
             expected = _expected(full, name, rank)
             assert rank["state"][name].shape == expected.shape, name
             worst = max(worst, (rank["state"][name] - expected).abs().max().item())
-    return {
+    diff = {
         "loss": (losses - torch.tensor(reference["losses"])).abs().max().item(),
-        "aux": max(
-            (torch.tensor(r["aux"]) - torch.tensor(reference["aux"])).abs().max().item() for r in ranks
-        ),
         "norm": max(
             (torch.tensor(r["norms"]) - torch.tensor(reference["norms"])).abs().max().item() for r in ranks
         ),
         "params": worst,
     }
+    if "aux" in reference:  # the Trainer logs no aux loss (its loss holds it)
+        diff["aux"] = max(
+            (torch.tensor(r["aux"]) - torch.tensor(reference["aux"])).abs().max().item() for r in ranks
+        )
+    return diff
 
 
 def test_ep2_x_dp_shard2_on_two_processes_equals_one_process(
@@ -240,6 +291,20 @@ def test_experts_not_reduced_over_their_replicas_break_parity(
     )
     print(f"experts not reduced over their replicas (4 processes): {diff}, replicas apart by {replicas:.3g}")
     assert diff["params"] > 50 * TOLERANCE and replicas > 50 * TOLERANCE
+
+
+def test_the_trainer_with_ep2_x_dp_shard2_equals_one_process(
+    one: dict[str, Any], two: list[dict[str, Any]]
+) -> None:
+    reference = one["trainer"]
+    assert len(reference["losses"]) == len(reference["norms"]) == 5
+    for rank in two:
+        assert rank["trainer"]["first"][BLOCK] == rank["first"][BLOCK]
+    losses = torch.tensor([r["trainer"]["losses"] for r in two])
+    assert bool((losses == losses[0]).all())  # the Trainer logs the loss averaged over the processes
+    diff = _differences(reference, [r["trainer"] for r in two])
+    print(f"Trainer, ep=2 x dp_shard=2 (2 processes) vs 1 process: {diff}")
+    assert max(diff.values()) < TOLERANCE
 
 
 def test_checkpoints_are_refused_by_name_before_anything_is_written(two: list[dict[str, Any]]) -> None:

@@ -82,11 +82,11 @@ batch through the user's loop and through ``lockstep launch``, 2 processes) or s
 over ``processes / ep_size`` ep groups (``ep=2`` on 4 processes through the user's loop, by hand with
 ``apply_expert_parallel(model, ep_size=2)`` and through the Trainer: ``tests/expert_parallel/test_replicas.py``,
 ``test_trainer.py``); checkpoints, as above. Composed with FSDP2 (``dp_shard_size``), as above, through the
-user's loop (``dp_shard_size`` 2 and 4 with ``ep_size=2``).
+user's loop (``dp_shard_size`` 2 and 4 with ``ep_size=2``) and the Trainer (``dp_shard_size=2``, no checkpoints).
 
 Not built yet (next, each refused by name before the first step): checkpoints under FSDP2 with ``ep_size``
 (``save_state``, ``load_state``, ``save_model`` and ``get_state_dict`` raise :class:`ExpertParallelNotBuiltError`
-before anything is written or read); the Trainer with FSDP2 and ``ep_size`` (not checked), and
+before anything is written or read, so the Trainer needs ``save_strategy="no"`` there), and
 :func:`expert_memory` there (it counts the DDP layout); composition with HSDP, TP, CP and pipeline parallelism
 (``ParallelismConfig`` refuses them), and with DeepSpeed;
 ``apply_expert_parallel(group=..., ep_size=...)`` with ``ep_size`` smaller than a group other than the world.
