@@ -24,6 +24,7 @@ from lockstep.data import prepare_data_loader
 from lockstep.integrations.peft import check_adapters_not_added_after_prepare
 from lockstep.integrations.quantized import keep_4bit_layout
 from lockstep.integrations.transformers_distributed import check_not_sharded_by_transformers
+from lockstep.layers.long_context import keep_documents_apart
 from lockstep.state import PartialState
 from lockstep.step_hooks import StepHooks
 
@@ -137,6 +138,7 @@ class Preparer:
         placement = self._placement(device_placement) and not has_device_map(model)
         if not evaluation_mode:  # a layer's change before the backend distributes it (expert parallelism)
             model = self.step_hooks.preparing_model(model)
+        keep_documents_apart(model)  # packed batches: a block-causal mask (no change for unpacked ones)
         prepared = self.backend.prepare_model(
             model, device_placement=placement, evaluation_mode=evaluation_mode
         )

@@ -34,6 +34,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import inspect
 from collections.abc import Callable, Iterator, Sequence
 from types import ModuleType
@@ -56,6 +57,11 @@ _RING_PARAMETERS = {
 }  # fmt: skip
 """torch's ring functions and the parameters this module passes them (torch 2.13's signatures)."""
 _registered = False
+_WHOLE_RESTARTS: contextvars.ContextVar[dict[int, torch.Tensor] | None] = contextvars.ContextVar(
+    "lockstep_cp_whole_restarts", default=None
+)
+"""Inside a context-parallel block: for each 2-D integer buffer (by ``id``), whether its values restart
+within a row before the split (packed documents, read by ``lockstep.layers.long_context``)."""
 
 
 def _torch_ring_attention() -> ModuleType:
@@ -300,14 +306,19 @@ def context_parallel_region(
         register_cpu_ring_attention()
     attention.set_rotate_method(comm_strategy)
     calls: list[int] = []
-    with attention.context_parallel(
-        mesh,
-        buffers=list(buffers),
-        buffer_seq_dims=list(buffer_seq_dims),
-        no_restore_buffers=set(no_restore_buffers or ()),
-    ):
-        with _checked_attention(calls):
-            yield
+    # recorded before the split (in place), so that a packed batch is seen whole, alike on every cp rank
+    token = _WHOLE_RESTARTS.set({id(b): _restarts(b) for b in buffers if _is_index(b)})
+    try:
+        with attention.context_parallel(
+            mesh,
+            buffers=list(buffers),
+            buffer_seq_dims=list(buffer_seq_dims),
+            no_restore_buffers=set(no_restore_buffers or ()),
+        ):
+            with _checked_attention(calls):
+                yield
+    finally:
+        _WHOLE_RESTARTS.reset(token)
     if not calls:
         raise RuntimeError(
             "maybe_context_parallel(): the block ran no F.scaled_dot_product_attention, so the model computes "
@@ -316,6 +327,29 @@ def context_parallel_region(
             "sequence: its outputs and gradients are wrong. Call torch.nn.functional.scaled_dot_product_attention "
             "(transformers: attn_implementation='sdpa'), or set cp_size=1."
         )
+
+
+def _is_index(buffer: torch.Tensor) -> bool:
+    return buffer.dim() == 2 and not buffer.is_floating_point() and buffer.dtype != torch.bool
+
+
+def _restarts(buffer: torch.Tensor) -> torch.Tensor:
+    """Whether a row of ``buffer`` steps by anything but +1 (position_ids of packed documents): a 0-D bool
+    tensor, read (synchronised) only for the buffer that reaches the model as ``position_ids``."""
+    return (torch.diff(buffer, dim=1) != 1).any()
+
+
+def whole_sequence_restarts(tensor: torch.Tensor) -> bool | None:
+    """Inside a context-parallel block: whether ``tensor``, one of its buffers, restarted within a row before
+    the split (the same answer on every cp rank); None outside a block or for a tensor that is no buffer."""
+    restarts = _WHOLE_RESTARTS.get()
+    flag = None if restarts is None else restarts.get(id(tensor))
+    return None if flag is None else bool(flag)
+
+
+def in_context_parallel_block() -> bool:
+    """Whether a context-parallel block (:func:`context_parallel_region`) is running."""
+    return _WHOLE_RESTARTS.get() is not None
 
 
 def check_sdpa_attention(model: nn.Module, cp_size: int) -> None:
