@@ -13,7 +13,7 @@ Losses (aux loss included), the clip's norms and the parameters (each rank's exp
 replicas, the dense ones over every rank) equal one process's within 1e-5. The checks of this test, a second
 run in the same workers: on 2 processes the experts' gradients divided by their replica group's size (FSDP2's
 default) instead of the data-parallel size, on 4 each rank's experts sharded over itself alone (no reduction
-over the replicas); both must break parity. Checkpoints are refused by name before anything is written. The
+over the replicas); both must break parity (checkpoints: :mod:`tests.expert_parallel.test_fsdp_checkpoint`). The
 Trainer script of :mod:`tests.expert_parallel.test_trainer` (no checkpoints) with ``{"dp_shard_size": 2,
 "ep_size": 2}`` equals the Trainer on one process, in the same workers.
 """
@@ -135,28 +135,10 @@ def _accelerator(dp_shard: int) -> Any:
     return Accelerator(gradient_accumulation_steps=ACCUMULATION, parallelism_config=config)
 
 
-def _refused_checkpoint(accelerator: Any, folder: str) -> dict[str, str]:
-    """What ``save_state`` and then ``load_state`` of ``folder`` raised; nothing may be written."""
-    import os
-
-    refused = {}
-    for operation in ("save_state", "load_state"):
-        try:
-            getattr(accelerator, operation)(folder)
-        except NotImplementedError as error:
-            refused[operation] = f"{type(error).__name__}: {error}"
-        else:
-            refused[operation] = "done"
-    assert not os.path.exists(folder) or not os.listdir(folder), os.listdir(folder)
-    return refused
-
-
-def _on_two(folder: str) -> dict[str, Any]:
+def _on_two() -> dict[str, Any]:
     from lockstep.layers.expert_parallel import _layer
 
-    accelerator = _accelerator(2)
-    result = _train(accelerator)
-    result["refused"] = _refused_checkpoint(accelerator, folder)
+    result = _train(_accelerator(2))
     result["trainer"] = _trainer({"dp_shard_size": 2, "ep_size": EP_SIZE})
     # a check: the experts' gradients divided by their replica group's size (FSDP2's default), not by 2
     shard = _layer.shard_experts_apart
@@ -204,9 +186,8 @@ def one() -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def two(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    folder = str(tmp_path_factory.mktemp("fsdp_ep") / "checkpoint")
-    return run_distributed(_on_two, 2, folder, timeout=300.0)
+def two() -> list[dict[str, Any]]:
+    return run_distributed(_on_two, 2, timeout=300.0)
 
 
 @pytest.fixture(scope="module")
@@ -305,13 +286,3 @@ def test_the_trainer_with_ep2_x_dp_shard2_equals_one_process(
     diff = _differences(reference, [r["trainer"] for r in two])
     print(f"Trainer, ep=2 x dp_shard=2 (2 processes) vs 1 process: {diff}")
     assert max(diff.values()) < TOLERANCE
-
-
-def test_checkpoints_are_refused_by_name_before_anything_is_written(two: list[dict[str, Any]]) -> None:
-    for rank in two:
-        for operation, refused in rank["refused"].items():
-            assert refused.startswith(
-                f"ExpertParallelNotBuiltError: {operation} with ParallelismConfig(dp_shard_size=..., ep_size=2) "
-                "is not built yet"
-            ), refused
-            assert "Nothing was written or read" in refused

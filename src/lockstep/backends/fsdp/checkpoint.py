@@ -81,7 +81,51 @@ def load_full_model(model: nn.Module, state_dict: dict[str, torch.Tensor], *, di
     missing and unexpected keys."""
     from torch.distributed.checkpoint.state_dict import set_model_state_dict
 
-    return set_model_state_dict(_model(model), state_dict, options=_options(full=True, broadcast=distributed))
+    reshaped = _broadcast_reshaped(_model(model), state_dict) if distributed else {}
+    if not reshaped:
+        return set_model_state_dict(
+            _model(model), state_dict, options=_options(full=True, broadcast=distributed)
+        )
+    options = _options(full=True, broadcast=distributed)
+    options.strict = False
+    result = set_model_state_dict(_model(model), state_dict, options=options)
+    _model(model).load_state_dict(reshaped, strict=False)
+    missing = [key for key in result.missing_keys if key not in reshaped]
+    if missing or result.unexpected_keys:
+        raise RuntimeError(
+            f"Error(s) in loading state_dict: missing keys {missing}, unexpected keys {result.unexpected_keys}."
+        )
+    return result
+
+
+def _broadcast_reshaped(model: nn.Module, state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The main process's saved tensors whose shape is not their parameter's (global) shape, broadcast whole
+    to every process and taken out of its ``state_dict`` (a collective). torch's ``set_model_state_dict``
+    would cut them as the parameter's mesh says and fail; ``load_state_dict`` gives them to the model's own
+    load pre-hooks (expert parallelism's take this process's experts out of all of them)."""
+    import torch.distributed as dist
+
+    from lockstep.collectives import broadcast_object_list
+
+    params = dict(model.named_parameters())
+    odd = [
+        (key, tuple(value.shape), value.dtype)
+        for key, value in state_dict.items()
+        if key in params
+        and isinstance(value, torch.Tensor)
+        and tuple(value.shape) != tuple(params[key].shape)
+    ]
+    odd = broadcast_object_list([odd], from_process=0)[0]
+    reshaped = {}
+    for key, shape, dtype in odd:
+        device = params[key].device
+        saved = state_dict.pop(key, None)
+        tensor = (
+            torch.empty(shape, dtype=dtype, device=device) if saved is None else saved.to(device).contiguous()
+        )
+        dist.broadcast(tensor, src=0)
+        reshaped[key] = tensor
+    return reshaped
 
 
 def load_full_optimizer(

@@ -36,7 +36,13 @@ shards the dense weights over all ``N`` ranks; FSDP2 reduce-scatters the expert 
 divides them by ``N`` (``set_gradient_divide_factor``), its ``set_requires_gradient_sync`` (accumulation)
 covers them, and the clip sums every rank's local squares once over the world (each element is held by one
 rank). Checked against one process (``tests/expert_parallel/test_fsdp.py``): ``E = 2`` with ``N = 2`` and
-``N = 4``, within 1e-6.
+``N = 4``, within 1e-6. Checkpoints hold the one-process layout there too (below): before saving, each rank's
+experts are gathered over its replica group (``full_tensor()``) and then over its ep group, so that every ep
+group offers the same whole tensors to FSDP2's sharded checkpoint (``torch.distributed.checkpoint`` writes them
+once, under the one-process names); before loading, the experts' state dicts hold tensors of the one-process
+shape for DCP to read into, and the load pre-hooks keep this rank's rows sharded over its replica group as
+FSDP2 holds them (``tests/expert_parallel/test_fsdp_checkpoint.py``: ``N = 2`` and ``N = 4``, to and from one
+process and resumed, bitwise).
 
 Under the Accelerator (a layer: :mod:`lockstep.layers.expert_parallel._layer`, turned on by the layout).
 ``Accelerator(parallelism_config=ParallelismConfig(ep_size=N))``, the config file's
@@ -82,12 +88,11 @@ batch through the user's loop and through ``lockstep launch``, 2 processes) or s
 over ``processes / ep_size`` ep groups (``ep=2`` on 4 processes through the user's loop, by hand with
 ``apply_expert_parallel(model, ep_size=2)`` and through the Trainer: ``tests/expert_parallel/test_replicas.py``,
 ``test_trainer.py``); checkpoints, as above. Composed with FSDP2 (``dp_shard_size``), as above, through the
-user's loop (``dp_shard_size`` 2 and 4 with ``ep_size=2``) and the Trainer (``dp_shard_size=2``, no checkpoints).
+user's loop (``dp_shard_size`` 2 and 4 with ``ep_size=2``) and the Trainer (``dp_shard_size=2``; its checkpoints there
+not checked yet), with checkpoints as above.
 
-Not built yet (next, each refused by name before the first step): checkpoints under FSDP2 with ``ep_size``
-(``save_state``, ``load_state``, ``save_model`` and ``get_state_dict`` raise :class:`ExpertParallelNotBuiltError`
-before anything is written or read, so the Trainer needs ``save_strategy="no"`` there), and
-:func:`expert_memory` there (it counts the DDP layout); composition with HSDP, TP, CP and pipeline parallelism
+Not built yet (next, each refused by name before the first step): :func:`expert_memory` under FSDP2 (it counts
+the DDP layout); composition with HSDP, TP, CP and pipeline parallelism
 (``ParallelismConfig`` refuses them), and with DeepSpeed;
 ``apply_expert_parallel(group=..., ep_size=...)`` with ``ep_size`` smaller than a group other than the world.
 Checkpoints of an optimizer whose state of an expert parameter is not shaped like the parameter (Adafactor's

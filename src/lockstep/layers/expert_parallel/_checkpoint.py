@@ -22,6 +22,14 @@ and ``exp_avg_sq``, SGD's ``momentum_buffer``) have ``n`` rows instead of ``E``.
   ``Optimizer.register_load_state_dict_pre_hook``) take this rank's rows out of full tensors (``E`` rows) and
   keep shards (``n`` rows) as they are; they need no communication, so any ``load_state_dict`` call works,
   a checkpoint saved on one process, on ``ep=2`` or on ``ep=4`` alike.
+
+Under FSDP2 (``dp_shard_size``) each expert parameter and its moments are DTensors on the replica group's mesh
+holding this ep rank's experts. Saving gathers them with ``full_tensor()`` first, then over the ep group as
+above: every ep group offers the same whole tensors (plain, so ``torch.distributed.checkpoint`` writes each once
+under its one-process name, instead of each ep group's piece under the same name). Loading: ``expect_load`` (no
+communication) makes the next ``state_dict()`` of the experts modules and optimizers hold uninitialised tensors
+of the one-process shape, which DCP reads the saved ones into; the load pre-hooks take this rank's rows and
+shard them as the parameter is (``distribute_tensor(..., src_data_rank=None)``: each rank keeps its piece).
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ from typing import Any, final
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.tensor import DTensor, distribute_tensor
 
 from lockstep.layers.expert_parallel._dispatch import ExpertParallelExperts
 from lockstep.layers.expert_parallel._errors import ExpertParallelNotBuiltError
@@ -51,7 +60,10 @@ class _Shard:
 
 
 def _gather_rows(local: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
-    """Every rank's ``local`` (the same shape on each), concatenated along dimension 0 in rank order."""
+    """Every rank's ``local`` (the same shape on each), concatenated along dimension 0 in rank order. Under
+    FSDP2 ``local`` is a DTensor on the replica group's mesh: its full tensor (this rank's experts) first."""
+    if isinstance(local, DTensor):
+        local = local.full_tensor()
     local = local.detach().contiguous()
     parts = [torch.empty_like(local) for _ in range(dist.get_world_size(group))]
     dist.all_gather(parts, local, group=group)
@@ -60,17 +72,29 @@ def _gather_rows(local: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
 
 def _this_ranks_rows(value: Any, param: torch.Tensor, shard: _Shard, where: str) -> Any:
     """``value`` (a saved tensor of the expert parameter ``param``) as this rank holds it: its rows of a full
-    tensor, a shard as it is; scalars and other objects unchanged."""
-    if not isinstance(value, torch.Tensor) or value.dim() == 0 or value.shape == param.shape:
+    tensor, a shard as it is; scalars and other objects unchanged. Under FSDP2 (``param`` a DTensor on the
+    replica group's mesh) the rows are sharded as ``param`` is, with no communication."""
+    if not isinstance(value, torch.Tensor) or value.dim() == 0:
         return value
+    if value.shape == param.shape:
+        return value if isinstance(value, DTensor) or not isinstance(param, DTensor) else _like(value, param)
     num_experts = shard.module.num_experts
     if value.shape[0] == num_experts and value.shape[1:] == param.shape[1:]:
-        return value[shard.rows].clone()
+        if isinstance(value, DTensor):  # torch's full-state-dict load distributed it as param's mesh says
+            value = value.full_tensor()
+        rows = value[shard.rows].clone()
+        return _like(rows, param) if isinstance(param, DTensor) else rows
     raise ValueError(
         f"{where} has shape {tuple(value.shape)}, which is neither the whole {num_experts} experts "
         f"({(num_experts, *param.shape[1:])}) nor this rank's {shard.module.num_local_experts} "
         f"({tuple(param.shape)}): the checkpoint was saved from another model. Load one saved from this model."
     )
+
+
+def _like(rows: torch.Tensor, param: DTensor) -> DTensor:
+    """This rank's ``rows`` (the whole of what ``param`` holds) sharded as ``param`` is; every rank of its mesh
+    holds the same ``rows`` and keeps its own piece (``src_data_rank=None``: nothing is sent)."""
+    return distribute_tensor(rows.to(param.device), param.device_mesh, param.placements, src_data_rank=None)
 
 
 def _function(method: Callable[..., Any]) -> Callable[..., Any]:
@@ -104,10 +128,16 @@ class ExpertStateDicts:
         self._optimizers: list[torch.optim.Optimizer] = []
         self._gathered_modules: dict[int, dict[str, torch.Tensor]] = {}
         self._gathered_optimizers: dict[int, dict[int, dict[str, torch.Tensor]]] = {}
+        self._full_shaped_modules = (
+            False  # a load next: the experts' state dicts full-shaped, nothing gathered
+        )
+        self._full_shaped_optimizers = False
 
     def add_experts(self, modules: Iterable[ExpertParallelExperts]) -> None:
-        """Hook the experts modules of a model that was just sharded."""
+        """Hook the experts modules of a model that was just sharded (those hooked already are skipped)."""
         for module in modules:
+            if any(id(param) in self._shards for param in module.parameters(recurse=False)):
+                continue
             for name, param in module.named_parameters(recurse=False):
                 self._shards[id(param)] = _Shard(module, name)
             module.register_state_dict_post_hook(_function(self._module_state_dict))
@@ -126,6 +156,21 @@ class ExpertStateDicts:
         """Drop the gathered tensors no ``state_dict()`` used (at each optimizer step and load: they are stale)."""
         self._gathered_modules.clear()
         self._gathered_optimizers.clear()
+        self._full_shaped_modules = self._full_shaped_optimizers = False
+
+    def expect_load(self) -> None:
+        """Under FSDP2, before a load (every rank, no communication): the next ``state_dict()`` of each experts
+        module and optimizer holds uninitialised tensors of the one-process shape, which
+        ``torch.distributed.checkpoint`` reads the saved ones into (a DCP checkpoint stores the one-process
+        layout; this rank's DTensor, a piece of its own experts, matches no saved tensor). The load pre-hooks
+        then take this rank's rows and shard them as the parameters are."""
+        self.forget_gathered()
+        self._full_shaped_modules = self._full_shaped_optimizers = True
+
+    def _full_shaped(self, param: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+        num_experts = self._shards[id(param)].module.num_experts
+        local = value.to_local() if isinstance(value, DTensor) else value
+        return torch.empty((num_experts, *value.shape[1:]), dtype=value.dtype, device=local.device)
 
     # -- saving -------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -181,12 +226,26 @@ class ExpertStateDicts:
         self, module: nn.Module, state_dict: dict[str, Any], prefix: str, local_metadata: Any
     ) -> None:
         full = self._gathered_modules.pop(id(module), None)
+        if full is None and self._full_shaped_modules:
+            full = {
+                name: self._full_shaped(param, param)
+                for name, param in module.named_parameters(recurse=False)
+            }
         if full is not None:
             for name, tensor in full.items():
                 state_dict[prefix + name] = tensor
 
     def _optimizer_state_dict(self, optimizer: torch.optim.Optimizer, state_dict: dict[str, Any]) -> None:
         full = self._gathered_optimizers.pop(id(optimizer), None)
+        if full is None and self._full_shaped_optimizers:
+            full = {
+                index: {
+                    key: self._full_shaped(param, value)
+                    for key, value in state.items()
+                    if isinstance(value, torch.Tensor) and value.dim() > 0
+                }
+                for index, param, state in self._expert_states(optimizer)
+            }
         if not full:
             return None
         state = dict(state_dict["state"])  # its per-parameter dicts are the optimizer's live ones: copies
@@ -207,7 +266,7 @@ class ExpertStateDicts:
         unexpected_keys: list[str],
         error_msgs: list[str],
     ) -> None:
-        self.forget_gathered()
+        self._gathered_modules.clear()  # stale (the optimizers' may be loaded next)
         for name, param in module.named_parameters(recurse=False):
             key = prefix + name
             if key in state_dict:
@@ -217,10 +276,13 @@ class ExpertStateDicts:
     def _load_optimizer_state_dict(
         self, optimizer: torch.optim.Optimizer, state_dict: dict[str, Any]
     ) -> dict[str, Any]:
-        self.forget_gathered()
+        self._gathered_optimizers.clear()
+        # the saved groups name their parameters as their state is keyed: by index (torch's own state dict) or
+        # by name (torch.distributed.checkpoint's set_optimizer_state_dict), in this optimizer's order
+        saved = [key for group in state_dict.get("param_groups", []) for key in group["params"]]
         params = [p for group in optimizer.param_groups for p in group["params"]]
         state = dict(state_dict.get("state", {}))
-        for index, param in enumerate(params):
+        for index, param in zip(saved, params, strict=False):
             if id(param) not in self._shards or index not in state:
                 continue
             shard = self._shards[id(param)]

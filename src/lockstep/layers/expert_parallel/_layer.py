@@ -4,8 +4,9 @@ The backend (DDP, or FSDP2 with ``dp_shard_size``) trains the dense weights as u
 (:mod:`lockstep.step_hooks`) add the experts. Under FSDP2 (:mod:`lockstep.layers.expert_parallel._fsdp`),
 ``preparing_model`` has the backend ``fully_shard`` each experts module over its replica group first (the
 backend's :class:`~lockstep.backends.capabilities.SeparateSharding`), FSDP2 reduces and divides the expert
-gradients, the clip sums every rank's shards once, and checkpoints are refused
-(:class:`ExpertParallelNotBuiltError`, before anything is written). Under DDP:
+gradients, the clip sums every rank's shards once, and checkpoints hold the one-process layout as under DDP
+(``before_checkpoint`` gathers the experts over the replica group, then the ep group; before a load the experts'
+state dicts are one-process-shaped for DCP to read into). Under DDP:
 
 * ``preparing_model``: before DDP wraps a model, its experts are sharded over ep groups of ``ep_size``
   consecutive data-parallel ranks (:func:`apply_expert_parallel`; the first model prepared creates the process
@@ -106,7 +107,7 @@ class ExpertParallelLayer(StepHook, GlobalLossTerm):
             if self._replica_mesh is None:
                 self._replica_mesh = replica_mesh(groups, self._device_type)
             shard_experts_apart(parallel, full, sharding=self._sharding, mesh=self._replica_mesh)
-            return model
+            return model  # the state-dict hooks: in prepared_model, once the backend placed every parameter
         expert_ids = {id(p) for p in parallel.expert_parameters()}
         names = [name for name, param in model.named_parameters() if id(param) in expert_ids]
         for name in names:
@@ -136,6 +137,10 @@ class ExpertParallelLayer(StepHook, GlobalLossTerm):
             for parallel in self.parallel:
                 parallel.parameters_replaced()  # the backend replaced the dense parameters by its sharded ones
                 divide_once_on_one_rank(parallel, self._replica_mesh)
+            if self._state_dicts is None:
+                self._state_dicts = ExpertStateDicts(self.parallel[0].group)
+            for parallel in self.parallel:  # those hooked already are skipped
+                self._state_dicts.add_experts(parallel.experts.values())
 
     def prepared_optimizer(self, optimizer: Any) -> None:
         stale = [p for group in optimizer.param_groups for p in group["params"] if id(p) in self._sharded]
@@ -176,16 +181,11 @@ class ExpertParallelLayer(StepHook, GlobalLossTerm):
             yield
 
     def before_checkpoint(self, operation: str) -> None:
-        if self._sharding is not None and self.parallel:
-            raise ExpertParallelNotBuiltError(
-                f"{operation} with ParallelismConfig(dp_shard_size=..., ep_size={self._ep_size}) is not built yet: "
-                "the experts are sharded by FSDP2 over the ranks that hold the same experts, and gathering them "
-                f"into the one-process layout under FSDP2 {_NEXT}. Nothing was written or read. Train with "
-                "ep_size and plain data parallelism (no dp_shard_size) to save and load checkpoints."
-            )
         if self._state_dicts is None:
             return
-        if operation == "load_state":
+        if operation == "load_state" and self._sharding is not None:
+            self._state_dicts.expect_load()  # DCP reads the one-process tensors, the pre-hooks take the rows
+        elif operation == "load_state":
             self._state_dicts.forget_gathered()
         else:  # save_state, save_model, get_state_dict: every rank calls them together
             self._state_dicts.gather(optimizers=operation == "save_state")
