@@ -1,13 +1,15 @@
-"""Checkpoints under expert parallelism with FSDP2 (``ParallelismConfig(dp_shard_size=2, ep_size=2)``) hold the
+"""Checkpoints under expert parallelism with FSDP2 (``ParallelismConfig(dp_shard_size=N, ep_size=2)``) hold the
 layout one process has.
 
 The loop of :mod:`tests.expert_parallel.test_checkpoint` (tiny Qwen3-MoE, AdamW, one global batch of 4 sequences
 per step, 3 steps, save, 3 more). One 2-process spawn does every ep=2 x dp_shard=2 part: train and save, go on
 training (the uninterrupted run); a fresh Accelerator from other weights loads that checkpoint and trains the same
-3 steps (the resumed run); another loads the one-process checkpoint; ``get_state_dict`` and ``save_model``. A
-one-process spawn before writes the one-process checkpoint, one after loads the ep=2 x dp_shard=2 checkpoint and
-the ``save_model`` folder. Every comparison is bitwise (``torch.equal``); the expected tensors of the 2-process run
-are each rank's own (DTensors gathered with ``full_tensor`` over their mesh here, not by the mechanism under test).
+3 steps (the resumed run); another loads the one-process checkpoint; ``get_state_dict`` and ``save_model``. One
+4-process spawn does the same on ep=2 x dp_shard=4 (each half of the experts FSDP2-sharded over 2 replicas) and
+also loads the 2-process checkpoint. A one-process spawn before writes the one-process checkpoint, one after
+loads both distributed checkpoints and ``save_model`` folders. Every comparison is bitwise (``torch.equal``);
+the expected tensors of a distributed run are each rank's own (DTensors gathered with ``full_tensor`` over their
+mesh here, not by the mechanism under test).
 """
 
 from __future__ import annotations
@@ -85,9 +87,9 @@ def _save_one_process(folder: str) -> dict[str, Any]:
     return {"saved": _local(accelerator, model, optimizer)}
 
 
-def _on_many(folder: str, from_one: str, model_folder: str) -> dict[str, Any]:
+def _on_many(folder: str, from_one: str, model_folder: str, other: str | None = None) -> dict[str, Any]:
     """ep=2 x dp_shard=N on N processes (the world): save, export, train on; resume; load the one-process
-    checkpoint."""
+    checkpoint and, with ``other``, that checkpoint of another layout."""
     processes = int(os.environ["WORLD_SIZE"])
     accelerator = _accelerator(processes)
     model, optimizer, loader = _prepared(accelerator, other_weights=False)
@@ -107,6 +109,7 @@ def _on_many(folder: str, from_one: str, model_folder: str) -> dict[str, Any]:
         "final": _local(accelerator, model, optimizer),
         "resumed": _load_and_train(folder, processes),
         "from_one": _load_and_train(from_one, processes)["loaded"],
+        "from_other": None if other is None else _load_and_train(other, processes)["loaded"],
     }
 
 
@@ -132,8 +135,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     runs: dict[str, Any] = {"one": one}
     for processes in PROCESSES:
         folders = (str(root / f"dp_shard{processes}"), str(root / f"model{processes}"))
+        other = runs["folders2"][0] if processes == 4 else None  # dp_shard=2's checkpoint loads on dp_shard=4
         runs[processes] = run_distributed(
-            _on_many, processes, folders[0], from_one, folders[1], timeout=300.0
+            _on_many, processes, folders[0], from_one, folders[1], other, timeout=300.0
         )
         runs[f"folders{processes}"] = folders
     (loaded,) = run_distributed(_on_one, 1, [runs[f"folders{p}"] for p in PROCESSES], timeout=300.0)
@@ -196,3 +200,18 @@ def test_save_model_and_get_state_dict_write_the_one_process_layout(
     assert main["state_dict"].keys() == expected.keys()  # as FSDP2's: the whole state on the main process
     assert all(torch.equal(main["state_dict"][n], expected[n]) for n in expected)
     assert all(other["state_dict"] == {} for other in others)
+
+
+def test_saved_on_ep2_x_dp_shard2_loads_on_ep2_x_dp_shard4_bitwise(runs: dict[str, Any]) -> None:
+    saved = [r["saved"] for r in runs[2]]
+    one = {
+        "params": {n: _full(saved, n, lambda r, n=n: r["params"][n]) for n in saved[0]["params"]},
+        "moments": {
+            n: {
+                k: v if k == "step" else _full(saved, n, lambda r, n=n, k=k: r["moments"][n][k])
+                for k, v in saved[0]["moments"][n].items()
+            }
+            for n in saved[0]["moments"]
+        },
+    }
+    _assert_shards_equal(one, [r["from_other"] for r in runs[4]])
