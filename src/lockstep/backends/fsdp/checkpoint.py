@@ -81,6 +81,7 @@ def load_full_model(model: nn.Module, state_dict: dict[str, torch.Tensor], *, di
     missing and unexpected keys."""
     from torch.distributed.checkpoint.state_dict import set_model_state_dict
 
+    state_dict = dict(state_dict)  # the caller's dict keeps its keys: the reshaped ones are taken out below
     reshaped = _broadcast_reshaped(_model(model), state_dict) if distributed else {}
     if not reshaped:
         return set_model_state_dict(
