@@ -14,8 +14,11 @@ replicas, the dense ones over every rank) equal one process's within 1e-5. The c
 run in the same workers: on 2 processes the experts' gradients divided by their replica group's size (FSDP2's
 default) instead of the data-parallel size, on 4 each rank's experts sharded over itself alone (no reduction
 over the replicas); both must break parity (checkpoints: :mod:`tests.expert_parallel.test_fsdp_checkpoint`). The
-Trainer script of :mod:`tests.expert_parallel.test_trainer` (no checkpoints) with ``{"dp_shard_size": 2,
-"ep_size": 2}`` equals the Trainer on one process, in the same workers.
+Trainer script of :mod:`tests.expert_parallel.test_trainer` with ``{"dp_shard_size": 2, "ep_size": 2}`` equals the
+Trainer on one process, in the same workers; it saves a checkpoint every 2 steps and ``save_model`` at the end, and a
+second Trainer there, built from other weights, resumes from its step-2 checkpoint: bitwise the uninterrupted run
+(seen failing when the load pre-hooks took the wrong experts' rows); the ``save_model`` folder loads with
+``from_pretrained`` on the test's process, bitwise.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ pytestmark = pytest.mark.distributed
 
 EP_SIZE = 2
 TOLERANCE = 1e-5
+SAVE_STEPS = 2
 BLOCK = "model.layers.0.mlp.experts"
 
 
@@ -84,9 +88,13 @@ def _train(accelerator: Any) -> dict[str, Any]:
     }
 
 
-def _trainer(parallelism_config: Any) -> dict[str, Any]:
-    """The Trainer script of :mod:`tests.expert_parallel.test_trainer` (5 steps, no checkpoints: refused under
-    FSDP2); its logged losses and norms, and the weights gathered as in :func:`_train`."""
+def _trainer(
+    parallelism_config: Any, output_dir: str | None = None, resume: str | None = None
+) -> dict[str, Any]:
+    """The Trainer script of :mod:`tests.expert_parallel.test_trainer` (5 steps); its logged losses and norms,
+    and the weights gathered as in :func:`_train`. With ``output_dir``: a checkpoint every ``SAVE_STEPS`` steps
+    there and ``save_model`` into ``output_dir/final`` at the end; with ``resume``, built from other weights
+    (shifted by 0.5, so that a resume that did not load cannot pass) and resumed from that checkpoint."""
     import contextlib
     import io
     import os
@@ -99,7 +107,7 @@ def _trainer(parallelism_config: Any) -> dict[str, Any]:
 
     processes = int(os.environ.get("WORLD_SIZE", "1"))
     args = TrainingArguments(
-        output_dir=tempfile.mkdtemp(),
+        output_dir=output_dir or tempfile.mkdtemp(),
         parallelism_config=parallelism_config,
         per_device_train_batch_size=GLOBAL_BATCH // processes,
         gradient_accumulation_steps=ACCUMULATION,
@@ -108,18 +116,27 @@ def _trainer(parallelism_config: Any) -> dict[str, Any]:
         max_grad_norm=MAX_NORM,
         num_train_epochs=1,
         logging_steps=1,
-        save_strategy="no",
+        save_strategy="no" if output_dir is None else "steps",
+        save_steps=SAVE_STEPS,
         report_to="none",
         disable_tqdm=True,
     )
-    trainer = Trainer(_build("qwen3_moe"), args, train_dataset=test_trainer._dataset())
+    model = _build("qwen3_moe")
+    if resume is not None:
+        with torch.no_grad():
+            for param in model.parameters():
+                param.add_(0.5)
+    trainer = Trainer(model, args, train_dataset=test_trainer._dataset())
     with contextlib.redirect_stdout(io.StringIO()):
-        trainer.train()
+        trainer.train(resume_from_checkpoint=resume)
+    if output_dir is not None:
+        trainer.save_model(os.path.join(output_dir, "final"))
     unwrapped = trainer.accelerator.unwrap_model(trainer.model_wrapped)
     history = trainer.state.log_history
     return {
         "losses": [h["loss"] for h in history if "loss" in h],
         "norms": [h["grad_norm"] for h in history if "grad_norm" in h],
+        "global_step": trainer.state.global_step,
         "first": {n: m.first_expert for n, m in unwrapped.named_modules() if hasattr(m, "first_expert")},
         "state": {
             name: (param.full_tensor() if isinstance(param, DTensor) else param).detach().clone()
@@ -135,11 +152,16 @@ def _accelerator(dp_shard: int) -> Any:
     return Accelerator(gradient_accumulation_steps=ACCUMULATION, parallelism_config=config)
 
 
-def _on_two() -> dict[str, Any]:
+def _on_two(folder: str) -> dict[str, Any]:
+    import os
+
     from lockstep.layers.expert_parallel import _layer
 
     result = _train(_accelerator(2))
-    result["trainer"] = _trainer({"dp_shard_size": 2, "ep_size": EP_SIZE})
+    config = {"dp_shard_size": 2, "ep_size": EP_SIZE}
+    result["trainer"] = _trainer(config, os.path.join(folder, "trainer"))
+    resume = os.path.join(folder, "trainer", f"checkpoint-{SAVE_STEPS}")
+    result["resumed"] = _trainer(config, os.path.join(folder, "resumed"), resume)
     # a check: the experts' gradients divided by their replica group's size (FSDP2's default), not by 2
     shard = _layer.shard_experts_apart
 
@@ -186,8 +208,13 @@ def one() -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def two() -> list[dict[str, Any]]:
-    return run_distributed(_on_two, 2, timeout=300.0)
+def two(folder: Any) -> list[dict[str, Any]]:
+    return run_distributed(_on_two, 2, str(folder), timeout=300.0)
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    return tmp_path_factory.mktemp("fsdp_ep_trainer")
 
 
 @pytest.fixture(scope="module")
@@ -286,3 +313,45 @@ def test_the_trainer_with_ep2_x_dp_shard2_equals_one_process(
     diff = _differences(reference, [r["trainer"] for r in two])
     print(f"Trainer, ep=2 x dp_shard=2 (2 processes) vs 1 process: {diff}")
     assert max(diff.values()) < TOLERANCE
+
+
+def test_the_trainer_s_checkpoint_under_ep2_x_dp_shard2_resumes_bitwise(
+    folder: Any, two: list[dict[str, Any]]
+) -> None:
+    import os
+
+    trainer = folder / "trainer"
+    assert sorted(p for p in os.listdir(trainer) if p.startswith("checkpoint-")) == [
+        "checkpoint-2",
+        "checkpoint-4",
+        "checkpoint-5",
+    ]
+    for rank in two:
+        before, after = rank["trainer"], rank["resumed"]
+        assert after["first"] == before["first"] and after["global_step"] == before["global_step"] == 5
+        # steps 1-2 logged from the checkpoint's history; steps 3-5, trained from its weights (not the shifted
+        # ones this run was built with), bitwise as the uninterrupted run
+        assert len(after["losses"]) == 5 and after["losses"] == before["losses"]
+        assert after["norms"] == before["norms"]
+        assert after["state"].keys() == before["state"].keys()
+        assert all(torch.equal(after["state"][n], t) for n, t in before["state"].items())
+
+
+def test_the_trainer_s_save_model_under_ep2_x_dp_shard2_loads_on_one_process(
+    folder: Any, two: list[dict[str, Any]]
+) -> None:
+    from transformers import Qwen3MoeForCausalLM
+
+    final = Qwen3MoeForCausalLM.from_pretrained(str(folder / "trainer" / "final")).state_dict()
+    # the expected whole tensors: the dense ones as gathered, the experts of ranks 0 and 1 concatenated
+    ranks = [r["trainer"] for r in two]
+    expected = {
+        name: torch.cat([r["state"][name] for r in ranks]) if ".experts." in name else ranks[0]["state"][name]
+        for name in ranks[0]["state"]
+    }
+    assert [r["first"][BLOCK] for r in ranks] == [0, 4]
+    assert {n: t.shape for n, t in final.items() if n in expected} == {
+        n: t.shape for n, t in expected.items()
+    }
+    assert set(final) - set(expected) <= {"lm_head.weight"}  # tied to the embeddings, if the model ties them
+    assert all(torch.equal(final[n], t) for n, t in expected.items())

@@ -88,8 +88,9 @@ batch through the user's loop and through ``lockstep launch``, 2 processes) or s
 over ``processes / ep_size`` ep groups (``ep=2`` on 4 processes through the user's loop, by hand with
 ``apply_expert_parallel(model, ep_size=2)`` and through the Trainer: ``tests/expert_parallel/test_replicas.py``,
 ``test_trainer.py``); checkpoints, as above. Composed with FSDP2 (``dp_shard_size``), as above, through the
-user's loop (``dp_shard_size`` 2 and 4 with ``ep_size=2``) and the Trainer (``dp_shard_size=2``; its checkpoints there
-not checked yet), with checkpoints as above.
+user's loop (``dp_shard_size`` 2 and 4 with ``ep_size=2``) and the Trainer (``dp_shard_size=2``: its step-2
+checkpoint resumes bitwise, from other weights, and ``save_model``'s folder loads with ``from_pretrained`` in one
+process bitwise; ``tests/expert_parallel/test_fsdp.py``), with checkpoints as above.
 
 Not built yet (next, each refused by name before the first step): :func:`expert_memory` under FSDP2 (it counts
 the DDP layout); composition with HSDP, TP, CP and pipeline parallelism
