@@ -1,7 +1,9 @@
 """Memory as promised: under ``ParallelismConfig(ep_size=2)`` each rank holds ``num_experts / 2`` experts per
 block (their parameters, gradients and AdamW moments: half of one process's bytes) and the whole dense part;
-``lockstep estimate-memory --ep-size 2`` predicts those bytes exactly (AdamW's step counters aside), and
-refuses, with exit code 2, an ``--ep-size`` that does not divide the experts or a model without experts.
+under ``ParallelismConfig(dp_shard_size=2, ep_size=2)`` (FSDP2, in the same 2 processes) half of the dense part
+too; ``lockstep estimate-memory --ep-size 2`` (with ``--dp-shard 2`` for FSDP2) predicts those bytes exactly
+(AdamW's step counters aside), and refuses, with exit code 2, an ``--ep-size`` that does not divide the experts,
+a ``--dp-shard`` it does not divide, a layout it does not compose with, or a model without experts.
 
 The tiny Qwen3-MoE of :mod:`tests.expert_parallel.test_parity` (2 layers, 8 experts, fp32), one AdamW step
 under the Accelerator; the measurement is :func:`lockstep.memory_accounting.account_memory` and
@@ -25,13 +27,17 @@ pytestmark = pytest.mark.distributed
 EXPERT_ROWS = ("gate_up_proj", "down_proj")
 
 
-def _held(ep_size: int) -> dict[str, Any]:
-    """One AdamW step of the tiny Qwen3-MoE; the bytes this rank holds, in all and experts apart."""
+def _held(ep_size: int, dp_shard: int = 1) -> dict[str, Any]:
+    """One AdamW step of the tiny Qwen3-MoE (under FSDP2 with ``dp_shard > 1``); the bytes this rank holds, in
+    all and experts apart."""
     from lockstep import Accelerator, ParallelismConfig
     from lockstep.layers.expert_parallel import expert_memory
     from lockstep.memory_accounting import account_memory
 
-    config = ParallelismConfig(ep_size=ep_size) if ep_size > 1 else None
+    config = None
+    if ep_size > 1:
+        sizes = {"dp_shard_size": dp_shard} if dp_shard > 1 else {}
+        config = ParallelismConfig(ep_size=ep_size, **sizes)
     accelerator = Accelerator(parallelism_config=config)
     model = _build("qwen3_moe")
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR, eps=ADAM_EPS)
@@ -48,6 +54,8 @@ def _held(ep_size: int) -> dict[str, Any]:
         "experts": parts.experts.as_dict(),
         "dense": parts.dense.as_dict(),
         "per_block": parts.experts_per_block,
+        "rows": parts.expert_rows_per_block,
+        "distributed_type": str(accelerator.distributed_type),
         "steps": steps,
         "tensors": len(optimizer.state),
     }
@@ -56,8 +64,13 @@ def _held(ep_size: int) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def held() -> dict[str, Any]:
     (one,) = run_distributed(_held, 1, 1, timeout=300.0)
-    ranks = run_distributed(_held, 2, 2, timeout=300.0)
-    return {"one": one, "ranks": ranks}
+    ranks = run_distributed(_held_on_two, 2, timeout=300.0)
+    return {"one": one, "ranks": [r["ddp"] for r in ranks], "fsdp": [r["fsdp"] for r in ranks]}
+
+
+def _held_on_two() -> dict[str, Any]:
+    """ep=2 under DDP, then ep=2 x dp_shard=2 under FSDP2, in the same 2 processes."""
+    return {"ddp": _held(2), "fsdp": _held(2, dp_shard=2)}
 
 
 def test_each_rank_holds_half_the_experts_and_the_whole_dense_part(held: dict[str, Any]) -> None:
@@ -68,8 +81,10 @@ def test_each_rank_holds_half_the_experts_and_the_whole_dense_part(held: dict[st
     assert one["experts"]["parameter_bytes"] == one["experts"]["gradient_bytes"] == 4 * expert_elements
     assert one["experts"]["optimizer_state_bytes"] == 8 * expert_elements + 4 * 4  # 4 expert tensors' steps
     assert one["dense"]["parameter_bytes"] == 4 * (35_520 - expert_elements)  # of 35,520 parameters
+    assert one["rows"] == one["per_block"]
     for rank in held["ranks"]:
-        assert rank["per_block"] == {"model.layers.0.mlp": 4, "model.layers.1.mlp": 4}
+        assert rank["distributed_type"] == "MULTI_CPU"
+        assert rank["per_block"] == rank["rows"] == {"model.layers.0.mlp": 4, "model.layers.1.mlp": 4}
         for key in ("parameter_bytes", "gradient_bytes", "num_parameters"):
             assert rank["experts"][key] * 2 == one["experts"][key], key
             assert rank["dense"][key] == one["dense"][key], key  # DDP replicates the dense part
@@ -81,6 +96,29 @@ def test_each_rank_holds_half_the_experts_and_the_whole_dense_part(held: dict[st
         assert rank["dense"]["optimizer_state_bytes"] == one["dense"]["optimizer_state_bytes"]
         expected = {k: rank["experts"][k] + rank["dense"][k] for k in ("parameter_bytes", "gradient_bytes")}
         assert {k: rank["all"][k] for k in expected} == expected  # nothing counted twice or left out
+
+
+def test_under_fsdp2_each_rank_holds_half_the_experts_and_half_the_dense_part(held: dict[str, Any]) -> None:
+    """ep=2 x dp_shard=2: the dense part FSDP2-sharded over both ranks; each rank's 4 experts over its replica
+    group (itself alone): every part of one process's bytes halves, as the DTensors' local shards say."""
+    one = held["one"]
+    dense_steps = 4 * (one["tensors"] - 4)  # AdamW's step counter of each dense tensor, whole on every rank
+    for rank in held["fsdp"]:
+        assert rank["distributed_type"] == "FSDP" and rank["tensors"] == one["tensors"]
+        assert rank["per_block"] == rank["rows"] == {"model.layers.0.mlp": 4, "model.layers.1.mlp": 4}
+        for key in ("parameter_bytes", "gradient_bytes", "num_parameters"):
+            assert rank["experts"][key] * 2 == one["experts"][key], key
+            assert rank["dense"][key] * 2 == one["dense"][key], key  # DDP would hold it whole
+        assert (
+            rank["experts"]["optimizer_state_bytes"] - 16
+            == (one["experts"]["optimizer_state_bytes"] - 16) // 2
+        )
+        assert (
+            rank["dense"]["optimizer_state_bytes"] - dense_steps
+            == (one["dense"]["optimizer_state_bytes"] - dense_steps) // 2
+        )
+        expected = {k: rank["experts"][k] + rank["dense"][k] for k in ("parameter_bytes", "gradient_bytes")}
+        assert {k: rank["all"][k] for k in expected} == expected
 
 
 def _estimate(folder: str, *flags: str) -> Any:
@@ -109,6 +147,29 @@ def test_the_estimate_with_ep_size_equals_the_bytes_held(held: dict[str, Any], t
     assert ep["model_state"] < 0.7 * ddp["model_state"]  # the experts are most of this model
 
 
+def test_the_estimate_with_ep_size_and_dp_shard_equals_the_bytes_held_under_fsdp2(
+    held: dict[str, Any], tmp_path: Any
+) -> None:
+    folder = str(tmp_path / "qwen3_moe")
+    _build("qwen3_moe").config.save_pretrained(folder)
+    result = _estimate(folder, "--ep-size", "2", "--dp-shard", "2", "--json")
+    assert result.returncode == 0, result.stderr
+    ddp, ep, mesh = json.loads(result.stdout)["estimates"]
+    assert (ep["strategy"], ep["layout"], ep["num_processes"]) == ("ep", "dp_shard=2 x ep=2", 2)
+    for rank in held["fsdp"]:
+        measured = rank["all"]
+        assert ep["parameters"] == measured["parameter_bytes"]
+        assert ep["gradients"] == measured["gradient_bytes"]
+        assert ep["optimizer_state"] == measured["optimizer_state_bytes"] - rank["steps"]
+    print(
+        f"ep=2 x dp_shard=2 per rank: estimated {ep['model_state']:,} B, one process {ddp['model_state']:,} B"
+    )
+    # half of everything (the dense part and the experts), as FSDP2 alone holds (the mesh row: 1/N of all);
+    # what ep changes under FSDP2 is which rank computes which expert, not the model state per rank
+    assert ep["model_state"] * 2 == ddp["model_state"]
+    assert (mesh["layout"], mesh["model_state"]) == ("dp_shard=2", ep["model_state"])
+
+
 def test_the_estimate_refuses_an_ep_size_that_does_not_fit(tmp_path: Any) -> None:
     folder = str(tmp_path / "qwen3_moe")
     _build("qwen3_moe").config.save_pretrained(folder)
@@ -116,6 +177,12 @@ def test_the_estimate_refuses_an_ep_size_that_does_not_fit(tmp_path: Any) -> Non
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert "--ep-size 3 (ep_size=3) does not divide the 8 experts per block" in result.stderr
     assert "Pass an --ep-size that divides 8." in result.stderr
+    result = _estimate(folder, "--ep-size", "2", "--dp-shard", "3")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "--ep-size 2 with dp_shard=3 is invalid: ep_size must divide dp_shard" in result.stderr
+    result = _estimate(folder, "--ep-size", "2", "--dp-shard", "2", "--tp", "2")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "--ep-size 2 with dp_shard=2 x tp=2 is not built" in result.stderr
     dense = str(tmp_path / "llama")
     from transformers import LlamaConfig
 

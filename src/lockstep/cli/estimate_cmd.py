@@ -25,7 +25,8 @@ _STRATEGY_NOTES = {
     "zero3": "ZeRO-3: + parameters sharded",
     "fsdp": "FSDP FULL_SHARD (= ZeRO-3)",
     "mesh": "an N-D layout: TP splits what the model's tp plan names, FSDP shards over dp_shard x cp",
-    "ep": "expert parallelism (DDP): num_experts / ep_size experts per block on each rank, the rest replicated",
+    "ep": "expert parallelism (DDP): num_experts / ep_size experts per block on each rank, the rest replicated; "
+    "with --dp-shard M (FSDP2), the rest sharded over M and each rank's experts over their M / ep_size replicas",
 }
 
 
@@ -84,7 +85,9 @@ def register(subparsers: Any) -> None:
         metavar="N",
         help="expert parallelism over N processes (ParallelismConfig(ep_size=N)) of a mixture-of-experts "
         "model (its config sets num_experts or num_local_experts): adds an 'ep' row, each rank holding "
-        "num_experts / N experts per layer",
+        "num_experts / N experts per layer; with --dp-shard M (N dividing M), FSDP2 with expert parallelism "
+        "(ParallelismConfig(dp_shard_size=M, ep_size=N)): 1/M of the dense part and the N-th of the experts "
+        "sharded over M / N replicas",
     )
     parser.add_argument(
         "--activation-policies",

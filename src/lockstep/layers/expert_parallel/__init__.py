@@ -78,9 +78,11 @@ added by every rank, then counts once.
 
 Memory (:mod:`lockstep.layers.expert_parallel._memory`). :func:`expert_memory` measures a rank's experts apart
 from its dense part (each rank: ``num_experts / ep_size`` experts per block, their gradients and optimizer
-state; the dense part whole); ``lockstep estimate-memory --ep-size N`` predicts them (:func:`count_experts`
-counts the model's expert elements; the formula lives with the other strategies' in
-:func:`lockstep.memory.estimate.formulas.expert_parallel_model_state_bytes`), equal to the measured bytes.
+state; the dense part whole; under FSDP2 with ``dp_shard_size=N``, the DTensors' local shards: ``1 / N`` of the
+dense part and of the experts' rows); ``lockstep estimate-memory --ep-size N`` predicts them, with ``--dp-shard M``
+for FSDP2 (:func:`count_experts` counts the model's expert elements; the formula lives with the other strategies'
+in :func:`lockstep.memory.estimate.formulas.expert_parallel_model_state_bytes`), equal to the measured bytes
+(``tests/expert_parallel/test_memory.py``: ``ep=2`` and ``dp_shard=2 x ep=2`` on 2 processes).
 
 Built: the engine above; under the Accelerator, expert parallelism borrowed from plain data parallelism (DDP)
 with any ``ep_size`` dividing the number of processes: equal to it (checked against one process on the global
@@ -92,9 +94,8 @@ user's loop (``dp_shard_size`` 2 and 4 with ``ep_size=2``) and the Trainer (``dp
 checkpoint resumes bitwise, from other weights, and ``save_model``'s folder loads with ``from_pretrained`` in one
 process bitwise; ``tests/expert_parallel/test_fsdp.py``), with checkpoints as above.
 
-Not built yet (next, each refused by name before the first step): :func:`expert_memory` under FSDP2 (it counts
-the DDP layout); composition with HSDP, TP, CP and pipeline parallelism
-(``ParallelismConfig`` refuses them), and with DeepSpeed;
+Not built yet (next, each refused by name before the first step): composition with HSDP, TP, CP and pipeline
+parallelism (``ParallelismConfig`` refuses them), and with DeepSpeed;
 ``apply_expert_parallel(group=..., ep_size=...)`` with ``ep_size`` smaller than a group other than the world.
 Checkpoints of an optimizer whose state of an expert parameter is not shaped like the parameter (Adafactor's
 factored moments) are refused by ``save_state`` before it writes anything (:class:`ExpertParallelNotBuiltError`);

@@ -1,11 +1,16 @@
 """What expert parallelism saves in memory: the bytes of a rank's experts apart from its dense part.
 
-Each rank of an expert-parallel group of size ``ep`` holds ``num_experts / ep`` experts of every block, their
-gradients and their optimizer state, whatever the number of data-parallel processes ``ep`` divides (more
-processes replicate each shard, no rank holds more); the dense part (attention, embeddings, routers, norms,
-shared experts) is replicated by DDP, whole on every rank. :func:`expert_memory` measures both parts on a rank (through
-:func:`lockstep.memory_accounting.account_parameters`); :func:`count_experts` counts a model's expert elements
-for ``lockstep estimate-memory --ep-size`` (whose formula, with the other strategies', is
+Under DDP (``ParallelismConfig(ep_size=ep)``) each rank of an expert-parallel group of size ``ep`` holds
+``num_experts / ep`` experts of every block, their gradients and their optimizer state, whatever the number of
+data-parallel processes ``ep`` divides (more processes replicate each shard, no rank holds more); the dense part
+(attention, embeddings, routers, norms, shared experts) is replicated by DDP, whole on every rank. Under FSDP2
+(``ParallelismConfig(dp_shard_size=N, ep_size=ep)``) each rank holds ``1 / N`` of the dense part and its
+``num_experts / ep`` experts sharded over the ``N / ep`` ranks that hold the same ones (its replica group):
+``num_experts / N`` experts' rows per block. :func:`expert_memory` measures both parts on a rank (through
+:func:`lockstep.memory_accounting.account_parameters`, which counts a DTensor's local shard, ``to_local()``, so
+FSDP2's sharded parameters, gradients and Adam moments count as what this rank holds); :func:`count_experts`
+counts a model's expert elements for ``lockstep estimate-memory --ep-size`` (with ``--dp-shard`` for FSDP2; the
+formula, with the other strategies', is
 :func:`lockstep.memory.estimate.formulas.expert_parallel_model_state_bytes`).
 
 Example:
@@ -35,8 +40,12 @@ class ExpertMemory:
     dense: MemoryAccount
     """Everything else of the model (replicated over the expert-parallel ranks)."""
     experts_per_block: dict[str, int]
-    """Block name -> the experts of that block this rank holds (``num_experts / ep_size`` under expert
+    """Block name -> the experts of that block this rank routes to (``num_experts / ep_size`` under expert
     parallelism, ``num_experts`` in one process)."""
+    expert_rows_per_block: dict[str, int]
+    """Block name -> the rows (experts) of the block's expert parameters this rank stores: as
+    :attr:`experts_per_block` under DDP, ``num_experts / dp_shard_size`` under FSDP2 (its experts sharded over
+    its replica group); measured on the local shard."""
 
 
 @dataclass(frozen=True)
@@ -68,6 +77,15 @@ def _local_experts(module: nn.Module) -> int:
     return int(getattr(module, "num_local_experts", module.num_experts))
 
 
+def _stored_rows(module: nn.Module) -> int:
+    """The rows of the experts module's first 3-D parameter stored on this rank (a DTensor's local shard)."""
+    for param in module.parameters():
+        local = param.to_local() if callable(getattr(param, "to_local", None)) else param
+        if param.dim() == 3:
+            return int(local.shape[0])
+    return _local_experts(module)  # experts kept as a list of modules: no fused rows to shard
+
+
 def expert_memory(
     model: nn.Module, optimizers: torch.optim.Optimizer | Iterable[torch.optim.Optimizer] = ()
 ) -> ExpertMemory:
@@ -90,6 +108,7 @@ def expert_memory(
         experts=account_parameters(experts, optimizer_list),
         dense=account_parameters(dense, optimizer_list),
         experts_per_block={name: _local_experts(experts) for name, experts in blocks.items()},
+        expert_rows_per_block={name: _stored_rows(experts) for name, experts in blocks.items()},
     )
 
 

@@ -87,6 +87,9 @@ def estimate_memory(
         ep_size: expert parallelism over this many processes (``ParallelismConfig(ep_size=N)``); adds one
             ``ep`` row per dtype: each rank holds ``num_experts / ep_size`` experts of every block and the
             whole dense part. The model must have mixture-of-experts blocks whose experts ``ep_size`` divides.
+            With a ``layout`` of ``dp_shard`` only (``ParallelismConfig(dp_shard_size=M, ep_size=N)``, ``N``
+            dividing ``M``), the ``ep`` row is FSDP2 with expert parallelism: each rank holds ``1 / M`` of the
+            dense part and its ``num_experts / ep_size`` experts sharded over their ``M / N`` replicas.
 
     Example:
         >>> from lockstep.memory.estimate import describe_model
@@ -99,6 +102,7 @@ def estimate_memory(
     check_choices(dtypes=dtypes, strategies=strategies, optimizer=optimizer)
     if ep_size is not None:
         check_expert_parallel(model, ep_size)
+        check_expert_parallel_layout(layout, ep_size)
     rows = []
     for dtype in dtypes:
         activations = None
@@ -125,8 +129,11 @@ def estimate_memory(
                 frozen=model.frozen_parameters,
                 experts=model.expert_parameters,
                 optimizer=optimizer,
+                dp_shard=None if layout is None else layout.dp_shard,
             )
-            rows.append(RankMemory("ep", dtype, ep_size, *state, activations, layout=f"ep={ep_size}"))
+            ep_layout = f"ep={ep_size}" if layout is None else f"{layout.name} x ep={ep_size}"
+            processes = ep_size if layout is None else layout.num_processes
+            rows.append(RankMemory("ep", dtype, processes, *state, activations, layout=ep_layout))
         if layout is not None:
             rows.append(
                 _mesh_row(model, layout, dtype, optimizer=optimizer, batch_size=batch_size, seq_len=seq_len)
@@ -151,6 +158,24 @@ def check_expert_parallel(model: ModelDescription, ep_size: int) -> None:
             f"{passed} does not divide the {indivisible[0]} experts per block of {model.model_class}: each rank "
             f"holds num_experts / ep_size experts of every block, so num_experts % ep_size must be 0. Pass an "
             f"--ep-size that divides {indivisible[0]}."
+        )
+
+
+def check_expert_parallel_layout(layout: MeshLayout | None, ep_size: int) -> None:
+    """Raise UsageError unless ``layout`` is one expert parallelism composes with: none (DDP) or ``dp_shard``
+    alone with ``ep_size`` dividing it (FSDP2), as ``ParallelismConfig`` accepts."""
+    if layout is None:
+        return
+    passed = f"--ep-size {ep_size} with {layout.name}"
+    if (layout.tp, layout.cp, layout.dp_replicate) != (1, 1, 1):
+        raise UsageError(
+            f"{passed} is not built: expert parallelism composes with DDP or FSDP2 (--dp-shard) only, not with "
+            "--tp, --cp or --dp-replicate. Drop them, or drop --ep-size for the mesh row alone."
+        )
+    if layout.dp_shard % ep_size:
+        raise UsageError(
+            f"{passed} is invalid: ep_size must divide dp_shard (the experts are sharded over dp_shard / ep_size "
+            f"replicas). Pass a --dp-shard that is a multiple of {ep_size}."
         )
 
 

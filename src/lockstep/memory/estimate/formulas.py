@@ -180,26 +180,53 @@ def expert_parallel_model_state_bytes(
     frozen: int = 0,
     experts: int,
     optimizer: str = "adamw",
+    dp_shard: int | None = None,
 ) -> tuple[int, int, int]:
-    """(parameters, gradients, optimizer state) bytes per rank of expert parallelism as lockstep builds it
-    (``ParallelismConfig(ep_size=N)`` under DDP): the ``experts`` elements of the mixture-of-experts blocks are
-    split over ``ep_size`` ranks (each holds ``num_experts / ep_size`` experts of every block, their gradients
-    and optimizer state), everything else is replicated whole. The same on every rank whatever the number of
-    data-parallel processes that ``ep_size`` divides (a larger one replicates each shard over the ep groups,
-    and no rank holds more). Experts count as
-    trainable unless fewer elements are trainable than they hold (a frozen base under LoRA).
+    """(parameters, gradients, optimizer state) bytes per rank of expert parallelism as lockstep builds it.
+
+    Under DDP (``ParallelismConfig(ep_size=N)``, ``dp_shard`` None): the ``experts`` elements of the
+    mixture-of-experts blocks are split over ``ep_size`` ranks (each holds ``num_experts / ep_size`` experts of
+    every block, their gradients and optimizer state), everything else is replicated whole. The same on every
+    rank whatever the number of data-parallel processes that ``ep_size`` divides (a larger one replicates each
+    shard over the ep groups, and no rank holds more).
+
+    Under FSDP2 (``ParallelismConfig(dp_shard_size=dp_shard, ep_size=N)``, ``N`` dividing ``dp_shard``): the
+    dense part is sharded over all ``dp_shard`` ranks, and each rank's ``num_experts / ep_size`` experts over the
+    ``dp_shard / ep_size`` ranks that hold the same experts (its replica group): ``1 / dp_shard`` of each part,
+    each shard rounded up as FSDP2's are. Experts count as trainable unless fewer elements are trainable than they
+    hold (a frozen base under LoRA).
 
     Example:
         >>> expert_parallel_model_state_bytes(2, "fp32", trainable=1000, experts=800)
         (2400, 2400, 4800)
+        >>> expert_parallel_model_state_bytes(2, "fp32", trainable=1000, experts=800, dp_shard=4)
+        (1000, 1000, 2000)
     """
     param, grad, optim = bytes_per_parameter(dtype, optimizer)
     if ep_size < 1:
         raise UsageError(f"ep_size {ep_size} is invalid: it must be >= 1.")
+    if dp_shard is not None and (dp_shard < 1 or dp_shard % ep_size):
+        raise UsageError(
+            f"dp_shard {dp_shard} with ep_size {ep_size} is invalid: ep_size must divide dp_shard (the experts "
+            "are sharded over dp_shard / ep_size replicas)."
+        )
     trained_experts = min(experts, trainable)
-    local = trainable + frozen - experts + -(-experts // ep_size)
-    trained = trainable - trained_experts + -(-trained_experts // ep_size)
-    return local * param, trained * grad, trained * optim
+    dense, trained_dense = trainable + frozen - experts, trainable - trained_experts
+    if dp_shard is None:
+        local = dense + -(-experts // ep_size)
+        trained = trained_dense + -(-trained_experts // ep_size)
+        return local * param, trained * grad, trained * optim
+    replicas = dp_shard // ep_size  # the ranks holding the same experts, among which FSDP2 shards them
+
+    def held(dense_elements: int, expert_elements: int, width: int) -> int:
+        rank_experts = -(-expert_elements // ep_size)
+        return -(-dense_elements * width // dp_shard) + -(-rank_experts * width // replicas)
+
+    return (
+        held(dense, experts, param),
+        held(trained_dense, trained_experts, grad),
+        held(trained_dense, trained_experts, optim),
+    )
 
 
 def mesh_activation_bytes(
