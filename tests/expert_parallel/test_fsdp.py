@@ -54,6 +54,9 @@ def _train(accelerator: Any) -> dict[str, Any]:
     experts as this rank's ep shard."""
     from torch.distributed.tensor import DTensor
 
+    from lockstep.layers.expert_parallel import expert_memory
+    from lockstep.memory_accounting import account_memory
+
     model = _build("qwen3_moe")
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR, eps=ADAM_EPS)
     rows = torch.cat([_micro_batch(i) for i in range(STEPS * ACCUMULATION)])
@@ -76,7 +79,17 @@ def _train(accelerator: Any) -> dict[str, Any]:
         for name, param in unwrapped.named_parameters()
     }
     local = {n: p.to_local().shape[0] for n, p in unwrapped.named_parameters() if isinstance(p, DTensor)}
+    parts = expert_memory(unwrapped, optimizer)  # after zero_grad: parameters and moments, no gradients
+    memory = {
+        "all": account_memory(model, optimizer).as_dict(),
+        "experts": parts.experts.as_dict(),
+        "dense": parts.dense.as_dict(),
+        "per_block": parts.experts_per_block,
+        "rows": parts.expert_rows_per_block,
+        "steps": sum(s["step"].nbytes for s in optimizer.state.values()),  # AdamW's step counters
+    }
     return {
+        "memory": memory,
         "rank": accelerator.process_index,
         "first": {n: m.first_expert for n, m in unwrapped.named_modules() if hasattr(m, "first_expert")},
         "losses": losses,
@@ -355,3 +368,33 @@ def test_the_trainer_s_save_model_under_ep2_x_dp_shard2_loads_on_one_process(
     }
     assert set(final) - set(expected) <= {"lm_head.weight"}  # tied to the embeddings, if the model ties them
     assert all(torch.equal(final[n], t) for n, t in expected.items())
+
+
+def test_under_ep2_x_dp_shard4_each_rank_stores_a_quarter_and_the_estimate_says_so(
+    one: dict[str, Any], four: list[dict[str, Any]], tmp_path: Any
+) -> None:
+    """Memory with replicas: each rank's 4 experts FSDP2-sharded over its 2 replicas (2 rows stored per block),
+    the dense part over all 4; ``estimate-memory --ep-size 2 --dp-shard 4`` equals the bytes (after the run's
+    last ``zero_grad``: parameters and AdamW moments, step counters aside)."""
+    import json
+
+    from tests.expert_parallel.test_memory import _estimate
+
+    folder = str(tmp_path / "qwen3_moe")
+    _build("qwen3_moe").config.save_pretrained(folder)
+    result = _estimate(folder, "--ep-size", "2", "--dp-shard", "4", "--json")
+    assert result.returncode == 0, result.stderr
+    _, ep, _ = json.loads(result.stdout)["estimates"]
+    assert (ep["layout"], ep["num_processes"]) == ("dp_shard=4 x ep=2", 4)
+    whole = one["memory"]
+    for rank in four:
+        held = rank["memory"]
+        assert held["per_block"] == {"model.layers.0.mlp": 4, "model.layers.1.mlp": 4}
+        assert held["rows"] == {"model.layers.0.mlp": 2, "model.layers.1.mlp": 2}
+        for part in ("experts", "dense"):
+            assert held[part]["parameter_bytes"] * 4 == whole[part]["parameter_bytes"], part
+        assert ep["parameters"] == held["all"]["parameter_bytes"]
+        assert ep["optimizer_state"] == held["all"]["optimizer_state_bytes"] - held["steps"]
+    print(
+        f"ep=2 x dp_shard=4 per rank: parameters + Adam moments {ep['parameters'] + ep['optimizer_state']:,} B"
+    )

@@ -82,7 +82,8 @@ state; the dense part whole; under FSDP2 with ``dp_shard_size=N``, the DTensors'
 dense part and of the experts' rows); ``lockstep estimate-memory --ep-size N`` predicts them, with ``--dp-shard M``
 for FSDP2 (:func:`count_experts` counts the model's expert elements; the formula lives with the other strategies'
 in :func:`lockstep.memory.estimate.formulas.expert_parallel_model_state_bytes`), equal to the measured bytes
-(``tests/expert_parallel/test_memory.py``: ``ep=2`` and ``dp_shard=2 x ep=2`` on 2 processes).
+(``tests/expert_parallel/test_memory.py``: ``ep=2`` and ``dp_shard=2 x ep=2`` on 2 processes;
+``test_fsdp.py``: ``dp_shard=4 x ep=2`` on 4, each rank's experts over 2 replicas).
 
 Built: the engine above; under the Accelerator, expert parallelism borrowed from plain data parallelism (DDP)
 with any ``ep_size`` dividing the number of processes: equal to it (checked against one process on the global
