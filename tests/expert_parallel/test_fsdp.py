@@ -29,6 +29,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
+from tests.expert_parallel._compare import differences
 from tests.expert_parallel.accelerator_loop import MAX_NORM
 from tests.expert_parallel.test_parity import (
     ACCUMULATION,
@@ -235,36 +236,6 @@ def four() -> list[dict[str, Any]]:
     return run_distributed(_on_four, 4, timeout=300.0)
 
 
-def _expected(full: torch.Tensor, name: str, rank: dict[str, Any]) -> torch.Tensor:
-    if ".experts." not in name:
-        return full
-    first = rank["first"][name.rsplit(".experts.", 1)[0] + ".experts"]
-    return full[first : first + full.shape[0] // EP_SIZE]
-
-
-def _differences(reference: dict[str, Any], ranks: list[dict[str, Any]]) -> dict[str, float]:
-    losses = torch.tensor([r["losses"] for r in ranks]).mean(dim=0)
-    worst = 0.0
-    for rank in ranks:
-        assert rank["state"].keys() == reference["state"].keys()
-        for name, full in reference["state"].items():
-            expected = _expected(full, name, rank)
-            assert rank["state"][name].shape == expected.shape, name
-            worst = max(worst, (rank["state"][name] - expected).abs().max().item())
-    diff = {
-        "loss": (losses - torch.tensor(reference["losses"])).abs().max().item(),
-        "norm": max(
-            (torch.tensor(r["norms"]) - torch.tensor(reference["norms"])).abs().max().item() for r in ranks
-        ),
-        "params": worst,
-    }
-    if "aux" in reference:  # the Trainer logs no aux loss (its loss holds it)
-        diff["aux"] = max(
-            (torch.tensor(r["aux"]) - torch.tensor(reference["aux"])).abs().max().item() for r in ranks
-        )
-    return diff
-
-
 def test_ep2_x_dp_shard2_on_two_processes_equals_one_process(
     one: dict[str, Any], two: list[dict[str, Any]]
 ) -> None:
@@ -273,7 +244,7 @@ def test_ep2_x_dp_shard2_on_two_processes_equals_one_process(
     # FSDP2 shards each dense weight over both ranks; each rank's 4 experts over its replica group of one
     assert all(r["local_rows"]["model.embed_tokens.weight"] == 32 for r in two)
     assert all(r["local_rows"][f"{BLOCK}.gate_up_proj"] == 4 for r in two)
-    diff = _differences(one, two)
+    diff = differences(one, two)
     print(f"ep=2 x dp_shard=2 (2 processes) vs 1 process: {diff}")
     assert max(diff.values()) < TOLERANCE
 
@@ -286,7 +257,7 @@ def test_ep2_x_dp_shard4_on_four_processes_equals_one_process(
     # dense weights over the 4 ranks; each half of the experts over its 2 replicas: 2 experts per rank
     assert all(r["local_rows"]["model.embed_tokens.weight"] == 16 for r in four)
     assert all(r["local_rows"][f"{BLOCK}.gate_up_proj"] == 2 for r in four)
-    diff = _differences(one, four)
+    diff = differences(one, four)
     print(f"ep=2 x dp_shard=4 (4 processes) vs 1 process: {diff}")
     assert max(diff.values()) < TOLERANCE
 
@@ -294,7 +265,7 @@ def test_ep2_x_dp_shard4_on_four_processes_equals_one_process(
 def test_experts_divided_by_their_replica_group_s_size_break_parity(
     one: dict[str, Any], two: list[dict[str, Any]]
 ) -> None:
-    diff = _differences(one, [r["broken"] for r in two])
+    diff = differences(one, [r["broken"] for r in two])
     print(f"experts' gradients divided by the replica group's size (2 processes): {diff}")
     assert diff["norm"] > 10 * TOLERANCE and diff["params"] > 50 * TOLERANCE
 
@@ -303,7 +274,7 @@ def test_experts_not_reduced_over_their_replicas_break_parity(
     one: dict[str, Any], four: list[dict[str, Any]]
 ) -> None:
     broken = [r["broken"] for r in four]
-    diff = _differences(one, broken)
+    diff = differences(one, broken)
     replicas = max(
         (broken[r]["state"][name] - broken[r + EP_SIZE]["state"][name]).abs().max().item()
         for r in range(2)
@@ -323,7 +294,7 @@ def test_the_trainer_with_ep2_x_dp_shard2_equals_one_process(
         assert rank["trainer"]["first"][BLOCK] == rank["first"][BLOCK]
     losses = torch.tensor([r["trainer"]["losses"] for r in two])
     assert bool((losses == losses[0]).all())  # the Trainer logs the loss averaged over the processes
-    diff = _differences(reference, [r["trainer"] for r in two])
+    diff = differences(reference, [r["trainer"] for r in two])
     print(f"Trainer, ep=2 x dp_shard=2 (2 processes) vs 1 process: {diff}")
     assert max(diff.values()) < TOLERANCE
 

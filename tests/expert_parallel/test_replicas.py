@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from tests.expert_parallel import test_parity
+from tests.expert_parallel._compare import differences
 from tests.expert_parallel.accelerator_loop import MAX_NORM, train
 from tests.helpers.multiprocess import run_distributed
 
@@ -120,38 +121,6 @@ def runs() -> dict[str, Any]:
     return {"one": one, "by_hand": by_hand, "idle_expert": idle_expert, "ranks": ranks}
 
 
-def _expected(full: torch.Tensor, name: str, rank: dict[str, Any]) -> torch.Tensor:
-    """The reference's tensor ``name``; for experts, the rows ``rank`` holds."""
-    if ".experts." not in name:
-        return full
-    first = rank["first"][name.rsplit(".experts.", 1)[0] + ".experts"]
-    return full[first : first + full.shape[0] // EP_SIZE]
-
-
-def _differences(reference: dict[str, Any], ranks: list[dict[str, Any]]) -> dict[str, float]:
-    losses = torch.tensor([r["losses"] for r in ranks]).mean(dim=0)
-    worst = 0.0
-    for rank in ranks:
-        assert rank["state"].keys() == reference["state"].keys()
-        for name, full in reference["state"].items():
-            expected = _expected(full, name, rank)
-            assert rank["state"][name].shape == expected.shape, name
-            worst = max(worst, (rank["state"][name] - expected).abs().max().item())
-    diff = {
-        "loss": (losses - torch.tensor(reference["losses"])).abs().max().item(),
-        "aux": max(
-            (torch.tensor(r["aux"]) - torch.tensor(reference["aux"])).abs().max().item() for r in ranks
-        ),
-        "params": worst,
-    }
-    if "norms" in reference:
-        norms = [
-            (torch.tensor(r["norms"]) - torch.tensor(reference["norms"])).abs().max().item() for r in ranks
-        ]
-        diff["norm"] = max(norms)
-    return diff
-
-
 def _replicas_differ(ranks: list[dict[str, Any]]) -> float:
     """The largest difference between two replicas of an expert shard (ranks r and r + ep_size)."""
     return max(
@@ -167,7 +136,7 @@ def test_ep2_on_four_processes_through_the_accelerator_equals_one_process(runs: 
     assert len(one["losses"]) == 20 and len(one["norms"]) == 10
     assert max(one["norms"]) > MAX_NORM  # the clip acts
     assert one["losses"][-1] < one["losses"][0] - 0.1  # it trained
-    diff = _differences(one, ranks)
+    diff = differences(one, ranks)
     print(f"ep=2 x 2 replicas (4 processes) via Accelerator vs 1 process: {diff}")
     assert max(diff.values()) < TOLERANCE
 
@@ -211,7 +180,7 @@ def test_replicas_start_from_the_first_replica_s_experts(runs: dict[str, Any]) -
 
 
 def test_apply_expert_parallel_with_ep_size_by_hand_equals_one_process(runs: dict[str, Any]) -> None:
-    diff = _differences(runs["by_hand"], [r["by_hand"] for r in runs["ranks"]])
+    diff = differences(runs["by_hand"], [r["by_hand"] for r in runs["ranks"]])
     print(f"apply_expert_parallel(ep_size=2) on 4 processes vs 1 process: {diff}")
     assert max(diff.values()) < TOLERANCE
 
@@ -220,7 +189,7 @@ def test_an_expert_shard_without_tokens_trains_as_in_one_process(runs: dict[str,
     """Rank 1 gets no token of layer 0 and its experts' math runs none of them, its replica rank 3 does: rank 1
     still runs the backward's all-to-alls with its group and gets zero gradients, so the replicas sum the same
     tensors and AdamW steps them (weight decay) as one process."""
-    diff = _differences(runs["idle_expert"], [r["idle_expert"] for r in runs["ranks"]])
+    diff = differences(runs["idle_expert"], [r["idle_expert"] for r in runs["ranks"]])
     print(f"an ep rank without tokens in layer 0, 4 processes vs 1 process: {diff}")
     assert max(diff.values()) < TOLERANCE
     assert _replicas_differ([r["idle_expert"] for r in runs["ranks"]]) == 0.0
@@ -228,7 +197,7 @@ def test_an_expert_shard_without_tokens_trains_as_in_one_process(runs: dict[str,
 
 def test_without_the_replicas_all_reduce_parity_breaks(runs: dict[str, Any]) -> None:
     broken = [r["broken"] for r in runs["ranks"]]
-    diff = _differences(runs["by_hand"], broken)
+    diff = differences(runs["by_hand"], broken)
     replicas = _replicas_differ(broken)
     print(f"without the replicas' all-reduce: {diff}, replicas apart by {replicas:.3g}")
     assert diff["params"] > 50 * TOLERANCE and replicas > 50 * TOLERANCE
